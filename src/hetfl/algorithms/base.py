@@ -1,0 +1,50 @@
+"""The algorithm registry: each method module registers its strategy, its client hooks and
+its typed options, so that the CLI, the config validator and the tests can enumerate them.
+
+An algorithm's options are a pydantic model (validated at the config edge, unknown keys
+refused); `make` turns them into explicit constructor arguments — a method never sees the
+whole config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from hetfl.core.client import ClientHooks
+from hetfl.core.registry import Registry
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ModelFamily
+
+
+class Options(BaseModel):
+    """Base of every algorithm's options: frozen, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """`make(family, options, clients_per_round=..., train=...)` -> (strategy, client hooks)."""
+
+    name: str
+    summary: str
+    options: type[Options]
+    make: Callable[..., tuple[Strategy, ClientHooks]]
+
+    def build(
+        self,
+        family: ModelFamily,
+        options: dict[str, Any] | Options | None,
+        *,
+        clients_per_round: int,
+        train: dict[str, Any],
+    ) -> tuple[Strategy, ClientHooks]:
+        opts = options if isinstance(options, Options) else self.options(**(options or {}))
+        return self.make(family, opts, clients_per_round=clients_per_round, train=train)
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm")

@@ -1,0 +1,293 @@
+"""The client program: local training with hooks, and local evaluation.
+
+A client program is a pure function of (task, data, private state, generator): it builds the
+model for the task's spec (cached per spec, loaded in place), loads the received tensors and
+its private ones, trains, and splits its model into what it sends (the tensors named by the
+task's index map) and what it keeps (everything else). Methods change local training only
+through `ClientHooks`, which see parameter dictionaries, never the engine:
+
+- `loss(outputs, targets, per_sample_loss, ctx)` returns an extra loss term or None;
+- `pre_step(grads, params, ctx)` edits gradients in place (FedProx's proximal term,
+  masks, clipping);
+- `post_step(params, ctx)` edits parameters in place after the step (projections such as
+  singular-value thresholding);
+- `on_batch(ctx)` is called after each step, e.g. for a server-program channel;
+- `finish(ctx)` returns the declared extras of the result (FedNova's normaliser).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hetfl.core.init import initialize
+from hetfl.core.rng import torch_generator
+from hetfl.core.spec import Spec, local_names
+from hetfl.core.types import (
+    ClientData,
+    ClientOutput,
+    ClientResult,
+    ClientTask,
+    EvalTask,
+    ModelFamily,
+    PassRecord,
+    State,
+)
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """Local optimisation settings, carried in `ClientTask.config`.
+
+    `steps`, when set, is the number of mini-batches and overrides `epochs`. The optimiser
+    is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round.
+    """
+
+    lr: float
+    epochs: int = 1
+    steps: int | None = None
+    batch_size: int = 32
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if self.epochs < 1 and self.steps is None:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LocalTraining:
+        """Read the settings from a task config, ignoring the method's own keys."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in names})
+
+    def num_steps(self, n_train: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return self.epochs * math.ceil(n_train / self.batch_size)
+
+
+@dataclass
+class TrainContext:
+    """What hooks may read: the task, the tensors received, the generator and the step."""
+
+    task: ClientTask
+    received: State
+    generator: torch.Generator
+    settings: LocalTraining
+    step: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class ClientHooks:
+    """Default hooks: plain local SGD. Methods subclass and override what they change."""
+
+    def loss(
+        self,
+        outputs: torch.Tensor,
+        targets: torch.Tensor,
+        per_sample_loss: torch.Tensor,
+        ctx: TrainContext,
+    ) -> torch.Tensor | None:
+        return None
+
+    def pre_step(
+        self, grads: dict[str, torch.Tensor], params: dict[str, torch.Tensor], ctx: TrainContext
+    ) -> None:
+        return None
+
+    def post_step(self, params: dict[str, torch.Tensor], ctx: TrainContext) -> None:
+        return None
+
+    def on_batch(self, ctx: TrainContext) -> None:
+        return None
+
+    def finish(self, ctx: TrainContext) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class LocalStats:
+    """`num_examples` counts samples seen (epochs x data size), not the data size."""
+
+    num_steps: int
+    num_examples: int
+    loss: float
+    batch_counts: dict[int, int]
+
+
+def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> list[torch.Tensor]:
+    """Mini-batches of indices: a fresh permutation per epoch; the last batch may be short."""
+    total = settings.num_steps(n)
+    batches: list[torch.Tensor] = []
+    while len(batches) < total:
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, settings.batch_size):
+            batches.append(perm[start : start + settings.batch_size])
+            if len(batches) == total:
+                break
+    return batches
+
+
+def train_local(
+    model: nn.Module,
+    data: ClientData,
+    hooks: ClientHooks,
+    ctx: TrainContext,
+) -> LocalStats:
+    """SGD on the client's training data with the method's hooks."""
+    settings = ctx.settings
+    model.train()
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.SGD(
+        list(params.values()),
+        lr=settings.lr,
+        momentum=settings.momentum,
+        weight_decay=settings.weight_decay,
+        foreach=True,
+    )
+    device = next(iter(params.values())).device
+    loss_sum, seen = 0.0, 0
+    batch_counts: dict[int, int] = {}
+    batches = batch_order(data.n_train, settings, ctx.generator)
+    for step, idx in enumerate(batches):
+        ctx.step = step
+        idx = idx.to(device)
+        x, y = data.x_train[idx], data.y_train[idx]
+        outputs = model(x)
+        per_sample = F.cross_entropy(outputs, y, reduction="none")
+        loss = per_sample.mean()
+        extra = hooks.loss(outputs, y, per_sample, ctx)
+        total = loss if extra is None else loss + extra
+        optimizer.zero_grad(set_to_none=False)
+        total.backward()
+        grads = {k: p.grad for k, p in params.items() if p.grad is not None}
+        hooks.pre_step(grads, params, ctx)
+        if settings.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(list(params.values()), settings.clip_grad_norm)
+        optimizer.step()
+        hooks.post_step(params, ctx)
+        hooks.on_batch(ctx)
+        b = int(y.shape[0])
+        loss_sum += float(loss.detach()) * b
+        seen += b
+        batch_counts[b] = batch_counts.get(b, 0) + 1
+    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), batch_counts)
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+) -> tuple[int, float, int]:
+    """(correct, summed loss, count) of `model` on (x, y), in eval mode."""
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, int(y.shape[0]), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        out = model(xb)
+        loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(dim=1) == yb).sum())
+    return correct, loss_sum, int(y.shape[0])
+
+
+class ClientProgram:
+    """The client side of a method: a model family, the method's hooks and a device.
+
+    Models are built once per spec and re-used; received and private tensors are loaded
+    in place. A client's private tensors at first participation come from a fresh
+    initialisation drawn from the (seed, 0, client, "private-init") generator.
+    """
+
+    def __init__(
+        self,
+        family: ModelFamily,
+        hooks: ClientHooks | None = None,
+        *,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.family = family
+        self.hooks = hooks or ClientHooks()
+        self.seed = seed
+        self.device = torch.device(device)
+        self._models: dict[Spec, nn.Module] = {}
+
+    def model_for(self, spec: Spec) -> nn.Module:
+        model = self._models.get(spec)
+        if model is None:
+            model = self.family.build(spec).to(self.device)
+            self._models[spec] = model
+        return model
+
+    def _load(
+        self, cid: int, spec: Spec, payload: State, private: Mapping[str, torch.Tensor]
+    ) -> nn.Module:
+        model = self.model_for(spec)
+        names = set(model.state_dict())
+        missing = names - set(payload) - set(private)
+        unknown = set(payload) - names
+        if unknown:
+            raise KeyError(f"payload names tensors the model for {spec} lacks: {sorted(unknown)}")
+        full: dict[str, torch.Tensor] = {}
+        if missing:
+            fresh = initialize(
+                self.family.build(spec), torch_generator(self.seed, 0, cid, "private-init")
+            ).state_dict()
+            full.update({k: fresh[k] for k in missing})
+        full.update({k: v for k, v in private.items() if k in names})
+        full.update(payload)
+        model.load_state_dict(full, strict=True)
+        return model
+
+    def fit(
+        self,
+        task: ClientTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        generator: torch.Generator,
+    ) -> ClientOutput:
+        model = self._load(task.cid, task.spec, task.payload, private)
+        settings = LocalTraining.from_config(task.config)
+        ctx = TrainContext(task=task, received=task.payload, generator=generator, settings=settings)
+        stats = train_local(model, data, self.hooks, ctx)
+        state = model.state_dict()
+        sent = set(local_names(task.index_map))
+        tensors = {k: state[k].detach().clone() for k in local_names(task.index_map)}
+        kept = {k: v.detach().clone() for k, v in state.items() if k not in sent}
+        passes = [
+            PassRecord(spec=task.spec, kind="train", batch=b, count=c)
+            for b, c in sorted(stats.batch_counts.items())
+        ]
+        result = ClientResult(
+            cid=task.cid,
+            tensors=tensors,
+            num_examples=data.n_train,
+            num_steps=stats.num_steps,
+            loss=stats.loss,
+            passes=passes,
+            extras=self.hooks.finish(ctx),
+        )
+        return ClientOutput(result=result, private=kept)
+
+    def evaluate(
+        self, task: EvalTask, data: ClientData, private: Mapping[str, torch.Tensor]
+    ) -> tuple[int, float, int]:
+        """(correct, summed loss, count) on the client's local test split."""
+        model = self._load(task.cid, task.spec, task.payload, private)
+        return evaluate_model(model, data.x_test, data.y_test)

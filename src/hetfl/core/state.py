@@ -1,0 +1,185 @@
+"""Named-tensor state, extraction through an index map, and the element-wise accumulator.
+
+The server's model is a `State` (`dict[str, Tensor]`). A client's model is a view of it
+described by an index map (`hetfl.core.spec`). `extract` reads the view; the `Accumulator`
+writes client tensors back through the same maps as a per-element weighted average, which
+is the shared mechanism of FedAvg, HeteroFL, FjORD, ScalableFL, NeFL and FedFA: they differ
+only in their maps, weights and scales.
+
+Sums and counts are kept in float64 and cast once at the end, so that aggregating unchanged
+sub-models gives back the global state bit for bit, and the order in which clients are added
+changes nothing beyond float64 rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+
+from hetfl.core.spec import Index, IndexMap, MapEntry, first_entries, selected_shape
+
+State = dict[str, torch.Tensor]
+Fill = Literal["keep", "zero"]
+
+
+def clone_state(state: Mapping[str, torch.Tensor]) -> State:
+    """A detached deep copy."""
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def state_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Bytes on the wire for these tensors (their element size times element count)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def is_finite_state(tensors: Mapping[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point())
+
+
+def _broadcast_indices(index: Index, shape: torch.Size) -> tuple[torch.Tensor, ...]:
+    """Turn a per-dimension index into broadcastable index tensors (an open mesh)."""
+    ndim = len(shape)
+    out = []
+    for d in range(ndim):
+        sel = index[d] if d < len(index) else slice(None)
+        if isinstance(sel, slice):
+            idx = torch.arange(*sel.indices(shape[d]))
+        else:
+            idx = sel.to(torch.long).reshape(-1)
+        view = [1] * ndim
+        view[d] = -1
+        out.append(idx.view(view))
+    return tuple(out)
+
+
+def _is_basic(index: Index) -> bool:
+    return all(isinstance(s, slice) for s in index)
+
+
+def select(tensor: torch.Tensor, index: Index) -> torch.Tensor:
+    """`tensor[index]` with per-dimension semantics (index tensors select along one dim)."""
+    if _is_basic(index):
+        return tensor[index]
+    return tensor[_broadcast_indices(index, tensor.shape)]
+
+
+def extract(global_state: Mapping[str, torch.Tensor], index_map: IndexMap) -> State:
+    """The local tensors of a sub-model: copies of the selected parts of the global state.
+
+    Each local name is read from its first entry in the map.
+    """
+    out: State = {}
+    for local, entry in first_entries(index_map).items():
+        if entry.global_name not in global_state:
+            raise KeyError(
+                f"index map entry {local!r} refers to global tensor {entry.global_name!r}, "
+                "which the global state does not have"
+            )
+        out[local] = select(global_state[entry.global_name], entry.index).clone()
+    return out
+
+
+def expected_local_shapes(
+    global_state: Mapping[str, torch.Tensor], index_map: IndexMap
+) -> dict[str, tuple[int, ...]]:
+    """The shape every local tensor must have, from its first entry."""
+    return {
+        local: selected_shape(global_state[e.global_name].shape, e.index)
+        for local, e in first_entries(index_map).items()
+    }
+
+
+class Accumulator:
+    """Per-element weighted averages of client tensors written through index maps.
+
+    For every global element `g`, `result` is `sum_c w_c * s_c * x_c[g] / sum_c w_c` over
+    the client entries `c` covering `g` (with their mask), where `w` is the client's weight
+    (a float, or a mapping from global name to float) and `s` a per-global-name scale
+    (FedFA's rescaling; 1 by default). Elements no client covered keep their previous value
+    (`fill="keep"`, for weights) or are zero (`fill="zero"`, for deltas).
+
+    Integer tensors (BatchNorm's `num_batches_tracked`) are averaged in float64 and rounded
+    to the nearest integer. A weight of zero contributes nothing; a negative or non-finite
+    weight is an error.
+    """
+
+    def __init__(self, reference: Mapping[str, torch.Tensor]) -> None:
+        self._reference = reference
+        self._sum: dict[str, torch.Tensor] = {}
+        self._count: dict[str, torch.Tensor] = {}
+
+    def _buffers(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if name not in self._sum:
+            ref = self._reference[name]
+            self._sum[name] = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+            self._count[name] = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        return self._sum[name], self._count[name]
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        """Add one client's tensors. Every entry of `index_map` must name a tensor of `local`."""
+        for entry in index_map:
+            if entry.global_name not in self._reference:
+                raise KeyError(f"global tensor {entry.global_name!r} is not in the global state")
+            if entry.local not in local:
+                raise KeyError(f"client result has no tensor {entry.local!r} named by the map")
+            w = weight.get(entry.global_name, 0.0) if isinstance(weight, Mapping) else weight
+            w = float(w)
+            if not (w >= 0.0 and w < float("inf")):
+                raise ValueError(f"aggregation weight for {entry.global_name!r} is {w}; need >= 0")
+            if w == 0.0:
+                continue
+            s = 1.0 if scale is None else float(scale.get(entry.global_name, 1.0))
+            self._add_entry(entry, local[entry.local], w, s)
+
+    def _add_entry(self, entry: MapEntry, tensor: torch.Tensor, w: float, s: float) -> None:
+        total, count = self._buffers(entry.global_name)
+        expected = selected_shape(total.shape, entry.index)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"tensor {entry.local!r} has shape {tuple(tensor.shape)}, the map places it in "
+                f"{entry.global_name!r}{list(total.shape)} where it must be {expected}"
+            )
+        value = tensor.detach().to(device=total.device, dtype=torch.float64)
+        contrib = torch.full_like(value, w)
+        if entry.mask is not None:
+            contrib = contrib * entry.mask.to(device=total.device, dtype=torch.float64)
+        value = value * contrib if s == 1.0 else value * (contrib * s)
+        if _is_basic(entry.index):
+            total[entry.index] += value
+            count[entry.index] += contrib
+        else:
+            idx = _broadcast_indices(entry.index, total.shape)
+            total.index_put_(idx, value, accumulate=True)
+            count.index_put_(idx, contrib, accumulate=True)
+
+    def covered(self, name: str) -> torch.Tensor | None:
+        """The total weight on each element of a global tensor (None if nothing touched it)."""
+        return self._count.get(name)
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
+        """The new state: averages where covered, `previous` (keep) or zero elsewhere."""
+        if fill not in ("keep", "zero"):
+            raise ValueError(f"fill must be 'keep' or 'zero', got {fill!r}")
+        out: State = {}
+        for name, prev in previous.items():
+            if name not in self._sum:
+                out[name] = prev.detach().clone() if fill == "keep" else torch.zeros_like(prev)
+                continue
+            total, count = self._sum[name], self._count[name]
+            hit = count > 0
+            mean = torch.where(hit, total / torch.where(hit, count, 1.0), 0.0)
+            base = prev.detach().to(torch.float64) if fill == "keep" else torch.zeros_like(mean)
+            merged = torch.where(hit, mean, base)
+            if prev.is_floating_point():
+                out[name] = merged.to(prev.dtype)
+            else:
+                out[name] = torch.round(merged).to(prev.dtype)
+        return out

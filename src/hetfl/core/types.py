@@ -1,0 +1,179 @@
+"""The plain data that crosses between engine, strategy and client program.
+
+These are the words of the round protocol (see `hetfl.core.strategy`):
+
+    engine -> [ClientInfo] -> strategy.plan -> [ClientTask] -> client program -> ClientResult
+    engine -> strategy.aggregate(round, [ClientResult], [Failure]) -> new global state
+    engine -> strategy.eval_models(state) -> [EvalModel]
+
+Everything here is a plain dataclass of tensors, numbers and strings, so that an engine
+can serialise it (Flower) or batch it (a vectorised executor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from hetfl.core.spec import IndexMap, Spec
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server may know about a client before asking it to train.
+
+    `attrs` holds what the client declared (a chosen architecture, a device tier) and what
+    the engine measured (its simulated times last round, under `"sim_times"`).
+    """
+
+    cid: int
+    n_train: int
+    input_shape: tuple[int, ...]
+    labels: tuple[int, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientTask:
+    """One client's work for one round.
+
+    `payload` holds the tensors sent down (already extracted through `index_map`, whose
+    local names they carry); their bytes are counted as `bytes_down`. The client uploads the
+    tensors named by `index_map` (`upload` narrows this further, e.g. to exclude buffers)
+    and keeps every other tensor of its local model private. `config` carries the local
+    training settings (lr, epochs or steps, batch size, ...); `kind` is `"fit"` or
+    `"evaluate"` (local evaluation with private layers).
+    """
+
+    cid: int
+    spec: Spec
+    payload: State
+    index_map: IndexMap
+    config: Mapping[str, Any] = field(default_factory=dict)
+    kind: Literal["fit", "evaluate"] = "fit"
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """`count` passes of `kind` ("train" = forward+backward, "forward") over batches of
+    `batch` samples through the model built for `spec` at `width` (None = the full spec)."""
+
+    spec: Spec
+    kind: str
+    batch: int
+    count: int
+    width: float | None = None
+
+
+@dataclass
+class ClientResult:
+    """What a client sends back after a fit task.
+
+    `tensors` carries local names from the task's index map (weights, or deltas for methods
+    that say so). `extras` is the declared slot for method-specific scalars or tensors
+    (FedNova's normaliser, per-width statistics): nothing is smuggled through `metrics`.
+    """
+
+    cid: int
+    tensors: State
+    num_examples: int
+    num_steps: int
+    loss: float
+    passes: list[PassRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientOutput:
+    """A client program's full answer: the result it sends and the private state it keeps."""
+
+    result: ClientResult
+    private: State
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A client that was asked but whose result was excluded, and why."""
+
+    cid: int
+    reason: str
+
+
+@dataclass
+class EvalModel:
+    """One model the engine should test on the global test set.
+
+    `tensors` is the model's full local state for `spec`. With `stats_pass`, the engine
+    first re-estimates BatchNorm statistics by a pass over training data (HeteroFL's static
+    BN). `group` labels it in the `groups` metric (e.g. `"capacity=0.5"`); the first model
+    of the list is the main one reported as `global_acc`.
+    """
+
+    name: str
+    spec: Spec
+    tensors: State
+    stats_pass: bool = False
+    group: str | None = None
+
+
+@dataclass
+class EvalTask:
+    """Client-side evaluation of one client's model (with its private layers) on its local
+    test split. `payload` and `index_map` are as in `ClientTask`."""
+
+    cid: int
+    spec: Spec
+    payload: State
+    index_map: IndexMap
+    group: str | None = None
+
+
+class ModelFamily(Protocol):
+    """What the core needs of a model family: a module per spec and the map into the global
+    state. Families live in `hetfl.models`; the core never imports them."""
+
+    def build(self, spec: Spec) -> nn.Module: ...
+
+    def index_map(self, spec: Spec) -> IndexMap: ...
+
+    def global_spec(self, specs: list[Spec]) -> Spec: ...
+
+
+@dataclass
+class ClientData:
+    """One client's data, held as tensors on the device; batches are index slices.
+
+    `x_test`/`y_test` are the client's local test split (drawn from the global test set in
+    the client's class proportions). `labels` are the classes present in its training data.
+    """
+
+    cid: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def n_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def labels(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in torch.unique(self.y_train).tolist())
+
+    def info(self, attrs: Mapping[str, Any] | None = None) -> ClientInfo:
+        return ClientInfo(
+            cid=self.cid,
+            n_train=self.n_train,
+            input_shape=tuple(self.x_train.shape[1:]),
+            labels=self.labels,
+            attrs=dict(attrs or {}),
+        )

@@ -291,3 +291,23 @@ class ClientProgram:
         """(correct, summed loss, count) on the client's local test split."""
         model = self._load(task.cid, task.spec, task.payload, private)
         return evaluate_model(model, data.x_test, data.y_test)
+
+
+@torch.no_grad()
+def recompute_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> None:
+    """Re-estimate BatchNorm running statistics by one pass over `x` (HeteroFL's static BN).
+
+    Statistics are reset and accumulated as a cumulative average (momentum None), so the
+    result is the statistics of `x` whatever the batch order; the model stays in eval mode.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    for start in range(0, int(x.shape[0]), batch_size):
+        model(x[start : start + batch_size])
+    for m, momentum in zip(norms, saved, strict=True):
+        m.momentum = momentum
+    model.eval()

@@ -84,11 +84,19 @@ class Strategy:
 
     # -- set-up -----------------------------------------------------------------------
     def setup(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None:
-        """Assign specs to all clients, derive the global spec, initialise the global state."""
+        """Assign specs to all clients, derive the global spec, initialise the global state.
+
+        The global state holds only tensors some index map shares: private layers never
+        enter it, not even at initialisation.
+        """
         self.specs = {c.cid: self.spec_for(c) for c in clients}
         self._global_spec = self.family.global_spec(list(self.specs.values()))
         model = initialize(self.family.build(self._global_spec), generator)
-        self.global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        shared = {e.global_name for spec in {*self.specs.values(), self._global_spec}
+                  for e in self.index_map_for(spec)}
+        self.global_state = {
+            k: v.detach().clone() for k, v in model.state_dict().items() if k in shared
+        }
 
     @property
     def global_spec(self) -> Spec:

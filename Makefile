@@ -1,0 +1,49 @@
+# Set-up steps are file targets, so running `make demo` or `make test` again skips them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+
+.PHONY: setup data demo test bench lint clean
+
+setup: $(VENV)/.installed data
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# torch first, pinned, so that the project's range (torch>=2.3,<3) is already met and pip
+# never fetches a multi-GB CUDA build.
+$(VENV)/.torch: | $(PY)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# The Fashion-MNIST Debian package, where apt is usable; otherwise say how to get the data.
+data:
+	@if [ -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+		|| echo "warning: could not install dataset-fashion-mnist; see README (Data)"; \
+	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		(sudo apt-get update -qq && sudo apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+		|| echo "warning: could not install dataset-fashion-mnist; see README (Data)"; \
+	else \
+		echo "note: Fashion-MNIST not installed (no usable apt); set HETFL_DATA, see README (Data)"; \
+	fi
+
+demo: setup
+	$(VENV)/bin/hetfl run --overwrite
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

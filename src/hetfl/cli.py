@@ -1,0 +1,191 @@
+"""`hetfl`: run, resume, compare and plot federated experiments.
+
+User errors (a bad config, a missing dataset, an impossible partition) end with a message
+and exit status 2, without a traceback; set HETFL_DEBUG=1 to see one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hetfl.config import (
+    ConfigError,
+    RunConfig,
+    default_config_path,
+    expand_sweep,
+    load_raw,
+    parse_overrides,
+    set_dotted,
+    validate,
+)
+
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hetfl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a config (a sweep runs every point)")
+    run.add_argument("config", nargs="?", help="YAML config (default: the built-in demo job)")
+    run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=0.1")
+    run.add_argument("--overwrite", action="store_true", help="replace existing run folders")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+
+    resume = sub.add_parser("resume", help="continue a run (or every point of a sweep)")
+    resume.add_argument("run_dir", type=Path)
+    resume.add_argument("--quiet", action="store_true")
+
+    sub.add_parser("list", help="registered algorithms, models, datasets and partitioners")
+
+    compare = sub.add_parser("compare", help="table of runs: mean ± sd over seeds")
+    compare.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders")
+
+    plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
+    plot.add_argument("runs", nargs="+", type=Path)
+    plot.add_argument("-o", "--out", type=Path, default=Path("comparison.png"))
+    plot.add_argument("--x", choices=["round", "bytes", "sim_time"], default="round")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("interrupted; `hetfl resume RUN_DIR` continues from the last checkpoint",
+              file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        if os.environ.get("HETFL_DEBUG"):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return cmd_run(args.config, args.overrides, args.overwrite, args.quiet)
+    if args.command == "resume":
+        return cmd_resume(args.run_dir, args.quiet)
+    if args.command == "list":
+        return cmd_list()
+    if args.command == "compare":
+        return cmd_compare(args.runs)
+    if args.command == "plot":
+        return cmd_plot(args.runs, args.out, args.x)
+    raise AssertionError(args.command)
+
+
+def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet: bool) -> int:
+    from hetfl.runner import run_one
+
+    if config is not None and "=" in config and not Path(config).exists():
+        overrides, config = [config, *overrides], None
+    raw = load_raw(config if config is not None else default_config_path())
+    for key, value in parse_overrides(overrides).items():
+        set_dotted(raw, key, value)
+    points = [(name, validate(point)) for name, point in expand_sweep(raw)]
+    first = points[0][1]
+    base = Path(first.output_dir) / first.name
+    is_sweep = bool(raw.get("sweep"))
+    dirs = [base / name if is_sweep else base for name, _ in points]
+    if not overwrite:
+        taken = [d for d in dirs if (d / "metrics.jsonl").exists() or (d / "summary.json").exists()]
+        if taken:
+            raise ConfigError(
+                f"{taken[0]} already holds a run; use `hetfl resume {taken[0]}` to continue it, "
+                "--overwrite to replace it, or another name (name=...)"
+            )
+    for i, ((name, cfg), run_dir) in enumerate(zip(points, dirs, strict=True)):
+        label = f"[{i + 1}/{len(points)} {name}] " if is_sweep else ""
+        summary = run_one(cfg, run_dir, show_progress=not quiet, label=label)
+        if not is_sweep:
+            _print_summary(summary, run_dir)
+    if is_sweep:
+        _print_comparison(base, dirs)
+    return 0
+
+
+def _print_summary(summary: dict, run_dir: Path) -> None:
+    final = summary.get("final", {})
+    parts = [f"{k} {final[k]:.4f}" for k in ("global_acc", "local_acc") if final.get(k) is not None]
+    print(f"{run_dir}: round {summary.get('rounds_completed')}  " + "  ".join(parts))
+
+
+def _print_comparison(base: Path, dirs: Sequence[Path]) -> None:
+    from hetfl.report import find_runs, write_comparison
+
+    table = write_comparison(base, find_runs(list(dirs)))
+    print(table)
+    print(f"(written to {base / 'comparison.md'})")
+
+
+def cmd_resume(run_dir: Path, quiet: bool) -> int:
+    from hetfl.runner import run_one
+
+    if (run_dir / "config.yaml").exists():
+        cfg = _saved_config(run_dir)
+        summary = run_one(cfg, run_dir, resume=(run_dir / "checkpoints").exists(),
+                          show_progress=not quiet)
+        _print_summary(summary, run_dir)
+        return 0
+    points = sorted(d for d in run_dir.iterdir() if (d / "config.yaml").exists()) \
+        if run_dir.is_dir() else []
+    if not points:
+        raise FileNotFoundError(f"{run_dir} holds no run (no config.yaml) and no sweep points")
+    for d in points:
+        cfg = _saved_config(d)
+        if _finished(d, cfg):
+            continue
+        run_one(cfg, d, resume=(d / "checkpoints").exists(), show_progress=not quiet,
+                label=f"[{d.name}] ")
+    _print_comparison(run_dir, points)
+    return 0
+
+
+def _saved_config(run_dir: Path) -> RunConfig:
+    return validate(load_raw(run_dir / "config.yaml"))
+
+
+def _finished(run_dir: Path, cfg: RunConfig) -> bool:
+    import json
+
+    path = run_dir / "summary.json"
+    return path.exists() and json.loads(path.read_text()).get("rounds_completed") == cfg.train.rounds
+
+
+def cmd_list() -> int:
+    from hetfl.algorithms import ALGORITHMS
+    from hetfl.data import DATASETS, PARTITIONERS
+    from hetfl.models import MODELS
+
+    print("algorithms:")
+    for name in ALGORITHMS:
+        print(f"  {name:<12} {ALGORITHMS.get(name).summary}")
+    for title, reg in (("models", MODELS), ("datasets", DATASETS), ("partitioners", PARTITIONERS)):
+        print(f"{title}: {', '.join(reg.names())}")
+    return 0
+
+
+def cmd_compare(paths: Sequence[Path]) -> int:
+    from hetfl.report import comparison_rows, find_runs, format_table
+
+    print(format_table(comparison_rows(find_runs(paths))))
+    return 0
+
+
+def cmd_plot(paths: Sequence[Path], out: Path, x: str) -> int:
+    from hetfl.report import find_runs, plot_runs
+
+    print(plot_runs(find_runs(paths), out, x=x))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""Typed, validated run configuration: YAML in, plain frozen models out.
+
+Everything a run needs is checked here, before anything runs: types and ranges by the
+pydantic models, names against the registries, and cross-field rules (more clients per
+round than clients). Errors become one `ConfigError` whose message names each field, the
+value received and what is allowed; an unknown key suggests the closest known one.
+Algorithms receive only their own options (explicit constructor arguments), never this
+config.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hetfl.algorithms import ALGORITHMS
+from hetfl.data import DATASETS, PARTITIONERS
+from hetfl.models import MODELS
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is meant for the user, as is."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PartitionConfig(_Strict):
+    kind: str = Field("iid", description="partitioner name (hetfl list)")
+    alpha: float | None = Field(None, gt=0, description="Dirichlet concentration")
+    min_size: int = Field(10, ge=1)
+    max_retries: int = Field(100, ge=1)
+    k: int | None = Field(None, ge=1, description="classes per client (kind: classes)")
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in PARTITIONERS:
+            raise ValueError(PARTITIONERS.unknown_message(v))
+        return v
+
+    @model_validator(mode="after")
+    def _needs(self) -> PartitionConfig:
+        if self.kind == "dirichlet" and self.alpha is None:
+            raise ValueError("kind 'dirichlet' needs alpha (e.g. alpha: 0.5)")
+        if self.kind == "classes" and self.k is None:
+            raise ValueError("kind 'classes' needs k, the number of classes per client")
+        return self
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of the chosen partitioner."""
+        if self.kind == "dirichlet":
+            return {"alpha": self.alpha, "min_size": self.min_size, "max_retries": self.max_retries}
+        if self.kind == "classes":
+            return {"k": self.k}
+        if self.kind == "quantity":
+            alpha = 1.0 if self.alpha is None else self.alpha
+            return {"alpha": alpha, "min_size": self.min_size, "max_retries": self.max_retries}
+        return {}
+
+
+class DataConfig(_Strict):
+    dataset: str = "fashion-mnist"
+    path: str | None = Field(None, description="dataset file or directory")
+    num_clients: int = Field(20, ge=1)
+    partition: PartitionConfig = PartitionConfig()
+    test_per_client: int = Field(100, ge=0)
+
+    @field_validator("dataset")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in DATASETS:
+            raise ValueError(DATASETS.unknown_message(v))
+        return v
+
+
+class ModelConfig(_Strict):
+    name: str = "small-cnn"
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in MODELS:
+            raise ValueError(MODELS.unknown_message(v))
+        return v
+
+
+class TrainConfig(_Strict):
+    rounds: int = Field(10, ge=1)
+    clients_per_round: int = Field(10, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    local_steps: int | None = Field(None, ge=1, description="mini-batches; overrides epochs")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    clip_grad_norm: float | None = Field(None, gt=0)
+
+    def local_training(self) -> dict[str, Any]:
+        """The settings each client receives (`hetfl.core.client.LocalTraining`)."""
+        return {
+            "lr": self.lr,
+            "epochs": self.local_epochs,
+            "steps": self.local_steps,
+            "batch_size": self.batch_size,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "clip_grad_norm": self.clip_grad_norm,
+        }
+
+
+class EvalConfig(_Strict):
+    every: int = Field(1, ge=1)
+    local_eval: Literal["sampled", "all", "none"] = "sampled"
+
+
+class TargetConfig(_Strict):
+    metric: Literal["global_acc", "local_acc", "loss", "test_loss"]
+    value: float
+
+
+class RunConfig(_Strict):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.\-]+$")
+    seed: int = Field(0, ge=0)
+    algorithm: str = "fedavg"
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-algorithm options, keyed by algorithm name"
+    )
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint_every: int = Field(1, ge=1)
+    availability: float = Field(1.0, gt=0, le=1)
+    targets: list[TargetConfig] = Field(default_factory=list)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    threads: int | None = Field(None, ge=1)
+    output_dir: str = "runs"
+    sweep: dict[str, list[Any]] | None = None
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in ALGORITHMS:
+            raise ValueError(ALGORITHMS.unknown_message(v))
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        for algo, opts in self.options.items():
+            if algo not in ALGORITHMS:
+                raise ValueError(f"options: {ALGORITHMS.unknown_message(algo)}")
+            try:
+                ALGORITHMS.get(algo).options(**opts)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"options.{algo}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    f" (got {e.get('input')!r})"
+                    for e in exc.errors()
+                )
+                raise ValueError(problems) from None
+        if self.train.clients_per_round > self.data.num_clients:
+            raise ValueError(
+                f"train.clients_per_round = {self.train.clients_per_round} is more than "
+                f"data.num_clients = {self.data.num_clients}"
+            )
+        return self
+
+    def algorithm_options(self) -> dict[str, Any]:
+        return dict(self.options.get(self.algorithm, {}))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# -- loading, overrides, errors ------------------------------------------------------------
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`["train.lr=0.1", "sweep.seed=[0,1]"]` -> `{"train.lr": 0.1, ...}` (values as YAML)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r} is not of the form key=value (e.g. train.lr=0.1)")
+        key, _, raw = pair.partition("=")
+        if not key:
+            raise ConfigError(f"override {pair!r} has an empty key")
+        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        child = node.get(p)
+        if not isinstance(child, dict):
+            child = {}
+            node[p] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def load_raw(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def validate(raw: Mapping[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, raw)) from None
+
+
+def format_errors(exc: ValidationError, raw: Mapping[str, Any]) -> str:
+    lines = [f"invalid configuration ({exc.error_count()} problem(s)):"]
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        field = ".".join(loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  - {field}: unknown key{_suggestion(loc)}")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        got = _lookup(raw, loc)
+        shown = "" if got is _MISSING else f" (got {got!r})"
+        lines.append(f"  - {field}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+_MISSING = object()
+
+
+def _lookup(raw: Any, loc: Sequence[str]) -> Any:
+    node = raw
+    for p in loc:
+        if isinstance(node, Mapping) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and p.isdigit() and int(p) < len(node):
+            node = node[int(p)]
+        else:
+            return _MISSING
+    return node
+
+
+def _suggestion(loc: Sequence[str]) -> str:
+    """'; did you mean X?' from the fields of the model that holds the unknown key."""
+    model: Any = RunConfig
+    for p in loc[:-1]:
+        field = model.model_fields.get(p) if isinstance(model, type) else None
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    allowed = list(model.model_fields)
+    close = difflib.get_close_matches(loc[-1], allowed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (allowed: {', '.join(allowed)})"
+
+
+# -- sweeps --------------------------------------------------------------------------------
+def expand_sweep(raw: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """One (point name, raw config) per combination of the `sweep:` values.
+
+    Keys are `algorithm`, `seed` or any dotted key; names read `<algorithm>-s<seed>` plus
+    `-<key>=<value>` for every other swept key.
+    """
+    sweep = raw.get("sweep") or {}
+    if not isinstance(sweep, Mapping):
+        raise ConfigError("sweep: must map keys to lists of values, e.g. {algorithm: [fedavg]}")
+    base = copy.deepcopy(dict(raw))
+    base.pop("sweep", None)
+    if not sweep:
+        return [(_point_name(base, {}), base)]
+    keys = list(sweep)
+    for k in keys:
+        values = sweep[k]
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.{k}: needs a non-empty list of values (got {values!r})")
+    points = []
+    for combo in itertools.product(*(sweep[k] for k in keys)):
+        point = copy.deepcopy(base)
+        for k, v in zip(keys, combo, strict=True):
+            set_dotted(point, k, v)
+        extra = {k: v for k, v in zip(keys, combo, strict=True) if k not in ("algorithm", "seed")}
+        points.append((_point_name(point, extra), point))
+    names = [n for n, _ in points]
+    if len(set(names)) != len(names):
+        raise ConfigError("sweep: two points get the same name; sweep distinct values")
+    return points
+
+
+def _point_name(point: Mapping[str, Any], extra: Mapping[str, Any]) -> str:
+    name = f"{point.get('algorithm', 'fedavg')}-s{point.get('seed', 0)}"
+    for k, v in extra.items():
+        name += f"-{k.split('.')[-1]}={v}"
+    return name.replace("/", "_")
+
+
+def default_config_path() -> Path:
+    return Path(__file__).parent / "configs" / "default.yaml"

@@ -1,0 +1,52 @@
+"""Datasets, partitioners and the clients' tensors.
+
+`DATASETS` and `PARTITIONERS` are the registries behind config validation and `hetfl list`;
+`build_clients` turns a dataset and a partition into the `ClientData` the engines use.
+The data layer knows no model.
+"""
+
+from hetfl.data.federation import build_clients, global_test, local_test_indices
+from hetfl.data.partition import (
+    PARTITIONERS,
+    PartitionError,
+    class_counts,
+    dirichlet,
+    format_class_table,
+    iid,
+    k_classes,
+    quantity_skew,
+)
+from hetfl.data.sources import (
+    DATASETS,
+    Dataset,
+    DatasetNotFoundError,
+    load_digits,
+    load_fashion_mnist,
+    load_npz,
+    load_synthetic,
+    read_idx,
+    stratified_split,
+)
+
+__all__ = [
+    "DATASETS",
+    "PARTITIONERS",
+    "Dataset",
+    "DatasetNotFoundError",
+    "PartitionError",
+    "build_clients",
+    "class_counts",
+    "dirichlet",
+    "format_class_table",
+    "global_test",
+    "iid",
+    "k_classes",
+    "load_digits",
+    "load_fashion_mnist",
+    "load_npz",
+    "load_synthetic",
+    "local_test_indices",
+    "quantity_skew",
+    "read_idx",
+    "stratified_split",
+]

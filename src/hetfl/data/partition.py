@@ -1,0 +1,220 @@
+"""Partitioners: how a training set is dealt out to clients.
+
+Every partitioner has the signature `(labels, num_clients, rng, **options)` and returns one
+sorted int64 index array per client. Unless its docstring says otherwise the arrays are
+disjoint and together cover every sample. All randomness comes from the `rng` passed in, so
+a partition is a pure function of the labels, the options and the generator's seed.
+Impossible settings raise `PartitionError`, whose message names the numbers involved and
+what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from hetfl.core.registry import Registry
+
+Partitioner = Callable[..., list[np.ndarray]]
+
+PARTITIONERS = Registry[Partitioner]("partitioner")
+
+
+class PartitionError(ValueError):
+    """A partition that cannot be made with the given settings."""
+
+
+def _check(labels: np.ndarray, num_clients: int) -> int:
+    """Validate the arguments every partitioner shares; return the number of samples."""
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise PartitionError(
+            f"labels must be a 1-d integer array, got {labels.dtype} of shape {labels.shape}"
+        )
+    n = int(labels.shape[0])
+    if num_clients < 1:
+        raise PartitionError(f"num_clients must be at least 1, got {num_clients}")
+    if num_clients > n:
+        raise PartitionError(
+            f"more clients than samples: num_clients = {num_clients} but the training set "
+            f"has {n} samples"
+        )
+    return n
+
+
+def _finish(parts: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+@PARTITIONERS.decorator("iid")
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A random permutation cut into `num_clients` pieces whose sizes differ by at most one."""
+    n = _check(labels, num_clients)
+    return _finish(np.array_split(rng.permutation(n), num_clients))
+
+
+def _check_min_size(kind: str, n: int, num_clients: int, alpha: float, min_size: int) -> None:
+    if alpha <= 0:
+        raise PartitionError(f"{kind} partition needs alpha > 0, got alpha = {alpha}")
+    if min_size < 0:
+        raise PartitionError(f"{kind} partition needs min_size >= 0, got min_size = {min_size}")
+    if num_clients * min_size > n:
+        raise PartitionError(
+            f"{kind} partition cannot give {num_clients} clients min_size = {min_size} samples "
+            f"each from {n} samples; use fewer clients or a smaller min_size"
+        )
+
+
+def _retry_failed(
+    kind: str, alpha: float, min_size: int, num_clients: int, n: int, tries: int, smallest: int
+) -> PartitionError:
+    return PartitionError(
+        f"{kind} partition failed: in {tries} draws with alpha = {alpha}, some client always "
+        f"got fewer than min_size = {min_size} samples (num_clients = {num_clients}, "
+        f"{n} samples; best draw's smallest client had {smallest}); use a larger alpha, "
+        "a smaller min_size or fewer clients"
+    )
+
+
+@PARTITIONERS.decorator("dirichlet")
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float,
+    min_size: int = 10,
+    max_retries: int = 100,
+) -> list[np.ndarray]:
+    """Dirichlet(alpha) label skew in the FedMA/FedML form (METHODS.md §7).
+
+    For each class in turn: shuffle its samples, draw client proportions from
+    Dirichlet(alpha * 1), zero the proportion of every client that already holds at least
+    N / num_clients samples (so no client grows far past an equal share), renormalise, and
+    cut the shuffled samples at the cumulative proportions. The whole draw is repeated until
+    every client has at least `min_size` samples, at most `max_retries` times. Small alpha
+    gives each client few classes; large alpha approaches IID.
+
+    If every client still below N / num_clients drew a proportion of exactly zero (possible
+    only for tiny alpha), the class is shared equally among those clients instead of
+    dividing by zero.
+    """
+    n = _check(labels, num_clients)
+    _check_min_size("dirichlet", n, num_clients, alpha, min_size)
+    if max_retries < 1:
+        raise PartitionError(f"max_retries must be at least 1, got {max_retries}")
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    smallest = -1
+    for _ in range(max_retries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for members in by_class:
+            idx = rng.permutation(members)
+            p = rng.dirichlet(np.full(num_clients, alpha))
+            below = sizes < n / num_clients
+            p = p * below
+            p = p / p.sum() if p.sum() > 0 else below / below.sum()
+            cuts = (np.cumsum(p) * idx.size).astype(np.int64)[:-1]
+            for client, piece in enumerate(np.split(idx, cuts)):
+                parts[client].append(piece)
+                sizes[client] += piece.size
+        smallest = max(smallest, int(sizes.min()))
+        if sizes.min() >= min_size:
+            return _finish([np.concatenate(p) for p in parts])
+    raise _retry_failed("dirichlet", alpha, min_size, num_clients, n, max_retries, smallest)
+
+
+@PARTITIONERS.decorator("classes")
+def k_classes(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int
+) -> list[np.ndarray]:
+    """Each client holds exactly `k` classes (the shards of HeteroFL, FedFA and FLANC).
+
+    The classes are shuffled, then dealt round-robin: client i holds classes
+    order[(i * k + j) mod C] for j < k. Each class's shuffled samples are split equally
+    among the clients that hold it. Not a cover of the training set: the `n_c mod h_c`
+    samples left over when class c's n_c samples do not divide among its h_c holders are
+    dropped, as is every sample of a class no client holds (when num_clients * k < C).
+    """
+    _check(labels, num_clients)
+    classes = np.unique(labels)
+    if not 1 <= k <= classes.size:
+        raise PartitionError(
+            f"classes partition needs 1 <= k <= {classes.size} (the number of classes), got k = {k}"
+        )
+    order = rng.permutation(classes)
+    held = [[order[(i * k + j) % classes.size] for j in range(k)] for i in range(num_clients)]
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for client, cls in enumerate(held):
+        for c in cls:
+            holders[int(c)].append(client)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in classes:  # a fixed class order, so the draws do not depend on dict order
+        owners = holders[int(c)]
+        if not owners:
+            continue
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        share = idx.size // len(owners)
+        if share == 0:
+            raise PartitionError(
+                f"classes partition: class {int(c)} has {idx.size} samples for {len(owners)} "
+                f"clients that hold it, so some would get none; use fewer clients or a "
+                "smaller k"
+            )
+        for j, client in enumerate(owners):
+            parts[client].append(idx[j * share : (j + 1) * share])
+    return _finish([np.concatenate(p) for p in parts])
+
+
+@PARTITIONERS.decorator("quantity")
+def quantity_skew(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float = 1.0,
+    min_size: int = 10,
+    max_retries: int = 100,
+) -> list[np.ndarray]:
+    """IID labels with client sizes proportional to Dirichlet(alpha * 1) proportions.
+
+    The NIID-Bench form: the proportions are redrawn until every client gets at least
+    `min_size` samples, at most `max_retries` times; then a random permutation is cut at
+    the cumulative proportions. Smaller alpha gives more unequal sizes.
+    """
+    n = _check(labels, num_clients)
+    _check_min_size("quantity", n, num_clients, alpha, min_size)
+    if max_retries < 1:
+        raise PartitionError(f"max_retries must be at least 1, got {max_retries}")
+    smallest = -1
+    for _ in range(max_retries):
+        p = rng.dirichlet(np.full(num_clients, alpha))
+        cuts = (np.cumsum(p) * n).astype(np.int64)[:-1]
+        sizes = np.diff(np.concatenate([[0], cuts, [n]]))
+        smallest = max(smallest, int(sizes.min()))
+        if sizes.min() >= min_size:
+            return _finish(np.split(rng.permutation(n), cuts))
+    raise _retry_failed("quantity", alpha, min_size, num_clients, n, max_retries, smallest)
+
+
+def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """A (clients, classes) int64 table of how many samples of each class each client has."""
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(
+            f"labels must lie in 0..{num_classes - 1}, found {labels.min()}..{labels.max()}"
+        )
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for i, p in enumerate(parts):
+        counts[i] = np.bincount(labels[p], minlength=num_classes)
+    return counts
+
+
+def format_class_table(counts: np.ndarray) -> str:
+    """`class_counts` as plain text: a header of class ids, one row per client, a total
+    column and a total row; for logs and for eyeballing how skewed a partition is."""
+    counts = np.asarray(counts, dtype=np.int64)
+    header = ["client", *(str(c) for c in range(counts.shape[1])), "total"]
+    rows = [[str(i), *(str(v) for v in row), str(row.sum())] for i, row in enumerate(counts)]
+    rows.append(["total", *(str(v) for v in counts.sum(axis=0)), str(counts.sum())])
+    widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows]
+    )

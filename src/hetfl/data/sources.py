@@ -1,0 +1,367 @@
+"""Dataset sources: everything becomes one `Dataset` of NumPy arrays in a fixed layout.
+
+Images are (N, C, H, W) and tabular data (N, D), inputs float32 and labels int64 in
+0..num_classes-1, so partitioners and client views never need to know where the data came
+from. Sources read local files only: nothing is ever downloaded, and a missing dataset is an
+error that names the places searched and the fixes. No source touches the global RNG; the
+seeded ones derive their generators from `hetfl.core.rng`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hetfl.core.registry import Registry
+from hetfl.core.rng import SERVER, numpy_generator
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A train/test pair of arrays; x float32, y int64.
+
+    `eq=False` because arrays do not compare to one bool; two datasets are the same object
+    or different ones.
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            if x.dtype != np.float32 or y.dtype != np.int64:
+                raise ValueError(
+                    f"dataset {self.name!r}: x_{split} must be float32 and y_{split} int64, "
+                    f"got {x.dtype} and {y.dtype}"
+                )
+            if y.ndim != 1 or x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"dataset {self.name!r}: x_{split} has {x.shape[0]} rows but y_{split} "
+                    f"has shape {y.shape}"
+                )
+        if self.x_train.shape[1:] != self.x_test.shape[1:]:
+            raise ValueError(
+                f"dataset {self.name!r}: train inputs are {self.x_train.shape[1:]} but test "
+                f"inputs are {self.x_test.shape[1:]}"
+            )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one input, e.g. (1, 28, 28); what a model family is built for."""
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+
+DATASETS = Registry[Callable[..., Dataset]]("dataset")
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are in none of the places searched; the message names the fixes."""
+
+
+# --- idx files (MNIST, Fashion-MNIST) -------------------------------------------------------
+
+#: idx type codes (third byte of the magic number) and their big-endian NumPy dtypes.
+_IDX_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Decode one gzip-compressed idx file (the MNIST family's format).
+
+    The header is a big-endian magic number (two zero bytes, a type code, the number of
+    dimensions) followed by one big-endian uint32 per dimension. Everything is checked
+    against the bytes that follow, so a truncated or foreign file is a `ValueError` that
+    names the file rather than a reshape error deep in NumPy.
+    """
+    path = Path(path)
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{path}: not a readable gzip file ({exc})") from exc
+    if len(raw) < 4:
+        raise ValueError(f"{path}: too short for an idx header ({len(raw)} bytes)")
+    zero0, zero1, code, ndim = raw[:4]
+    magic = int.from_bytes(raw[:4], "big")
+    if zero0 != 0 or zero1 != 0 or code not in _IDX_DTYPES or ndim == 0:
+        raise ValueError(f"{path}: bad idx magic number 0x{magic:08X}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: header declares {ndim} dimensions but the file ends early")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    dtype = _IDX_DTYPES[code]
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise ValueError(
+            f"{path}: header declares shape {dims} ({expected} data bytes) "
+            f"but the file holds {len(raw) - header} data bytes"
+        )
+    data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    return data.astype(dtype.newbyteorder("="))  # native byte order, writable
+
+
+# --- Fashion-MNIST ---------------------------------------------------------------------------
+
+#: Where the Debian package `dataset-fashion-mnist` installs the files. Module-level so that
+#: tests (and unusual installs) can point it elsewhere.
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+FASHION_MNIST_MEAN = 0.2860
+FASHION_MNIST_STD = 0.3530
+
+#: Decoded arrays by resolved directory, so a second load in one process (a sweep, a test
+#: session) costs nothing. The arrays are read-only, which makes sharing them safe.
+_FASHION_MNIST_CACHE: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _fashion_mnist_candidates(path: str | Path | None) -> list[Path]:
+    """The directories to search, in order.
+
+    An explicit `path` is the only place looked at: a user who names a directory and gets
+    data from somewhere else would not notice the typo.
+    """
+    if path is not None:
+        return [Path(path), Path(path) / "fashion-mnist"]
+    places = []
+    env = os.environ.get("HETFL_DATA")
+    if env:
+        places += [Path(env), Path(env) / "fashion-mnist"]
+    places.append(FASHION_MNIST_SYSTEM_DIR)
+    return places
+
+
+def _describe(place: Path) -> str:
+    if not place.is_dir():
+        return f"{place} (no such directory)"
+    present = [name for name in FASHION_MNIST_FILES if (place / name).is_file()]
+    if not present:
+        return f"{place} (none of the files)"
+    missing = [name for name in FASHION_MNIST_FILES if name not in present]
+    return f"{place} (missing {', '.join(missing)})"
+
+
+def _find_fashion_mnist(path: str | Path | None) -> Path:
+    places = _fashion_mnist_candidates(path)
+    for place in places:
+        if all((place / name).is_file() for name in FASHION_MNIST_FILES):
+            return place
+    searched = "\n".join(f"  - {_describe(p)}" for p in places)
+    raise DatasetNotFoundError(
+        f"Fashion-MNIST not found; it needs {', '.join(FASHION_MNIST_FILES)}.\n"
+        f"Searched:\n{searched}\n"
+        "Fix it by one of:\n"
+        "  - installing the Debian package: apt-get install dataset-fashion-mnist\n"
+        "  - setting HETFL_DATA to a directory holding the four files "
+        "(directly or in a fashion-mnist/ subdirectory)\n"
+        "  - running: hetfl data download fashion-mnist"
+    )
+
+
+def _decode_fashion_mnist(
+    directory: Path,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    arrays: list[np.ndarray] = []
+    for images_name, labels_name in (FASHION_MNIST_FILES[:2], FASHION_MNIST_FILES[2:]):
+        images, labels = read_idx(directory / images_name), read_idx(directory / labels_name)
+        for name, arr, ndim in ((images_name, images, 3), (labels_name, labels, 1)):
+            if arr.ndim != ndim or arr.dtype != np.uint8:
+                raise ValueError(
+                    f"{directory / name}: expected {ndim}-d unsigned bytes, "
+                    f"got {arr.ndim}-d {arr.dtype}"
+                )
+        if images.shape[1:] != (28, 28):
+            raise ValueError(f"{directory / images_name}: images are {images.shape[1:]}, not 28x28")
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"{directory / labels_name}: {labels.shape[0]} labels for "
+                f"{images.shape[0]} images in {images_name}"
+            )
+        if labels.size and labels.max() > 9:
+            raise ValueError(f"{directory / labels_name}: label {labels.max()} is not in 0..9")
+        x = images.reshape(-1, 1, 28, 28).astype(np.float32)  # (N, 1, 28, 28)
+        x *= np.float32(1 / 255)
+        x -= np.float32(FASHION_MNIST_MEAN)
+        x /= np.float32(FASHION_MNIST_STD)
+        y = labels.astype(np.int64)
+        for arr in (x, y):
+            arr.flags.writeable = False
+        arrays += [x, y]
+    x_train, y_train, x_test, y_test = arrays
+    return x_train, y_train, x_test, y_test
+
+
+@DATASETS.decorator("fashion-mnist")
+def load_fashion_mnist(path: str | Path | None = None) -> Dataset:
+    """Fashion-MNIST from its four idx `.gz` files, standardised (mean 0.2860, std 0.3530).
+
+    Looks in `path` if given, else in `$HETFL_DATA` and `$HETFL_DATA/fashion-mnist`, then in
+    `FASHION_MNIST_SYSTEM_DIR` (the Debian package's location). Raises
+    `DatasetNotFoundError` when no place has all four files. The returned arrays are
+    read-only and shared between loads of the same directory.
+    """
+    directory = _find_fashion_mnist(path).resolve()
+    key = str(directory)
+    if key not in _FASHION_MNIST_CACHE:
+        _FASHION_MNIST_CACHE[key] = _decode_fashion_mnist(directory)
+    x_train, y_train, x_test, y_test = _FASHION_MNIST_CACHE[key]
+    return Dataset("fashion-mnist", x_train, y_train, x_test, y_test, num_classes=10)
+
+
+# --- scikit-learn digits ---------------------------------------------------------------------
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (train, test) indices with `round(test_fraction * n_c)` of each class in test.
+
+    Written here rather than taken from scikit-learn so that the split follows HetFL's
+    derived generators and not a global random state.
+    """
+    train, test = [], []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n_test = round(test_fraction * idx.size)
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+@DATASETS.decorator("digits")
+def load_digits(seed: int = 0) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package).
+
+    A real dataset that needs no files, so the demo job and the tests run anywhere. Pixels
+    are scaled from 0..16 to 0..1; the 80/20 split is stratified and depends on `seed`.
+    """
+    from sklearn.datasets import load_digits as sklearn_digits  # slow import; only when used
+
+    bunch = sklearn_digits()
+    x = (bunch.images.astype(np.float32) / np.float32(16.0))[:, None]  # (N, 1, 8, 8)
+    y = bunch.target.astype(np.int64)
+    train, test = stratified_split(y, 0.2, numpy_generator(seed, 0, SERVER, "digits-split"))
+    return Dataset("digits", x[train], y[train], x[test], y[test], num_classes=10)
+
+
+# --- synthetic -------------------------------------------------------------------------------
+
+
+@DATASETS.decorator("synthetic")
+def load_synthetic(
+    n_train: int = 2000,
+    n_test: int = 500,
+    num_classes: int = 10,
+    shape: tuple[int, ...] = (1, 8, 8),
+    seed: int = 0,
+    noise: float = 2.0,
+) -> Dataset:
+    """Gaussian classes: x = mean[y] + noise * N(0, I), with class means drawn from N(0, I).
+
+    Learnable by design (a linear model separates the classes well), so tests can check
+    that training beats chance within a few steps; `noise` makes the problem harder.
+    Classes are balanced (sizes differ by at most one).
+    """
+    if n_train < num_classes or n_test < 0 or num_classes < 2 or noise < 0:
+        raise ValueError(
+            f"synthetic dataset needs n_train >= num_classes >= 2, n_test >= 0 and noise >= 0 "
+            f"(got n_train={n_train}, n_test={n_test}, num_classes={num_classes}, "
+            f"noise={noise})"
+        )
+    rng = numpy_generator(seed, 0, SERVER, "synthetic-data")
+    shape = tuple(int(d) for d in shape)
+    means = rng.standard_normal((num_classes, *shape)).astype(np.float32)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.permutation(np.arange(n) % num_classes).astype(np.int64)
+        x = means[y] + np.float32(noise) * rng.standard_normal((n, *shape), dtype=np.float32)
+        return x, y
+
+    x_train, y_train = draw(n_train)
+    x_test, y_test = draw(n_test)
+    return Dataset("synthetic", x_train, y_train, x_test, y_test, num_classes)
+
+
+# --- user arrays -----------------------------------------------------------------------------
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+@DATASETS.decorator("npz")
+def load_npz(path: str | Path | None) -> Dataset:
+    """A user's own arrays from one `.npz` file with keys x_train, y_train, x_test, y_test.
+
+    Inputs are cast to float32 and kept in the shape they have; labels must be integers
+    from 0, and `num_classes` is the largest label plus one. `path` is required; it is typed
+    optional only because a config may leave it unset, which is reported here.
+    """
+    if path is None:
+        raise ValueError("dataset 'npz' needs a file: set data.path to an .npz file")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such .npz file")
+    with np.load(path, allow_pickle=False) as f:
+        for key in NPZ_KEYS:
+            if key not in f.files:
+                raise ValueError(
+                    f"{path}: missing array {key!r} (has {', '.join(f.files) or 'no arrays'}; "
+                    f"needs {', '.join(NPZ_KEYS)})"
+                )
+        arrays = {key: f[key] for key in NPZ_KEYS}
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.dtype.kind not in "biuf" or x.ndim < 2:
+            raise ValueError(
+                f"{path}: x_{split} must be a numeric array of shape (N, ...), "
+                f"got {x.dtype} of shape {x.shape}"
+            )
+        if y.dtype.kind not in "iu" or y.ndim != 1:
+            raise ValueError(
+                f"{path}: y_{split} must be a 1-d integer array, got {y.dtype} of shape {y.shape}"
+            )
+        if y.size and y.min() < 0:
+            raise ValueError(f"{path}: y_{split} has label {y.min()}; labels must be >= 0")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"{path}: x_{split} has {x.shape[0]} rows but y_{split} has {y.shape[0]}"
+            )
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        raise ValueError(
+            f"{path}: x_train inputs are {arrays['x_train'].shape[1:]} but x_test inputs are "
+            f"{arrays['x_test'].shape[1:]}"
+        )
+    if arrays["y_train"].size == 0:
+        raise ValueError(f"{path}: y_train is empty")
+    num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max(initial=0))) + 1
+    return Dataset(
+        f"npz:{path.stem}",
+        arrays["x_train"].astype(np.float32),
+        arrays["y_train"].astype(np.int64),
+        arrays["x_test"].astype(np.float32),
+        arrays["y_test"].astype(np.int64),
+        num_classes,
+    )

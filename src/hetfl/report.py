@@ -1,0 +1,189 @@
+"""Reading run directories back: comparison tables (mean ± sd over seeds) and plots.
+
+Runs are grouped by everything that identifies them except the seed: the sweep point name
+with its `-s<seed>` part removed, so `fedavg-s0` and `fedavg-s1` form one row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetfl.sim.outputs import read_metrics
+
+_SEED = re.compile(r"-s\d+")
+
+
+@dataclass
+class RunRecord:
+    path: Path
+    group: str
+    seed: int | None
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+def load_run(path: Path) -> RunRecord:
+    summary_path = path / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{path} is not a finished run (no summary.json)")
+    summary = json.loads(summary_path.read_text())
+    group = _SEED.sub("", path.name, count=1) if _SEED.search(path.name) else path.name
+    return RunRecord(path, group, summary.get("seed"), summary, read_metrics(path / "metrics.jsonl"))
+
+
+def find_runs(paths: Sequence[Path]) -> list[RunRecord]:
+    """Run directories among `paths`, looking one level down into sweep folders."""
+    runs: list[RunRecord] = []
+    for p in paths:
+        if (p / "summary.json").exists():
+            runs.append(load_run(p))
+        elif p.is_dir():
+            runs.extend(load_run(c) for c in sorted(p.iterdir()) if (c / "summary.json").exists())
+        else:
+            raise FileNotFoundError(f"{p} is neither a run directory nor a sweep folder")
+    if not runs:
+        raise FileNotFoundError("no finished runs found in " + ", ".join(map(str, paths)))
+    return runs
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return mean, sd
+
+
+def _fmt(values: Sequence[float | None], scale: float = 1.0, digits: int = 4) -> str:
+    present = [v * scale for v in values if v is not None and math.isfinite(v)]
+    if not present:
+        return "-"
+    if len(present) < len(values):
+        suffix = f" ({len(present)}/{len(values)})"
+    else:
+        suffix = ""
+    m, s = mean_sd(present)
+    return f"{m:.{digits}f} ± {s:.{digits}f}{suffix}"
+
+
+def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
+    groups: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    rows = []
+    for name, members in groups.items():
+        final = [m.summary.get("final", {}) for m in members]
+        best = [m.summary.get("best", {}) for m in members]
+        row = {
+            "run": name,
+            "seeds": str(len(members)),
+            "final global_acc": _fmt([f.get("global_acc") for f in final]),
+            "best global_acc": _fmt([b.get("global_acc") for b in best]),
+            "final local_acc": _fmt([f.get("local_acc") for f in final]),
+            "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
+            "MB sent": _fmt(
+                [(f.get("bytes_down") or 0) + (f.get("bytes_up") or 0) for f in final], 1e-6, 1
+            ),
+        }
+        for i, target in enumerate(members[0].summary.get("targets", [])):
+            label = f"{target['metric']}>={target['value']:g}"
+            hits = [m.summary["targets"][i] for m in members]
+            row[f"rounds to {label}"] = _fmt([h["round"] for h in hits], digits=1)
+            row[f"MB to {label}"] = _fmt(
+                [None if h["bytes"] is None else h["bytes"] for h in hits], 1e-6, 1
+            )
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, str]]) -> str:
+    """A Markdown table (also readable as plain text)."""
+    if not rows:
+        return "(no runs)"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in cols}
+    line = "| " + " | ".join(c.ljust(widths[c]) for c in cols) + " |"
+    sep = "| " + " | ".join("-" * widths[c] for c in cols) + " |"
+    body = ["| " + " | ".join(r.get(c, "").ljust(widths[c]) for c in cols) + " |" for r in rows]
+    return "\n".join([line, sep, *body])
+
+
+def write_comparison(sweep_dir: Path, runs: Sequence[RunRecord]) -> str:
+    table = format_table(comparison_rows(runs))
+    (sweep_dir / "comparison.md").write_text(table + "\n")
+    return table
+
+
+# -- plots ----------------------------------------------------------------------------------
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_AXES = {
+    "round": ("round", lambda r: r["round"]),
+    "bytes": ("MB sent (down + up)", lambda r: (r["bytes_down"] + r["bytes_up"]) / 1e6),
+    "sim_time": ("simulated time (s)", lambda r: r["sim_time_s"]),
+}
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """`plots/` of one run: accuracy against round, bytes and (with profiles) simulated time."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:
+        return []
+    out_dir = run_dir / "plots"
+    out_dir.mkdir(exist_ok=True)
+    record = RunRecord(run_dir, run_dir.name, None, {}, rows)
+    written = []
+    for axis in _AXES:
+        if axis == "sim_time" and rows[0]["sim_time_s"] is None:
+            continue
+        path = out_dir / f"accuracy_vs_{axis}.png"
+        plot_runs([record], path, x=axis)
+        written.append(path)
+    return written
+
+
+def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
+    """Accuracy curves of several runs in one PNG; seeds of one group drawn as a band."""
+    plt = _pyplot()
+    label_x, get_x = _AXES[x]
+    groups: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for metric, style in (("global_acc", "-"), ("local_acc", "--")):
+        for name, members in groups.items():
+            series = [[(get_x(row), row[metric]) for row in m.rows if row[metric] is not None]
+                      for m in members]
+            series = [s for s in series if s]
+            if not series:
+                continue
+            n = min(len(s) for s in series)
+            xs = [statistics.fmean(s[i][0] for s in series) for i in range(n)]
+            ys = [[s[i][1] for s in series] for i in range(n)]
+            mean = [statistics.fmean(v) for v in ys]
+            (line,) = ax.plot(xs, mean, style, label=f"{name} {metric}")
+            if len(series) > 1:
+                lo, hi = [min(v) for v in ys], [max(v) for v in ys]
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel(label_x)
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

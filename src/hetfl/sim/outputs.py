@@ -1,0 +1,126 @@
+"""The run-output contract: `metrics.jsonl` rows and `summary.json` (DESIGN.md "Run outputs").
+
+Every row has every key of `ROW_KEYS` (null where it does not apply), so other tools can
+read any run without knowing its method.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROW_KEYS = (
+    "round",
+    "clients",
+    "failed",
+    "global_acc",
+    "test_loss",
+    "local_acc",
+    "loss",
+    "bytes_down",
+    "bytes_up",
+    "macs",
+    "sim_time_s",
+    "wall_time_s",
+    "groups",
+)
+#: Metrics where larger is better; every other scalar metric is better when smaller.
+HIGHER_IS_BETTER = ("global_acc", "local_acc")
+_BEST = ("global_acc", "local_acc", "test_loss", "loss")
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    value: float
+
+
+def make_row(**values: Any) -> dict[str, Any]:
+    unknown = set(values) - set(ROW_KEYS)
+    if unknown:
+        raise KeyError(f"not metrics.jsonl keys: {sorted(unknown)}")
+    return {k: values.get(k) for k in ROW_KEYS}
+
+
+class MetricsLog:
+    """Append-only `metrics.jsonl`, truncated to a checkpoint's round on resume."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        return read_metrics(self.path)
+
+    def truncate(self, last_round: int) -> list[dict[str, Any]]:
+        """Keep rows up to `last_round` (a partial last line from a crash is dropped)."""
+        rows = [r for r in self.read() if r["round"] <= last_round]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(self.path)
+        return rows
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut short by a kill: everything after it is not trusted
+    return rows
+
+
+def summarise(
+    rows: Sequence[dict[str, Any]], targets: Sequence[Target], info: dict[str, Any]
+) -> dict[str, Any]:
+    """Final and best of each metric, and when each target was first reached."""
+    final = dict(rows[-1]) if rows else {}
+    best: dict[str, float | None] = {}
+    for key in _BEST:
+        values = [r[key] for r in rows if _is_number(r.get(key))]
+        if not values:
+            best[key] = None
+        else:
+            best[key] = max(values) if key in HIGHER_IS_BETTER else min(values)
+    reached = []
+    for t in targets:
+        hit = next((r for r in rows if _meets(r.get(t.metric), t)), None)
+        reached.append(
+            {
+                "metric": t.metric,
+                "value": t.value,
+                "round": None if hit is None else hit["round"],
+                "sim_time_s": None if hit is None else hit["sim_time_s"],
+                "bytes": None if hit is None else hit["bytes_down"] + hit["bytes_up"],
+                "macs": None if hit is None else hit["macs"],
+            }
+        )
+    return {**info, "rounds_completed": final.get("round", 0), "final": final, "best": best,
+            "targets": reached}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _meets(v: Any, target: Target) -> bool:
+    if not _is_number(v):
+        return False
+    return v >= target.value if target.metric in HIGHER_IS_BETTER else v <= target.value
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,166 @@
+"""The command line: config errors, runs, sweeps, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetfl.cli import main
+from hetfl.config import expand_sweep, parse_overrides
+
+BASE = """
+name: t
+seed: 0
+algorithm: fedavg
+data:
+  dataset: digits
+  num_clients: 6
+  partition: {kind: dirichlet, alpha: 0.5, min_size: 5}
+  test_per_client: 20
+model: {name: mlp}
+train: {rounds: 2, clients_per_round: 3, batch_size: 32, lr: 0.1}
+"""
+
+
+def _cfg(tmp_path: Path, text: str = BASE) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text + f"output_dir: {tmp_path / 'runs'}\n")
+    return path
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.lrr=0.1", ["train.lrr", "unknown key", "did you mean 'lr'"]),
+        ("train.rounds=many", ["train.rounds", "'many'", "integer"]),
+        ("train.lr=-0.5", ["train.lr", "greater than 0", "-0.5"]),
+        ("algorithm=fedavgg", ["algorithm", "did you mean 'fedavg'", "allowed"]),
+        ("data.num_clients=5000", ["5000", "samples"]),
+        ("train.clients_per_round=7", ["clients_per_round = 7", "num_clients = 6"]),
+        ("options.fedprox.mu=-1", ["options.fedprox.mu", "-1"]),
+    ],
+)
+def test_bad_configs_fail_with_a_clear_message(tmp_path, capsys, override, expected):
+    code, _, err = _run(capsys, "run", str(_cfg(tmp_path)), override, "--quiet")
+    assert code == 2
+    assert "Traceback" not in err
+    for fragment in expected:
+        assert fragment in err, (fragment, err)
+
+
+def test_missing_dataset_names_the_fixes(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HETFL_DATA", raising=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = _cfg(tmp_path, BASE.replace("dataset: digits", f"dataset: fashion-mnist\n  path: {empty}"))
+    code, _, err = _run(capsys, "run", str(cfg), "--quiet")
+    assert code == 2
+    assert "dataset-fashion-mnist" in err and "HETFL_DATA" in err
+    assert "hetfl data download fashion-mnist" in err
+
+
+def test_missing_config_file(tmp_path, capsys):
+    code, _, err = _run(capsys, "run", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_run_writes_the_output_contract(tmp_path, capsys):
+    code, out, _ = _run(capsys, "run", str(_cfg(tmp_path)), "--quiet",
+                        "targets=[{metric: global_acc, value: 0.2}]")
+    assert code == 0
+    run = tmp_path / "runs" / "t"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2
+    assert summary["targets"][0]["round"] in (1, 2)
+    assert (run / "config.yaml").exists() and (run / "checkpoints" / "latest.pt").exists()
+    assert (run / "plots" / "accuracy_vs_round.png").stat().st_size > 0
+    # a second run into the same folder is refused rather than silently replacing it
+    code, _, err = _run(capsys, "run", str(_cfg(tmp_path)), "--quiet")
+    assert code == 2 and "hetfl resume" in err
+
+
+def test_sweep_expands_and_compares(tmp_path, capsys):
+    cfg = _cfg(tmp_path, BASE + "sweep: {algorithm: [fedavg, fedprox], seed: [0, 1]}\n")
+    code, out, _ = _run(capsys, "run", str(cfg), "--quiet", "train.rounds=1")
+    assert code == 0
+    sweep = tmp_path / "runs" / "t"
+    names = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert names == ["fedavg-s0", "fedavg-s1", "fedprox-s0", "fedprox-s1"]
+    table = (sweep / "comparison.md").read_text()
+    assert "| fedavg " in table and "| fedprox " in table and "± " in table
+    assert "fedavg" in out
+
+
+def test_sweep_names_other_keys():
+    points = expand_sweep({"algorithm": "fedavg", "sweep": {"train.lr": [0.1, 0.2]}})
+    assert [n for n, _ in points] == ["fedavg-s0-lr=0.1", "fedavg-s0-lr=0.2"]
+    assert points[1][1]["train"]["lr"] == 0.2 and "sweep" not in points[1][1]
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_overrides(["a.b=0.5", "c=[1, 2]", "d=fedavg"]) == {
+        "a.b": 0.5, "c": [1, 2], "d": "fedavg"
+    }
+
+
+def test_list_shows_registries(capsys):
+    code, out, _ = _run(capsys, "list")
+    assert code == 0
+    for name in ("fedavg", "fedprox", "small-cnn", "fashion-mnist", "dirichlet"):
+        assert name in out
+
+
+def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
+    text = BASE.replace("algorithm: fedavg", "algorithm: fedprox").replace(
+        "rounds: 2", "rounds: 7"
+    ) + "checkpoint_every: 2\noptions: {fedprox: {mu: 0.1}}\n"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "hetfl.cli", "run"]
+    cfg = _cfg(tmp_path, text)
+    slow = "train.local_epochs=20"  # about 0.1 s a round, so the kill lands mid-run
+    victim = tmp_path / "runs" / "victim"
+    proc = subprocess.Popen([*cmd, str(cfg), "name=victim", "--quiet", slow], env=env)
+    metrics = victim / "metrics.jsonl"
+    while proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    killed_at = len(metrics.read_text().splitlines())
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert killed_at < 7
+    subprocess.run([sys.executable, "-m", "hetfl.cli", "resume", str(victim), "--quiet"],
+                   check=True, env=env, capture_output=True)
+    subprocess.run([*cmd, str(cfg), "name=ref", "--quiet", slow], check=True, env=env,
+                   capture_output=True)
+    ref = tmp_path / "runs" / "ref"
+
+    def rows(run):
+        out = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for r in out:
+            r.pop("wall_time_s")
+        return out
+
+    assert rows(victim) == rows(ref)
+    a = torch.load(victim / "checkpoints" / "latest.pt", weights_only=False)
+    b = torch.load(ref / "checkpoints" / "latest.pt", weights_only=False)
+    assert a["round"] == b["round"] == 7
+    for name, value in b["strategy"]["global"].items():
+        assert torch.equal(a["strategy"]["global"][name], value), name

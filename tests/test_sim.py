@@ -1,0 +1,213 @@
+"""The simulator and the FedAvg family against hand computations and invariants."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from hetfl.algorithms import ALGORITHMS
+from hetfl.algorithms.fedavg import FedAvg
+from hetfl.algorithms.fedprox import ProximalHooks
+from hetfl.core.client import ClientHooks, ClientProgram
+from hetfl.core.rng import torch_generator
+from hetfl.core.spec import Spec, full_map
+from hetfl.core.state import state_bytes
+from hetfl.core.types import ClientData, ClientOutput, ClientTask
+from hetfl.sim import Simulation, SimulationSettings
+from hetfl.sim.outputs import ROW_KEYS
+
+TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
+
+
+def _sim(family, clients, test, tmp_path, *, algo="fedavg", opts=None, rounds=2, cpr=4,
+         program=None, strategy=None, **settings):
+    strat, hooks = ALGORITHMS.get(algo).build(family, opts, clients_per_round=cpr, train=TRAIN)
+    program = program or ClientProgram(family, hooks, seed=0)
+    return Simulation(
+        strategy or strat,
+        program,
+        clients,
+        test,
+        SimulationSettings(rounds=rounds, seed=0, **settings),
+        tmp_path,
+    )
+
+
+# -- FedProx ---------------------------------------------------------------------------------
+class _LinearFamily:
+    def build(self, spec: Spec) -> nn.Module:
+        return nn.Linear(3, 2)
+
+    def index_map(self, spec: Spec):
+        return full_map(["weight", "bias"])
+
+    def global_spec(self, specs):
+        return Spec(model="linear")
+
+
+def test_fedprox_two_steps_match_hand_computation():
+    torch.manual_seed(0)  # only for the test's own literals
+    x = torch.randn(6, 3)
+    y = torch.tensor([0, 1, 1, 0, 1, 0])
+    data = ClientData(0, x, y, x[:0], y[:0], 2)
+    w0 = {"weight": torch.randn(2, 3), "bias": torch.randn(2)}
+    lr, mu = 0.3, 0.7
+    task = ClientTask(
+        0, Spec(model="linear"), copy.deepcopy(w0), full_map(["weight", "bias"]),
+        {"lr": lr, "steps": 2, "batch_size": 6},
+    )
+    out = ClientProgram(_LinearFamily(), ProximalHooks(mu)).fit(
+        task, data, {}, torch_generator(0, 1, 0, "train")
+    )
+
+    def grad(w):
+        w = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+        loss = nn.functional.cross_entropy(x @ w["weight"].T + w["bias"], y)
+        return dict(zip(w, torch.autograd.grad(loss, list(w.values())), strict=True))
+
+    w1 = {k: w0[k] - lr * g for k, g in grad(w0).items()}  # anchor = w0: no term on step 1
+    g1 = grad(w1)
+    w2 = {k: w1[k] - lr * (g1[k] + mu * (w1[k] - w0[k])) for k in w0}
+    for k in w0:
+        torch.testing.assert_close(out.result.tensors[k], w2[k], rtol=1e-6, atol=1e-6)
+    plain = ClientProgram(_LinearFamily()).fit(task, data, {}, torch_generator(0, 1, 0, "train"))
+    assert not torch.allclose(plain.result.tensors["weight"], w2["weight"], atol=1e-5)
+
+
+# -- one round ------------------------------------------------------------------------------
+def test_round_is_sample_weighted_average_and_counts_bytes(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=3)
+    sim.setup()
+    before = copy.deepcopy(sim.strategy.global_state)
+    tasks = sim.strategy.plan(1, [c.info() for c in clients], torch_generator(0, 1, -1, "sample"))
+    outs = [
+        sim.program.fit(t, sim.clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"))
+        for t in tasks
+    ]
+    sim.strategy.global_state = before
+    sim.run()
+    n = sum(o.result.num_examples for o in outs)
+    for name, value in sim.strategy.global_state.items():
+        ref = sum(o.result.num_examples * o.result.tensors[name].double() for o in outs) / n
+        assert torch.equal(value, ref.to(value.dtype)), name
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert set(row) == set(ROW_KEYS)
+    assert row["bytes_down"] == row["bytes_up"] == 3 * state_bytes(before)
+    assert row["macs"] > 0 and row["clients"] == 3 and row["failed"] == 0
+
+
+def test_permuting_client_execution_order_is_bit_identical(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients, test, tmp_path, cpr=5)
+    sim.setup()
+    tasks = sim.strategy.plan(1, [c.info() for c in clients], torch_generator(0, 1, -1, "sample"))
+
+    def run(order):
+        program = ClientProgram(family, ClientHooks(), seed=0)
+        results = {}
+        for t in order:
+            out = program.fit(t, sim.clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"))
+            results[t.cid] = out.result
+        return sim.strategy.aggregate(1, [results[c] for c in sorted(results)], [])
+
+    a, b = run(tasks), run(list(reversed(tasks)))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- failures --------------------------------------------------------------------------------
+class _FaultyProgram(ClientProgram):
+    """Client 1 raises, client 2 returns NaN, client 3 returns a wrong shape."""
+
+    def fit(self, task, data, private, generator) -> ClientOutput:
+        if task.cid == 1:
+            raise RuntimeError("device lost")
+        out = super().fit(task, data, private, generator)
+        name = next(iter(out.result.tensors))
+        if task.cid == 2:
+            out.result.tensors[name] = torch.full_like(out.result.tensors[name], float("nan"))
+        if task.cid == 3:
+            out.result.tensors[name] = out.result.tensors[name][:1]
+        return out
+
+
+def test_failing_clients_are_excluded_and_counted(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    program = _FaultyProgram(family, ClientHooks(), seed=0)
+    sim = _sim(family, clients, test, tmp_path, rounds=2, cpr=8, program=program)
+    sim.run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["failed"] for r in rows] == [3, 3]
+    assert [r["clients"] for r in rows] == [5, 5]
+    assert all(bool(torch.isfinite(v).all()) for v in sim.strategy.global_state.values())
+    assert 1 not in sim.store and 2 not in sim.store and 0 in sim.store
+
+
+# -- private layers --------------------------------------------------------------------------
+class _PrivateHead(FedAvg):
+    """A test strategy that keeps the classifier head on the client."""
+
+    def index_map_for(self, spec):
+        return [e for e in super().index_map_for(spec) if not e.local.startswith("head.")]
+
+
+class _RecordStart(ClientHooks):
+    def __init__(self):
+        self.start = {}
+
+    def pre_step(self, grads, params, ctx):
+        if ctx.step == 0:
+            self.start[ctx.task.cid] = params["head.weight"].detach().clone()
+
+
+def test_private_layer_never_sent_and_persists(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    hooks = _RecordStart()
+    strategy = _PrivateHead(family, clients_per_round=8, train=TRAIN)
+    program = ClientProgram(family, hooks, seed=0)
+    sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=8, program=program,
+               strategy=strategy, local_eval="all")
+    sim.run()
+    assert not any(k.startswith("head.") for k in sim.strategy.global_state)
+    shared = state_bytes(sim.strategy.global_state)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["bytes_up"] == row["bytes_down"] == 8 * shared
+    assert row["global_acc"] is None and row["local_acc"] is not None
+    after_round1 = {c: sim.store.get(c)["head.weight"].clone() for c in sim.store}
+    assert not torch.equal(after_round1[0], after_round1[1])  # each client its own head
+    sim.settings = SimulationSettings(rounds=2, seed=0, local_eval="all")
+    sim.run(resume=True)
+    for cid, head in after_round1.items():
+        assert torch.equal(hooks.start[cid], head)  # round 2 started from the stored head
+        assert not torch.equal(sim.store.get(cid)["head.weight"], head)
+
+
+def test_training_improves_accuracy_on_synthetic(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients, test, tmp_path, rounds=4, cpr=8)
+    summary = sim.run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["global_acc"] > 0.5  # chance is 0.1
+    assert summary["best"]["global_acc"] == max(r["global_acc"] for r in rows)
+
+
+def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=8, availability=0.5)
+    sim.setup()
+    available = {c.cid for c in sim._available(1)}
+    assert 0 < len(available) < 8
+    tasks = sim.strategy.plan(1, sim._available(1), torch_generator(0, 1, -1, "sample"))
+    assert {t.cid for t in tasks} == available
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
+def test_every_algorithm_runs_a_round(name, synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients, test, tmp_path, algo=name, rounds=1)
+    summary = sim.run()
+    assert summary["final"]["clients"] == 4

@@ -80,14 +80,19 @@ def test_missing_config_file(tmp_path, capsys):
 
 def test_run_writes_the_output_contract(tmp_path, capsys):
     code, out, _ = _run(capsys, "run", str(_cfg(tmp_path)), "--quiet",
-                        "targets=[{metric: global_acc, value: 0.2}]")
+                        "targets=[{metric: global_acc, value: 0.12}, {metric: global_acc, value: 0.99}]")
     assert code == 0
     run = tmp_path / "runs" / "t"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
-    assert summary["targets"][0]["round"] in (1, 2)
+    reached, missed = summary["targets"]
+    first = next(r for r in rows if r["global_acc"] >= 0.12)
+    assert reached["round"] == first["round"]
+    assert reached["bytes"] == first["bytes_down"] + first["bytes_up"]
+    assert rows[1]["bytes_down"] == 2 * rows[0]["bytes_down"]  # cumulative, same model each round
+    assert missed["round"] is None
     assert (run / "config.yaml").exists() and (run / "checkpoints" / "latest.pt").exists()
     assert (run / "plots" / "accuracy_vs_round.png").stat().st_size > 0
     # a second run into the same folder is refused rather than silently replacing it

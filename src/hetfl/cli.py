@@ -53,7 +53,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may follow flags (`hetfl run cfg.yaml --quiet train.lr=0.1`);
+    # argparse cannot intermix positionals with subcommands, so collect them here.
+    stray = [a for a in extra if args.command != "run" or "=" not in a or a.startswith("-")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

@@ -65,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
-        print("interrupted; `hetfl resume RUN_DIR` continues from the last checkpoint",
-              file=sys.stderr)
+        print(
+            "interrupted; `hetfl resume RUN_DIR` continues from the last checkpoint",
+            file=sys.stderr,
+        )
         return 130
     except USER_ERRORS as exc:
         if os.environ.get("HETFL_DEBUG"):
@@ -139,20 +141,29 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
 
     if (run_dir / "config.yaml").exists():
         cfg = _saved_config(run_dir)
-        summary = run_one(cfg, run_dir, resume=(run_dir / "checkpoints").exists(),
-                          show_progress=not quiet)
+        summary = run_one(
+            cfg, run_dir, resume=(run_dir / "checkpoints").exists(), show_progress=not quiet
+        )
         _print_summary(summary, run_dir)
         return 0
-    points = sorted(d for d in run_dir.iterdir() if (d / "config.yaml").exists()) \
-        if run_dir.is_dir() else []
+    points = (
+        sorted(d for d in run_dir.iterdir() if (d / "config.yaml").exists())
+        if run_dir.is_dir()
+        else []
+    )
     if not points:
         raise FileNotFoundError(f"{run_dir} holds no run (no config.yaml) and no sweep points")
     for d in points:
         cfg = _saved_config(d)
         if _finished(d, cfg):
             continue
-        run_one(cfg, d, resume=(d / "checkpoints").exists(), show_progress=not quiet,
-                label=f"[{d.name}] ")
+        run_one(
+            cfg,
+            d,
+            resume=(d / "checkpoints").exists(),
+            show_progress=not quiet,
+            label=f"[{d.name}] ",
+        )
     _print_comparison(run_dir, points)
     return 0
 
@@ -165,7 +176,9 @@ def _finished(run_dir: Path, cfg: RunConfig) -> bool:
     import json
 
     path = run_dir / "summary.json"
-    return path.exists() and json.loads(path.read_text()).get("rounds_completed") == cfg.train.rounds
+    return (
+        path.exists() and json.loads(path.read_text()).get("rounds_completed") == cfg.train.rounds
+    )
 
 
 def cmd_list() -> int:

@@ -35,7 +35,9 @@ def load_run(path: Path) -> RunRecord:
         raise FileNotFoundError(f"{path} is not a finished run (no summary.json)")
     summary = json.loads(summary_path.read_text())
     group = _SEED.sub("", path.name, count=1) if _SEED.search(path.name) else path.name
-    return RunRecord(path, group, summary.get("seed"), summary, read_metrics(path / "metrics.jsonl"))
+    return RunRecord(
+        path, group, summary.get("seed"), summary, read_metrics(path / "metrics.jsonl")
+    )
 
 
 def find_runs(paths: Sequence[Path]) -> list[RunRecord]:
@@ -64,10 +66,7 @@ def _fmt(values: Sequence[float | None], scale: float = 1.0, digits: int = 4) ->
     present = [v * scale for v in values if v is not None and math.isfinite(v)]
     if not present:
         return "-"
-    if len(present) < len(values):
-        suffix = f" ({len(present)}/{len(values)})"
-    else:
-        suffix = ""
+    suffix = f" ({len(present)}/{len(values)})" if len(present) < len(values) else ""
     m, s = mean_sd(present)
     return f"{m:.{digits}f} ± {s:.{digits}f}{suffix}"
 
@@ -165,8 +164,10 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for metric, style in (("global_acc", "-"), ("local_acc", "--")):
         for name, members in groups.items():
-            series = [[(get_x(row), row[metric]) for row in m.rows if row[metric] is not None]
-                      for m in members]
+            series = [
+                [(get_x(row), row[metric]) for row in m.rows if row[metric] is not None]
+                for m in members
+            ]
             series = [s for s in series if s]
             if not series:
                 continue

@@ -116,7 +116,11 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
 
 
 def run_one(
-    cfg: RunConfig, run_dir: Path, *, resume: bool = False, show_progress: bool = True,
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    show_progress: bool = True,
     label: str = "",
 ) -> dict[str, Any]:
     """Run (or resume) one configured experiment into `run_dir`; returns its summary."""
@@ -132,4 +136,3 @@ def run_one(
     summary = sim.run(resume=resume)
     plot_run(run_dir)
     return summary
-

@@ -1,7 +1,10 @@
 """Federated methods. Importing this package registers every built-in method in `ALGORITHMS`."""
 
 from hetfl.algorithms import fedavg as _fedavg  # noqa: F401
+from hetfl.algorithms import fednova as _fednova  # noqa: F401
+from hetfl.algorithms import fedopt as _fedopt  # noqa: F401
 from hetfl.algorithms import fedprox as _fedprox  # noqa: F401
+from hetfl.algorithms import local_only as _local_only  # noqa: F401
 from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
 
 __all__ = ["ALGORITHMS", "Algorithm", "Options"]

@@ -81,6 +81,7 @@ class Strategy:
         self.global_state: State = {}
         self.specs: dict[int, Spec] = {}
         self._global_spec: Spec | None = None
+        self._parameter_names: list[str] | None = None
 
     # -- set-up -----------------------------------------------------------------------
     def setup(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None:
@@ -92,8 +93,11 @@ class Strategy:
         self.specs = {c.cid: self.spec_for(c) for c in clients}
         self._global_spec = self.family.global_spec(list(self.specs.values()))
         model = initialize(self.family.build(self._global_spec), generator)
-        shared = {e.global_name for spec in {*self.specs.values(), self._global_spec}
-                  for e in self.index_map_for(spec)}
+        shared = {
+            e.global_name
+            for spec in {*self.specs.values(), self._global_spec}
+            for e in self.index_map_for(spec)
+        }
         self.global_state = {
             k: v.detach().clone() for k, v in model.state_dict().items() if k in shared
         }
@@ -103,6 +107,17 @@ class Strategy:
         if self._global_spec is None:
             raise RuntimeError("strategy.setup(...) has not been called")
         return self._global_spec
+
+    def parameter_names(self) -> list[str]:
+        """Global tensors that are trainable parameters, as opposed to buffers (BatchNorm's
+        running statistics and counters), which server optimisers leave to plain averaging."""
+        if self._parameter_names is None:
+            found: set[str] = set()
+            for spec in {*self.specs.values(), self.global_spec}:
+                params = dict(self.family.build(spec).named_parameters())
+                found.update(e.global_name for e in self.index_map_for(spec) if e.local in params)
+            self._parameter_names = [k for k in self.global_state if k in found]
+        return self._parameter_names
 
     def spec_for(self, info: ClientInfo) -> Spec:
         """The spec of a client's local model. Default: the family's one spec."""

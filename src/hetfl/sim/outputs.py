@@ -106,8 +106,13 @@ def summarise(
                 "macs": None if hit is None else hit["macs"],
             }
         )
-    return {**info, "rounds_completed": final.get("round", 0), "final": final, "best": best,
-            "targets": reached}
+    return {
+        **info,
+        "rounds_completed": final.get("round", 0),
+        "final": final,
+        "best": best,
+        "targets": reached,
+    }
 
 
 def _is_number(v: Any) -> bool:

@@ -8,8 +8,9 @@ from typing import Any, TextIO
 
 
 class Progress:
-    def __init__(self, total_rounds: int, label: str = "", stream: TextIO | None = None,
-                 enabled: bool = True) -> None:
+    def __init__(
+        self, total_rounds: int, label: str = "", stream: TextIO | None = None, enabled: bool = True
+    ) -> None:
         self.total = total_rounds
         self.label = label
         self.stream = stream or sys.stderr

@@ -1,0 +1,50 @@
+"""Local-only training: every client trains its own model on its own data and nothing is
+shared — the floor any federated method must beat on the clients' local test splits (and
+ScalableFL's "individual training" baseline, Table II of its paper).
+
+Choices: the whole local model is private (its index map is empty), so it lives in the
+client store, nothing is sent (zero bytes) and there is no global model to evaluate
+(`global_acc` stays empty; read `local_acc`, best with `eval.local_eval: all`). Each client's
+model is initialised from its own (seed, client) generator at its first participation;
+clients train only in the rounds they are sampled, so `clients_per_round: num_clients`
+gives every client the same number of local steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.core.client import ClientHooks
+from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientResult, Failure, ModelFamily, State
+
+
+class LocalOnly(Strategy):
+    name = "local-only"
+
+    def index_map_for(self, spec: Spec) -> IndexMap:
+        return []
+
+    def aggregate(
+        self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
+    ) -> State:
+        return dict(self.global_state)
+
+
+class LocalOnlyOptions(Options):
+    pass
+
+
+def _make(
+    family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: dict[str, Any]
+) -> tuple[Strategy, ClientHooks]:
+    return LocalOnly(family, clients_per_round=clients_per_round, train=train), ClientHooks()
+
+
+ALGORITHMS.register(
+    "local-only",
+    Algorithm("local-only", "each client trains alone; nothing is shared", LocalOnlyOptions, _make),
+)

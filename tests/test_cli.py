@@ -66,7 +66,9 @@ def test_missing_dataset_names_the_fixes(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HETFL_DATA", raising=False)
     empty = tmp_path / "empty"
     empty.mkdir()
-    cfg = _cfg(tmp_path, BASE.replace("dataset: digits", f"dataset: fashion-mnist\n  path: {empty}"))
+    cfg = _cfg(
+        tmp_path, BASE.replace("dataset: digits", f"dataset: fashion-mnist\n  path: {empty}")
+    )
     code, _, err = _run(capsys, "run", str(cfg), "--quiet")
     assert code == 2
     assert "dataset-fashion-mnist" in err and "HETFL_DATA" in err
@@ -79,8 +81,13 @@ def test_missing_config_file(tmp_path, capsys):
 
 
 def test_run_writes_the_output_contract(tmp_path, capsys):
-    code, out, _ = _run(capsys, "run", str(_cfg(tmp_path)), "--quiet",
-                        "targets=[{metric: global_acc, value: 0.12}, {metric: global_acc, value: 0.99}]")
+    code, _out, _ = _run(
+        capsys,
+        "run",
+        str(_cfg(tmp_path)),
+        "--quiet",
+        "targets=[{metric: global_acc, value: 0.12}, {metric: global_acc, value: 0.99}]",
+    )
     assert code == 0
     run = tmp_path / "runs" / "t"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -120,7 +127,9 @@ def test_sweep_names_other_keys():
 
 def test_overrides_parse_yaml_values():
     assert parse_overrides(["a.b=0.5", "c=[1, 2]", "d=fedavg"]) == {
-        "a.b": 0.5, "c": [1, 2], "d": "fedavg"
+        "a.b": 0.5,
+        "c": [1, 2],
+        "d": "fedavg",
     }
 
 
@@ -132,9 +141,10 @@ def test_list_shows_registries(capsys):
 
 
 def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
-    text = BASE.replace("algorithm: fedavg", "algorithm: fedprox").replace(
-        "rounds: 2", "rounds: 7"
-    ) + "checkpoint_every: 2\noptions: {fedprox: {mu: 0.1}}\n"
+    text = (
+        BASE.replace("algorithm: fedavg", "algorithm: fedprox").replace("rounds: 2", "rounds: 7")
+        + "checkpoint_every: 2\noptions: {fedprox: {mu: 0.1}}\n"
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "hetfl.cli", "run"]
     cfg = _cfg(tmp_path, text)
@@ -151,10 +161,15 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     killed_at = len(metrics.read_text().splitlines())
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert killed_at < 7
-    subprocess.run([sys.executable, "-m", "hetfl.cli", "resume", str(victim), "--quiet"],
-                   check=True, env=env, capture_output=True)
-    subprocess.run([*cmd, str(cfg), "name=ref", "--quiet", slow], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "hetfl.cli", "resume", str(victim), "--quiet"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*cmd, str(cfg), "name=ref", "--quiet", slow], check=True, env=env, capture_output=True
+    )
     ref = tmp_path / "runs" / "ref"
 
     def rows(run):
@@ -169,3 +184,22 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert a["round"] == b["round"] == 7
     for name, value in b["strategy"]["global"].items():
         assert torch.equal(a["strategy"]["global"][name], value), name
+
+
+def test_partition_prints_the_clients_the_run_trains_on(tmp_path, capsys):
+    from hetfl.config import load_raw, validate
+    from hetfl.runner import build_federation
+
+    cfg_path = _cfg(tmp_path)
+    code, out, _ = _run(capsys, "partition", str(cfg_path), "data.num_clients=5")
+    assert code == 0
+    saved = (tmp_path / "runs" / "t" / "partition.txt").read_text().splitlines()
+    rows = [line.split() for line in saved[2:-1]]  # skip the heading lines and the total row
+    raw = load_raw(cfg_path)
+    raw["data"]["num_clients"] = 5
+    clients = build_federation(validate(raw), torch.device("cpu")).clients
+    assert len(rows) == 5
+    for row, client in zip(rows, clients, strict=True):
+        counts = torch.bincount(client.y_train, minlength=10).tolist()
+        assert [int(v) for v in row[1:-1]] == counts and int(row[-1]) == client.n_train
+    assert saved[1] in out

@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="registered algorithms, models, datasets and partitioners")
 
+    part = sub.add_parser("partition", help="print and save the per-client class counts")
+    part.add_argument("config", nargs="?", help="YAML config (default: the built-in demo job)")
+    part.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+
     compare = sub.add_parser("compare", help="table of runs: mean ± sd over seeds")
     compare.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders")
 
@@ -57,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`hetfl run cfg.yaml --quiet train.lr=0.1`);
     # argparse cannot intermix positionals with subcommands, so collect them here.
-    stray = [a for a in extra if args.command != "run" or "=" not in a or a.startswith("-")]
+    takes_overrides = args.command in ("run", "partition")
+    stray = [a for a in extra if not takes_overrides or "=" not in a or a.startswith("-")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
@@ -85,6 +90,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_resume(args.run_dir, args.quiet)
     if args.command == "list":
         return cmd_list()
+    if args.command == "partition":
+        return cmd_partition(args.config, args.overrides)
     if args.command == "compare":
         return cmd_compare(args.runs)
     if args.command == "plot":
@@ -92,14 +99,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
-def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet: bool) -> int:
-    from hetfl.runner import run_one
-
+def _raw_config(config: str | None, overrides: Sequence[str]) -> dict:
+    """The config as loaded (the built-in default when none is named), overrides applied."""
     if config is not None and "=" in config and not Path(config).exists():
         overrides, config = [config, *overrides], None
     raw = load_raw(config if config is not None else default_config_path())
     for key, value in parse_overrides(overrides).items():
         set_dotted(raw, key, value)
+    return raw
+
+
+def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet: bool) -> int:
+    from hetfl.runner import run_one
+
+    raw = _raw_config(config, overrides)
     points = [(name, validate(point)) for name, point in expand_sweep(raw)]
     first = points[0][1]
     base = Path(first.output_dir) / first.name
@@ -191,6 +204,29 @@ def cmd_list() -> int:
         print(f"  {name:<12} {ALGORITHMS.get(name).summary}")
     for title, reg in (("models", MODELS), ("datasets", DATASETS), ("partitioners", PARTITIONERS)):
         print(f"{title}: {', '.join(reg.names())}")
+    return 0
+
+
+def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
+    """The class counts of every client, as the run with this config would partition them
+    (the first sweep point's seed, when the config is a sweep)."""
+    from hetfl.data import class_counts, format_class_table
+    from hetfl.runner import load_dataset, partition
+
+    raw = _raw_config(config, overrides)
+    cfg = validate(next(iter(expand_sweep(raw)))[1])
+    dataset = load_dataset(cfg)
+    parts = partition(cfg, dataset)
+    table = format_class_table(class_counts(dataset.y_train, parts, dataset.num_classes))
+    sizes = [len(p) for p in parts]
+    head = (
+        f"{cfg.data.dataset}, {cfg.data.partition.kind} partition over {len(parts)} clients, "
+        f"seed {cfg.seed}: {min(sizes)}-{max(sizes)} samples per client"
+    )
+    out_dir = Path(cfg.output_dir) / cfg.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "partition.txt").write_text(f"{head}\n{table}\n")
+    print(f"{head}\n{table}\n(written to {out_dir / 'partition.txt'})")
     return 0
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hetfl.algorithms import ALGORITHMS
@@ -59,13 +60,16 @@ class Federation:
     test: tuple[torch.Tensor, torch.Tensor]
 
 
-def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
-    dataset = load_dataset(cfg)
+def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
+    """Each client's training indices, drawn from the run's own partition generator."""
     partitioner = PARTITIONERS.get(cfg.data.partition.kind)
     rng = numpy_generator(cfg.seed, 0, SERVER, "partition")
-    parts = partitioner(
-        dataset.y_train, cfg.data.num_clients, rng, **cfg.data.partition.arguments()
-    )
+    return partitioner(dataset.y_train, cfg.data.num_clients, rng, **cfg.data.partition.arguments())
+
+
+def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
+    dataset = load_dataset(cfg)
+    parts = partition(cfg, dataset)
     clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device)
     return Federation(dataset, clients, global_test(dataset, device))
 

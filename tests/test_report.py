@@ -1,0 +1,78 @@
+"""Comparison tables and plots from hand-made run folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hetfl.cli import main
+from hetfl.report import comparison_rows, find_runs, format_table
+from hetfl.sim.outputs import ROW_KEYS
+
+
+def _fake_run(path: Path, seed: int, accs: list[float], target_round: int | None) -> Path:
+    """A finished run folder with the output contract's files, metrics made up by hand."""
+    path.mkdir(parents=True)
+    rows = []
+    for i, acc in enumerate(accs, start=1):
+        row = dict.fromkeys(ROW_KEYS)
+        row.update(round=i, clients=2, failed=0, global_acc=acc, local_acc=None,
+                   bytes_down=1_000_000 * i, bytes_up=500_000 * i, macs=0, groups={})  # fmt: skip
+        rows.append(row)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    best = max(rows, key=lambda r: r["global_acc"])
+    target = {"metric": "global_acc", "value": 0.5, "round": target_round,
+              "bytes": None if target_round is None else 1_500_000 * target_round}  # fmt: skip
+    summary = {"name": "x", "seed": seed, "rounds_completed": len(rows), "final": rows[-1],
+               "best": best, "targets": [target]}  # fmt: skip
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    _fake_run(tmp_path / "fedavg-s0", 0, [0.4, 0.6], 2)
+    _fake_run(tmp_path / "fedavg-s1", 1, [0.5, 0.8], 1)
+    _fake_run(tmp_path / "fedavg-s2", 2, [0.3, 0.7], 2)
+    _fake_run(tmp_path / "fedprox-s0", 0, [0.2, 0.3], None)
+    return tmp_path
+
+
+def test_comparison_means_and_sample_sds_by_hand(sweep: Path):
+    rows = {r["run"]: r for r in comparison_rows(find_runs([sweep]))}
+    avg = rows["fedavg"]
+    assert avg["seeds"] == "3"
+    # final 0.6, 0.8, 0.7: mean 0.7, sample sd sqrt(((-.1)^2 + .1^2 + 0) / 2) = 0.1
+    assert avg["final global_acc"] == "0.7000 ± 0.1000"
+    assert avg["best global_acc"] == "0.7000 ± 0.1000"
+    # rounds to target 2, 1, 2: mean 5/3, sd sqrt((1/9 + 4/9 + 1/9) / 2) = 0.577
+    assert avg["rounds to global_acc>=0.5"] == "1.7 ± 0.6"
+    # MB to target 3.0, 1.5, 3.0
+    assert avg["MB to global_acc>=0.5"] == "2.5 ± 0.9"
+    assert avg["MB sent"] == "3.0 ± 0.0"
+    prox = rows["fedprox"]
+    assert prox["final global_acc"] == "0.3000 ± 0.0000"
+    assert prox["rounds to global_acc>=0.5"] == "-"  # never reached: no number invented
+
+
+def test_partial_hits_are_flagged(tmp_path: Path):
+    _fake_run(tmp_path / "a-s0", 0, [0.6], 1)
+    _fake_run(tmp_path / "a-s1", 1, [0.1], None)
+    row = comparison_rows(find_runs([tmp_path]))[0]
+    assert row["rounds to global_acc>=0.5"] == "1.0 ± 0.0 (1/2)"
+
+
+def test_compare_and_plot_commands(sweep: Path, tmp_path: Path, capsys):
+    assert main(["compare", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == format_table(comparison_rows(find_runs([sweep])))
+    png = tmp_path / "cmp.png"
+    assert main(["plot", str(sweep), "-o", str(png), "--x", "bytes"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_without_runs_is_a_clear_error(tmp_path: Path, capsys):
+    assert main(["compare", str(tmp_path)]) == 2
+    assert "no finished runs" in capsys.readouterr().err

@@ -23,8 +23,20 @@ from hetfl.sim.outputs import ROW_KEYS
 TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
 
 
-def _sim(family, clients, test, tmp_path, *, algo="fedavg", opts=None, rounds=2, cpr=4,
-         program=None, strategy=None, **settings):
+def _sim(
+    family,
+    clients,
+    test,
+    tmp_path,
+    *,
+    algo="fedavg",
+    opts=None,
+    rounds=2,
+    cpr=4,
+    program=None,
+    strategy=None,
+    **settings,
+):
     strat, hooks = ALGORITHMS.get(algo).build(family, opts, clients_per_round=cpr, train=TRAIN)
     program = program or ClientProgram(family, hooks, seed=0)
     return Simulation(
@@ -57,7 +69,10 @@ def test_fedprox_two_steps_match_hand_computation():
     w0 = {"weight": torch.randn(2, 3), "bias": torch.randn(2)}
     lr, mu = 0.3, 0.7
     task = ClientTask(
-        0, Spec(model="linear"), copy.deepcopy(w0), full_map(["weight", "bias"]),
+        0,
+        Spec(model="linear"),
+        copy.deepcopy(w0),
+        full_map(["weight", "bias"]),
         {"lr": lr, "steps": 2, "batch_size": 6},
     )
     out = ClientProgram(_LinearFamily(), ProximalHooks(mu)).fit(
@@ -169,8 +184,17 @@ def test_private_layer_never_sent_and_persists(synthetic_federation, tmp_path):
     hooks = _RecordStart()
     strategy = _PrivateHead(family, clients_per_round=8, train=TRAIN)
     program = ClientProgram(family, hooks, seed=0)
-    sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=8, program=program,
-               strategy=strategy, local_eval="all")
+    sim = _sim(
+        family,
+        clients,
+        test,
+        tmp_path,
+        rounds=1,
+        cpr=8,
+        program=program,
+        strategy=strategy,
+        local_eval="all",
+    )
     sim.run()
     assert not any(k.startswith("head.") for k in sim.strategy.global_state)
     shared = state_bytes(sim.strategy.global_state)
@@ -205,9 +229,19 @@ def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
     assert {t.cid for t in tasks} == available
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
-def test_every_algorithm_runs_a_round(name, synthetic_federation, tmp_path):
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
+    """Every registered method trains, checkpoints its strategy state and resumes exactly."""
     family, clients, test = synthetic_federation
-    sim = _sim(family, clients, test, tmp_path, algo=name, rounds=1)
-    summary = sim.run()
-    assert summary["final"]["clients"] == 4
+    whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3)
+    summary = whole.run()
+    assert summary["final"]["clients"] == 4 and summary["final"]["failed"] == 0
+    part = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=2)
+    part.run()
+    resumed = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=3)
+    resumed.run(resume=True)
+    for k, v in whole.strategy.global_state.items():
+        assert torch.equal(v, resumed.strategy.global_state[k]), k
+    for cid in whole.store:
+        for k, v in whole.store.get(cid).items():
+            assert torch.equal(v, resumed.store.get(cid)[k]), (cid, k)

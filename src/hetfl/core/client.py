@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.core.init import initialize
+from hetfl.core.init import build_model, initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (
@@ -68,8 +68,12 @@ class LocalTraining:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.clip_grad_norm is not None and not (
+            self.clip_grad_norm > 0 and math.isfinite(self.clip_grad_norm)
+        ):
+            raise ValueError(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm}")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LocalTraining:
@@ -231,7 +235,7 @@ class ClientProgram:
     def model_for(self, spec: Spec) -> nn.Module:
         model = self._models.get(spec)
         if model is None:
-            model = self.family.build(spec).to(self.device)
+            model = build_model(self.family, spec).to(self.device)
             self._models[spec] = model
         return model
 
@@ -247,7 +251,7 @@ class ClientProgram:
         full: dict[str, torch.Tensor] = {}
         if missing:
             fresh = initialize(
-                self.family.build(spec), torch_generator(self.seed, 0, cid, "private-init")
+                build_model(self.family, spec), torch_generator(self.seed, 0, cid, "private-init")
             ).state_dict()
             full.update({k: fresh[k] for k in missing})
         full.update({k: v for k, v in private.items() if k in names})
@@ -297,8 +301,11 @@ class ClientProgram:
 def recompute_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> None:
     """Re-estimate BatchNorm running statistics by one pass over `x` (HeteroFL's static BN).
 
-    Statistics are reset and accumulated as a cumulative average (momentum None), so the
-    result is the statistics of `x` whatever the batch order; the model stays in eval mode.
+    As HeteroFL's code does it: statistics are reset and accumulated with momentum None,
+    PyTorch's cumulative average, so the running mean is the mean of the per-batch means and
+    the running variance the mean of the per-batch unbiased variances (equal to the exact
+    statistics of `x` only when it is one batch). Batches are consecutive slices of `x`, so
+    the result is deterministic; the model is left in eval mode.
     """
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     saved = [m.momentum for m in norms]

@@ -16,7 +16,17 @@ import math
 import torch
 from torch import nn
 
+from hetfl.core.spec import Spec
+from hetfl.core.types import ModelFamily
+
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+
+def build_model(family: ModelFamily, spec: Spec) -> nn.Module:
+    """`family.build(spec)` without moving the global RNG (layer constructors draw from it);
+    the weights are whatever the constructors made — call `initialize` for seeded ones."""
+    with torch.random.fork_rng(devices=[]):
+        return family.build(spec)
 
 
 def initialize(module: nn.Module, generator: torch.Generator) -> nn.Module:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hetfl.core.init import initialize
+from hetfl.core.init import build_model, initialize
 from hetfl.core.spec import IndexMap, Spec, local_names
 from hetfl.core.state import extract
 from hetfl.core.types import (
@@ -92,7 +92,7 @@ class Strategy:
         """
         self.specs = {c.cid: self.spec_for(c) for c in clients}
         self._global_spec = self.family.global_spec(list(self.specs.values()))
-        model = initialize(self.family.build(self._global_spec), generator)
+        model = initialize(build_model(self.family, self._global_spec), generator)
         shared = {
             e.global_name
             for spec in {*self.specs.values(), self._global_spec}
@@ -114,7 +114,7 @@ class Strategy:
         if self._parameter_names is None:
             found: set[str] = set()
             for spec in {*self.specs.values(), self.global_spec}:
-                params = dict(self.family.build(spec).named_parameters())
+                params = dict(build_model(self.family, spec).named_parameters())
                 found.update(e.global_name for e in self.index_map_for(spec) if e.local in params)
             self._parameter_names = [k for k in self.global_state if k in found]
         return self._parameter_names
@@ -165,7 +165,7 @@ class Strategy:
         """The global model, when the shared state is a complete model; else nothing."""
         spec = self.global_spec
         imap = self.index_map_for(spec)
-        names = set(self.family.build(spec).state_dict())
+        names = set(build_model(self.family, spec).state_dict())
         if set(local_names(imap)) != names:
             return []
         return [EvalModel(name="global", spec=spec, tensors=extract(state, imap))]

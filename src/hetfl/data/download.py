@@ -245,6 +245,7 @@ def download_file(
                     if progress is not None:
                         progress(name, received, total)
         except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the error response's socket
             raise DownloadError(
                 f"could not download {name} from {url}: HTTP {exc.code} {exc.reason}. "
                 "Check the mirror URL: it must be the directory that holds the four .gz files."
@@ -266,6 +267,7 @@ def download_file(
         check = check_file(tmp, name)
         if not check.ok:
             raise DownloadError(_mismatch_message(name, url, check))
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the data is public, caches are shared
         os.replace(tmp, final)
         placed = True
     finally:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from hetfl.core.init import build_model
 from hetfl.core.spec import Spec
 from hetfl.core.types import ModelFamily, PassRecord
 
@@ -37,7 +38,7 @@ class MacCounter:
         return sum(self.pass_macs(r, input_shape) * r.count for r in records)
 
     def _count(self, record: PassRecord, input_shape: tuple[int, ...]) -> int:
-        model = self.family.build(record.spec)
+        model = build_model(self.family, record.spec)
         x = torch.zeros((record.batch, *input_shape))
         kwargs = {} if record.width is None else {"width": record.width}
         with FlopCounterMode(display=False) as counter:

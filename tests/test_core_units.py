@@ -1,0 +1,559 @@
+"""Unit tests of the small core pieces: generators, the client store, batching, local SGD,
+initialisation, sampling, registries and BatchNorm re-estimation."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hetfl.core.client import (
+    ClientHooks,
+    ClientProgram,
+    LocalTraining,
+    TrainContext,
+    batch_order,
+    recompute_bn_statistics,
+    train_local,
+)
+from hetfl.core.init import initialize
+from hetfl.core.registry import Registry
+from hetfl.core.rng import SERVER, derive_seed, numpy_generator, torch_generator
+from hetfl.core.spec import Spec, full_map
+from hetfl.core.store import ClientStore
+from hetfl.core.strategy import uniform_sample
+from hetfl.core.types import ClientData, ClientInfo, ClientTask
+from hetfl.models import PlainFamily
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class _GlobalRngUnchanged:
+    """Asserts on exit that the global torch RNG state did not move."""
+
+    def __enter__(self) -> _GlobalRngUnchanged:
+        self.before = torch.get_rng_state()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            assert torch.equal(self.before, torch.get_rng_state()), "global torch RNG was used"
+
+
+# -- rng -------------------------------------------------------------------------------------------
+def test_derive_seed_is_deterministic_and_63_bit():
+    a = derive_seed(7, 3, 2, "train")
+    assert a == derive_seed(7, 3, 2, "train")
+    assert isinstance(a, int)
+    assert 0 <= a < 2**63
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        (8, 3, 2, "train"),
+        (7, 4, 2, "train"),
+        (7, 3, 1, "train"),
+        (7, 3, 2, "sample"),
+        (7, 3, SERVER, "train"),
+        (-7, 3, 2, "train"),
+    ],
+    ids=["seed", "round", "client", "purpose", "server", "negative-seed"],
+)
+def test_derive_seed_differs_when_any_part_changes(changed):
+    assert derive_seed(*changed) != derive_seed(7, 3, 2, "train")
+
+
+def test_derive_seed_neighbouring_seeds_are_not_neighbours():
+    seeds = [derive_seed(s, 0, 0, "x") for s in range(50)]
+    assert len(set(seeds)) == 50
+    assert all(abs(a - b) > 2**20 for a, b in itertools.pairwise(seeds))
+
+
+def test_torch_generator_streams_reproducible_and_distinct():
+    a = torch.rand(8, generator=torch_generator(1, 2, 3, "train"))
+    b = torch.rand(8, generator=torch_generator(1, 2, 3, "train"))
+    c = torch.rand(8, generator=torch_generator(1, 2, 3, "dropout"))
+    d = torch.rand(8, generator=torch_generator(1, 2, 4, "train"))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert not torch.equal(a, d)
+    g = torch_generator(1, 2, 3, "train")
+    assert g.initial_seed() == derive_seed(1, 2, 3, "train")
+
+
+def test_numpy_generator_reproducible_and_distinct():
+    a = numpy_generator(1, 0, 5, "partition").random(6)
+    b = numpy_generator(1, 0, 5, "partition").random(6)
+    c = numpy_generator(1, 1, 5, "partition").random(6)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_generators_do_not_touch_global_rng():
+    with _GlobalRngUnchanged():
+        torch.rand(3, generator=torch_generator(0, 1, 2, "x"))
+        derive_seed(0, 1, 2, "x")
+
+
+# -- ClientStore -----------------------------------------------------------------------------------
+def test_store_empty_before_first_put():
+    store = ClientStore()
+    assert store.get(4) == {}
+    assert 4 not in store
+    assert len(store) == 0
+    assert list(store) == []
+    assert store.nbytes() == 0
+
+
+def test_store_put_copies_and_detaches():
+    store = ClientStore()
+    src = {"w": nn.Parameter(torch.tensor([1.0, 2.0])), "n": torch.tensor([3])}
+    store.put(4, src)
+    with torch.no_grad():
+        src["w"].add_(100.0)
+    src["n"].add_(1)
+    src["extra"] = torch.zeros(1)
+    got = store.get(4)
+    assert set(got) == {"w", "n"}
+    assert torch.equal(got["w"], torch.tensor([1.0, 2.0]))
+    assert not got["w"].requires_grad
+    assert torch.equal(got["n"], torch.tensor([3]))
+    assert 4 in store
+
+
+def test_store_put_replaces_previous_entry():
+    store = ClientStore()
+    store.put(1, {"a": torch.ones(2), "b": torch.ones(1)})
+    store.put(1, {"a": torch.zeros(2)})
+    assert set(store.get(1)) == {"a"}
+    assert torch.equal(store.get(1)["a"], torch.zeros(2))
+    assert len(store) == 1
+
+
+def test_store_iterates_sorted_and_counts_bytes():
+    store = ClientStore()
+    store.put(3, {"a": torch.zeros(2, 3), "n": torch.tensor(0, dtype=torch.long)})  # 24 + 8
+    store.put(1, {"b": torch.zeros(5, dtype=torch.float64)})  # 40
+    assert list(store) == [1, 3]
+    assert len(store) == 2
+    assert store.nbytes() == 72
+
+
+def test_store_state_dict_round_trip_through_torch_save():
+    store = ClientStore()
+    store.put(2, {"w": torch.tensor([[1.0, 2.0]]), "n": torch.tensor(5)})
+    store.put(9, {"head.bias": torch.tensor([0.5, -0.5])})
+    buf = io.BytesIO()
+    torch.save(store.state_dict(), buf)
+    buf.seek(0)
+    other = ClientStore()
+    other.put(77, {"stale": torch.ones(1)})  # replaced, not merged
+    other.load_state_dict(torch.load(buf))
+    assert list(other) == [2, 9]
+    assert 77 not in other
+    assert torch.equal(other.get(2)["w"], torch.tensor([[1.0, 2.0]]))
+    assert torch.equal(other.get(2)["n"], torch.tensor(5))
+    assert torch.equal(other.get(9)["head.bias"], torch.tensor([0.5, -0.5]))
+    assert other.nbytes() == store.nbytes()
+
+
+def test_store_load_state_dict_accepts_string_ids():
+    store = ClientStore()
+    store.load_state_dict({"3": {"a": torch.ones(1)}})
+    assert 3 in store
+    assert list(store) == [3]
+
+
+def test_store_state_dict_is_a_snapshot_of_entries():
+    store = ClientStore()
+    store.put(1, {"a": torch.ones(1)})
+    snap = store.state_dict()
+    store.put(1, {"a": torch.zeros(1), "b": torch.zeros(1)})
+    assert set(snap[1]) == {"a"}
+    assert torch.equal(snap[1]["a"], torch.ones(1))
+
+
+# -- batch_order -----------------------------------------------------------------------------------
+def test_batch_order_epochs_fresh_permutations_and_short_last_batch():
+    settings = LocalTraining(lr=0.1, epochs=3, batch_size=4)
+    batches = batch_order(10, settings, _gen(0))
+    assert [len(b) for b in batches] == [4, 4, 2] * 3
+    epochs = [torch.cat(batches[3 * e : 3 * e + 3]) for e in range(3)]
+    for perm in epochs:
+        assert torch.equal(torch.sort(perm).values, torch.arange(10))
+    assert not torch.equal(epochs[0], epochs[1]) or not torch.equal(epochs[1], epochs[2])
+    assert not torch.equal(epochs[0], torch.arange(10))
+
+
+def test_batch_order_steps_override_epochs_within_one_epoch():
+    settings = LocalTraining(lr=0.1, epochs=5, steps=2, batch_size=4)
+    batches = batch_order(10, settings, _gen(1))
+    assert [len(b) for b in batches] == [4, 4]
+    seen = torch.cat(batches)
+    assert len(set(seen.tolist())) == 8
+
+
+def test_batch_order_steps_beyond_one_epoch():
+    settings = LocalTraining(lr=0.1, epochs=1, steps=5, batch_size=4)
+    batches = batch_order(10, settings, _gen(2))
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4]
+    first = torch.cat(batches[:3])
+    assert torch.equal(torch.sort(first).values, torch.arange(10))
+    second = torch.cat(batches[3:])
+    assert len(set(second.tolist())) == 8
+    assert all(0 <= i < 10 for i in second.tolist())
+
+
+def test_batch_order_same_seed_same_order_and_batch_size_larger_than_data():
+    s = LocalTraining(lr=0.1, epochs=2, batch_size=3)
+    a = batch_order(7, s, _gen(5))
+    b = batch_order(7, s, _gen(5))
+    c = batch_order(7, s, _gen(6))
+    assert len(a) == len(b) == 6
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+    big = batch_order(5, LocalTraining(lr=0.1, batch_size=64), _gen(0))
+    assert len(big) == 1
+    assert torch.equal(torch.sort(big[0]).values, torch.arange(5))
+
+
+def test_batch_order_does_not_touch_global_rng():
+    with _GlobalRngUnchanged():
+        batch_order(20, LocalTraining(lr=0.1, epochs=2, batch_size=3), _gen(0))
+
+
+# -- LocalTraining ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lr": 0.0},
+        {"lr": -0.1},
+        {"lr": math.nan},
+        {"lr": math.inf},
+        {"lr": 0.1, "batch_size": 0},
+        {"lr": 0.1, "momentum": 1.0},
+        {"lr": 0.1, "momentum": -0.1},
+        {"lr": 0.1, "weight_decay": -1e-4},
+        {"lr": 0.1, "steps": 0},
+        {"lr": 0.1, "epochs": 0},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_local_training_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        LocalTraining(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"weight_decay": math.nan}, {"clip_grad_norm": -1.0}, {"clip_grad_norm": math.nan}],
+    ids=["weight_decay=nan", "clip=-1", "clip=nan"],
+)
+def test_local_training_rejects_non_finite_decay_and_bad_clip(kwargs):
+    with pytest.raises(ValueError):
+        LocalTraining(lr=0.1, **kwargs)
+
+
+def test_local_training_accepts_edge_values():
+    s = LocalTraining(lr=1e-9, epochs=0, steps=1, batch_size=1, momentum=0.0, weight_decay=0.0)
+    assert s.num_steps(1000) == 1
+    assert LocalTraining(lr=0.1, momentum=0.999).momentum == 0.999
+
+
+def test_local_training_from_config_ignores_unknown_keys():
+    s = LocalTraining.from_config(
+        {"lr": 0.05, "batch_size": 8, "mu": 0.01, "label_mask": True, "steps": 3}
+    )
+    assert s == LocalTraining(lr=0.05, batch_size=8, steps=3)
+    with pytest.raises(TypeError):
+        LocalTraining.from_config({"batch_size": 8})  # lr is required
+
+
+def test_local_training_num_steps():
+    assert LocalTraining(lr=0.1, epochs=2, batch_size=4).num_steps(10) == 6
+    assert LocalTraining(lr=0.1, epochs=1, batch_size=5).num_steps(10) == 2
+    assert LocalTraining(lr=0.1, epochs=3, steps=7, batch_size=4).num_steps(10) == 7
+
+
+# -- train_local: one SGD step against a hand computation ------------------------------------------
+def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
+    w0 = [[0.1, -0.2], [0.3, 0.4], [-0.5, 0.6]]
+    b0 = [0.05, -0.1, 0.2]
+    xs = [[1.0, 2.0], [-1.0, 0.5], [0.3, -0.7], [2.0, 1.0]]
+    ys = [0, 2, 1, 2]
+    lr = 0.1
+
+    model = nn.Linear(2, 3)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor(w0))
+        model.bias.copy_(torch.tensor(b0))
+    x, y = torch.tensor(xs), torch.tensor(ys)
+    data = ClientData(0, x, y, x[:0], y[:0], 3)
+    settings = LocalTraining(lr=lr, steps=1, batch_size=4)
+    task = ClientTask(0, Spec(model="lin"), {}, full_map(["weight", "bias"]), {})
+    ctx = TrainContext(task=task, received={}, generator=_gen(0), settings=settings)
+    stats = train_local(model, data, ClientHooks(), ctx)
+
+    # by hand, in float64, without autograd: d(mean CE)/dz = (softmax(z) - onehot(y)) / n
+    W = torch.tensor(w0, dtype=torch.float64)
+    b = torch.tensor(b0, dtype=torch.float64)
+    X = torch.tensor(xs, dtype=torch.float64)
+    z = X @ W.T + b
+    e = torch.exp(z - z.max(dim=1, keepdim=True).values)
+    p = e / e.sum(dim=1, keepdim=True)
+    onehot = torch.zeros(4, 3, dtype=torch.float64)
+    onehot[torch.arange(4), torch.tensor(ys)] = 1.0
+    G = (p - onehot) / 4
+    w_expected = W - lr * (G.T @ X)
+    b_expected = b - lr * G.sum(dim=0)
+    loss_expected = float(-torch.log(p[torch.arange(4), torch.tensor(ys)]).mean())
+
+    assert torch.allclose(model.weight.detach().double(), w_expected, atol=1e-6, rtol=0)
+    assert torch.allclose(model.bias.detach().double(), b_expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(model.weight.detach().double(), W, atol=1e-4)
+    assert stats.num_steps == 1
+    assert stats.num_examples == 4
+    assert stats.batch_counts == {4: 1}
+    assert stats.loss == pytest.approx(loss_expected, abs=1e-6)
+
+
+# -- initialize ------------------------------------------------------------------------------------
+def _net() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 4), nn.LayerNorm(4)
+    )
+
+
+def _same_state(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_initialize_same_seed_same_state_different_seed_different():
+    m1, m2, m3 = _net(), _net(), _net()  # constructors draw from the global RNG: not timed
+    assert not _same_state(m1, m2)
+    with _GlobalRngUnchanged():
+        initialize(m1, torch_generator(0, 0, SERVER, "init"))
+        initialize(m2, torch_generator(0, 0, SERVER, "init"))
+        initialize(m3, torch_generator(1, 0, SERVER, "init"))
+    assert _same_state(m1, m2)
+    assert not torch.equal(m1[0].weight, m3[0].weight)
+    assert not torch.equal(m1[3].weight, m3[3].weight)
+
+
+def test_initialize_bounds_and_norm_defaults():
+    m = _net()
+    with torch.no_grad():
+        m[1].running_mean.fill_(3.0)
+        m[1].weight.fill_(7.0)
+        m[1].num_batches_tracked.fill_(9)
+    assert initialize(m, _gen(3)) is m
+    assert float(m[3].weight.detach().abs().max()) <= 1 / math.sqrt(8)
+    assert float(m[3].bias.detach().abs().max()) <= 1 / math.sqrt(8)
+    assert float(m[0].weight.detach().abs().max()) <= 1 / math.sqrt(9)
+    assert torch.equal(m[1].weight, torch.ones(2))
+    assert torch.equal(m[1].bias, torch.zeros(2))
+    assert torch.equal(m[1].running_mean, torch.zeros(2))
+    assert torch.equal(m[1].running_var, torch.ones(2))
+    assert int(m[1].num_batches_tracked) == 0
+    assert torch.equal(m[4].weight, torch.ones(4))
+
+
+def test_initialize_rejects_unknown_parametrised_layer():
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = nn.Parameter(torch.zeros(3))
+
+    with pytest.raises(TypeError, match="Odd"):
+        initialize(nn.Sequential(Odd()), _gen(0))
+
+
+# -- uniform_sample --------------------------------------------------------------------------------
+def _infos(ids: list[int]) -> list[ClientInfo]:
+    return [ClientInfo(cid=i, n_train=10, input_shape=(1,), labels=(0,)) for i in ids]
+
+
+def test_uniform_sample_k_at_least_available_returns_all_sorted():
+    pool = _infos([5, 1, 9, 3])
+    with _GlobalRngUnchanged():
+        for k in (4, 10):
+            assert [c.cid for c in uniform_sample(pool, k, _gen(0))] == [1, 3, 5, 9]
+
+
+def test_uniform_sample_k_distinct_sorted_reproducible():
+    pool = _infos(list(range(30, 0, -1)))
+    with _GlobalRngUnchanged():
+        a = [c.cid for c in uniform_sample(pool, 7, _gen(11))]
+        b = [c.cid for c in uniform_sample(pool, 7, _gen(11))]
+    assert a == b
+    assert len(a) == 7
+    assert len(set(a)) == 7
+    assert a == sorted(a)
+    assert set(a) <= set(range(1, 31))
+    draws = {tuple(c.cid for c in uniform_sample(pool, 7, _gen(s))) for s in range(10)}
+    assert len(draws) > 1
+
+
+# -- Registry --------------------------------------------------------------------------------------
+def test_registry_duplicate_registration_raises_and_keeps_first():
+    reg: Registry[int] = Registry("algorithm")
+    reg.register("fedavg", 1)
+    with pytest.raises(ValueError, match="fedavg"):
+        reg.register("fedavg", 2)
+    assert reg.get("fedavg") == 1
+
+    @reg.decorator("fedprox")
+    def fn() -> None: ...
+
+    assert reg.get("fedprox") is fn
+    with pytest.raises(ValueError):
+        reg.decorator("fedprox")(fn)
+    assert reg.names() == ["fedavg", "fedprox"]
+    assert list(reg) == ["fedavg", "fedprox"]
+    assert "fedavg" in reg
+    assert "nope" not in reg
+
+
+def test_registry_unknown_name_suggests_closest():
+    reg: Registry[int] = Registry("algorithm")
+    for i, name in enumerate(["fedavg", "heterofl", "fedprox", "scalablefl"]):
+        reg.register(name, i)
+    with pytest.raises(KeyError) as info:
+        reg.get("heterof")
+    msg = str(info.value)
+    assert "did you mean 'heterofl'?" in msg
+    assert "unknown algorithm 'heterof'" in msg
+    assert "fedavg, fedprox, heterofl, scalablefl" in msg
+    with pytest.raises(KeyError) as info2:
+        reg.get("zzzzzz")
+    assert "did you mean" not in str(info2.value)
+
+
+# -- global RNG around a client's fit --------------------------------------------------------------
+def _mlp_setup():
+    family = PlainFamily("mlp", (1, 2, 2), 3)
+    spec = family.global_spec([])
+    imap = family.index_map(spec)
+    state = initialize(family.build(spec), torch_generator(0, 0, SERVER, "init")).state_dict()
+    x = torch.rand(8, 1, 2, 2, generator=_gen(0))
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    data = ClientData(0, x, y, x[:0], y[:0], 3)
+    return family, spec, imap, state, data
+
+
+def _task(cid, spec, imap, state):
+    payload = {e.local: state[e.local] for e in imap}
+    return ClientTask(cid, spec, payload, imap, {"lr": 0.1, "steps": 2, "batch_size": 4})
+
+
+def test_client_fit_with_cached_model_does_not_touch_global_rng():
+    family, spec, imap, state, data = _mlp_setup()
+    program = ClientProgram(family, seed=0)
+    task = _task(0, spec, imap, state)
+    first = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"))  # warms the cache
+    with _GlobalRngUnchanged():
+        again = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"))
+    for k in first.result.tensors:
+        assert torch.equal(first.result.tensors[k], again.result.tensors[k])
+    assert not torch.equal(first.result.tensors["head.weight"], state["head.weight"])
+
+
+def test_client_fit_first_build_does_not_touch_global_rng():
+    family, spec, imap, state, data = _mlp_setup()
+    program = ClientProgram(family, seed=0)
+    with _GlobalRngUnchanged():
+        program.fit(_task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"))
+
+
+def test_client_fit_private_init_does_not_touch_global_rng():
+    family, spec, imap, state, data = _mlp_setup()
+    program = ClientProgram(family, seed=0)
+    program.fit(_task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"))
+    shared = [e for e in imap if not e.local.startswith("head.")]
+    with _GlobalRngUnchanged():
+        out = program.fit(_task(1, spec, shared, state), data, {}, torch_generator(0, 1, 1, "t"))
+    assert sorted(out.private) == ["head.bias", "head.weight"]
+
+
+# -- recompute_bn_statistics -----------------------------------------------------------------------
+_BN_X = [
+    [1.0, 2.0],
+    [3.0, -1.0],
+    [0.0, 5.0],
+    [4.0, 4.0],
+    [2.0, 0.0],
+    [7.0, 1.0],
+    [-3.0, 2.0],
+    [1.0, 1.0],
+]
+
+
+def _bn_model() -> nn.Module:
+    lin = nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 0.5], [-0.5, 2.0]]))
+        lin.bias.copy_(torch.tensor([0.25, -1.0]))
+    model = nn.Sequential(lin, nn.BatchNorm1d(2, momentum=0.3))
+    with torch.no_grad():
+        model[1].running_mean.fill_(100.0)
+        model[1].running_var.fill_(-5.0)
+    return model
+
+
+def _hand_bn_stats() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.tensor(_BN_X, dtype=torch.float64)
+    w = torch.tensor([[1.0, 0.5], [-0.5, 2.0]], dtype=torch.float64)
+    h = x @ w.T + torch.tensor([0.25, -1.0], dtype=torch.float64)
+    n = h.shape[0]
+    mean = h.sum(dim=0) / n
+    var = ((h - mean) ** 2).sum(dim=0) / (n - 1)
+    return mean, var
+
+
+def _check_bn(batch_size: int) -> None:
+    model = _bn_model()
+    model.train()
+    recompute_bn_statistics(model, torch.tensor(_BN_X), batch_size=batch_size)
+    mean, var = _hand_bn_stats()
+    bn = model[1]
+    assert not model.training
+    assert bn.momentum == 0.3
+    assert torch.allclose(bn.running_mean.double(), mean, atol=1e-5, rtol=0), (
+        bn.running_mean,
+        mean,
+    )
+    assert torch.allclose(bn.running_var.double(), var, atol=1e-5, rtol=0), (bn.running_var, var)
+
+
+@pytest.mark.parametrize("batch_size", [8, 100, 500])
+def test_recompute_bn_statistics_one_batch(batch_size):
+    _check_bn(batch_size)
+
+
+@pytest.mark.parametrize("batch_size", [4, 3])
+def test_recompute_bn_statistics_several_batches_average_batch_statistics(batch_size):
+    """HeteroFL's definition: the mean of per-batch means and of per-batch unbiased variances."""
+    model = _bn_model()
+    recompute_bn_statistics(model, torch.tensor(_BN_X), batch_size=batch_size)
+    x = torch.tensor(_BN_X, dtype=torch.float64)
+    w = torch.tensor([[1.0, 0.5], [-0.5, 2.0]], dtype=torch.float64)
+    h = x @ w.T + torch.tensor([0.25, -1.0], dtype=torch.float64)
+    chunks = [h[i : i + batch_size] for i in range(0, h.shape[0], batch_size)]
+    means = [c.sum(dim=0) / c.shape[0] for c in chunks]
+    variances = [
+        ((c - m) ** 2).sum(dim=0) / (c.shape[0] - 1) for c, m in zip(chunks, means, strict=True)
+    ]
+    bn = model[1]
+    torch.testing.assert_close(bn.running_mean.double(), sum(means) / len(means), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        bn.running_var.double(), sum(variances) / len(variances), atol=1e-5, rtol=0
+    )

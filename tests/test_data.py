@@ -371,6 +371,7 @@ def test_fashion_mnist_rejects_a_corrupt_file(tmp_path, monkeypatch):
 
 def test_missing_fashion_mnist_names_the_places_and_fixes(tmp_path, monkeypatch):
     monkeypatch.delenv("HETFL_DATA", raising=False)
+    monkeypatch.setenv("HETFL_CACHE", str(tmp_path / "cache"))
     system = tmp_path / "system"
     monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIR", system)
     empty = tmp_path / "empty"

@@ -279,3 +279,37 @@ def test_cache_dir_follows_hetfl_cache(monkeypatch, tmp_path):
     assert fashion_mnist_cache_dir() == tmp_path / "fashion-mnist"
     monkeypatch.delenv("HETFL_CACHE")
     assert default_cache_dir() == Path.home() / ".cache" / "hetfl"
+
+
+def test_cli_download_and_config_download(server, tmp_path, capsys, monkeypatch):
+    from hetfl.cli import main
+
+    dest = tmp_path / "cli"
+    assert main(["data", "download", "fashion-mnist", "--dest", str(dest),
+                 "--mirror", server.mirror("debian")]) == 0  # fmt: skip
+    assert "verified files in" in capsys.readouterr().out
+    assert _leftovers(dest) == sorted(FASHION_MNIST_FILES)
+    # a config with `download: true` fetches into the cache before the run
+    monkeypatch.setenv("HETFL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "no-system")
+    monkeypatch.delenv("HETFL_DATA", raising=False)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "name: d\ndata: {dataset: fashion-mnist, num_clients: 2, partition: {kind: iid},\n"
+        f"  download: true, mirror: '{server.mirror('debian')}'}}\n"
+        "train: {rounds: 1, clients_per_round: 1, local_steps: 1}\n"
+        f"eval: {{local_eval: none}}\noutput_dir: {tmp_path / 'runs'}\n"
+    )
+    monkeypatch.setattr(sources, "_FASHION_MNIST_CACHE", {})
+    assert main(["run", str(cfg), "--quiet"]) == 0
+    assert _leftovers(tmp_path / "cache" / "fashion-mnist") == sorted(FASHION_MNIST_FILES)
+
+
+def test_cli_download_errors_exit_2(server, tmp_path, capsys):
+    from hetfl.cli import main
+
+    assert main(["data", "download", "fashion-mnist", "--dest", str(tmp_path),
+                 "--mirror", server.mirror("nowhere")]) == 2  # fmt: skip
+    assert "nowhere" in capsys.readouterr().err  # the message names the URL
+    assert main(["data", "download", "cifar-10"]) == 2
+    assert "no download for dataset 'cifar-10'" in capsys.readouterr().err

@@ -22,8 +22,9 @@ from hetfl.config import (
     set_dotted,
     validate,
 )
+from hetfl.data.download import DownloadError
 
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError, DownloadError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="print and save the per-client class counts")
     part.add_argument("config", nargs="?", help="YAML config (default: the built-in demo job)")
     part.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+
+    data = sub.add_parser("data", help="dataset tools")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    download = data_sub.add_parser(
+        "download", help="fetch a dataset into the cache and verify its checksums"
+    )
+    download.add_argument("dataset", help="dataset name, e.g. fashion-mnist")
+    download.add_argument("--dest", type=Path, help="directory (default: the HetFL cache)")
+    download.add_argument("--mirror", help="base URL of a mirror (default: upstream)")
 
     compare = sub.add_parser("compare", help="table of runs: mean ± sd over seeds")
     compare.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders")
@@ -90,6 +100,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_resume(args.run_dir, args.quiet)
     if args.command == "list":
         return cmd_list()
+    if args.command == "data":
+        return cmd_download(args.dataset, args.dest, args.mirror)
     if args.command == "partition":
         return cmd_partition(args.config, args.overrides)
     if args.command == "compare":
@@ -227,6 +239,27 @@ def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "partition.txt").write_text(f"{head}\n{table}\n")
     print(f"{head}\n{table}\n(written to {out_dir / 'partition.txt'})")
+    return 0
+
+
+def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
+    from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
+
+    if dataset not in DOWNLOADERS:
+        raise ValueError(
+            f"no download for dataset {dataset!r}; available: {', '.join(DOWNLOADERS)}"
+        )
+    shown: dict[str, int] = {}
+
+    def progress(name: str, received: int, total: int | None) -> None:
+        step = received >> 22  # a line every 4 MiB, and at the end
+        if shown.get(name) != step or received == total:
+            shown[name] = step
+            size = f"/{total / 1e6:.1f}" if total else ""
+            print(f"  {name}: {received / 1e6:.1f}{size} MB", file=sys.stderr, flush=True)
+
+    where = DOWNLOADERS[dataset](dest, mirror or DEFAULT_MIRROR, progress=progress)
+    print(f"{dataset}: verified files in {where}")
     return 0
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.data import DATASETS, PARTITIONERS
+from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
 from hetfl.models import MODELS
 
 
@@ -73,6 +74,8 @@ class DataConfig(_Strict):
     num_clients: int = Field(20, ge=1)
     partition: PartitionConfig = PartitionConfig()
     test_per_client: int = Field(100, ge=0)
+    download: bool = Field(False, description="fetch and verify the dataset first if missing")
+    mirror: str = Field(DEFAULT_MIRROR, description="base URL of the download mirror")
 
     @field_validator("dataset")
     @classmethod
@@ -80,6 +83,15 @@ class DataConfig(_Strict):
         if v not in DATASETS:
             raise ValueError(DATASETS.unknown_message(v))
         return v
+
+    @model_validator(mode="after")
+    def _downloadable(self) -> DataConfig:
+        if self.download and self.dataset not in DOWNLOADERS:
+            raise ValueError(
+                f"download: true is only available for {', '.join(DOWNLOADERS)}, "
+                f"not {self.dataset!r}"
+            )
+        return self
 
 
 class ModelConfig(_Strict):

@@ -23,6 +23,7 @@ from hetfl.core.client import ClientProgram
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
+from hetfl.data.download import DOWNLOADERS
 from hetfl.models import PlainFamily
 from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.outputs import Target
@@ -41,6 +42,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
+    if cfg.data.download:
+        dest = DOWNLOADERS[cfg.data.dataset](cfg.data.path, cfg.data.mirror)
+        if cfg.data.path is None:
+            cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(dest)})})
     loader = DATASETS.get(cfg.data.dataset)
     params = inspect.signature(loader).parameters
     kwargs: dict[str, Any] = {}

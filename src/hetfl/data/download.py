@@ -294,3 +294,7 @@ def download_fashion_mnist(
     for name in FASHION_MNIST_FILES:
         download_file(name, dest, mirror, timeout=timeout, progress=progress)
     return dest
+
+
+#: Datasets `hetfl data download NAME` and `data.download: true` can fetch.
+DOWNLOADERS: dict[str, Callable[..., Path]] = {"fashion-mnist": download_fashion_mnist}

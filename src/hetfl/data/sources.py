@@ -2,8 +2,9 @@
 
 Images are (N, C, H, W) and tabular data (N, D), inputs float32 and labels int64 in
 0..num_classes-1, so partitioners and client views never need to know where the data came
-from. Sources read local files only: nothing is ever downloaded, and a missing dataset is an
-error that names the places searched and the fixes. No source touches the global RNG; the
+from. Sources read local files only — downloading is a separate, explicit step
+(`hetfl.data.download`) — and a missing dataset is an error that names the places searched
+and the fixes. No source touches the global RNG; the
 seeded ones derive their generators from `hetfl.core.rng`.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from hetfl.core.registry import Registry
 from hetfl.core.rng import SERVER, numpy_generator
+from hetfl.data.download import fashion_mnist_cache_dir
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,6 +154,7 @@ def _fashion_mnist_candidates(path: str | Path | None) -> list[Path]:
     if env:
         places += [Path(env), Path(env) / "fashion-mnist"]
     places.append(FASHION_MNIST_SYSTEM_DIR)
+    places.append(fashion_mnist_cache_dir())  # where `hetfl data download` puts verified files
     return places
 
 
@@ -178,7 +181,8 @@ def _find_fashion_mnist(path: str | Path | None) -> Path:
         "  - installing the Debian package: apt-get install dataset-fashion-mnist\n"
         "  - setting HETFL_DATA to a directory holding the four files "
         "(directly or in a fashion-mnist/ subdirectory)\n"
-        "  - running: hetfl data download fashion-mnist"
+        "  - running: hetfl data download fashion-mnist "
+        f"(verified files go to {fashion_mnist_cache_dir()})"
     )
 
 
@@ -220,7 +224,8 @@ def load_fashion_mnist(path: str | Path | None = None) -> Dataset:
     """Fashion-MNIST from its four idx `.gz` files, standardised (mean 0.2860, std 0.3530).
 
     Looks in `path` if given, else in `$HETFL_DATA` and `$HETFL_DATA/fashion-mnist`, then in
-    `FASHION_MNIST_SYSTEM_DIR` (the Debian package's location). Raises
+    `FASHION_MNIST_SYSTEM_DIR` (the Debian package's location), then in the download cache
+    (`$HETFL_CACHE/fashion-mnist`, default `~/.cache/hetfl/fashion-mnist`). Raises
     `DatasetNotFoundError` when no place has all four files. The returned arrays are
     read-only and shared between loads of the same directory.
     """

@@ -320,8 +320,8 @@ def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
     assert torch.allclose(model.bias.detach().double(), b_expected, atol=1e-6, rtol=0)
     assert not torch.allclose(model.weight.detach().double(), W, atol=1e-4)
     assert stats.num_steps == 1
-    assert stats.num_examples == 4
-    assert stats.batch_counts == {4: 1}
+    assert stats.samples_seen == 4
+    assert stats.default_passes == {4: 1}
     assert stats.loss == pytest.approx(loss_expected, abs=1e-6)
 
 

@@ -50,6 +50,7 @@ def _strategy(name: str, **opts):
     strategy, hooks = ALGORITHMS.get(name).build(_Family(), opts, clients_per_round=2, train=TRAIN)
     infos = [ClientInfo(cid, 10, (2,), (0, 1)) for cid in range(2)]
     strategy.setup(infos, torch_generator(0, 0, -1, "init"))
+    strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))  # results need a planned task
     return strategy, hooks
 
 

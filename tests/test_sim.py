@@ -14,9 +14,9 @@ from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.fedprox import ProximalHooks
 from hetfl.core.client import ClientHooks, ClientProgram
 from hetfl.core.rng import torch_generator
-from hetfl.core.spec import Spec, full_map
+from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
-from hetfl.core.types import ClientData, ClientOutput, ClientTask
+from hetfl.core.types import ClientData, ClientOutput, ClientTask, PassRecord
 from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.outputs import ROW_KEYS
 
@@ -245,3 +245,84 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     for cid in whole.store:
         for k, v in whole.store.get(cid).items():
             assert torch.equal(v, resumed.store.get(cid)[k]), (cid, k)
+
+
+# -- contract extensions: per-client maps, recorded passes, attributes, feedback ----------------
+class _MaskedHead(FedAvg):
+    """A label-split head: client c uploads only row c of the head (a per-client mask)."""
+
+    def index_map_in_round(self, round, info, spec):
+        imap = []
+        for e in super().index_map_in_round(round, info, spec):
+            if e.local == "head.bias":
+                mask = torch.zeros(10)
+                mask[info.cid] = 1.0
+                e = MapEntry(e.local, e.global_name, e.index, mask)
+            imap.append(e)
+        return imap
+
+
+def test_aggregation_uses_the_map_each_client_was_planned_with(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    strategy = _MaskedHead(family, clients_per_round=8, train=TRAIN)
+    sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=8, strategy=strategy)
+    sim.setup()
+    before = sim.strategy.global_state["head.bias"].clone()
+    tasks = strategy.plan(1, list(sim.infos.values()), torch_generator(0, 1, -1, "sample"))
+    outcome = sim._run_clients(1, tasks)
+    after = strategy.aggregate(1, outcome.results, [])["head.bias"]
+    # rows 0..7 each come from exactly one client (its own row); rows 8, 9 nobody uploads
+    by_cid = {r.cid: r.tensors["head.bias"] for r in outcome.results}
+    for c in range(8):
+        assert after[c] == by_cid[c][c]
+    assert torch.equal(after[8:], before[8:])
+
+
+class _TwoPasses(ClientHooks):
+    """Runs an extra forward pass per batch and records both, as FjORD's KD would."""
+
+    def forward(self, model, x, y, ctx):
+        with torch.no_grad():
+            model(x)
+        ctx.passes.append(PassRecord(ctx.task.spec, "forward", int(y.shape[0]), 1))
+        ctx.passes.append(PassRecord(ctx.task.spec, "train", int(y.shape[0]), 1))
+        return super().forward(model, x, y, ctx)
+
+
+def test_passes_recorded_by_hooks_are_what_is_priced(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    plain = _sim(family, clients, test, tmp_path / "a", rounds=1, cpr=8)
+    two = _sim(family, clients, test, tmp_path / "b", rounds=1, cpr=8,
+               program=ClientProgram(family, _TwoPasses(), seed=0))  # fmt: skip
+    macs_plain = plain.run()["final"]["macs"]
+    macs_two = two.run()["final"]["macs"]
+    spec = plain.strategy.global_spec
+    per_sample = plain.macs.pass_macs(PassRecord(spec, "forward", 1, 1), (1, 8, 8))
+    assert per_sample > 0
+    # the recorded train passes replace the default ones; the forward passes come on top
+    assert macs_two - macs_plain == per_sample * sum(c.n_train for c in clients)
+
+
+class _Observer(FedAvg):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen = []
+
+    def observe(self, round, row):
+        self.seen.append((round, row["global_acc"]))
+
+
+def test_strategy_sees_rounds_attrs_and_metrics(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    strategy = _Observer(family, clients_per_round=2, train=TRAIN)
+    program = ClientProgram(family, ClientHooks(), seed=0)
+    attrs = {0: {"capacity": 0.25}}
+    settings = SimulationSettings(rounds=2, seed=0, eval_every=2)
+    sim = Simulation(strategy, program, clients, test, settings, tmp_path, attrs=attrs)
+    sim.run()
+    assert strategy.rounds == 2
+    assert sim.infos[0].attrs == {"capacity": 0.25} and sim.infos[1].attrs == {}
+    assert [r for r, _ in strategy.seen] == [2] and strategy.seen[0][1] is not None
+    with pytest.raises(ValueError, match="unknown clients"):
+        Simulation(strategy, program, clients, test, SimulationSettings(rounds=1, seed=0),
+                   tmp_path, attrs={99: {}})  # fmt: skip

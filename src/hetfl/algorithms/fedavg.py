@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
 from hetfl.core.client import ClientHooks
-from hetfl.core.spec import IndexMap
 from hetfl.core.state import Accumulator
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
@@ -44,10 +43,6 @@ class FedAvg(Strategy):
 
     def client_weight(self, result: ClientResult) -> float:
         return float(result.num_examples) if self.weighting == "samples" else 1.0
-
-    def result_map(self, result: ClientResult) -> IndexMap:
-        """The map the client's tensors are written through: the one it was planned with."""
-        return self.index_map_for(self.specs.get(result.cid) or self.global_spec)
 
     def aggregate(
         self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]

@@ -6,6 +6,9 @@ its private ones, trains, and splits its model into what it sends (the tensors n
 task's index map) and what it keeps (everything else). Methods change local training only
 through `ClientHooks`, which see parameter dictionaries, never the engine:
 
+- `forward(model, x, y, ctx)` returns (outputs, per-sample loss) of a batch (widths,
+  logit masks, auxiliary heads, several passes);
+- `backward(total, ctx)` back-propagates (split learning exchanges with a server here);
 - `loss(outputs, targets, per_sample_loss, ctx)` returns an extra loss term or None;
 - `pre_step(grads, params, ctx)` edits gradients in place (FedProx's proximal term,
   masks, clipping);
@@ -31,6 +34,7 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (
     ClientData,
+    ClientInfo,
     ClientOutput,
     ClientResult,
     ClientTask,
@@ -89,18 +93,42 @@ class LocalTraining:
 
 @dataclass
 class TrainContext:
-    """What hooks may read: the task, the tensors received, the generator and the step."""
+    """What hooks may read and record during local training.
+
+    `received` holds the tensors sent down; `params` the live parameters of `model`;
+    `batch` the current (x, y); `state` is the hooks' own scratch space for this round.
+    A hook that runs its own passes (FjORD's widths, knowledge distillation) appends a
+    `PassRecord` per pass to `passes`; batches for which no hook recorded a pass are
+    counted as one default training pass of the task's spec.
+    """
 
     task: ClientTask
     received: State
     generator: torch.Generator
     settings: LocalTraining
+    info: ClientInfo | None = None
+    model: nn.Module | None = None
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    batch: tuple[torch.Tensor, torch.Tensor] | None = None
     step: int = 0
+    passes: list[PassRecord] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
 
 
 class ClientHooks:
     """Default hooks: plain local SGD. Methods subclass and override what they change."""
+
+    def forward(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outputs, per-sample loss) of one batch; FjORD passes a width, HeteroFL masks
+        logits, DTFL trains an auxiliary head here."""
+        outputs = model(x)
+        return outputs, F.cross_entropy(outputs, y, reduction="none")
+
+    def backward(self, total: torch.Tensor, ctx: TrainContext) -> None:
+        """Back-propagate the batch loss; split learning replaces it with a server exchange."""
+        total.backward()
 
     def loss(
         self,
@@ -128,12 +156,14 @@ class ClientHooks:
 
 @dataclass
 class LocalStats:
-    """`num_examples` counts samples seen (epochs x data size), not the data size."""
+    """`samples_seen` counts samples over all steps (epochs x data size), unlike
+    `ClientResult.num_examples`, the client's data size, which aggregation weights use.
+    `default_passes` maps a batch size to the number of steps no hook recorded passes for."""
 
     num_steps: int
-    num_examples: int
+    samples_seen: int
     loss: float
-    batch_counts: dict[int, int]
+    default_passes: dict[int, int]
 
 
 def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> list[torch.Tensor]:
@@ -159,6 +189,7 @@ def train_local(
     settings = ctx.settings
     model.train()
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    ctx.model, ctx.params = model, params
     optimizer = torch.optim.SGD(
         list(params.values()),
         lr=settings.lr,
@@ -168,19 +199,20 @@ def train_local(
     )
     device = next(iter(params.values())).device
     loss_sum, seen = 0.0, 0
-    batch_counts: dict[int, int] = {}
+    default_passes: dict[int, int] = {}
     batches = batch_order(data.n_train, settings, ctx.generator)
     for step, idx in enumerate(batches):
         ctx.step = step
         idx = idx.to(device)
         x, y = data.x_train[idx], data.y_train[idx]
-        outputs = model(x)
-        per_sample = F.cross_entropy(outputs, y, reduction="none")
+        ctx.batch = (x, y)
+        recorded = len(ctx.passes)
+        outputs, per_sample = hooks.forward(model, x, y, ctx)
         loss = per_sample.mean()
         extra = hooks.loss(outputs, y, per_sample, ctx)
         total = loss if extra is None else loss + extra
         optimizer.zero_grad(set_to_none=False)
-        total.backward()
+        hooks.backward(total, ctx)
         grads = {k: p.grad for k, p in params.items() if p.grad is not None}
         hooks.pre_step(grads, params, ctx)
         if settings.clip_grad_norm is not None:
@@ -189,10 +221,24 @@ def train_local(
         hooks.post_step(params, ctx)
         hooks.on_batch(ctx)
         b = int(y.shape[0])
+        if len(ctx.passes) == recorded:
+            default_passes[b] = default_passes.get(b, 0) + 1
         loss_sum += float(loss.detach()) * b
         seen += b
-        batch_counts[b] = batch_counts.get(b, 0) + 1
-    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), batch_counts)
+    ctx.batch = None
+    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), default_passes)
+
+
+def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
+    """One record per (spec, kind, batch, width), counts summed, in first-seen order."""
+    counts: dict[tuple[Any, ...], int] = {}
+    for r in records:
+        key = (r.spec, r.kind, r.batch, r.width)
+        counts[key] = counts.get(key, 0) + r.count
+    return [
+        PassRecord(spec, kind, batch, count, width)
+        for (spec, kind, batch, width), count in counts.items()
+    ]
 
 
 @torch.no_grad()
@@ -268,7 +314,13 @@ class ClientProgram:
     ) -> ClientOutput:
         model = self._load(task.cid, task.spec, task.payload, private)
         settings = LocalTraining.from_config(task.config)
-        ctx = TrainContext(task=task, received=task.payload, generator=generator, settings=settings)
+        ctx = TrainContext(
+            task=task,
+            received=task.payload,
+            generator=generator,
+            settings=settings,
+            info=data.info(),
+        )
         stats = train_local(model, data, self.hooks, ctx)
         state = model.state_dict()
         sent = set(local_names(task.index_map))
@@ -276,8 +328,8 @@ class ClientProgram:
         kept = {k: v.detach().clone() for k, v in state.items() if k not in sent}
         passes = [
             PassRecord(spec=task.spec, kind="train", batch=b, count=c)
-            for b, c in sorted(stats.batch_counts.items())
-        ]
+            for b, c in sorted(stats.default_passes.items())
+        ] + _merge_passes(ctx.passes)
         result = ClientResult(
             cid=task.cid,
             tensors=tensors,

@@ -82,25 +82,43 @@ class Strategy:
         self.specs: dict[int, Spec] = {}
         self._global_spec: Spec | None = None
         self._parameter_names: list[str] | None = None
+        self.rounds: int | None = None
+        self.planned: dict[int, ClientTask] = {}
 
     # -- set-up -----------------------------------------------------------------------
-    def setup(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None:
+    def setup(
+        self,
+        clients: Sequence[ClientInfo],
+        generator: torch.Generator,
+        rounds: int | None = None,
+    ) -> None:
         """Assign specs to all clients, derive the global spec, initialise the global state.
 
-        The global state holds only tensors some index map shares: private layers never
-        enter it, not even at initialisation.
+        `rounds` is the planned length of the run, for schedules by fraction of training.
         """
+        self.rounds = rounds
         self.specs = {c.cid: self.spec_for(c) for c in clients}
-        self._global_spec = self.family.global_spec(list(self.specs.values()))
-        model = initialize(build_model(self.family, self._global_spec), generator)
+        self._global_spec = self.family.global_spec(self.possible_specs())
+        self.global_state = self.init_global_state(generator)
+
+    def possible_specs(self) -> list[Spec]:
+        """Every spec a client may train in some round (the global spec is derived from
+        them). Default: the static assignment; per-round assignments override it."""
+        return list(self.specs.values())
+
+    def init_global_state(self, generator: torch.Generator) -> State:
+        """The initial global state: the global model's tensors that some index map shares.
+
+        Private layers never enter it, not even at initialisation. Methods whose global
+        names are not tensors of the global model (per-group copies) extend this.
+        """
+        model = initialize(build_model(self.family, self.global_spec), generator)
         shared = {
             e.global_name
-            for spec in {*self.specs.values(), self._global_spec}
+            for spec in {*self.possible_specs(), self.global_spec}
             for e in self.index_map_for(spec)
         }
-        self.global_state = {
-            k: v.detach().clone() for k, v in model.state_dict().items() if k in shared
-        }
+        return {k: v.detach().clone() for k, v in model.state_dict().items() if k in shared}
 
     @property
     def global_spec(self) -> Spec:
@@ -137,13 +155,25 @@ class Strategy:
         """Local training settings sent with the task (see `hetfl.core.client.LocalTraining`)."""
         return dict(self.train)
 
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        """The spec a sampled client trains this round. Default: its static spec; FLANC's
+        capacities, HeteroFL's dynamic rates and DTFL's tiers are drawn here."""
+        return self.specs.get(info.cid) or self.spec_for(info)
+
+    def index_map_in_round(self, round: int, info: ClientInfo, spec: Spec) -> IndexMap:
+        """The map of one client's task: the spec's map, plus anything client-specific
+        (HeteroFL's and FedFA's label-split masks)."""
+        return self.index_map_for(spec)
+
     def plan(
         self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
     ) -> list[ClientTask]:
+        """Tasks for the sampled clients; each is remembered so that `aggregate` writes a
+        result through exactly the map its client was given."""
         tasks = []
         for info in self.sample(round, available, rng):
-            spec = self.specs.get(info.cid) or self.spec_for(info)
-            imap = self.index_map_for(spec)
+            spec = self.spec_in_round(round, info, rng)
+            imap = self.index_map_in_round(round, info, spec)
             tasks.append(
                 ClientTask(
                     cid=info.cid,
@@ -153,7 +183,15 @@ class Strategy:
                     config=self.task_config(round, info),
                 )
             )
+        self.planned = {t.cid: t for t in tasks}
         return tasks
+
+    def result_map(self, result: ClientResult) -> IndexMap:
+        """The map a result is written through: the one its task was planned with."""
+        task = self.planned.get(result.cid)
+        if task is None:
+            raise KeyError(f"client {result.cid} returned a result but was not planned this round")
+        return task.index_map
 
     def aggregate(
         self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
@@ -176,6 +214,11 @@ class Strategy:
         return EvalTask(
             cid=info.cid, spec=spec, payload=extract(self.global_state, imap), index_map=imap
         )
+
+    def observe(self, round: int, row: Mapping[str, Any]) -> None:
+        """Called after each evaluation with the metrics row (DTFL's plateau schedule);
+        anything changed here must be part of `extra_state`."""
+        return None
 
     # -- checkpoints --------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

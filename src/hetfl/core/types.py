@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 import torch
@@ -45,7 +46,7 @@ class ClientTask:
 
     `payload` holds the tensors sent down (already extracted through `index_map`, whose
     local names they carry); their bytes are counted as `bytes_down`. The client uploads the
-    tensors named by `index_map` (`upload` narrows this further, e.g. to exclude buffers)
+    tensors named by `index_map` (a map entry's `mask` narrows what counts in aggregation)
     and keeps every other tensor of its local model private. `config` carries the local
     training settings (lr, epochs or steps, batch size, ...); `kind` is `"fit"` or
     `"evaluate"` (local evaluation with private layers).
@@ -165,7 +166,7 @@ class ClientData:
     def n_train(self) -> int:
         return int(self.y_train.shape[0])
 
-    @property
+    @cached_property
     def labels(self) -> tuple[int, ...]:
         return tuple(int(c) for c in torch.unique(self.y_train).tolist())
 

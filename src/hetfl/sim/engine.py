@@ -16,7 +16,7 @@ not counted. Private tensors are never sent, so never counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -86,10 +86,18 @@ class Simulation:
         run_dir: Path,
         info: dict[str, Any] | None = None,
         progress: Progress | None = None,
+        attrs: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
+        """`attrs` holds what each client declares about itself (an architecture, a device
+        capacity); the strategy sees it in `ClientInfo.attrs`."""
         self.strategy = strategy
         self.program = program
         self.clients = {c.cid: c for c in clients}
+        declared = attrs or {}
+        unknown = set(declared) - set(self.clients)
+        if unknown:
+            raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
+        self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
         self.x_test, self.y_test = test
         self.settings = settings
         self.run_dir = Path(run_dir)
@@ -105,8 +113,11 @@ class Simulation:
     def setup(self) -> None:
         """Assign specs and initialise the global state (once; `run` calls it if needed)."""
         if not self._ready:
-            infos = [c.info() for c in self.clients.values()]
-            self.strategy.setup(infos, torch_generator(self.settings.seed, 0, SERVER, "init"))
+            self.strategy.setup(
+                list(self.infos.values()),
+                torch_generator(self.settings.seed, 0, SERVER, "init"),
+                rounds=self.settings.rounds,
+            )
             self._ready = True
 
     # -- the loop -----------------------------------------------------------------------
@@ -132,6 +143,7 @@ class Simulation:
             if row is not None:
                 row["wall_time_s"] = round(self.counters.wall_time_s, 3)
                 self.metrics.append(row)
+                self.strategy.observe(rnd, row)
             self.progress.round(rnd, row)
             # Step 5: checkpoint.
             if rnd % self.settings.checkpoint_every == 0 or rnd == self.settings.rounds:
@@ -150,7 +162,7 @@ class Simulation:
         out = []
         for cid in sorted(self.clients):
             if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, cid, "availability"))) < p:
-                out.append(self.clients[cid].info())
+                out.append(self.infos[cid])
         return out
 
     def _run_clients(self, rnd: int, tasks: list) -> RoundOutcome:
@@ -227,7 +239,7 @@ class Simulation:
             data = self.clients[cid]
             if data.y_test.numel() == 0:
                 continue
-            task = self.strategy.eval_task(data.info())
+            task = self.strategy.eval_task(self.infos[cid])
             correct, _, n = self.program.evaluate(task, data, self.store.get(cid))
             accs.append(correct / n)
             if task.group is not None:

@@ -41,6 +41,10 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# Speed and memory against a plain-PyTorch floor (not a test; see benchmarks/README.md).
+bench: setup
+	$(PY) benchmarks/bench_fedavg.py
+
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks

@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import ALGORITHMS, Algorithm
 from hetfl.algorithms.fedavg import Weighting
 from hetfl.algorithms.fedopt import FedOpt
-from hetfl.algorithms.fedprox import ProximalHooks
+from hetfl.algorithms.fedprox import FedProxOptions, ProximalHooks
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.state import Accumulator, extract
@@ -122,9 +122,8 @@ def _normaliser(result: ClientResult) -> tuple[float, int]:
     return a_norm, steps
 
 
-class FedNovaOptions(Options):
+class FedNovaOptions(FedProxOptions):
     mu: float = Field(0.0, ge=0, description="proximal weight (FedNova-Prox when > 0)")
-    weighting: Weighting = "samples"
 
 
 def _make(

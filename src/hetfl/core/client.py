@@ -14,7 +14,8 @@ through `ClientHooks`, which see parameter dictionaries, never the engine:
   masks, clipping);
 - `post_step(params, ctx)` edits parameters in place after the step (projections such as
   singular-value thresholding);
-- `on_batch(ctx)` is called after each step, e.g. for a server-program channel;
+- `on_batch(ctx)` is called after each step, e.g. to send the batch's activations to a
+  server program without waiting (`ctx.send`, see `hetfl.core.server_program`);
 - `finish(ctx)` returns the declared extras of the result (FedNova's normaliser).
 """
 
@@ -31,6 +32,7 @@ from torch import nn
 
 from hetfl.core.init import build_model, initialize
 from hetfl.core.rng import torch_generator
+from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (
     ClientData,
@@ -99,7 +101,8 @@ class TrainContext:
     `batch` the current (x, y); `state` is the hooks' own scratch space for this round.
     A hook that runs its own passes (FjORD's widths, knowledge distillation) appends a
     `PassRecord` per pass to `passes`; batches for which no hook recorded a pass are
-    counted as one default training pass of the task's spec.
+    counted as one default training pass of the task's spec. `channel` is the link to this
+    client's server program in split learning (None when the strategy has none).
     """
 
     task: ClientTask
@@ -113,6 +116,18 @@ class TrainContext:
     step: int = 0
     passes: list[PassRecord] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
+    channel: Channel | None = None
+
+    def send(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """Send a batch's activations and labels to the server program; its answer (the
+        gradient with respect to `z`, or None). Bytes both ways are counted by the channel."""
+        if self.channel is None:
+            raise RuntimeError(
+                "this method exchanges activations with a server program every batch, but "
+                "the engine gave no channel (the strategy's server_program returned None, or "
+                "the engine cannot run server programs)"
+            )
+        return self.channel.send(z, y)
 
 
 class ClientHooks:
@@ -311,7 +326,10 @@ class ClientProgram:
         data: ClientData,
         private: Mapping[str, torch.Tensor],
         generator: torch.Generator,
+        channel: Channel | None = None,
     ) -> ClientOutput:
+        """Train on `task`; `channel`, given by engines that run the strategy's server
+        program, reaches the hooks as `ctx.channel`."""
         model = self._load(task.cid, task.spec, task.payload, private)
         settings = LocalTraining.from_config(task.config)
         ctx = TrainContext(
@@ -320,6 +338,7 @@ class ClientProgram:
             generator=generator,
             settings=settings,
             info=data.info(),
+            channel=channel,
         )
         stats = train_local(model, data, self.hooks, ctx)
         state = model.state_dict()

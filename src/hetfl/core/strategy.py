@@ -12,7 +12,10 @@ adapter) call only these verbs, in this order, every round:
 3. `aggregate(round, results, failures)` -> the new global state, which the engine stores in
    `global_state`. `results` holds every valid result at once, sorted by client id, so
    norms across clients and robust rules are possible. With no results, a strategy
-   should return the state unchanged.
+   should return the state unchanged. In rounds where `server_program(round, tasks)`
+   returned a program (split learning, `hetfl.core.server_program`), the engine ran one
+   server session per client alongside its training and adds the keyword
+   `server_results=` (the valid clients' `ServerResult`s, sorted by client id).
 4. every k rounds, `eval_models(state)` names the models to test on the global test set,
    and `eval_task(info)` the client-side evaluation of a client's model with its private
    layers on its local test split.
@@ -30,6 +33,7 @@ from typing import Any
 import torch
 
 from hetfl.core.init import build_model, initialize
+from hetfl.core.server_program import ServerProgram
 from hetfl.core.spec import IndexMap, Spec, local_names
 from hetfl.core.state import extract
 from hetfl.core.types import (
@@ -197,6 +201,20 @@ class Strategy:
         self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
     ) -> State:
         raise NotImplementedError(f"{type(self).__name__} must implement aggregate")
+
+    def server_program(self, round: int, tasks: Sequence[ClientTask]) -> ServerProgram | None:
+        """The server side of this round's split learning, or None (no per-batch exchange).
+
+        A strategy that overrides this needs an engine that runs server programs: see
+        `needs_server_program`.
+        """
+        return None
+
+    @property
+    def needs_server_program(self) -> bool:
+        """Whether this strategy has a server program, so engines that cannot run one (the
+        Flower adapter) can refuse it up front rather than fail in the first batch."""
+        return type(self).server_program is not Strategy.server_program
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_models(self, state: State) -> list[EvalModel]:

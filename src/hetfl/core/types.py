@@ -91,6 +91,39 @@ class ClientResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ClientTimes:
+    """A client's simulated times in the last round it trained, under its device profile.
+
+    Engines with device profiles put it in `ClientInfo.attrs["sim_times"]` for the next
+    `plan` (DTFL's tier scheduler builds its history from it). `compute_s` is local
+    training, `server_s` its server program's side (0 without one), `down_s`/`up_s` the
+    transfers at the link rates `down_mbps`/`up_mbps`; `total_s` combines them as the
+    server program declared (`parallel`: comm + max(compute, server), else comm + compute +
+    server).
+    """
+
+    round: int
+    spec: Spec
+    profile: str
+    compute_s: float
+    server_s: float
+    down_s: float
+    up_s: float
+    total_s: float
+    parallel: bool
+    macs: int
+    server_macs: int
+    bytes_down: int
+    bytes_up: int
+    down_mbps: float
+    up_mbps: float
+
+    @property
+    def comm_s(self) -> float:
+        return self.down_s + self.up_s
+
+
 @dataclass
 class ClientOutput:
     """A client program's full answer: the result it sends and the private state it keeps."""
@@ -138,13 +171,21 @@ class EvalTask:
 
 class ModelFamily(Protocol):
     """What the core needs of a model family: a module per spec and the map into the global
-    state. Families live in `hetfl.models`; the core never imports them."""
+    state. Families live in `hetfl.models`; the core never imports them.
+
+    `modules(spec)` names, in order, the top-level submodules of `build(spec)` that form its
+    forward pipeline; split points lie between them, and the cost model prices MACs and
+    activation bytes per module. A family that cannot be split may leave it out: its models
+    are then priced whole.
+    """
 
     def build(self, spec: Spec) -> nn.Module: ...
 
     def index_map(self, spec: Spec) -> IndexMap: ...
 
     def global_spec(self, specs: list[Spec]) -> Spec: ...
+
+    def modules(self, spec: Spec) -> list[str]: ...
 
 
 @dataclass

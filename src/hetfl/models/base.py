@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from hetfl.core.init import build_model
 from hetfl.core.registry import Registry
 from hetfl.core.spec import IndexMap, Spec, full_map
 
@@ -46,6 +47,7 @@ class PlainFamily:
         self._builder = builder
         self._spec = Spec(model=model, input_shape=shape, num_classes=int(num_classes))
         self._names: list[str] | None = None
+        self._modules: list[str] | None = None
 
     def build(self, spec: Spec) -> nn.Module:
         return self._builder.make(tuple(spec["input_shape"]), int(spec["num_classes"]))
@@ -57,3 +59,10 @@ class PlainFamily:
 
     def global_spec(self, specs: list[Spec]) -> Spec:
         return self._spec
+
+    def modules(self, spec: Spec) -> list[str]:
+        """The model's top-level children in order: its forward pipeline, where split
+        points lie (every plain model runs its children one after the other)."""
+        if self._modules is None:
+            self._modules = [name for name, _ in build_model(self, spec).named_children()]
+        return list(self._modules)

@@ -1,18 +1,24 @@
-"""MACs of local training, counted from the models themselves.
+"""MACs of local training, counted from the models themselves, per module of the pipeline.
 
 A client reports which passes it ran (`PassRecord`: spec, kind, batch size, count, width);
 the engine prices each distinct (spec, kind, batch, width, input shape) once with
 `torch.utils.flop_counter` on a throw-away model and caches it. A training pass is a forward
 and a backward pass; MACs are half the counted FLOPs (matrix products and convolutions
 only, as is usual).
+
+When the family names its forward pipeline (`ModelFamily.modules(spec)`), the same pass is
+also broken down per module, with the bytes of the tensor entering each one: the MACs on
+either side of any split point, and the activation a split there sends, at any width.
+Families without `modules` are priced whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetfl.core.init import build_model
@@ -22,35 +28,107 @@ from hetfl.core.types import ModelFamily, PassRecord
 _Key = tuple[Spec, str, int, float | None, tuple[int, ...]]
 
 
+@dataclass(frozen=True)
+class PassCost:
+    """One pass priced: `total` MACs, and per module of the family's pipeline (in order)
+    its MACs and the bytes of its input for the pass's batch. Backward MACs belong to the
+    module whose forward they differentiate. `modules` is empty for families priced whole.
+    """
+
+    total: int
+    modules: tuple[str, ...] = ()
+    module_macs: tuple[int, ...] = ()
+    input_bytes: tuple[int, ...] = ()
+
+    def _check_point(self, point: int) -> None:
+        if not self.modules:
+            raise ValueError("this family does not name its modules (ModelFamily.modules)")
+        if not 1 <= point < len(self.modules):
+            raise ValueError(
+                f"split point {point} is not between two of the {len(self.modules)} modules "
+                f"{list(self.modules)} (allowed: 1..{len(self.modules) - 1})"
+            )
+
+    def split_macs(self, point: int) -> tuple[int, int]:
+        """(client, server) MACs when the first `point` modules run on the client."""
+        self._check_point(point)
+        return sum(self.module_macs[:point]), sum(self.module_macs[point:])
+
+    def activation_bytes(self, point: int) -> int:
+        """Bytes of the activation a split after the first `point` modules sends."""
+        self._check_point(point)
+        return self.input_bytes[point]
+
+
 class MacCounter:
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
-        self._cache: dict[_Key, int] = {}
+        self._cache: dict[_Key, PassCost] = {}
 
-    def pass_macs(self, record: PassRecord, input_shape: tuple[int, ...]) -> int:
-        """MACs of one pass of `record` (not multiplied by its count)."""
+    def pass_cost(self, record: PassRecord, input_shape: tuple[int, ...]) -> PassCost:
+        """The cost of one pass of `record` (not multiplied by its count)."""
         key = (record.spec, record.kind, record.batch, record.width, tuple(input_shape))
         if key not in self._cache:
             self._cache[key] = self._count(record, tuple(input_shape))
         return self._cache[key]
 
+    def pass_macs(self, record: PassRecord, input_shape: tuple[int, ...]) -> int:
+        """MACs of one pass of `record` (not multiplied by its count)."""
+        return self.pass_cost(record, input_shape).total
+
     def price(self, records: Iterable[PassRecord], input_shape: tuple[int, ...]) -> int:
         return sum(self.pass_macs(r, input_shape) * r.count for r in records)
 
-    def _count(self, record: PassRecord, input_shape: tuple[int, ...]) -> int:
+    def _count(self, record: PassRecord, input_shape: tuple[int, ...]) -> PassCost:
         model = build_model(self.family, record.spec)
+        names = self._module_names(record.spec)
+        children = dict(model.named_children())
+        unknown = [n for n in names if n not in children]
+        if unknown:
+            raise ValueError(
+                f"modules({record.spec}) names {unknown}, which are not top-level submodules "
+                f"of the built model (it has {list(children)})"
+            )
+        inputs: dict[str, int] = {}
+
+        def capture(name: str) -> Any:
+            def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+                if name not in inputs and args and isinstance(args[0], torch.Tensor):
+                    inputs[name] = args[0].numel() * args[0].element_size()
+
+            return hook
+
+        handles = [children[n].register_forward_pre_hook(capture(n)) for n in names]
         x = torch.zeros((record.batch, *input_shape))
         kwargs = {} if record.width is None else {"width": record.width}
-        with FlopCounterMode(display=False) as counter:
-            if record.kind == "train":
-                model.train()
-                out = model(x, **kwargs)
-                target = torch.zeros(record.batch, dtype=torch.long)
-                F.cross_entropy(out, target).backward()
-            elif record.kind == "forward":
-                model.eval()
-                with torch.no_grad():
-                    model(x, **kwargs)
-            else:
-                raise ValueError(f"unknown pass kind {record.kind!r} (allowed: train, forward)")
-        return counter.get_total_flops() // 2
+        try:
+            with FlopCounterMode(display=False) as counter:
+                if record.kind == "train":
+                    model.train()
+                    # Any scalar of the output back-propagates through the same products as
+                    # the loss; a sum also fits models that end in an activation (split
+                    # learning's client side), which cross-entropy would not.
+                    model(x, **kwargs).sum().backward()
+                elif record.kind == "forward":
+                    model.eval()
+                    with torch.no_grad():
+                        model(x, **kwargs)
+                else:
+                    raise ValueError(f"unknown pass kind {record.kind!r} (allowed: train, forward)")
+        finally:
+            for h in handles:
+                h.remove()
+        total = counter.get_total_flops() // 2
+        if not names:
+            return PassCost(total)
+        skipped = [n for n in names if n not in inputs]
+        if skipped:
+            raise ValueError(f"modules {skipped} of {record.spec} did not run in the forward pass")
+        per_module = counter.get_flop_counts()
+        root = type(model).__name__
+        macs = tuple(sum(per_module.get(f"{root}.{n}", {}).values()) // 2 for n in names)
+        return PassCost(total, tuple(names), macs, tuple(inputs[n] for n in names))
+
+    def _module_names(self, spec: Spec) -> list[str]:
+        modules = getattr(self.family, "modules", None)
+        return [] if modules is None else list(modules(spec))

@@ -1,0 +1,338 @@
+"""Device profiles: what each simulated client's hardware and link can do, round by round.
+
+A profile has a compute rate (MAC/s), downlink and uplink bandwidths (Mbit/s) and the
+probability of being available in a round; the server has its own compute rate. Clients
+get profiles at the start by fractions (the largest-remainder rounding of `fraction * N`,
+on a seeded permutation of the clients, so profiles are not tied to client ids and hence
+to the partition) or by an explicit per-client list. Every `switch_every` rounds a
+`switch_fraction` of the clients moves to another profile, drawn from the
+`(seed, round, SERVER, "profile-switch")` generator: the assignment in round r is a pure
+function of the seed and r, so it is the same on resume and in any execution order.
+
+The presets reproduce DTFL's heterogeneity simulation (METHODS.md §4.5): five profiles on
+20 % of the clients each, bandwidths 100, 30, 30, 30, 10 Mbit/s; `dtfl` takes the relative
+slowdowns of the authors' code (rates proportional to 1/16, 1/20, 1/34, 1/130, 1/250),
+`dtfl-cpus` the paper's CPU counts (proportional to 4, 2, 1, 0.2, 0.1). The fastest
+profile's rate is `fastest_rate`. DTFL switches 30 % of the clients every 50 rounds; the
+presets leave switching to the config (`switch_every`, `switch_fraction`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hetfl.core.rng import SERVER, torch_generator
+
+Clock = Literal["simulated", "measured"]
+CLOCKS = ("simulated", "measured")
+
+#: Default rate of the fastest preset profile and of one CPU of this machine: 10 GMAC/s,
+#: about what one core of the development machine sustains in training.
+DEFAULT_RATE = 1e10
+#: Default server compute rate (MAC/s): a server ten times the fastest client.
+DEFAULT_SERVER_RATE = 1e11
+
+
+def _positive(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One kind of device: `rate` in MAC/s, bandwidths in Mbit/s (10^6 bits per second),
+    `availability` the probability of being reachable in a given round."""
+
+    name: str
+    rate: float
+    down_mbps: float
+    up_mbps: float
+    availability: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a device profile needs a non-empty name")
+        for field_name in ("rate", "down_mbps", "up_mbps"):
+            _positive(f"profile {self.name!r}: {field_name}", getattr(self, field_name))
+        if not (math.isfinite(self.availability) and 0 < self.availability <= 1):
+            raise ValueError(
+                f"profile {self.name!r}: availability must be in (0, 1], got {self.availability!r}"
+            )
+
+
+def check_fractions(fractions: Sequence[float]) -> None:
+    """Shares of clients: finite, >= 0 and summing to 1."""
+    if any(not (math.isfinite(f) and f >= 0) for f in fractions):
+        raise ValueError(f"system.fractions must be finite and >= 0, got {list(fractions)}")
+    if not math.isclose(sum(fractions), 1.0, abs_tol=1e-9):
+        raise ValueError(
+            f"system.fractions must sum to 1, got {list(fractions)} (sum {sum(fractions):.6g})"
+        )
+
+
+_DTFL_BANDWIDTHS = (100.0, 30.0, 30.0, 30.0, 10.0)
+
+
+def _dtfl(rates: Sequence[float], names: Sequence[str]) -> tuple[DeviceProfile, ...]:
+    return tuple(
+        DeviceProfile(name, rate, mbps, mbps)
+        for name, rate, mbps in zip(names, rates, _DTFL_BANDWIDTHS, strict=True)
+    )
+
+
+def dtfl_profiles(fastest_rate: float = DEFAULT_RATE) -> tuple[DeviceProfile, ...]:
+    """DTFL code's slowdowns 16, 20, 34, 130, 250: rate_i = fastest_rate * 16 / slowdown_i."""
+    _positive("fastest_rate", fastest_rate)
+    slowdowns = (16, 20, 34, 130, 250)
+    return _dtfl([fastest_rate * 16 / s for s in slowdowns], [f"dtfl-x{s}" for s in slowdowns])
+
+
+def dtfl_cpu_profiles(fastest_rate: float = DEFAULT_RATE) -> tuple[DeviceProfile, ...]:
+    """DTFL paper's 4, 2, 1, 0.2, 0.1 CPUs: rate_i = fastest_rate * cpus_i / 4."""
+    _positive("fastest_rate", fastest_rate)
+    cpus = (4.0, 2.0, 1.0, 0.2, 0.1)
+    return _dtfl([fastest_rate * c / 4 for c in cpus], [f"cpus-{c:g}" for c in cpus])
+
+
+PRESETS = {"dtfl": dtfl_profiles, "dtfl-cpus": dtfl_cpu_profiles}
+
+
+@dataclass(frozen=True)
+class SystemSettings:
+    """Device profiles and the simulated clock of a run (validated on construction).
+
+    `fractions` (one per profile, summing to 1; None = equal shares) or `assignment` (a
+    profile name per client, in client-id order) place profiles at the start. The clock
+    is `simulated` (time = MACs / rate + bytes / bandwidth: reproducible) or `measured`
+    (measured wall time times the profile's slowdown `cpu_rate / rate`: not reproducible,
+    excluded from resume equality). `deadline_s` drops clients whose round takes longer.
+    """
+
+    profiles: tuple[DeviceProfile, ...]
+    fractions: tuple[float, ...] | None = None
+    assignment: tuple[str, ...] | None = None
+    switch_every: int | None = None
+    switch_fraction: float = 0.0
+    server_rate: float = DEFAULT_SERVER_RATE
+    cpu_rate: float = DEFAULT_RATE
+    deadline_s: float | None = None
+    clock: Clock = "simulated"
+
+    def __post_init__(self) -> None:
+        if not self.profiles:
+            raise ValueError("system: at least one device profile is needed")
+        names = [p.name for p in self.profiles]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"system.profiles: names must be unique, repeated {duplicates}")
+        if self.fractions is not None and self.assignment is not None:
+            raise ValueError("system: give either fractions or assignment, not both")
+        if self.fractions is not None:
+            check_fractions(self.fractions)
+            if len(self.fractions) != len(self.profiles):
+                raise ValueError(
+                    f"system.fractions has {len(self.fractions)} values for "
+                    f"{len(self.profiles)} profiles"
+                )
+        if self.assignment is not None:
+            unknown = sorted({a for a in self.assignment if a not in names})
+            if unknown:
+                raise ValueError(
+                    f"system.assignment names unknown profiles {unknown} (known: {names})"
+                )
+        if self.switch_every is not None:
+            if self.switch_every < 1:
+                raise ValueError(f"system.switch_every must be >= 1, got {self.switch_every}")
+            if len(self.profiles) < 2:
+                raise ValueError("system.switch_every needs at least two profiles to switch")
+        if not 0 <= self.switch_fraction <= 1:
+            raise ValueError(
+                f"system.switch_fraction must be in [0, 1], got {self.switch_fraction!r}"
+            )
+        _positive("system.server_rate", self.server_rate)
+        _positive("system.cpu_rate", self.cpu_rate)
+        if self.deadline_s is not None:
+            _positive("system.deadline_s", self.deadline_s)
+        if self.clock not in CLOCKS:
+            raise ValueError(f"system.clock must be one of {CLOCKS}, got {self.clock!r}")
+
+    @property
+    def reproducible(self) -> bool:
+        return self.clock == "simulated"
+
+
+def _rounded_counts(fractions: Sequence[float], n: int) -> list[int]:
+    """Counts summing to `n`, each `floor(f * n)` plus one for the largest remainders
+    (ties go to the earlier profile)."""
+    raw = [f * n for f in fractions]
+    counts = [math.floor(r) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - counts[i]), i))
+    for i in order[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class ProfileSchedule:
+    """Each client's profile in each round, derived from the seed alone."""
+
+    def __init__(self, settings: SystemSettings, seed: int, cids: Sequence[int]) -> None:
+        self.settings = settings
+        self.seed = seed
+        self.cids = sorted(cids)
+        self._start = self._initial()
+        self._cached: tuple[int, list[int]] = (1, list(self._start))
+
+    def _initial(self) -> list[int]:
+        """Profile index per client (in `cids` order) in round 1."""
+        s, n = self.settings, len(self.cids)
+        names = [p.name for p in s.profiles]
+        if s.assignment is not None:
+            if len(s.assignment) != n:
+                raise ValueError(
+                    f"system.assignment lists {len(s.assignment)} profiles for {n} clients"
+                )
+            return [names.index(a) for a in s.assignment]
+        fractions = s.fractions or tuple(1 / len(names) for _ in names)
+        counts = _rounded_counts(fractions, n)
+        slots = [i for i, c in enumerate(counts) for _ in range(c)]
+        perm = torch.randperm(n, generator=torch_generator(self.seed, 0, SERVER, "profiles"))
+        out = [0] * n
+        for slot, pos in zip(slots, perm.tolist(), strict=True):
+            out[pos] = slot
+        return out
+
+    def is_switch_round(self, rnd: int) -> bool:
+        """Switches happen before rounds `k + 1, 2k + 1, ...` (after every k rounds)."""
+        every = self.settings.switch_every
+        return every is not None and rnd > 1 and (rnd - 1) % every == 0
+
+    def _switch(self, current: list[int], rnd: int) -> list[int]:
+        n, n_profiles = len(current), len(self.settings.profiles)
+        k = math.floor(self.settings.switch_fraction * n + 0.5)
+        g = torch_generator(self.seed, rnd, SERVER, "profile-switch")
+        movers = torch.randperm(n, generator=g)[:k].tolist()
+        out = list(current)
+        for pos in sorted(movers):
+            other = int(torch.randint(n_profiles - 1, (1,), generator=g))
+            out[pos] = other + (other >= current[pos])  # any profile but the current one
+        return out
+
+    def indices(self, rnd: int) -> list[int]:
+        """Profile index per client (in `cids` order) in round `rnd` (>= 1)."""
+        if rnd < 1:
+            raise ValueError(f"rounds start at 1, got {rnd}")
+        at, current = self._cached
+        if rnd < at:
+            at, current = 1, list(self._start)
+        for r in range(at + 1, rnd + 1):
+            if self.is_switch_round(r):
+                current = self._switch(current, r)
+        self._cached = (rnd, current)
+        return list(current)
+
+    def at(self, rnd: int) -> dict[int, DeviceProfile]:
+        """Each client's profile in round `rnd`."""
+        profiles = self.settings.profiles
+        return {cid: profiles[i] for cid, i in zip(self.cids, self.indices(rnd), strict=True)}
+
+
+# -- the `system:` section of a run config ---------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProfileConfig(_Strict):
+    """One custom profile: `rate` in MAC/s, or `cpus` times `system.cpu_rate`."""
+
+    name: str = Field(min_length=1)
+    rate: float | None = Field(None, gt=0, allow_inf_nan=False, description="MAC/s")
+    cpus: float | None = Field(None, gt=0, allow_inf_nan=False, description="x system.cpu_rate")
+    down_mbps: float = Field(gt=0, allow_inf_nan=False, description="downlink, Mbit/s")
+    up_mbps: float = Field(gt=0, allow_inf_nan=False, description="uplink, Mbit/s")
+    availability: float = Field(1.0, gt=0, le=1, description="probability of being reachable")
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> ProfileConfig:
+        if (self.rate is None) == (self.cpus is None):
+            raise ValueError(f"profile {self.name!r} needs exactly one of rate (MAC/s) or cpus")
+        return self
+
+
+class SystemConfig(_Strict):
+    """Device profiles and the simulated clock (off unless `preset` or `profiles` is set)."""
+
+    preset: str | None = Field(None, description=f"built-in profiles: {', '.join(PRESETS)}")
+    profiles: list[ProfileConfig] | None = None
+    fastest_rate: float = Field(DEFAULT_RATE, gt=0, allow_inf_nan=False, description="MAC/s")
+    cpu_rate: float = Field(DEFAULT_RATE, gt=0, allow_inf_nan=False, description="MAC/s per CPU")
+    server_rate: float = Field(DEFAULT_SERVER_RATE, gt=0, allow_inf_nan=False)
+    fractions: list[float] | None = Field(None, description="share of clients per profile")
+    assignment: list[str] | None = Field(None, description="a profile name per client")
+    switch_every: int | None = Field(None, ge=1, description="rounds between profile switches")
+    switch_fraction: float = Field(0.0, ge=0, le=1)
+    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    clock: Clock = "simulated"
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"unknown preset {v!r} (allowed: {', '.join(PRESETS)})")
+        return v
+
+    @field_validator("fractions")
+    @classmethod
+    def _shares(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None:
+            check_fractions(v)
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self) -> SystemConfig:
+        if self.preset is not None and self.profiles is not None:
+            raise ValueError("give either preset or profiles, not both")
+        if self.preset is None and self.profiles is None:
+            extra = sorted(self.model_fields_set)
+            if extra:
+                raise ValueError(
+                    f"{', '.join(extra)} need device profiles: set system.preset "
+                    f"({', '.join(PRESETS)}) or system.profiles"
+                )
+            return self
+        self.settings()  # the cross-field rules of SystemSettings, checked before any run
+        return self
+
+    def settings(self) -> SystemSettings | None:
+        """The engine's settings, or None when no profiles are configured."""
+        if self.preset is not None:
+            profiles = PRESETS[self.preset](self.fastest_rate)
+        elif self.profiles is not None:
+            profiles = tuple(
+                DeviceProfile(
+                    p.name,
+                    p.rate if p.rate is not None else p.cpus * self.cpu_rate,
+                    p.down_mbps,
+                    p.up_mbps,
+                    p.availability,
+                )
+                for p in self.profiles
+            )
+        else:
+            return None
+        return SystemSettings(
+            profiles=profiles,
+            fractions=None if self.fractions is None else tuple(self.fractions),
+            assignment=None if self.assignment is None else tuple(self.assignment),
+            switch_every=self.switch_every,
+            switch_fraction=self.switch_fraction,
+            server_rate=self.server_rate,
+            cpu_rate=self.cpu_rate,
+            deadline_s=self.deadline_s,
+            clock=self.clock,
+        )

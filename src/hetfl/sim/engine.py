@@ -17,23 +17,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from hetfl.core.client import ClientProgram, evaluate_model, recompute_bn_statistics
+from hetfl.core.client import ClientProgram
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientData, ClientResult, Failure
-from hetfl.core.validate import result_problem
+from hetfl.core.types import ClientData, Failure
 from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.sim.costs import MacCounter
-from hetfl.sim.outputs import MetricsLog, Target, make_row, summarise, write_json
+from hetfl.sim.outputs import MetricsLog, Target, summarise, write_json
 from hetfl.sim.progress import Progress
+from hetfl.sim.steps import (
+    Counters,
+    RoundOutcome,
+    charge_result,
+    evaluate_global,
+    mean_local_accuracy,
+    metrics_row,
+)
 
 LocalEval = Literal["sampled", "all", "none"]
 
@@ -56,21 +63,11 @@ class SimulationSettings:
         if not 0 < self.availability <= 1:
             raise ValueError(f"availability must be in (0, 1], got {self.availability}")
 
+    def is_eval_round(self, rnd: int) -> bool:
+        return rnd % self.eval_every == 0 or rnd == self.rounds
 
-@dataclass
-class Counters:
-    """Cumulative quantities since round 1; checkpointed."""
-
-    bytes_down: int = 0
-    bytes_up: int = 0
-    macs: int = 0
-    wall_time_s: float = 0.0
-
-
-@dataclass
-class RoundOutcome:
-    results: list[ClientResult] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
+    def is_checkpoint_round(self, rnd: int) -> bool:
+        return rnd % self.checkpoint_every == 0 or rnd == self.rounds
 
 
 class Simulation:
@@ -138,7 +135,7 @@ class Simulation:
                 rnd, outcome.results, outcome.failures
             )
             # Step 4: evaluate and record.
-            row = self._evaluate(rnd, outcome) if self._is_eval_round(rnd) else None
+            row = self._evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
             self.counters.wall_time_s += time.perf_counter() - started
             if row is not None:
                 row["wall_time_s"] = round(self.counters.wall_time_s, 3)
@@ -146,7 +143,7 @@ class Simulation:
                 self.strategy.observe(rnd, row)
             self.progress.round(rnd, row)
             # Step 5: checkpoint.
-            if rnd % self.settings.checkpoint_every == 0 or rnd == self.settings.rounds:
+            if self.settings.is_checkpoint_round(rnd):
                 self._checkpoint(rnd)
         self.progress.close()
         summary = summarise(self.metrics.read(), self.settings.targets, self.info)
@@ -177,9 +174,9 @@ class Simulation:
             except Exception as exc:  # a failing client must not stop the run
                 self._fail(outcome, task.cid, f"raised {type(exc).__name__}: {exc}")
                 continue
-            self.counters.bytes_up += state_bytes(out.result.tensors)
-            self.counters.macs += self.macs.price(out.result.passes, tuple(data.x_train.shape[1:]))
-            problem = result_problem(out.result, task)
+            problem = charge_result(
+                self.counters, self.macs, task, out.result, tuple(data.x_train.shape[1:])
+            )
             if problem is not None:
                 self._fail(outcome, task.cid, problem)
                 continue
@@ -191,40 +188,12 @@ class Simulation:
         outcome.failures.append(Failure(cid, reason))
         self.progress.message(f"warning: client {cid} excluded this round: {reason}")
 
-    def _is_eval_round(self, rnd: int) -> bool:
-        return rnd % self.settings.eval_every == 0 or rnd == self.settings.rounds
-
     def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
-        groups: dict[str, dict[str, float | int]] = {}
-        global_acc = test_loss = None
-        for i, em in enumerate(self.strategy.eval_models(self.strategy.global_state)):
-            model = self.program.model_for(em.spec)
-            model.load_state_dict(em.tensors, strict=True)
-            if em.stats_pass:
-                recompute_bn_statistics(model, self._stats_data())
-            correct, loss_sum, n = evaluate_model(model, self.x_test, self.y_test)
-            if i == 0:
-                global_acc, test_loss = correct / n, loss_sum / n
-            if em.group is not None:
-                groups[em.group] = {"acc": correct / n, "n": n}
-        local_acc = self._local_eval(outcome, groups)
-        results = outcome.results
-        n_ex = sum(r.num_examples for r in results)
-        loss = sum(r.loss * r.num_examples for r in results) / n_ex if n_ex else None
-        return make_row(
-            round=rnd,
-            clients=len(results),
-            failed=len(outcome.failures),
-            global_acc=global_acc,
-            test_loss=test_loss,
-            local_acc=local_acc,
-            loss=loss,
-            bytes_down=self.counters.bytes_down,
-            bytes_up=self.counters.bytes_up,
-            macs=self.counters.macs,
-            sim_time_s=None,
-            groups=groups,
+        scores = evaluate_global(
+            self.strategy, self.program, (self.x_test, self.y_test), self._stats_data
         )
+        local_acc = self._local_eval(outcome, scores.groups)
+        return metrics_row(rnd, outcome, scores, local_acc, self.counters)
 
     def _local_eval(
         self, outcome: RoundOutcome, groups: dict[str, dict[str, float | int]]
@@ -233,20 +202,15 @@ class Simulation:
         if mode == "none":
             return None
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        accs: list[float] = []
-        per_group: dict[str, list[float]] = {}
+        evaluated: list[tuple[float, str | None]] = []
         for cid in cids:
             data = self.clients[cid]
             if data.y_test.numel() == 0:
                 continue
             task = self.strategy.eval_task(self.infos[cid])
             correct, _, n = self.program.evaluate(task, data, self.store.get(cid))
-            accs.append(correct / n)
-            if task.group is not None:
-                per_group.setdefault(task.group, []).append(correct / n)
-        for g, values in per_group.items():
-            groups[g] = {"acc": sum(values) / len(values), "n": len(values)}
-        return sum(accs) / len(accs) if accs else None
+            evaluated.append((correct / n, task.group))
+        return mean_local_accuracy(evaluated, groups)
 
     def _stats_data(self) -> torch.Tensor:
         """A fixed, seeded subsample of all clients' training data for static-BN passes."""

@@ -1,0 +1,143 @@
+"""The steps of a round that do not depend on how clients are reached.
+
+The simulator calls clients in process, the Flower adapter (`hetfl.deploy`) over the
+network; both charge costs, check results, evaluate and write metrics rows the same way,
+through these functions, so that a run reports the same numbers whichever engine ran it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hetfl.core.client import ClientProgram, evaluate_model, recompute_bn_statistics
+from hetfl.core.state import state_bytes
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientResult, ClientTask, Failure
+from hetfl.core.validate import result_problem
+from hetfl.sim.costs import MacCounter
+from hetfl.sim.outputs import make_row
+
+Groups = dict[str, dict[str, float | int]]
+
+
+@dataclass
+class Counters:
+    """Cumulative quantities since round 1; checkpointed."""
+
+    bytes_down: int = 0
+    bytes_up: int = 0
+    macs: int = 0
+    wall_time_s: float = 0.0
+
+
+@dataclass
+class RoundOutcome:
+    results: list[ClientResult] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+
+def charge_result(
+    counters: Counters,
+    macs: MacCounter,
+    task: ClientTask,
+    result: ClientResult,
+    input_shape: tuple[int, ...],
+) -> str | None:
+    """Count a returned result's upload and training MACs, then check it against its task.
+
+    Both are counted before the check: an invalid result still crossed the network and
+    still cost its client the compute. Returns why the result cannot be aggregated, or None.
+    """
+    counters.bytes_up += state_bytes(result.tensors)
+    counters.macs += macs.price(result.passes, input_shape)
+    return result_problem(result, task)
+
+
+@dataclass
+class GlobalScores:
+    """The strategy's evaluated models on the global test set: the first one's accuracy and
+    loss (None when the method has no global model) and each grouped model's accuracy."""
+
+    global_acc: float | None = None
+    test_loss: float | None = None
+    groups: Groups = field(default_factory=dict)
+
+
+def evaluate_global(
+    strategy: Strategy,
+    program: ClientProgram,
+    test: tuple[torch.Tensor, torch.Tensor],
+    stats_data: Callable[[], torch.Tensor] | None,
+) -> GlobalScores:
+    """Test every model `strategy.eval_models` names on the global test set.
+
+    `stats_data` supplies the training inputs for a static-BN statistics pass; an engine
+    without access to clients' training data passes None, and a model that needs the pass
+    is then refused with an error that says so.
+    """
+    x_test, y_test = test
+    scores = GlobalScores()
+    for i, em in enumerate(strategy.eval_models(strategy.global_state)):
+        model = program.model_for(em.spec)
+        model.load_state_dict(em.tensors, strict=True)
+        if em.stats_pass:
+            if stats_data is None:
+                raise RuntimeError(
+                    f"evaluated model {em.name!r} needs a BatchNorm statistics pass over "
+                    "clients' training data, which this engine does not have (the Flower "
+                    "adapter runs such methods simulator-only for now)"
+                )
+            recompute_bn_statistics(model, stats_data())
+        correct, loss_sum, n = evaluate_model(model, x_test, y_test)
+        if i == 0:
+            scores.global_acc, scores.test_loss = correct / n, loss_sum / n
+        if em.group is not None:
+            scores.groups[em.group] = {"acc": correct / n, "n": n}
+    return scores
+
+
+def mean_local_accuracy(
+    evaluated: Sequence[tuple[float, str | None]], groups: Groups
+) -> float | None:
+    """The unweighted mean of per-client local accuracies (None if no client was
+    evaluated); each client group's mean and count are added to `groups`."""
+    per_group: dict[str, list[float]] = {}
+    for acc, group in evaluated:
+        if group is not None:
+            per_group.setdefault(group, []).append(acc)
+    for g, values in per_group.items():
+        groups[g] = {"acc": sum(values) / len(values), "n": len(values)}
+    return sum(a for a, _ in evaluated) / len(evaluated) if evaluated else None
+
+
+def metrics_row(
+    rnd: int,
+    outcome: RoundOutcome,
+    scores: GlobalScores,
+    local_acc: float | None,
+    counters: Counters,
+    sim_time_s: float | None = None,
+) -> dict[str, Any]:
+    """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results.
+    `wall_time_s` is set by the engine once the round's time is known."""
+    results = outcome.results
+    n_ex = sum(r.num_examples for r in results)
+    loss = sum(r.loss * r.num_examples for r in results) / n_ex if n_ex else None
+    return make_row(
+        round=rnd,
+        clients=len(results),
+        failed=len(outcome.failures),
+        global_acc=scores.global_acc,
+        test_loss=scores.test_loss,
+        local_acc=local_acc,
+        loss=loss,
+        bytes_down=counters.bytes_down,
+        bytes_up=counters.bytes_up,
+        macs=counters.macs,
+        sim_time_s=sim_time_s,
+        groups=scores.groups,
+    )

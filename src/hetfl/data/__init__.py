@@ -6,6 +6,7 @@ The data layer knows no model.
 """
 
 from hetfl.data.federation import build_clients, global_test, local_test_indices
+from hetfl.data.libsvm import load_libsvm, read_libsvm
 from hetfl.data.partition import (
     PARTITIONERS,
     PartitionError,
@@ -43,10 +44,12 @@ __all__ = [
     "k_classes",
     "load_digits",
     "load_fashion_mnist",
+    "load_libsvm",
     "load_npz",
     "load_synthetic",
     "local_test_indices",
     "quantity_skew",
     "read_idx",
+    "read_libsvm",
     "stratified_split",
 ]

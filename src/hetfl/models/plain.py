@@ -1,4 +1,5 @@
-"""Plain (fixed-architecture) models: the small CNN of the default job, LeNet-5 and an MLP.
+"""Plain (fixed-architecture) models: the small CNN of the default job, LeNet-5, an MLP, a
+linear (softmax) classifier and VGG-11 (`hetfl.models.vgg`).
 
 Each model marks its classifier as `self.head`, so private-head options (FedPer) can find
 it by structure rather than by parameter names.
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from hetfl.models.base import MODELS, ModelBuilder
+from hetfl.models.vgg import VGG11
 
 
 def _flat(shape: tuple[int, ...]) -> int:
@@ -84,6 +86,19 @@ class MLP(nn.Module):
         return self.head(self.body(x))
 
 
+class Linear(nn.Module):
+    """A linear (multinomial logistic) classifier on flattened inputs: one weight matrix of
+    shape (C, D) and a bias. FedALRC's shallow model (Algorithm 1): its singular-value
+    thresholding acts on `head.weight`, found as the model's only `nn.Linear`."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(_flat(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.flatten(1))  # (B, C)
+
+
 def _image(min_side: int) -> tuple:
     return (
         lambda s: len(s) == 3 and s[1] >= min_side and s[2] >= min_side,
@@ -94,3 +109,7 @@ def _image(min_side: int) -> tuple:
 MODELS.register("small-cnn", ModelBuilder(SmallCNN, *_image(4)))
 MODELS.register("lenet5", ModelBuilder(LeNet5, *_image(16)))
 MODELS.register("mlp", ModelBuilder(MLP, lambda s: len(s) >= 1, "needs a non-empty input shape"))
+MODELS.register(
+    "linear", ModelBuilder(Linear, lambda s: len(s) >= 1, "needs a non-empty input shape")
+)
+MODELS.register("vgg11", ModelBuilder(VGG11, *_image(32)))

@@ -3,15 +3,24 @@ and their place in runs and reports, against hand computations."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from hetfl.algorithms.fedavg import FedAvg
+from hetfl.cli import main
+from hetfl.core.client import ClientHooks, ClientProgram
+from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
+from hetfl.core.state import state_bytes
 from hetfl.core.types import PassRecord
 from hetfl.models import PlainFamily
+from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.clock import Clock, Usage, transfer_s
 from hetfl.sim.costs import MacCounter
 from hetfl.sim.profiles import (
@@ -74,6 +83,8 @@ def test_macs_per_module_and_width_match_hand_computation(width, channels):
     # the linear layer needs the gradients of its weight and of its input
     assert train.module_macs == (2 * conv, 0, 3 * head)
     assert train.total == 2 * conv + 3 * head
+    through = counter.pass_cost(PassRecord(spec, "train+input", b, 1), (1, 6, 6))
+    assert through.module_macs == (3 * conv, 0, 3 * head)  # + the input's gradient
     assert counter.price([PassRecord(spec, "train", b, 3)], (1, 6, 6)) == 3 * train.total
 
 
@@ -89,7 +100,7 @@ def test_activation_bytes_and_macs_at_each_split_point(width, channels):
     assert cost.split_macs(1) == (conv, head)
     assert cost.split_macs(2) == (conv, head)
     for bad in (0, 3):
-        with pytest.raises(ValueError, match="allowed: 1..2"):
+        with pytest.raises(ValueError, match=r"allowed: 1\.\.2"):
             cost.split_macs(bad)
 
 
@@ -181,7 +192,9 @@ def test_client_time_is_transfers_plus_compute_and_parallel_sides_take_the_max()
     assert waits.server_s == 5.0 and waits.total_s == 3 + 3 + 5  # SplitFed: sides add up
     overlap = Usage(3_000_000_000, 2_500_000, 1_250_000, server_macs=20_000_000_000, parallel=True)
     assert clock.client_times(1, Spec(), fast, overlap).total_s == 3 + max(3, 5)  # DTFL, Eq. 5
-    fast_server = Usage(3_000_000_000, 2_500_000, 1_250_000, server_macs=4_000_000_000, parallel=True)
+    fast_server = Usage(
+        3_000_000_000, 2_500_000, 1_250_000, server_macs=4_000_000_000, parallel=True
+    )
     assert clock.client_times(1, Spec(), fast, fast_server).total_s == 3 + max(3, 1)
     assert transfer_s(1_000_000, 8.0) == 1.0
 
@@ -194,7 +207,8 @@ def test_round_time_is_the_slowest_capped_by_the_deadline():
     assert _clock().round_time(times) == 4.0
     assert _clock().round_time([]) == 0.0
     late = _clock(deadline_s=2.5)
-    assert [late.missed_deadline(t) for t in times] == [False, True]
+    assert late.deadline_problem(times[0]) is None
+    assert late.deadline_problem(times[1]) == "missed the deadline: 4 s > 2.5 s"
     assert late.round_time(times) == 2.5
 
 
@@ -213,7 +227,10 @@ def test_measured_clock_scales_wall_time_by_the_profile_slowdown():
     [
         (lambda: DeviceProfile("a", -1.0, 10, 10), "rate must be a positive finite number"),
         (lambda: DeviceProfile("a", 1e9, 0, 10), "down_mbps must be a positive"),
-        (lambda: DeviceProfile("a", 1e9, 1, 1, availability=0), r"availability must be in \(0, 1\]"),
+        (
+            lambda: DeviceProfile("a", 1e9, 1, 1, availability=0),
+            r"availability must be in \(0, 1\]",
+        ),
         (lambda: SystemSettings(_profiles(2), fractions=(0.5, 0.4)), "must sum to 1"),
         (lambda: SystemSettings(_profiles(2), fractions=(1.0,)), "1 values for 2 profiles"),
         (lambda: SystemSettings(_profiles(2), assignment=("p0", "x")), r"unknown profiles \['x'\]"),
@@ -225,3 +242,253 @@ def test_measured_clock_scales_wall_time_by_the_profile_slowdown():
 def test_bad_system_settings_fail_clearly(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+# -- runs with profiles -----------------------------------------------------------------------
+TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
+# the MLP on 1x8x8 inputs: linear 64->200, 200->200, 200->10; a training sample costs the
+# forward, every weight gradient, and the input gradients of the two deeper layers
+MLP_TRAIN_MACS = 3 * (64 * 200 + 200 * 200 + 200 * 10) - 64 * 200
+
+
+def _sim(fed, tmp_path, system, *, rounds=1, cpr=8, strategy=None, **settings):
+    family, clients, test = fed
+    strategy = strategy or FedAvg(family, clients_per_round=cpr, train=TRAIN)
+    return Simulation(
+        strategy,
+        ClientProgram(family, ClientHooks(), seed=0),
+        clients,
+        test,
+        SimulationSettings(rounds=rounds, seed=0, system=system, **settings),
+        tmp_path,
+    )
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_deadline_drops_exactly_the_clients_over_it(synthetic_federation, tmp_path):
+    family, clients, _ = synthetic_federation
+    # client k alone on a profile of (k + 1) * 1e7 MAC/s and 100 Mbit/s both ways
+    profiles = tuple(DeviceProfile(f"p{k}", (k + 1) * 1e7, 100.0, 100.0) for k in range(8))
+    model_bytes = state_bytes(family.build(family.global_spec([])).state_dict())
+    expected = {
+        c.cid: c.n_train * MLP_TRAIN_MACS / ((c.cid + 1) * 1e7) + 2 * model_bytes * 8 / 1e8
+        for c in clients
+    }
+    deadline = 0.4
+    assert all(abs(t - deadline) > 0.01 for t in expected.values())  # no borderline client
+    system = SystemSettings(profiles, assignment=tuple(p.name for p in profiles), deadline_s=0.4)
+    sim = _sim(synthetic_federation, tmp_path, system)
+    sim.run()
+    late = {cid for cid, t in expected.items() if t > deadline}
+    assert 0 < len(late) < 8
+    row = _rows(tmp_path)[0]
+    assert row["failed"] == len(late) and row["clients"] == 8 - len(late)
+    assert set(sim.store) == set(expected) - late  # dropped clients keep no new state
+    for cid, t in expected.items():
+        assert sim.infos[cid].attrs["sim_times"].total_s == pytest.approx(t)
+    assert row["sim_time_s"] == deadline  # someone was late: the server waited until then
+    assert row["macs"] == MLP_TRAIN_MACS * sum(c.n_train for c in clients)  # work was done
+
+
+class _Recorder(FedAvg):
+    """Samples the clients that were fastest last round (unknown ones first), and records
+    what `plan` was offered."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.offered: list[set[int]] = []
+        self.seen_times: list[dict[int, float]] = []
+
+    def sample(self, round, available, rng):
+        self.offered.append({c.cid for c in available})
+        known = {c.cid: c.attrs["sim_times"].total_s for c in available if "sim_times" in c.attrs}
+        self.seen_times.append(known)
+        ranked = sorted(available, key=lambda c: (c.cid in known, known.get(c.cid, 0.0), c.cid))
+        return sorted(ranked[: self.clients_per_round], key=lambda c: c.cid)
+
+
+def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
+    family = synthetic_federation[0]
+    profiles = (DeviceProfile("on", 1e9, 10, 10), DeviceProfile("flaky", 1e9, 10, 10, 0.3))
+    system = SystemSettings(profiles, assignment=("on", "flaky") * 4)
+    strategy = _Recorder(family, clients_per_round=8, train=TRAIN)
+    sim = _sim(synthetic_federation, tmp_path, system, rounds=5, strategy=strategy)
+    sim.run()
+    for rnd, offered in enumerate(strategy.offered, start=1):
+        draws = {
+            c: float(torch.rand(1, generator=torch_generator(0, rnd, c, "availability")))
+            for c in range(8)
+        }
+        # always-on clients are always offered, the flaky ones when their draw is below 0.3
+        assert offered == {c for c in range(8) if c % 2 == 0 or draws[c] < 0.3}
+    assert any(len(o) < 8 for o in strategy.offered)
+    rows = _rows(tmp_path)
+    assert [r["clients"] for r in rows] == [len(o) for o in strategy.offered]
+
+
+def test_sim_times_reach_the_next_plan_and_rounds_add_up(synthetic_federation, tmp_path):
+    family = synthetic_federation[0]
+    system = SystemSettings(dtfl_profiles(1e8), switch_every=1, switch_fraction=0.5)
+    strategy = _Recorder(family, clients_per_round=4, train=TRAIN)
+    sim = _sim(synthetic_federation, tmp_path, system, rounds=3, cpr=4, strategy=strategy)
+    summary = sim.run()
+    assert strategy.seen_times[0] == {}  # nothing measured before round 1
+    assert sorted(strategy.seen_times[1]) == [0, 1, 2, 3]  # round 1's clients
+    rows = _rows(tmp_path)
+    per_round = [rows[0]["sim_time_s"]] + [
+        b["sim_time_s"] - a["sim_time_s"] for a, b in itertools.pairwise(rows)
+    ]
+    assert per_round[0] == pytest.approx(max(strategy.seen_times[1].values()))
+    assert all(t > 0 for t in per_round)
+    assert summary["sim_clock"] == {"mode": "simulated", "reproducible": True}
+
+
+def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, tmp_path):
+    family = synthetic_federation[0]
+    system = SystemSettings(
+        dtfl_cpu_profiles(2e8), switch_every=1, switch_fraction=0.5, deadline_s=1.0
+    )
+
+    def make(path, rounds):
+        strategy = _Recorder(family, clients_per_round=4, train=TRAIN)
+        return _sim(synthetic_federation, path, system, rounds=rounds, cpr=4, strategy=strategy)
+
+    whole = make(tmp_path / "whole", 4)
+    whole.run()
+    make(tmp_path / "part", 2).run()
+    resumed = make(tmp_path / "part", 4)
+    resumed.run(resume=True)
+    for k, v in whole.strategy.global_state.items():
+        assert torch.equal(v, resumed.strategy.global_state[k]), k
+    assert whole.sim_times == resumed.sim_times
+    assert resumed.strategy.seen_times == whole.strategy.seen_times[2:]  # plans saw the same
+    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
+    assert strip == [
+        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
+    ]
+    assert any(r["failed"] for r in strip)  # the deadline bit at least once
+
+
+def test_measured_clock_is_labelled_not_reproducible(synthetic_federation, tmp_path):
+    system = SystemSettings(dtfl_profiles(), clock="measured")
+    summary = _sim(synthetic_federation, tmp_path, system).run()
+    assert summary["sim_clock"] == {"mode": "measured", "reproducible": False}
+    assert summary["final"]["sim_time_s"] > 0
+
+
+# -- configs, reports -------------------------------------------------------------------------
+CONFIG = """
+name: t
+seed: 0
+algorithm: fedavg
+data:
+  dataset: digits
+  num_clients: 6
+  partition: {kind: iid}
+  test_per_client: 20
+model: {name: mlp}
+train: {rounds: 2, clients_per_round: 3, batch_size: 32, lr: 0.1}
+targets: [{metric: global_acc, value: 0.05}, {metric: global_acc, value: 1.01}]
+system: {preset: dtfl-cpus, fastest_rate: 1.0e9}
+"""
+
+
+def test_a_configured_run_reports_time_bytes_and_macs_to_target(tmp_path, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG + f"output_dir: {tmp_path / 'runs'}\n")
+    assert main(["run", str(cfg), "--quiet"]) == 0
+    run = tmp_path / "runs" / "t"
+    rows = _rows(run)
+    assert all(r["sim_time_s"] > 0 for r in rows)
+    summary = json.loads((run / "summary.json").read_text())
+    hit, missed = summary["targets"]
+    assert hit["round"] == 1  # any accuracy reaches 5 %
+    assert hit["sim_time_s"] == rows[0]["sim_time_s"] and hit["macs"] == rows[0]["macs"]
+    assert hit["bytes"] == rows[0]["bytes_down"] + rows[0]["bytes_up"]
+    assert missed["round"] is None and missed["sim_time_s"] is None
+    assert (run / "plots" / "accuracy_vs_sim_time.png").exists()
+    capsys.readouterr()
+    assert main(["compare", str(run)]) == 0
+    table = capsys.readouterr().out
+    assert f"{hit['sim_time_s']:.1f} ± 0.0" in table and "sim s to global_acc>=0.05" in table
+    assert "GMAC to global_acc>=0.05" in table
+
+
+@pytest.mark.parametrize(
+    "system, message",
+    [
+        ({"profiles": [{"name": "a", "rate": -1, "down_mbps": 1, "up_mbps": 1}]},
+         ["system.profiles.0.rate", "greater than 0", "-1"]),
+        ({"preset": "dtfl", "fractions": [0.5, 0.2, 0.2, 0.05, 0.0]},
+         ["system.fractions", "must sum to 1", "0.95"]),
+        ({"preset": "dtfl", "fractions": [0.5, 0.5]}, ["2 values for 5 profiles"]),
+        ({"preset": "dtf"}, ["system.preset", "unknown preset 'dtf'", "dtfl-cpus"]),
+        ({"deadline_s": 3}, ["deadline_s set without device profiles", "system.preset"]),
+        ({"profiles": [{"name": "a", "down_mbps": 1, "up_mbps": 1}]}, ["exactly one of rate"]),
+        ({"preset": "dtfl", "sped": 1}, ["system.sped", "unknown key"]),
+        ({"clock": "measured"}, ["clock set without device profiles"]),
+    ],
+)  # fmt: skip
+def test_bad_profile_configs_fail_with_clear_errors(tmp_path, capsys, system, message):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG.replace("system: {preset: dtfl-cpus, fastest_rate: 1.0e9}\n", ""))
+    overrides = [f"system.{k}={json.dumps(v)}" for k, v in system.items()]
+    assert main(["run", str(cfg), *overrides, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for part in message:
+        assert part in err, (part, err)
+
+
+def test_resolved_configs_without_profiles_validate_again():
+    """`config.yaml` lists every key at its value; resuming validates it again."""
+    from hetfl.config import validate
+
+    resolved = validate({}).model_dump(mode="json")
+    assert resolved["system"]["preset"] is None
+    assert validate(resolved).system.settings() is None
+
+
+def _fake(path: Path, seed: int, times: list[float], macs: list[int]) -> None:
+    path.mkdir(parents=True)
+    rows = [
+        {"round": i + 1, "global_acc": 0.5 + 0.1 * i, "local_acc": None, "sim_time_s": t,
+         "bytes_down": 10**6, "bytes_up": 0, "macs": m}
+        for i, (t, m) in enumerate(zip(times, macs, strict=True))
+    ]  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hit = {"metric": "global_acc", "value": 0.6, "round": 2, "sim_time_s": times[1],
+           "bytes": 10**6, "macs": macs[1]}  # fmt: skip
+    summary = {"seed": seed, "rounds_completed": 2, "final": rows[-1], "best": {}, "targets": [hit]}
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_compare_shows_time_and_macs_to_target_and_plot_draws_against_time(tmp_path, capsys):
+    _fake(tmp_path / "dtfl-s0", 0, [10.0, 30.0], [10**9, 2 * 10**9])
+    _fake(tmp_path / "dtfl-s1", 1, [20.0, 50.0], [10**9, 4 * 10**9])
+    assert main(["compare", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # time to target 30 and 50 s: mean 40, sample sd sqrt((100 + 100) / 1) = 14.1
+    assert "40.0 ± 14.1" in out
+    # MACs to target 2 and 4 GMAC: mean 3, sd 1.41
+    assert "3.00 ± 1.41" in out
+    png = tmp_path / "t.png"
+    assert main(["plot", str(tmp_path), "-o", str(png), "--x", "sim_time"]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_against_time_without_profiles_is_a_clear_error(tmp_path, capsys):
+    _fake(tmp_path / "a-s0", 0, [1.0, 2.0], [1, 2])
+    rows = (
+        (tmp_path / "a-s0" / "metrics.jsonl")
+        .read_text()
+        .replace('"sim_time_s": 1.0', '"sim_time_s": null')
+    )
+    (tmp_path / "a-s0" / "metrics.jsonl").write_text(
+        rows.replace('"sim_time_s": 2.0', '"sim_time_s": null')
+    )
+    assert main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png"), "--x", "sim_time"]) == 2
+    assert "no simulated time" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
 from hetfl.models import MODELS
+from hetfl.sim.profiles import SystemConfig
 
 
 class ConfigError(ValueError):
@@ -152,6 +153,9 @@ class RunConfig(_Strict):
     eval: EvalConfig = EvalConfig()
     checkpoint_every: int = Field(1, ge=1)
     availability: float = Field(1.0, gt=0, le=1)
+    system: SystemConfig = Field(
+        SystemConfig(), description="device profiles, simulated clock, deadline"
+    )
     targets: list[TargetConfig] = Field(default_factory=list)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     threads: int | None = Field(None, ge=1)

@@ -89,14 +89,15 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             "MB sent": _fmt(
                 [(f.get("bytes_down") or 0) + (f.get("bytes_up") or 0) for f in final], 1e-6, 1
             ),
+            "sim s": _fmt([f.get("sim_time_s") for f in final], digits=1),
         }
         for i, target in enumerate(members[0].summary.get("targets", [])):
             label = f"{target['metric']}>={target['value']:g}"
             hits = [m.summary["targets"][i] for m in members]
             row[f"rounds to {label}"] = _fmt([h["round"] for h in hits], digits=1)
-            row[f"MB to {label}"] = _fmt(
-                [None if h["bytes"] is None else h["bytes"] for h in hits], 1e-6, 1
-            )
+            row[f"MB to {label}"] = _fmt([h["bytes"] for h in hits], 1e-6, 1)
+            row[f"sim s to {label}"] = _fmt([h.get("sim_time_s") for h in hits], digits=1)
+            row[f"GMAC to {label}"] = _fmt([h.get("macs") for h in hits], 1e-9, 2)
         rows.append(row)
     return rows
 
@@ -161,11 +162,20 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
     groups: dict[str, list[RunRecord]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
+    if x == "sim_time" and not any(r["sim_time_s"] is not None for m in runs for r in m.rows):
+        raise ValueError(
+            "these runs have no simulated time: configure device profiles "
+            "(system.preset or system.profiles) to record sim_time_s"
+        )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for metric, style in (("global_acc", "-"), ("local_acc", "--")):
         for name, members in groups.items():
             series = [
-                [(get_x(row), row[metric]) for row in m.rows if row[metric] is not None]
+                [
+                    (get_x(row), row[metric])
+                    for row in m.rows
+                    if row[metric] is not None and get_x(row) is not None
+                ]
                 for m in members
             ]
             series = [s for s in series if s]

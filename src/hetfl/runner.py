@@ -102,6 +102,7 @@ def build_simulation(
         local_eval=cfg.eval.local_eval,
         availability=cfg.availability,
         targets=tuple(Target(t.metric, t.value) for t in cfg.targets),
+        system=cfg.system.settings(),
     )
     info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)

@@ -62,8 +62,10 @@ class ClientTask:
 
 @dataclass(frozen=True)
 class PassRecord:
-    """`count` passes of `kind` ("train" = forward+backward, "forward") over batches of
-    `batch` samples through the model built for `spec` at `width` (None = the full spec)."""
+    """`count` passes of `kind` ("train" = forward+backward, "forward", "train+input" =
+    forward+backward that also computes the input's gradient, as a split model's server
+    side does to answer its client) over batches of `batch` samples through the model built
+    for `spec` at `width` (None = the full spec)."""
 
     spec: Spec
     kind: str

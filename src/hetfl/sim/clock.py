@@ -90,9 +90,12 @@ class Clock:
             up_mbps=profile.up_mbps,
         )
 
-    def missed_deadline(self, times: ClientTimes) -> bool:
+    def deadline_problem(self, times: ClientTimes) -> str | None:
+        """Why the client is dropped if it finished after the deadline, else None."""
         deadline = self.settings.deadline_s
-        return deadline is not None and times.total_s > deadline
+        if deadline is None or times.total_s <= deadline:
+            return None
+        return f"missed the deadline: {times.total_s:.4g} s > {deadline:g} s"
 
     def round_time(self, times: Iterable[ClientTimes]) -> float:
         """The slowest participant's time, capped at the deadline (0 for an empty round)."""

@@ -103,7 +103,8 @@ class MacCounter:
         kwargs = {} if record.width is None else {"width": record.width}
         try:
             with FlopCounterMode(display=False) as counter:
-                if record.kind == "train":
+                if record.kind in ("train", "train+input"):
+                    x.requires_grad_(record.kind == "train+input")
                     model.train()
                     # Any scalar of the output back-propagates through the same products as
                     # the loss; a sum also fits models that end in an activation (split
@@ -114,7 +115,9 @@ class MacCounter:
                     with torch.no_grad():
                         model(x, **kwargs)
                 else:
-                    raise ValueError(f"unknown pass kind {record.kind!r} (allowed: train, forward)")
+                    raise ValueError(
+                        f"unknown pass kind {record.kind!r} (allowed: train, train+input, forward)"
+                    )
         finally:
             for h in handles:
                 h.remove()

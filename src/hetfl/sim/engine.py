@@ -8,16 +8,23 @@ round's outcome does not depend on execution order and a resumed run equals an
 uninterrupted one.
 
 Counting conventions: `bytes_down` counts every payload sent; `bytes_up` every result a
-client returned (an invalid one included: it crossed the network); `macs` the training
-passes of every client that trained. Evaluation traffic is measurement, not training, and is
-not counted. Private tensors are never sent, so never counted.
+client returned (an invalid one included: it crossed the network); in split learning both
+also count what crossed the per-batch channel (activations and labels up, gradients down);
+`macs` the training passes of every client that trained (a server side is priced for time
+only). Evaluation traffic is measurement, not training, and is not counted. Private tensors
+are never sent, so never counted.
+
+With device profiles (`SimulationSettings.system`), the clock (`hetfl.sim.clock`) turns each
+client's MACs and bytes into seconds, drops clients past the deadline, adds the round's time
+to `sim_time_s` and gives each client's times to the next `plan` in
+`ClientInfo.attrs["sim_times"]`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,13 +32,16 @@ import torch
 
 from hetfl.core.client import ClientProgram
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.server_program import Channel, ServerProgram, ServerResult, server_result_problem
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientData, Failure
+from hetfl.core.types import ClientData, ClientResult, ClientTask, ClientTimes, Failure
 from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.sim.clock import Clock, Usage
 from hetfl.sim.costs import MacCounter
 from hetfl.sim.outputs import MetricsLog, Target, summarise, write_json
+from hetfl.sim.profiles import ProfileSchedule, SystemSettings
 from hetfl.sim.progress import Progress
 from hetfl.sim.steps import (
     Counters,
@@ -55,6 +65,7 @@ class SimulationSettings:
     availability: float = 1.0
     targets: tuple[Target, ...] = ()
     stats_samples: int = 2000
+    system: SystemSettings | None = None
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):
@@ -101,8 +112,17 @@ class Simulation:
         self.info = dict(info or {})
         self.progress = progress or Progress(settings.rounds, enabled=False)
         self.store = ClientStore()
+        self.server_store = ClientStore()  # what server programs keep per client
         self.counters = Counters()
         self.macs = MacCounter(program.family)
+        system = settings.system
+        self.schedule = (
+            None if system is None else ProfileSchedule(system, settings.seed, [*self.clients])
+        )
+        self.clock = None if system is None else Clock(system)
+        self.sim_times: dict[int, ClientTimes] = {}
+        if system is not None:
+            self.info["sim_clock"] = {"mode": system.clock, "reproducible": system.reproducible}
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self._stats_x: torch.Tensor | None = None
         self._ready = False
@@ -131,9 +151,13 @@ class Simulation:
             # Step 2: local work -- every client in id order, results validated.
             outcome = self._run_clients(rnd, tasks)
             # Step 3: aggregate -- all valid results at once, sorted by client id.
-            self.strategy.global_state = self.strategy.aggregate(
-                rnd, outcome.results, outcome.failures
+            split = (
+                {} if outcome.server_results is None else {"server_results": outcome.server_results}
             )
+            self.strategy.global_state = self.strategy.aggregate(
+                rnd, outcome.results, outcome.failures, **split
+            )
+            self._advance_clock(outcome)
             # Step 4: evaluate and record.
             row = self._evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
             self.counters.wall_time_s += time.perf_counter() - started
@@ -155,34 +179,103 @@ class Simulation:
         return torch_generator(self.settings.seed, rnd, cid, purpose)
 
     def _available(self, rnd: int) -> list:
-        p = self.settings.availability
+        """Each client is reachable with probability `availability` times its device
+        profile's availability (one draw per client and round)."""
+        profiles = {} if self.schedule is None else self.schedule.at(rnd)
         out = []
         for cid in sorted(self.clients):
+            p = self.settings.availability * (profiles[cid].availability if profiles else 1.0)
             if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, cid, "availability"))) < p:
                 out.append(self.infos[cid])
         return out
 
     def _run_clients(self, rnd: int, tasks: list) -> RoundOutcome:
         outcome = RoundOutcome()
+        server = self.strategy.server_program(rnd, tasks) if tasks else None
+        if server is not None:
+            outcome.server_results = []
+        profiles = {} if self.schedule is None else self.schedule.at(rnd)
         for task in sorted(tasks, key=lambda t: t.cid):
             data = self.clients[task.cid]
             self.counters.bytes_down += state_bytes(task.payload)
+            session = None if server is None else server.open(task, self.server_store.get(task.cid))
+            channel = None if session is None else Channel(session)
+            linked = {} if channel is None else {"channel": channel}
+            started = time.perf_counter()
             try:
                 out = self.program.fit(
-                    task, data, self.store.get(task.cid), self._rng(rnd, task.cid, "train")
+                    task,
+                    data,
+                    self.store.get(task.cid),
+                    self._rng(rnd, task.cid, "train"),
+                    **linked,
                 )
             except Exception as exc:  # a failing client must not stop the run
+                self._charge_channel(channel)
                 self._fail(outcome, task.cid, f"raised {type(exc).__name__}: {exc}")
                 continue
+            wall_s = time.perf_counter() - started
+            served = None if session is None else session.close()
+            self._charge_channel(channel)
             problem = charge_result(
                 self.counters, self.macs, task, out.result, tuple(data.x_train.shape[1:])
             )
+            if served is not None:
+                problem = problem or server_result_problem(served, task.cid)
+            if self.clock is not None:
+                usage = self._usage(task, out.result, channel, served, server, wall_s)
+                times = self.clock.client_times(rnd, task.spec, profiles[task.cid], usage)
+                outcome.times[task.cid] = times
+                problem = self.clock.deadline_problem(times) or problem
             if problem is not None:
                 self._fail(outcome, task.cid, problem)
                 continue
             self.store.put(task.cid, out.private)
             outcome.results.append(out.result)
+            if served is not None and outcome.server_results is not None:
+                self.server_store.put(task.cid, served.private)
+                outcome.server_results.append(served)
         return outcome
+
+    def _charge_channel(self, channel: Channel | None) -> None:
+        """Count what crossed a split-learning channel (it crossed even if the client failed)."""
+        if channel is not None:
+            self.counters.bytes_up += channel.bytes_up
+            self.counters.bytes_down += channel.bytes_down
+
+    def _usage(
+        self,
+        task: ClientTask,
+        result: ClientResult,
+        channel: Channel | None,
+        served: ServerResult | None,
+        server: ServerProgram | None,
+        wall_s: float,
+    ) -> Usage:
+        """What one client consumed this round, for the clock."""
+        shape = tuple(self.clients[task.cid].x_train.shape[1:])
+        return Usage(
+            macs=self.macs.price(result.passes, shape),
+            bytes_down=state_bytes(task.payload) + (channel.bytes_down if channel else 0),
+            bytes_up=state_bytes(result.tensors) + (channel.bytes_up if channel else 0),
+            server_macs=0 if served is None else self.macs.price(served.passes, served.input_shape),
+            parallel=server is not None and server.parallel,
+            wall_s=wall_s,
+            server_wall_s=channel.server_wall_s if channel else 0.0,
+        )
+
+    def _advance_clock(self, outcome: RoundOutcome) -> None:
+        """Add the round's time, and give each client's times to the next `plan`."""
+        if self.clock is None:
+            return
+        self.counters.sim_time_s += self.clock.round_time(outcome.times.values())
+        for cid, times in outcome.times.items():
+            self._set_times(cid, times)
+
+    def _set_times(self, cid: int, times: ClientTimes) -> None:
+        self.sim_times[cid] = times
+        info = self.infos[cid]
+        self.infos[cid] = replace(info, attrs={**info.attrs, "sim_times": times})
 
     def _fail(self, outcome: RoundOutcome, cid: int, reason: str) -> None:
         outcome.failures.append(Failure(cid, reason))
@@ -193,7 +286,8 @@ class Simulation:
             self.strategy, self.program, (self.x_test, self.y_test), self._stats_data
         )
         local_acc = self._local_eval(outcome, scores.groups)
-        return metrics_row(rnd, outcome, scores, local_acc, self.counters)
+        sim_time_s = None if self.clock is None else self.counters.sim_time_s
+        return metrics_row(rnd, outcome, scores, local_acc, self.counters, sim_time_s)
 
     def _local_eval(
         self, outcome: RoundOutcome, groups: dict[str, dict[str, float | int]]
@@ -235,6 +329,8 @@ class Simulation:
                 "seed": self.settings.seed,
                 "strategy": self.strategy.state_dict(),
                 "store": self.store.state_dict(),
+                "server_store": self.server_store.state_dict(),
+                "sim_times": dict(self.sim_times),
                 "counters": vars(self.counters).copy(),
             },
         )
@@ -247,6 +343,9 @@ class Simulation:
             )
         self.strategy.load_state_dict(ckpt["strategy"])
         self.store.load_state_dict(ckpt["store"])
+        self.server_store.load_state_dict(ckpt.get("server_store", {}))
+        for cid, times in ckpt.get("sim_times", {}).items():
+            self._set_times(cid, times)
         self.counters = Counters(**ckpt["counters"])
         self.metrics.truncate(ckpt["round"])
         self.progress.message(f"resuming after round {ckpt['round']}")

@@ -298,10 +298,14 @@ class SystemConfig(_Strict):
         if self.preset is not None and self.profiles is not None:
             raise ValueError("give either preset or profiles, not both")
         if self.preset is None and self.profiles is None:
-            extra = sorted(self.model_fields_set)
+            # keys at their defaults are fine: a resolved config.yaml lists every key
+            fields = type(self).model_fields
+            extra = sorted(
+                k for k in self.model_fields_set if getattr(self, k) != fields[k].default
+            )
             if extra:
                 raise ValueError(
-                    f"{', '.join(extra)} need device profiles: set system.preset "
+                    f"{', '.join(extra)} set without device profiles: set system.preset "
                     f"({', '.join(PRESETS)}) or system.profiles"
                 )
             return self

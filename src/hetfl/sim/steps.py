@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from hetfl.core.client import ClientProgram, evaluate_model, recompute_bn_statistics
+from hetfl.core.server_program import ServerResult
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientResult, ClientTask, Failure
+from hetfl.core.types import ClientResult, ClientTask, ClientTimes, Failure
 from hetfl.core.validate import result_problem
 from hetfl.sim.costs import MacCounter
 from hetfl.sim.outputs import make_row
@@ -32,12 +33,18 @@ class Counters:
     bytes_up: int = 0
     macs: int = 0
     wall_time_s: float = 0.0
+    sim_time_s: float = 0.0
 
 
 @dataclass
 class RoundOutcome:
+    """`server_results` is None in rounds without a server program (split learning);
+    `times` holds the simulated times of the clients that returned (device profiles)."""
+
     results: list[ClientResult] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    server_results: list[ServerResult] | None = None
+    times: dict[int, ClientTimes] = field(default_factory=dict)
 
 
 def charge_result(

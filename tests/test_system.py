@@ -399,7 +399,9 @@ system: {preset: dtfl-cpus, fastest_rate: 1.0e9}
 def test_a_configured_run_reports_time_bytes_and_macs_to_target(tmp_path, capsys):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(CONFIG + f"output_dir: {tmp_path / 'runs'}\n")
-    assert main(["run", str(cfg), "--quiet"]) == 0
+    assert main(["run", str(cfg)]) == 0
+    banner = capsys.readouterr().err
+    assert "devices: 5 profiles (cpus-4, cpus-2, cpus-1, cpus-0.2, cpus-0.1)" in banner
     run = tmp_path / "runs" / "t"
     rows = _rows(run)
     assert all(r["sim_time_s"] > 0 for r in rows)
@@ -410,7 +412,6 @@ def test_a_configured_run_reports_time_bytes_and_macs_to_target(tmp_path, capsys
     assert hit["bytes"] == rows[0]["bytes_down"] + rows[0]["bytes_up"]
     assert missed["round"] is None and missed["sim_time_s"] is None
     assert (run / "plots" / "accuracy_vs_sim_time.png").exists()
-    capsys.readouterr()
     assert main(["compare", str(run)]) == 0
     table = capsys.readouterr().out
     assert f"{hit['sim_time_s']:.1f} ± 0.0" in table and "sim s to global_acc>=0.05" in table

@@ -113,6 +113,8 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
     """The one-screen summary printed before a run starts."""
     sizes = [c.n_train for c in sim.clients.values()]
     n_params = sum(v.numel() for v in sim.strategy.global_state.values())
+    system = sim.settings.system
+    devices = [] if system is None else [f"  devices: {system.describe()}"]
     return "\n".join(
         [
             f"hetfl run {cfg.name}: {cfg.algorithm} on {cfg.data.dataset}, model {cfg.model.name}"
@@ -120,6 +122,7 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
             f"  clients {len(sizes)} (train samples min {min(sizes)}, max {max(sizes)}), "
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.program.device}",
+            *devices,
             f"  output {run_dir}",
         ]
     )

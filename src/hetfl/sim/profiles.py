@@ -166,6 +166,21 @@ class SystemSettings:
     def reproducible(self) -> bool:
         return self.clock == "simulated"
 
+    def describe(self) -> str:
+        """One line for the start-of-run banner."""
+        parts = [
+            f"{len(self.profiles)} profiles ({', '.join(p.name for p in self.profiles)})",
+            f"server {self.server_rate / 1e9:g} GMAC/s",
+        ]
+        if self.switch_every is not None and self.switch_fraction > 0:
+            parts.append(f"{self.switch_fraction:.0%} switch every {self.switch_every} rounds")
+        if self.deadline_s is not None:
+            parts.append(f"deadline {self.deadline_s:g} s")
+        parts.append(
+            "clock simulated" if self.reproducible else "clock measured (not reproducible)"
+        )
+        return ", ".join(parts)
+
 
 def _rounded_counts(fractions: Sequence[float], n: int) -> list[int]:
     """Counts summing to `n`, each `floor(f * n)` plus one for the largest remainders

@@ -17,6 +17,7 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
 from hetfl.core.types import ClientData, ClientOutput, ClientTask, PassRecord
+from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.outputs import ROW_KEYS
 
@@ -233,6 +234,10 @@ def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
 def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     """Every registered method trains, checkpoints its strategy state and resumes exactly."""
     family, clients, test = synthetic_federation
+    if ALGORITHMS.get(name).needs_scalable:
+        family = ScalableFamily(
+            {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 2}
+        )
     whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3)
     summary = whole.run()
     assert summary["final"]["clients"] == 4 and summary["final"]["failed"] == 0

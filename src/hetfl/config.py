@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hetfl.algorithms import ALGORITHMS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
-from hetfl.models import MODELS
+from hetfl.models import ARCHITECTURES, is_scalable
+from hetfl.models.factory import model_names, unknown_model_message
 from hetfl.sim.profiles import SystemConfig
 
 
@@ -96,14 +97,40 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
+    """A plain model by name, or a scalable family with the shape of its (global) model.
+
+    The shape options apply to the scalable families only; a method that assigns
+    sub-models (HeteroFL, FjORD, ...) derives each client's spec from this base.
+    """
+
     name: str = "small-cnn"
+    width: float | list[float] | None = Field(
+        None, description="width ratio, global or one per stage (scalable models)"
+    )
+    stages: int | None = Field(None, ge=1, description="stages or sections (scalable models)")
+    blocks: int | list[int] | None = Field(None, description="residual blocks per stage")
+    bn: Literal["batch", "static", "per-width", "none"] | None = None
+    stem: Literal["small", "imagenet"] | None = None
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in MODELS:
-            raise ValueError(MODELS.unknown_message(v))
+        if v not in model_names():
+            raise ValueError(unknown_model_message(v))
         return v
+
+    @model_validator(mode="after")
+    def _shape_options(self) -> ModelConfig:
+        given = [k for k in ("width", "stages", "blocks", "bn", "stem") if getattr(self, k)]
+        if given and not is_scalable(self.name):
+            raise ValueError(
+                f"{', '.join(given)} apply to the scalable models only "
+                f"({', '.join(ARCHITECTURES.names())}); {self.name!r} is a fixed architecture"
+            )
+        return self
+
+    def shape_options(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("width", "stages", "blocks", "bn", "stem")}
 
 
 class TrainConfig(_Strict):
@@ -140,6 +167,35 @@ class TargetConfig(_Strict):
     value: float
 
 
+class DeployConfig(_Strict):
+    """A run through Flower (`hetfl serve`, `hetfl client`); the simulator ignores it."""
+
+    superlink: str = Field(
+        "127.0.0.1:9092",
+        description="host:port of the SuperLink, where `hetfl serve` listens and clients connect",
+    )
+    round_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="a round aggregates the clients that answered by then"
+    )
+    min_clients: int | None = Field(
+        None, ge=1, description="clients that must register before round 1 (default: all)"
+    )
+    registration_timeout_s: float = Field(
+        300.0, gt=0, description="how long round 1 waits for min_clients to register"
+    )
+    state_dir: str | None = Field(
+        None, description="node-local directory where clients keep private state across restarts"
+    )
+
+    @field_validator("superlink")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be host:port with a port in 1..65535, e.g. 127.0.0.1:9092")
+        return v
+
+
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.\-]+$")
     seed: int = Field(0, ge=0)
@@ -160,6 +216,7 @@ class RunConfig(_Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     threads: int | None = Field(None, ge=1)
     output_dir: str = "runs"
+    deploy: DeployConfig = DeployConfig()
     sweep: dict[str, list[Any]] | None = None
 
     @field_validator("algorithm")
@@ -183,9 +240,19 @@ class RunConfig(_Strict):
                     for e in exc.errors()
                 )
                 raise ValueError(problems) from None
+        if ALGORITHMS.get(self.algorithm).needs_scalable and not is_scalable(self.model.name):
+            raise ValueError(
+                f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
+                f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is a fixed architecture"
+            )
         if self.train.clients_per_round > self.data.num_clients:
             raise ValueError(
                 f"train.clients_per_round = {self.train.clients_per_round} is more than "
+                f"data.num_clients = {self.data.num_clients}"
+            )
+        if self.deploy.min_clients is not None and self.deploy.min_clients > self.data.num_clients:
+            raise ValueError(
+                f"deploy.min_clients = {self.deploy.min_clients} is more than "
                 f"data.num_clients = {self.data.num_clients}"
             )
         return self

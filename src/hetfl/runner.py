@@ -24,7 +24,7 @@ from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
 from hetfl.data.download import DOWNLOADERS
-from hetfl.models import PlainFamily
+from hetfl.models import make_family
 from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.outputs import Target
 from hetfl.sim.progress import Progress
@@ -86,7 +86,12 @@ def build_simulation(
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     fed = build_federation(cfg, device)
-    family = PlainFamily(cfg.model.name, fed.dataset.input_shape, fed.dataset.num_classes)
+    family = make_family(
+        cfg.model.name,
+        fed.dataset.input_shape,
+        fed.dataset.num_classes,
+        **cfg.model.shape_options(),
+    )
     strategy, hooks = ALGORITHMS.get(cfg.algorithm).build(
         family,
         cfg.algorithm_options(),

@@ -5,6 +5,8 @@ from hetfl.algorithms import fedavg as _fedavg  # noqa: F401
 from hetfl.algorithms import fednova as _fednova  # noqa: F401
 from hetfl.algorithms import fedopt as _fedopt  # noqa: F401
 from hetfl.algorithms import fedprox as _fedprox  # noqa: F401
+from hetfl.algorithms import fjord as _fjord  # noqa: F401
+from hetfl.algorithms import heterofl as _heterofl  # noqa: F401
 from hetfl.algorithms import local_only as _local_only  # noqa: F401
 from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
 

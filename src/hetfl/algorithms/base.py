@@ -28,12 +28,17 @@ class Options(BaseModel):
 
 @dataclass(frozen=True)
 class Algorithm:
-    """`make(family, options, clients_per_round=..., train=...)` -> (strategy, client hooks)."""
+    """`make(family, options, clients_per_round=..., train=...)` -> (strategy, client hooks).
+
+    `needs_scalable` marks methods that slice sub-models or keep normalisation private, so
+    that a config pairing them with a fixed architecture fails at validation.
+    """
 
     name: str
     summary: str
     options: type[Options]
     make: Callable[..., tuple[Strategy, ClientHooks]]
+    needs_scalable: bool = False
 
     def build(
         self,

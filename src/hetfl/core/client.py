@@ -256,16 +256,31 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
     ]
 
 
+def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.Tensor:
+    """Logits of the classes not in `labels` set to 0 (HeteroFL's and FedFA's masked
+    cross-entropy, METHODS.md §7; 0, not -inf, which would be a different loss)."""
+    if labels is None:
+        return outputs
+    keep = torch.zeros(outputs.shape[-1], dtype=torch.bool, device=outputs.device)
+    keep[list(labels)] = True
+    return outputs.masked_fill(~keep, 0.0)
+
+
 @torch.no_grad()
 def evaluate_model(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1000,
+    label_mask: tuple[int, ...] | None = None,
 ) -> tuple[int, float, int]:
-    """(correct, summed loss, count) of `model` on (x, y), in eval mode."""
+    """(correct, summed loss, count) of `model` on (x, y), in eval mode, with the logits of
+    classes outside `label_mask` zeroed when it is given."""
     model.eval()
     correct, loss_sum = 0, 0.0
     for start in range(0, int(y.shape[0]), batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        out = model(xb)
+        out = mask_logits(model(xb), label_mask)
         loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(dim=1) == yb).sum())
     return correct, loss_sum, int(y.shape[0])
@@ -365,7 +380,9 @@ class ClientProgram:
     ) -> tuple[int, float, int]:
         """(correct, summed loss, count) on the client's local test split."""
         model = self._load(task.cid, task.spec, task.payload, private)
-        return evaluate_model(model, data.x_test, data.y_test)
+        if task.stats_pass:
+            recompute_bn_statistics(model, data.x_train)
+        return evaluate_model(model, data.x_test, data.y_test, label_mask=task.label_mask)
 
 
 @torch.no_grad()

@@ -142,3 +142,27 @@ def first_entries(index_map: IndexMap) -> dict[str, MapEntry]:
     for e in index_map:
         out.setdefault(e.local, e)
     return out
+
+
+#: Separates a group from a tensor name in group-qualified global names (`"p=0.5/bn.weight"`).
+GROUP_SEP = "/"
+
+
+def group_qualified(index_map: IndexMap, group: str, locals_: Iterable[str]) -> IndexMap:
+    """The map with the entries of `locals_` moved to per-group global tensors
+    `"<group>/<global name>"`, averaged only among the clients of that group (FLANC's and
+    NeFL's per-group BatchNorm, METHODS.md §7). Other entries are unchanged."""
+    if GROUP_SEP in group:
+        raise ValueError(f"group name {group!r} must not contain {GROUP_SEP!r}")
+    chosen = set(locals_)
+    return [
+        MapEntry(e.local, f"{group}{GROUP_SEP}{e.global_name}", e.index, e.mask)
+        if e.local in chosen
+        else e
+        for e in index_map
+    ]
+
+
+def ungrouped(global_name: str) -> str:
+    """The global model's tensor behind a (possibly group-qualified) global name."""
+    return global_name.rsplit(GROUP_SEP, 1)[-1]

@@ -34,7 +34,7 @@ import torch
 
 from hetfl.core.init import build_model, initialize
 from hetfl.core.server_program import ServerProgram
-from hetfl.core.spec import IndexMap, Spec, local_names
+from hetfl.core.spec import IndexMap, Spec, local_names, ungrouped
 from hetfl.core.state import extract
 from hetfl.core.types import (
     ClientInfo,
@@ -113,16 +113,22 @@ class Strategy:
     def init_global_state(self, generator: torch.Generator) -> State:
         """The initial global state: the global model's tensors that some index map shares.
 
-        Private layers never enter it, not even at initialisation. Methods whose global
-        names are not tensors of the global model (per-group copies) extend this.
+        Private layers never enter it, not even at initialisation. A group-qualified name
+        (`"<group>/<name>"`, see `hetfl.core.spec.group_qualified`) starts as a copy of the
+        global model's tensor `<name>`, so every group starts from the same weights.
         """
         model = initialize(build_model(self.family, self.global_spec), generator)
+        tensors = model.state_dict()
         shared = {
             e.global_name
             for spec in {*self.possible_specs(), self.global_spec}
             for e in self.index_map_for(spec)
         }
-        return {k: v.detach().clone() for k, v in model.state_dict().items() if k in shared}
+        missing = sorted(n for n in shared if ungrouped(n) not in tensors)
+        if missing:
+            raise KeyError(f"index maps name tensors the global model lacks: {missing[:5]}")
+        ordered = [n for n in tensors if n in shared] + sorted(shared - set(tensors))
+        return {n: tensors[ungrouped(n)].detach().clone() for n in ordered}
 
     @property
     def global_spec(self) -> Spec:

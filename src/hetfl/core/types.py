@@ -162,13 +162,20 @@ class EvalModel:
 @dataclass
 class EvalTask:
     """Client-side evaluation of one client's model (with its private layers) on its local
-    test split. `payload` and `index_map` are as in `ClientTask`."""
+    test split. `payload` and `index_map` are as in `ClientTask`.
+
+    With `stats_pass`, the client first re-estimates BatchNorm statistics on its own
+    training data (static BN evaluated locally); with `label_mask`, logits of the classes
+    not listed are set to 0 before the argmax (HeteroFL's masked local accuracy).
+    """
 
     cid: int
     spec: Spec
     payload: State
     index_map: IndexMap
     group: str | None = None
+    stats_pass: bool = False
+    label_mask: tuple[int, ...] | None = None
 
 
 class ModelFamily(Protocol):

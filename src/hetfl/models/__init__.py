@@ -1,6 +1,19 @@
-"""Model families. Importing this package registers every built-in family in `MODELS`."""
+"""Model families. Importing this package registers every built-in model: the plain ones in
+`MODELS`, the scalable (width- and depth-sliced) ones in `ARCHITECTURES`."""
 
 from hetfl.models import plain as _plain  # noqa: F401  (registers the plain models)
 from hetfl.models.base import MODELS, ModelBuilder, PlainFamily
+from hetfl.models.factory import is_scalable, make_family, model_names
+from hetfl.models.scalable import ARCHITECTURES, ScalableFamily, SpecError
 
-__all__ = ["MODELS", "ModelBuilder", "PlainFamily"]
+__all__ = [
+    "ARCHITECTURES",
+    "MODELS",
+    "ModelBuilder",
+    "PlainFamily",
+    "ScalableFamily",
+    "SpecError",
+    "is_scalable",
+    "make_family",
+    "model_names",
+]

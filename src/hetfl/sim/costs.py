@@ -82,12 +82,13 @@ class MacCounter:
     def _count(self, record: PassRecord, input_shape: tuple[int, ...]) -> PassCost:
         model = build_model(self.family, record.spec)
         names = self._module_names(record.spec)
-        children = dict(model.named_children())
+        # Pipeline modules may be nested (a ResNet's blocks are `stages.1.0`).
+        children = dict(model.named_modules())
         unknown = [n for n in names if n not in children]
         if unknown:
             raise ValueError(
-                f"modules({record.spec}) names {unknown}, which are not top-level submodules "
-                f"of the built model (it has {list(children)})"
+                f"modules({record.spec}) names {unknown}, which are not submodules of the "
+                f"built model"
             )
         inputs: dict[str, int] = {}
 

@@ -1,0 +1,210 @@
+"""HeteroFL: Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient
+Federated Learning for Heterogeneous Clients" (ICLR 2021), §3 and the authors' code, as
+METHODS.md §6.5 resolves it.
+
+Reproduced: width levels (default 1, 1/2, 1/4, 1/8, 1/16) of one global model, each client
+training the nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer (input
+channels and output classes full); assignment `fixed` (by proportion) or `dynamic` (every
+sampled client redraws its level every round); static BatchNorm (batch statistics in
+training, nothing but the affine aggregated) with the scaler (activations divided by r in
+training only); masked cross-entropy (logits of the classes a client lacks set to 0) and
+label-split aggregation of the head rows; gradient-norm clipping at 1; aggregation with
+weight 1 per client on each element it covers (not sample counts), uncovered elements kept;
+evaluation of every level on the global test set after a statistics pass over a fixed,
+seeded subsample of the training data, reported under `groups` as `width=r` (the widest
+level is `global_acc`).
+
+Choices where the paper is silent or the code differs from the text:
+
+- `fixed` assignment gives the levels to clients in id order in exact proportions (the
+  code draws them with replacement, so the realised proportions vary with the seed);
+- the masked loss and the label split use the classes in the client's *training* data,
+  which is what "the client's label set" is in every partition HetFL has; with IID data
+  both are no-ops, so they are on by default;
+- local accuracy evaluates each client's level (the widest level under `dynamic`
+  assignment) with its label mask, after a statistics pass over the client's own training
+  data, since the server never sees client data;
+- `weighting: samples` is available (recorded in the resolved config) for comparisons
+  with FjORD's sample-count weighting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hetfl.algorithms.base import ALGORITHMS, Algorithm
+from hetfl.algorithms.fedavg import FedAvg, FedAvgOptions, Weighting
+from hetfl.algorithms.submodels import (
+    assign_in_proportion,
+    at_width,
+    check_levels,
+    draw_level,
+    eval_model_at,
+    full_width_base,
+    label_split,
+)
+from hetfl.core.client import ClientHooks, TrainContext, mask_logits
+from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.state import extract
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily
+
+Assignment = Literal["fixed", "dynamic"]
+DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+
+
+class HeteroFL(FedAvg):
+    name = "heterofl"
+
+    def __init__(
+        self,
+        family: ModelFamily,
+        *,
+        clients_per_round: int,
+        train: Mapping[str, Any],
+        levels: Sequence[float] = DEFAULT_LEVELS,
+        proportions: Sequence[float] | None = None,
+        assignment: Assignment = "fixed",
+        label_split: bool = True,
+        clip_grad_norm: float | None = 1.0,
+        weighting: Weighting = "uniform",
+        private_norm: bool = False,
+        private_head: bool = False,
+    ) -> None:
+        super().__init__(
+            family,
+            clients_per_round=clients_per_round,
+            train=train,
+            weighting=weighting,
+            private_norm=private_norm,
+            private_head=private_head,
+        )
+        if assignment not in ("fixed", "dynamic"):
+            raise ValueError(f"assignment must be 'fixed' or 'dynamic', got {assignment!r}")
+        self.levels = check_levels(levels, proportions)
+        self.proportions = None if proportions is None else list(proportions)
+        self.assignment = assignment
+        self.split_labels = label_split
+        self.clip_grad_norm = clip_grad_norm
+        self.base = full_width_base(family, "heterofl")
+        self.level_of: dict[int, float] = {}
+
+    def level_spec(self, ratio: float) -> Spec:
+        """The training spec of a level: static BN with the scaler."""
+        return at_width(self.base, ratio, bn="static", scaler=True)
+
+    def eval_spec(self, ratio: float) -> Spec:
+        """The same model with running statistics, for evaluation after a stats pass."""
+        return at_width(self.base, ratio, bn="batch", scaler=False)
+
+    # -- set-up and planning ------------------------------------------------------------
+    def setup(
+        self,
+        clients: Sequence[ClientInfo],
+        generator: torch.Generator,
+        rounds: int | None = None,
+    ) -> None:
+        self.level_of = assign_in_proportion(
+            [c.cid for c in clients], self.levels, self.proportions
+        )
+        super().setup(clients, generator, rounds)
+
+    def spec_for(self, info: ClientInfo) -> Spec:
+        return self.level_spec(self.level_of.get(info.cid, max(self.levels)))
+
+    def possible_specs(self) -> list[Spec]:
+        if self.assignment == "dynamic":
+            return [self.level_spec(r) for r in self.levels]
+        return list(self.specs.values())
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        if self.assignment == "dynamic":
+            return self.level_spec(draw_level(self.levels, self.proportions, rng))
+        return super().spec_in_round(round, info, rng)
+
+    def index_map_in_round(self, round: int, info: ClientInfo, spec: Spec) -> IndexMap:
+        imap = self.index_map_for(spec)
+        if not self.split_labels or self.private_head:
+            return imap
+        return label_split(self.family, spec, imap, self.global_state, info.labels)
+
+    def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
+        return {**self.train, "clip_grad_norm": self.clip_grad_norm}
+
+    # -- evaluation ----------------------------------------------------------------------
+    def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
+        """Every level after a statistics pass, widest first; none with private layers
+        (there is then no complete global model: clients are judged locally)."""
+        if self.private_norm or self.private_head:
+            return []
+        return [
+            eval_model_at(
+                self.family,
+                self.eval_spec(r),
+                self.index_map_for(self.level_spec(r)),
+                dict(state),
+                name=f"width={r:g}",
+                stats_pass=True,
+            )
+            for r in sorted(self.levels, reverse=True)
+        ]
+
+    def eval_task(self, info: ClientInfo) -> EvalTask:
+        ratio = self.level_of.get(info.cid, max(self.levels))
+        if self.assignment == "dynamic":
+            ratio = max(self.levels)
+        imap = self.index_map_for(self.level_spec(ratio))
+        return EvalTask(
+            cid=info.cid,
+            spec=self.eval_spec(ratio),
+            payload=extract(self.global_state, imap),
+            index_map=imap,
+            group=f"local width={ratio:g}",
+            stats_pass=True,
+            label_mask=info.labels if self.split_labels else None,
+        )
+
+
+class MaskedLossHooks(ClientHooks):
+    """Cross-entropy with the logits of the classes the client lacks set to 0."""
+
+    def forward(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = ctx.info.labels if ctx.info is not None else None
+        outputs = mask_logits(model(x), labels)
+        return outputs, F.cross_entropy(outputs, y, reduction="none")
+
+
+class HeteroFLOptions(FedAvgOptions):
+    weighting: Weighting = "uniform"
+    levels: tuple[float, ...] = DEFAULT_LEVELS
+    proportions: tuple[float, ...] | None = None
+    assignment: Assignment = "fixed"
+    label_split: bool = True
+    clip_grad_norm: float | None = 1.0
+
+
+def _make(
+    family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: dict[str, Any]
+) -> tuple[Strategy, ClientHooks]:
+    strategy = HeteroFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
+    hooks = MaskedLossHooks() if opts.label_split else ClientHooks()
+    return strategy, hooks
+
+
+ALGORITHMS.register(
+    "heterofl",
+    Algorithm(
+        "heterofl",
+        "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
+        HeteroFLOptions,
+        _make,
+        needs_scalable=True,
+    ),
+)

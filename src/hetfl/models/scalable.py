@@ -1,0 +1,436 @@
+"""Scalable model families: one global model, sub-models sliced from it by width and depth.
+
+A spec of a scalable family holds:
+
+- `family`, `input_shape` (C, H, W), `num_classes`;
+- `widths`: one width ratio per *slot* (a stage, a section or a layer group, as the family
+  defines them), relative to the family's base widths, so ratios may exceed 1;
+- `stages`: how many slots the model has (depth by stages or sections); `blocks`: residual
+  blocks per slot (depth within a section, for the ResNets);
+- `bn` (`batch | static | per-width | none`, see `hetfl.models.slim`), `scaler`
+  (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (ResNets).
+
+Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
+family's index map is the prefix map of the sub-model's tensors (`W[:out, :in]`), and the
+global spec is the per-slot maximum over the clients' specs, counting a slot only for the
+specs that have it (METHODS.md §1.2: "per-layer width = max over clients of that layer's
+width"). Layers slice themselves (`model(x, width=p)`), so the model built for ratio p
+equals a wider model run at p.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetfl.core.registry import Registry
+from hetfl.core.spec import IndexMap, MapEntry, Spec, prefix_index
+from hetfl.models.slim import NORM_MODES, SlimConv2d, SlimLinear, channels, make_norm
+
+
+class SpecError(ValueError):
+    """A spec no model of the family can be built from."""
+
+
+# -- building blocks ---------------------------------------------------------------------------
+class ConvUnit(nn.Module):
+    """conv -> norm -> (ReLU) -> (max-pool), every part width-aware. `fixed` keeps the
+    output at `base_out` channels for every width (FLANC's stem)."""
+
+    def __init__(
+        self,
+        cin: int,
+        base_out: int,
+        ratio: float,
+        spec: Spec,
+        *,
+        fixed: bool = False,
+        kernel: int = 3,
+        stride: int = 1,
+        relu: bool = True,
+        pool: bool = False,
+    ) -> None:
+        super().__init__()
+        self.conv = SlimConv2d(
+            cin,
+            base_out if fixed else channels(ratio, base_out),
+            kernel,
+            base_out=None if fixed else base_out,
+            stride=stride,
+            padding=kernel // 2,
+            bias=spec["bn"] == "none",
+        )
+        self.norm = _norm(spec, base_out, 1.0 if fixed else ratio, fixed)
+        self.relu, self.pool = relu, pool
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        x = self.norm(self.conv(x, width), width)
+        if self.relu:
+            x = torch.relu(x)
+        return nn.functional.max_pool2d(x, 2) if self.pool else x
+
+
+def _norm(spec: Spec, base: int, ratio: float, fixed: bool = False) -> nn.Module:
+    """The spec's normalisation for a layer of `base` channels at `ratio`. A layer whose
+    width never changes (a fixed stem) keeps one set of statistics even in per-width mode:
+    its input does not depend on the width, so neither do its statistics."""
+    mode = spec["bn"]
+    if fixed and mode == "per-width":
+        mode = "batch"
+    return make_norm(
+        base,
+        ratio,
+        mode=mode,
+        scaler=bool(spec["scaler"]) and not fixed,
+        levels=spec["levels"],
+    )
+
+
+def _conv(cin: int, base_out: int, ratio: float, kernel: int, stride: int) -> SlimConv2d:
+    return SlimConv2d(
+        cin,
+        channels(ratio, base_out),
+        kernel,
+        base_out=base_out,
+        stride=stride,
+        padding=kernel // 2,
+        bias=False,
+    )
+
+
+class BasicBlock(nn.Module):
+    """A ResNet basic block, post-activation (ResNet-18, ScalableFL Table IV) or
+    pre-activation (Pre-ResNet: BN-ReLU-conv, as HeteroFL, FedFA and NeFL use).
+
+    The shortcut is a 1x1 convolution where the stride or the *base* widths differ, so
+    every sub-model of a family has the same blocks and names."""
+
+    def __init__(
+        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, spec: Spec
+    ) -> None:
+        super().__init__()
+        self.preact = spec["family"] == "preresnet"
+        cout = channels(ratio, base_out)
+        self.conv1 = _conv(cin, base_out, ratio, 3, stride)
+        self.conv2 = _conv(cout, base_out, ratio, 3, 1)
+        # Pre-activation normalises the block's input (base_in channels) first.
+        self.norm1 = _norm(spec, base_in if self.preact else base_out, ratio)
+        self.norm2 = _norm(spec, base_out, ratio)
+        self.shortcut: SlimConv2d | None = None
+        self.norm_sc: nn.Module | None = None
+        if stride != 1 or base_in != base_out:
+            self.shortcut = _conv(cin, base_out, ratio, 1, stride)
+            if not self.preact:
+                self.norm_sc = _norm(spec, base_out, ratio)
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        if self.preact:
+            h = torch.relu(self.norm1(x, width))
+            skip = x if self.shortcut is None else self.shortcut(h, width)
+            h = self.conv1(h, width)
+            h = self.conv2(torch.relu(self.norm2(h, width)), width)
+            return h + skip
+        h = torch.relu(self.norm1(self.conv1(x, width), width))
+        h = self.norm2(self.conv2(h, width), width)
+        skip = x
+        if self.shortcut is not None:
+            assert self.norm_sc is not None
+            skip = self.norm_sc(self.shortcut(x, width), width)
+        return torch.relu(h + skip)
+
+
+# -- the architectures ---------------------------------------------------------------------------
+class StageCNN(nn.Module):
+    """ScalableFL's Fig. 1 network: `stages` 3x3 stride-2 convolutions (base channels 32, 64,
+    128, 256), each followed by BN and ReLU, global average pooling, a linear head."""
+
+    BASE = (32, 64, 128, 256)
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        cin = spec["input_shape"][0]
+        self.stages = nn.ModuleList()
+        for i in range(spec["stages"]):
+            unit = ConvUnit(cin, self.BASE[i], spec["widths"][i], spec, stride=2)
+            self.stages.append(unit)
+            cin = unit.conv.out_channels
+        self.head = SlimLinear(cin, spec["num_classes"], base_out=None)
+        self.pipeline = [f"stages.{i}" for i in range(len(self.stages))] + ["head"]
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        for stage in self.stages:
+            x = stage(x, width)  # (B, C_i, H / 2^(i+1), W / 2^(i+1))
+        return self.head(x.mean(dim=(2, 3)), width)  # (B, num_classes)
+
+
+class FlancCNN(nn.Module):
+    """The 4-layer CNN of FLANC's Fashion-MNIST experiment (METHODS.md §3.1), undecomposed:
+    a 3x3 stem conv to 64 channels that no width changes (no activation, no pool), two 3x3
+    convs to 128p channels each followed by ReLU and 2x2 max-pool, a linear head on the
+    flattened 128p x H/4 x W/4 features. `bn` other than `none` adds a norm after each conv,
+    as the HeteroFL and FjORD versions do. Width slots: the two sliced convs."""
+
+    BASE = (128, 128)
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        c, h, w = spec["input_shape"]
+        self.stem = ConvUnit(c, 64, 1.0, spec, fixed=True, relu=False)
+        self.conv2 = ConvUnit(64, self.BASE[0], spec["widths"][0], spec, pool=True)
+        cin = self.conv2.conv.out_channels
+        self.conv3 = ConvUnit(cin, self.BASE[1], spec["widths"][1], spec, pool=True)
+        features = self.conv3.conv.out_channels * (h // 4) * (w // 4)
+        self.head = SlimLinear(features, spec["num_classes"], base_out=None)
+        self.pipeline = ["stem", "conv2", "conv3", "head"]
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        x = self.stem(x, width)  # (B, 64, H, W)
+        x = self.conv3(self.conv2(x, width), width)  # (B, 128p, H/4, W/4)
+        return self.head(x.flatten(1), width)  # (B, num_classes)
+
+
+class ResNet(nn.Module):
+    """ResNet-18-style networks: a stem, `stages` residual stages of `blocks[i]` basic
+    blocks (base widths 64, 128, 256, 512; strides 1, 2, 2, 2), global average pooling, a
+    linear head. `family="resnet18"` is post-activation (ScalableFL's Table IV);
+    `family="preresnet"` is pre-activation with a final BN-ReLU (HeteroFL, FedFA, NeFL).
+
+    `stem="imagenet"`: 7x7 stride-2 conv, BN, ReLU, 3x3 stride-2 max-pool (ScalableFL counts
+    the stem as its stage 1, so its c stages are `stages = c - 1` here); `stem="small"`: a
+    3x3 stride-1 conv (CIFAR-size inputs). The stem takes stage 1's width ratio, so
+    identity shortcuts always join equal widths."""
+
+    BASE = (64, 128, 256, 512)
+    STRIDES = (1, 2, 2, 2)
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        self.preact = spec["family"] == "preresnet"
+        cin, r0 = spec["input_shape"][0], spec["widths"][0]
+        imagenet = spec["stem"] == "imagenet"
+        kernel = 7 if imagenet else 3
+        self.stem = _conv(cin, self.BASE[0], r0, kernel, 2 if imagenet else 1)
+        self.stem_norm = None if self.preact else _norm(spec, self.BASE[0], r0)
+        self.stem_pool = imagenet
+        self.stages = nn.ModuleList()
+        c, base_in = self.stem.out_channels, self.BASE[0]
+        for i in range(spec["stages"]):
+            blocks = nn.ModuleList()
+            for b in range(spec["blocks"][i]):
+                stride = self.STRIDES[i] if b == 0 else 1
+                block = BasicBlock(c, base_in, self.BASE[i], spec["widths"][i], stride, spec)
+                blocks.append(block)
+                c, base_in = block.conv2.out_channels, self.BASE[i]
+            self.stages.append(blocks)
+        last = spec["stages"] - 1
+        self.final_norm = (
+            _norm(spec, self.BASE[last], spec["widths"][last]) if self.preact else None
+        )
+        self.head = SlimLinear(c, spec["num_classes"], base_out=None)
+        self.pipeline = (
+            ["stem"]
+            + [f"stages.{i}.{b}" for i, s in enumerate(self.stages) for b in range(len(s))]
+            + ["head"]
+        )
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        x = self.stem(x, width)
+        if self.stem_norm is not None:
+            x = torch.relu(self.stem_norm(x, width))
+        if self.stem_pool:
+            x = nn.functional.max_pool2d(x, 3, 2, 1)
+        for blocks in self.stages:
+            for block in blocks:
+                x = block(x, width)
+        if self.final_norm is not None:
+            x = torch.relu(self.final_norm(x, width))
+        return self.head(x.mean(dim=(2, 3)), width)  # (B, num_classes)
+
+
+# -- the family ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Architecture:
+    """One scalable architecture: its builder, its number of width slots, its depth limits
+    and how much a stage shrinks the input (for the 'input too small' check)."""
+
+    make: Callable[[Spec], nn.Module]
+    slots: int
+    max_stages: int
+    default_blocks: tuple[int, ...] | None
+    min_side: Callable[[Spec], int]
+    summary: str
+
+
+ARCHITECTURES: Registry[Architecture] = Registry("scalable model")
+ARCHITECTURES.register(
+    "stage-cnn",
+    Architecture(
+        StageCNN, 4, 4, None, lambda s: 2 ** s["stages"], "ScalableFL's stage CNN (32-256 ch)"
+    ),
+)
+ARCHITECTURES.register(
+    "flanc-cnn",
+    Architecture(FlancCNN, 2, 2, None, lambda s: 4, "FLANC's Fashion-MNIST CNN (64, 128, 128)"),
+)
+_RESNET_SIDE = {  # input side halvings: stem (imagenet: conv and pool) + stages 2..4
+    "imagenet": lambda s: 2 ** (2 + max(s["stages"] - 1, 0)),
+    "small": lambda s: 2 ** max(s["stages"] - 1, 0),
+}
+for _name, _summary in (
+    ("resnet18", "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)"),
+    ("preresnet", "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)"),
+):
+    ARCHITECTURES.register(
+        _name,
+        Architecture(ResNet, 4, 4, (2, 2, 2, 2), lambda s: _RESNET_SIDE[s["stem"]](s), _summary),
+    )
+
+
+#: Spec keys merged into the global spec (per-slot maxima); every other key must agree.
+_MERGED = ("widths", "stages", "blocks", "num_classes", "input_shape", "scaler")
+
+
+class ScalableFamily:
+    """A scalable family: `build(spec)`, the prefix `index_map(spec)`, the merged
+    `global_spec(specs)` and the ordered `modules(spec)` (the forward pipeline, whose gaps
+    are the possible split points)."""
+
+    def __init__(self, base: Mapping[str, Any]) -> None:
+        self.base = self.normalise(base)
+        self.max_classes = int(self.base["num_classes"])
+
+    @staticmethod
+    def normalise(values: Mapping[str, Any]) -> Spec:
+        """A complete, checked spec: scalars broadcast to one value per slot."""
+        name = values.get("family")
+        arch = ARCHITECTURES.get(str(name))
+        v = dict(values)
+        v.setdefault("stages", arch.max_stages)
+        v.setdefault("bn", "batch")
+        v.setdefault("scaler", False)
+        v.setdefault("levels", ())
+        v.setdefault("stem", "small" if arch.default_blocks else None)
+        # `width` (one ratio for every slot) wins over `widths`, so `{**spec, "width": p}`
+        # re-widths a complete spec.
+        widths = v.pop("width") if "width" in v else v.get("widths", 1.0)
+        if isinstance(widths, int | float):
+            widths = (float(widths),) * arch.slots
+        v["widths"] = tuple(float(w) for w in widths)
+        if arch.default_blocks is not None:
+            blocks = v.get("blocks", arch.default_blocks)
+            v["blocks"] = (blocks,) * arch.slots if isinstance(blocks, int) else tuple(blocks)
+        spec = Spec(v)
+        check_spec(spec)
+        return spec
+
+    def checked(self, spec: Mapping[str, Any]) -> Spec:
+        """`spec` completed and checked, also against the data (no more classes than it has)."""
+        spec = self.normalise(spec)
+        if spec["num_classes"] > self.max_classes:
+            raise SpecError(
+                f"{spec['family']}: a sub-model with {spec['num_classes']} classes, but the data "
+                f"has {self.max_classes}"
+            )
+        return spec
+
+    def build(self, spec: Spec) -> nn.Module:
+        spec = self.checked(spec)
+        return ARCHITECTURES.get(spec["family"]).make(spec)
+
+    def index_map(self, spec: Spec) -> IndexMap:
+        shapes = _shapes(self.checked(spec))
+        return [MapEntry(name, name, prefix_index(*shape)) for name, shape in shapes.items()]
+
+    def modules(self, spec: Spec) -> list[str]:
+        with torch.device("meta"):
+            return list(self.build(spec).pipeline)  # type: ignore[arg-type]
+
+    def global_spec(self, specs: list[Spec]) -> Spec:
+        if not specs:
+            return self.base
+        specs = [self.normalise(s) for s in specs]
+        first = specs[0]
+        for s in specs[1:]:
+            for key in set(first) | set(s):
+                if key not in _MERGED and first.get(key) != s.get(key):
+                    raise SpecError(
+                        f"sub-models of one global model must agree on {key!r}: "
+                        f"{first.get(key)!r} vs {s.get(key)!r}"
+                    )
+        stages = max(s["stages"] for s in specs)
+
+        def slot_max(key: str, default: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(
+                max((s[key][i] for s in specs if s["stages"] > i), default=default[i])
+                for i in range(len(default))
+            )
+
+        merged = dict(first)
+        merged["stages"] = stages
+        merged["widths"] = slot_max("widths", first["widths"])
+        if "blocks" in first:
+            merged["blocks"] = slot_max("blocks", first["blocks"])
+        merged["num_classes"] = max(s["num_classes"] for s in specs)
+        c = first["input_shape"][0]
+        merged["input_shape"] = (
+            c,
+            max(s["input_shape"][1] for s in specs),
+            max(s["input_shape"][2] for s in specs),
+        )
+        merged["scaler"] = False
+        return self.normalise(merged)
+
+
+@lru_cache(maxsize=256)
+def _shapes(spec: Spec) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the model for `spec`, built on the meta device (no memory,
+    no random draws)."""
+    with torch.device("meta"):
+        model = ARCHITECTURES.get(spec["family"]).make(spec)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_spec(spec: Spec) -> None:
+    """Refuse a spec no model can be built from, naming the field and the fix."""
+    name = spec["family"]
+    arch = ARCHITECTURES.get(name)
+    widths = spec["widths"]
+    if len(widths) != arch.slots:
+        raise SpecError(f"{name}: widths needs {arch.slots} values (one per slot), got {widths}")
+    for w in widths:
+        if not (isinstance(w, int | float) and math.isfinite(w) and w > 0):
+            raise SpecError(f"{name}: width ratios must be positive finite numbers, got {widths}")
+    stages = spec["stages"]
+    if not (isinstance(stages, int) and 1 <= stages <= arch.max_stages):
+        raise SpecError(f"{name}: stages must be an integer in 1..{arch.max_stages}, got {stages}")
+    if arch.default_blocks is not None:
+        blocks = spec["blocks"]
+        if len(blocks) != arch.slots or any(not isinstance(b, int) or b < 1 for b in blocks):
+            raise SpecError(f"{name}: blocks needs {arch.slots} integers >= 1, got {blocks}")
+        if spec["stem"] not in ("small", "imagenet"):
+            raise SpecError(f"{name}: stem must be 'small' or 'imagenet', got {spec['stem']!r}")
+    if spec["bn"] not in NORM_MODES:
+        raise SpecError(f"{name}: bn must be one of {', '.join(NORM_MODES)}, got {spec['bn']!r}")
+    if spec["bn"] == "per-width" and not spec["levels"]:
+        raise SpecError(f"{name}: bn 'per-width' needs the width levels (spec key 'levels')")
+    shape = spec["input_shape"]
+    if len(shape) != 3:
+        raise SpecError(f"{name}: input_shape must be (C, H, W), got {shape}")
+    need = arch.min_side(spec)
+    if min(shape[1], shape[2]) < need:
+        raise SpecError(
+            f"{name}: input {shape[1]}x{shape[2]} is too small for {stages} stage(s): each side "
+            f"must be at least {need}; use fewer stages or larger inputs"
+        )
+    if not (isinstance(spec["num_classes"], int) and spec["num_classes"] >= 1):
+        raise SpecError(f"{name}: num_classes must be an integer >= 1, got {spec['num_classes']}")
+
+
+def scalable_names() -> Sequence[str]:
+    return ARCHITECTURES.names()

@@ -1,0 +1,218 @@
+"""Layers that slice themselves by width, so one module serves every sub-model.
+
+A slim layer owns its full (allocated) tensors and, at call time, uses their leading part:
+`W[:out, :in]` (METHODS.md §1.2, §6.5, §6.6). The input width is read from the input
+itself; the output width is either the allocated one (`width=None`) or `channels(width,
+base)` for a width ratio relative to the layer's *base* channel count (the count at ratio
+1, which ratios may exceed). So a model built at ratio p and a wider model run with
+`width=p` compute the same function on the same leading tensors, and FjORD can change the
+width every step without rebuilding anything.
+
+Normalisation layers come in the modes METHODS.md §7 lists:
+
+- `batch`: BatchNorm with running statistics (averaged like any tensor, or kept private
+  for FedBN, or group-qualified for FLANC and NeFL by the strategy's index map);
+- `static`: HeteroFL's sBN, batch statistics always, no running statistics in training
+  (evaluation builds the same spec with `bn="batch"` and re-estimates them);
+- `per-width`: FjORD's one set of running statistics per width level, with a shared affine
+  sliced to the width;
+- `none`: identity.
+
+HeteroFL's scaler (activations divided by the width ratio during training only) lives in
+the normalisation layer, which is where the paper's code places it ("before every
+normalisation layer").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NORM_MODES = ("batch", "static", "per-width", "none")
+
+
+def channels(ratio: float, base: int) -> int:
+    """`ceil(ratio * base)`, at least 1 (METHODS.md §1.2: ceil, as ScalableFL's Table IV shows).
+
+    The product is rounded to 9 decimals first, so that 0.3 * 10 gives 3, not 4.
+    """
+    if not (ratio > 0 and math.isfinite(ratio)):
+        raise ValueError(f"width ratio must be a positive finite number, got {ratio}")
+    return max(1, math.ceil(round(ratio * base, 9)))
+
+
+def level_key(width: float) -> str:
+    """A buffer-name-safe key for a width level: 0.25 -> 'w0p25'."""
+    return "w" + f"{width:g}".replace(".", "p").replace("-", "m")
+
+
+class SlimConv2d(nn.Conv2d):
+    """A convolution that uses `weight[:out, :in]`; `base_out=None` keeps the output fixed
+    (the stem of FLANC's CNN, whose 64 channels no width changes)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        base_out: int | None,
+        stride: int = 1,
+        padding: int = 0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias
+        )
+        self.base_out = base_out
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        out = _out_channels(self.out_channels, self.base_out, width, self)
+        cin = _in_channels(x, self.in_channels, self)
+        w = self.weight if (out, cin) == tuple(self.weight.shape[:2]) else self.weight[:out, :cin]
+        b = None if self.bias is None else self.bias[:out]
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+
+
+class SlimLinear(nn.Linear):
+    """A linear layer that uses `weight[:out, :in]`. A flattened (C, H, W) input keeps its
+    leading channels in its leading features, so slicing columns slices channels."""
+
+    def __init__(self, in_features: int, out_features: int, *, base_out: int | None) -> None:
+        super().__init__(in_features, out_features)
+        self.base_out = base_out
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        out = _out_channels(self.out_features, self.base_out, width, self)
+        cin = _in_channels(x, self.in_features, self)
+        w = self.weight if (out, cin) == tuple(self.weight.shape) else self.weight[:out, :cin]
+        return F.linear(x, w, self.bias[:out])
+
+
+def _out_channels(allocated: int, base: int | None, width: float | None, layer: nn.Module) -> int:
+    if width is None or base is None:
+        return allocated
+    out = channels(width, base)
+    if out > allocated:
+        raise ValueError(
+            f"{type(layer).__name__}: width {width} needs {out} output channels, but this "
+            f"layer was built with {allocated}; run a model at most at the width it was built for"
+        )
+    return out
+
+
+def _in_channels(x: torch.Tensor, allocated: int, layer: nn.Module) -> int:
+    cin = int(x.shape[1])
+    if cin > allocated:
+        raise ValueError(
+            f"{type(layer).__name__}: input has {cin} channels, the layer holds {allocated}"
+        )
+    return cin
+
+
+class SlimBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm over the leading channels, in mode `batch` (running statistics) or `static`
+    (batch statistics always; HeteroFL's sBN). Stays a `_BatchNorm`, so HetFL's statistics
+    re-estimation (`recompute_bn_statistics`) and initialisation treat it as one.
+
+    `ratio` is the layer's built width ratio, used by the scaler when no width is given.
+    """
+
+    def __init__(self, num_features: int, *, mode: str, ratio: float, scaler: bool) -> None:
+        if mode not in ("batch", "static"):
+            raise ValueError(f"SlimBatchNorm2d mode must be 'batch' or 'static', got {mode!r}")
+        super().__init__(num_features, track_running_stats=mode == "batch")
+        self.mode, self.ratio, self.scaler = mode, ratio, scaler
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        x = _scale(x, self.scaler and self.training, width or self.ratio)
+        c = _in_channels(x, self.num_features, self)
+        weight, bias = self.weight[:c], self.bias[:c]
+        if self.running_mean is None or self.running_var is None:  # static: batch statistics
+            return F.batch_norm(x, None, None, weight, bias, True, 0.0, self.eps)
+        factor = 0.0
+        if self.training:
+            self.num_batches_tracked.add_(1)  # type: ignore[operator]
+            factor = (
+                1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            )
+        mean, var = self.running_mean[:c], self.running_var[:c]  # views: updated in place
+        return F.batch_norm(x, mean, var, weight, bias, self.training, factor, self.eps)
+
+
+class PerWidthBatchNorm2d(nn.Module):
+    """FjORD's normalisation: a shared affine sliced to the width, and one set of running
+    statistics per width level at or below the layer's built ratio (buffers
+    `running_mean_w0p5`, ...), used for that width only."""
+
+    hetfl_role = "norm"  # for `hetfl.core.roles`: private-BN options find it by structure
+
+    def __init__(
+        self, base: int, *, levels: Sequence[float], ratio: float, eps: float = 1e-5
+    ) -> None:
+        super().__init__()
+        own = [p for p in levels if p <= ratio + 1e-12]
+        if not own:
+            raise ValueError(f"no width level at or below the built ratio {ratio} in {levels}")
+        self.base, self.ratio, self.eps, self.momentum = base, ratio, eps, 0.1
+        n = channels(ratio, base)
+        self.weight = nn.Parameter(torch.ones(n))
+        self.bias = nn.Parameter(torch.zeros(n))
+        self.levels = tuple(own)
+        for p in own:
+            self.register_buffer(f"running_mean_{level_key(p)}", torch.zeros(channels(p, base)))
+            self.register_buffer(f"running_var_{level_key(p)}", torch.ones(channels(p, base)))
+
+    def reset_parameters_with(self, generator: torch.Generator) -> None:
+        self.weight.data.fill_(1.0)
+        self.bias.data.zero_()
+        for p in self.levels:
+            getattr(self, f"running_mean_{level_key(p)}").zero_()
+            getattr(self, f"running_var_{level_key(p)}").fill_(1.0)
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        p = self.ratio if width is None else width
+        key = next((level_key(q) for q in self.levels if abs(q - p) < 1e-9), None)
+        if key is None:
+            raise ValueError(f"width {p} is not one of this layer's levels {self.levels}")
+        c = _in_channels(x, self.weight.shape[0], self)
+        mean, var = getattr(self, f"running_mean_{key}"), getattr(self, f"running_var_{key}")
+        if mean.shape[0] != c:
+            raise ValueError(f"width {p} has {mean.shape[0]} channels, the input has {c}")
+        return F.batch_norm(
+            x, mean, var, self.weight[:c], self.bias[:c], self.training, self.momentum, self.eps
+        )
+
+
+def _scale(x: torch.Tensor, active: bool, ratio: float) -> torch.Tensor:
+    """HeteroFL's scaler: divide by the width ratio in training only."""
+    return x / ratio if active else x
+
+
+class NoNorm(nn.Identity):
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        return x
+
+
+def make_norm(
+    base: int,
+    ratio: float,
+    *,
+    mode: str,
+    scaler: bool = False,
+    levels: Sequence[float] = (),
+) -> nn.Module:
+    """The normalisation layer of `mode` for a layer of `base` channels built at `ratio`."""
+    if mode == "per-width":
+        if scaler:
+            raise ValueError("the scaler is HeteroFL's; it does not combine with per-width BN")
+        return PerWidthBatchNorm2d(base, levels=levels, ratio=ratio)
+    if mode == "none":
+        return NoNorm()
+    if mode in ("batch", "static"):
+        return SlimBatchNorm2d(channels(ratio, base), mode=mode, ratio=ratio, scaler=scaler)
+    raise ValueError(f"unknown normalisation mode {mode!r} (allowed: {', '.join(NORM_MODES)})")

@@ -209,12 +209,16 @@ def _finished(run_dir: Path, cfg: RunConfig) -> bool:
 def cmd_list() -> int:
     from hetfl.algorithms import ALGORITHMS
     from hetfl.data import DATASETS, PARTITIONERS
-    from hetfl.models import MODELS
+    from hetfl.models import ARCHITECTURES, MODELS
 
     print("algorithms:")
     for name in ALGORITHMS:
         print(f"  {name:<12} {ALGORITHMS.get(name).summary}")
-    for title, reg in (("models", MODELS), ("datasets", DATASETS), ("partitioners", PARTITIONERS)):
+    print(f"models: {', '.join(MODELS.names())}")
+    print("scalable models (model.width, stages, blocks, bn, stem):")
+    for name in ARCHITECTURES:
+        print(f"  {name:<12} {ARCHITECTURES.get(name).summary}")
+    for title, reg in (("datasets", DATASETS), ("partitioners", PARTITIONERS)):
         print(f"{title}: {', '.join(reg.names())}")
     return 0
 

@@ -138,6 +138,24 @@ def test_dtfl_presets():
     assert counts == [4, 4, 4, 4, 4]  # 20 % each at the start
 
 
+def test_custom_profiles_take_a_rate_or_cpus_times_the_cpu_rate():
+    config = SystemConfig(
+        profiles=[
+            {"name": "phone", "rate": 2e9, "down_mbps": 20, "up_mbps": 5, "availability": 0.8},
+            {"name": "laptop", "cpus": 4, "down_mbps": 100, "up_mbps": 40},
+        ],
+        cpu_rate=3e9,
+        fractions=[0.75, 0.25],
+    )
+    settings = config.settings()
+    assert settings is not None
+    assert settings.profiles == (
+        DeviceProfile("phone", 2e9, 20, 5, 0.8),
+        DeviceProfile("laptop", 12e9, 100, 40, 1.0),
+    )
+    assert _counts(ProfileSchedule(settings, 0, range(8)).indices(1), 2) == [6, 2]
+
+
 def _counts(indices, n):
     return [indices.count(i) for i in range(n)]
 

@@ -278,6 +278,11 @@ class ProfileConfig(_Strict):
             raise ValueError(f"profile {self.name!r} needs exactly one of rate (MAC/s) or cpus")
         return self
 
+    def profile(self, cpu_rate: float) -> DeviceProfile:
+        rate = self.rate if self.cpus is None else self.cpus * cpu_rate
+        assert rate is not None  # exactly one of the two is set (checked above)
+        return DeviceProfile(self.name, rate, self.down_mbps, self.up_mbps, self.availability)
+
 
 class SystemConfig(_Strict):
     """Device profiles and the simulated clock (off unless `preset` or `profiles` is set)."""
@@ -332,16 +337,7 @@ class SystemConfig(_Strict):
         if self.preset is not None:
             profiles = PRESETS[self.preset](self.fastest_rate)
         elif self.profiles is not None:
-            profiles = tuple(
-                DeviceProfile(
-                    p.name,
-                    p.rate if p.rate is not None else p.cpus * self.cpu_rate,
-                    p.down_mbps,
-                    p.up_mbps,
-                    p.availability,
-                )
-                for p in self.profiles
-            )
+            profiles = tuple(p.profile(self.cpu_rate) for p in self.profiles)
         else:
             return None
         return SystemSettings(

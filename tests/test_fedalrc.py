@@ -80,12 +80,14 @@ def test_gate_switches_the_term_on_and_off():
     out = torch.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
     expected = 0.5 * rademacher_term(out, _signs(0, 0, 2, 2, 2))
     at_radius = torch.tensor([1.0, 1.0])  # mean square 1.0 <= r: on
-    above = torch.tensor([1.0, 1.05])  # mean square 1.05 > r: off
+    one_large = torch.tensor([0.1, 1.4])  # mean square 0.985: the gate is per batch, on
+    above = torch.tensor([0.2, 1.6])  # mean 0.9 but mean square 1.3 > r: off
     ctx = _ctx()
-    term = hooks.loss(out, torch.tensor([0, 1]), at_radius, ctx)
-    assert term is not None and torch.equal(term, expected)
+    for losses in (at_radius, one_large):
+        term = hooks.loss(out, torch.tensor([0, 1]), losses, ctx)
+        assert term is not None and torch.equal(term, expected)
     assert hooks.loss(out, torch.tensor([0, 1]), above, ctx) is None
-    assert ctx.state["regularised_steps"] == 1
+    assert ctx.state["regularised_steps"] == 2
     ungated = RademacherHooks(alpha=0.5, q=2, gated=False, signs=_injected)  # FedALRC-g
     assert torch.equal(ungated.loss(out, torch.tensor([0, 1]), above * 10, _ctx()), expected)
     assert RademacherHooks(alpha=0.0).loss(out, torch.tensor([0, 1]), at_radius, _ctx()) is None

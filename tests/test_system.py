@@ -19,7 +19,7 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes
 from hetfl.core.types import PassRecord
-from hetfl.models import PlainFamily
+from hetfl.models import ARCHITECTURES, PlainFamily, make_family
 from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.clock import Clock, Usage, transfer_s
 from hetfl.sim.costs import MacCounter
@@ -121,6 +121,18 @@ def test_plain_family_modules_are_its_pipeline_and_sum_to_the_total():
     assert sum(cost.module_macs) == cost.total
     # the head sees the flattened 32 x 2 x 2 features of 4 samples
     assert cost.activation_bytes(1) == 4 * 32 * 2 * 2 * 4
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES.names())
+def test_every_scalable_family_splits_into_modules_that_carry_all_its_macs(name):
+    family = make_family(name, (3, 32, 32), 10)
+    cost = MacCounter(family).pass_cost(
+        PassRecord(family.global_spec([]), "train", 1, 1), (3, 32, 32)
+    )
+    assert len(cost.modules) >= 2
+    # every product runs inside some module, so any split point prices the whole model
+    assert sum(cost.module_macs) == cost.total
+    assert sum(cost.split_macs(1)) == cost.total
 
 
 # -- device profiles --------------------------------------------------------------------------

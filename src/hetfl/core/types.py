@@ -182,10 +182,10 @@ class ModelFamily(Protocol):
     """What the core needs of a model family: a module per spec and the map into the global
     state. Families live in `hetfl.models`; the core never imports them.
 
-    `modules(spec)` names, in order, the top-level submodules of `build(spec)` that form its
-    forward pipeline; split points lie between them, and the cost model prices MACs and
-    activation bytes per module. A family that cannot be split may leave it out: its models
-    are then priced whole.
+    `modules(spec)` names, in order, the submodules of `build(spec)` that form its forward
+    pipeline (possibly nested, as a ResNet's blocks `stages.1.0`); split points lie between
+    them, and the cost model prices MACs and activation bytes per module. A family that
+    cannot be split may leave it out: its models are then priced whole.
     """
 
     def build(self, spec: Spec) -> nn.Module: ...

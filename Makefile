@@ -19,7 +19,7 @@ $(VENV)/.torch: | $(PY)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,flower,ray]'
 	touch $@
 
 # The Fashion-MNIST Debian package, where apt is usable; otherwise say how to get the data.

@@ -63,6 +63,37 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("runs", nargs="+", type=Path)
     plot.add_argument("-o", "--out", type=Path, default=Path("comparison.png"))
     plot.add_argument("--x", choices=["round", "bytes", "sim_time"], default="round")
+
+    serve = sub.add_parser("serve", help="serve a config as a Flower federation (docs/deploy.md)")
+    serve.add_argument("config", help="YAML config")
+    serve.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    serve.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
+    serve.add_argument("--ssl-ca-certfile", type=Path, help="CA certificate (PEM)")
+    serve.add_argument("--ssl-certfile", type=Path, help="SuperLink certificate (PEM)")
+    serve.add_argument("--ssl-keyfile", type=Path, help="SuperLink private key (PEM)")
+    serve.add_argument(
+        "--node-public-key",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a client node's public key; repeat per node; turns node authentication on",
+    )
+    serve.add_argument("--bind", help="listen address (default: deploy.superlink's host)")
+    serve.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    serve.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+
+    client = sub.add_parser("client", help="start a client node on one data partition")
+    client.add_argument("--partition-id", type=int, required=True, help="client id, 0-based")
+    client.add_argument("--config", type=Path, required=True, help="YAML config (its data)")
+    client.add_argument("--superlink", help="host:port (default: the config's deploy.superlink)")
+    client.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
+    client.add_argument("--root-certificates", type=Path, help="CA certificate (PEM)")
+    client.add_argument("--auth-key", type=Path, help="this node's private key (node auth)")
+    client.add_argument("--state-dir", type=Path, help="keep private state here across restarts")
+    client.add_argument(
+        "--attr", action="append", default=[], metavar="KEY=VALUE", help="declared attribute"
+    )
     return p
 
 
@@ -71,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`hetfl run cfg.yaml --quiet train.lr=0.1`);
     # argparse cannot intermix positionals with subcommands, so collect them here.
-    takes_overrides = args.command in ("run", "partition")
+    takes_overrides = args.command in ("run", "partition", "serve")
     stray = [a for a in extra if not takes_overrides or "=" not in a or a.startswith("-")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
@@ -108,6 +139,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_compare(args.runs)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
+    if args.command == "serve":
+        from hetfl.deploy.launch import serve_config
+
+        raw = _raw_config(args.config, args.overrides)
+        return serve_config(raw, args)
+    if args.command == "client":
+        from hetfl.deploy.launch import start_client
+
+        return start_client(args)
     raise AssertionError(args.command)
 
 
@@ -164,6 +204,11 @@ def _print_comparison(base: Path, dirs: Sequence[Path]) -> None:
 def cmd_resume(run_dir: Path, quiet: bool) -> int:
     from hetfl.runner import run_one
 
+    if (run_dir / "deploy.json").exists():
+        raise ConfigError(
+            f"{run_dir} is a Flower run; continue it with "
+            f"`hetfl serve {run_dir / 'config.yaml'} --resume` (see docs/deploy.md)"
+        )
     if (run_dir / "config.yaml").exists():
         cfg = _saved_config(run_dir)
         summary = run_one(

@@ -1,0 +1,239 @@
+"""The client side under Flower: a node serves one data partition, that is one HetFL client.
+
+A node is configured by Flower's node config (`hetfl client` sets it):
+
+- `partition-id`: its client id (Flower's simulation engine sets it for each virtual node);
+- `hetfl-config` (optional): a local YAML config whose `data`, `device` and `threads` it
+  uses, so each machine names its own dataset path; without it the server's are used;
+- `hetfl-state-dir` (optional): a node-local directory for its private state (overrides the
+  config's `deploy.state_dir`);
+- `hetfl-attrs` (optional): JSON of the attributes it declares (`ClientInfo.attrs`).
+
+Everything else (method, model, local training, seed) comes from the server's config, sent
+with every request. The node builds its partition and client program with the simulator's
+own builder (`hetfl.runner.build_simulation`), so both engines train the same client on the
+same data by construction, and it trains with the generator the simulator would use:
+(seed, round, client id, "train").
+
+Private state (`ClientOutput.private`) never leaves the node. The latest is kept in Flower's
+per-node `context.state`, which lasts for one Flower run; with a state directory, each
+round's private state is also written atomically to disk, so a restarted node, or a resumed
+run, picks up where the node left off (see docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from flwr.app import ConfigRecord, Context, Message
+
+from hetfl.config import RunConfig, load_raw, validate
+from hetfl.core.client import ClientProgram
+from hetfl.core.rng import torch_generator
+from hetfl.core.types import ClientData, ClientTask, EvalTask, State
+from hetfl.core.validate import result_problem
+from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
+from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
+
+_PRIVATE = "hetfl.private"
+_PRIVATE_ROUND = "hetfl.private-round"
+
+
+def data_fingerprint(cfg: RunConfig) -> dict[str, Any]:
+    """What must agree between server and node for partition `i` to be the same data."""
+    return {
+        "dataset": cfg.data.dataset,
+        "num_clients": cfg.data.num_clients,
+        "partition": cfg.data.partition.model_dump(mode="json"),
+        "test_per_client": cfg.data.test_per_client,
+        "seed": cfg.seed,
+    }
+
+
+def parse_config(text: str) -> RunConfig:
+    """A config sent as YAML text (the server's resolved config)."""
+    return validate(yaml.safe_load(text) or {})
+
+
+@dataclass
+class Node:
+    """One node's client: its id, the config it trains under, its data and program."""
+
+    cid: int
+    config: RunConfig
+    local: RunConfig
+    data: ClientData
+    program: ClientProgram
+    attrs: dict[str, Any]
+    state_dir: Path | None
+
+
+#: Built nodes of this process. Under `flower-supernode` every message runs in a fresh
+#: process and this stays small; Flower's simulation engine re-uses worker processes for
+#: many virtual nodes and messages, which is where building once pays.
+_NODES: dict[tuple[int, int, str], Node] = {}
+
+
+def node_for(context: Context, server_config: str) -> Node:
+    key = (context.run_id, context.node_id, server_config)
+    node = _NODES.get(key)
+    if node is None:
+        node = _build_node(context, server_config)
+        _NODES[key] = node
+    return node
+
+
+def _build_node(context: Context, server_config: str) -> Node:
+    from hetfl.runner import build_simulation  # the simulator's assembly, shared on purpose
+
+    nc = context.node_config
+    if "partition-id" not in nc:
+        raise ValueError("the node has no partition-id in its node config (hetfl client sets it)")
+    cid = int(nc["partition-id"])
+    server = parse_config(server_config)
+    local = validate(load_raw(str(nc["hetfl-config"]))) if "hetfl-config" in nc else server
+    if not 0 <= cid < local.data.num_clients:
+        raise ValueError(
+            f"partition-id {cid} is outside 0..{local.data.num_clients - 1} "
+            f"(data.num_clients = {local.data.num_clients})"
+        )
+    cfg = server.model_copy(
+        update={"data": local.data, "device": local.device, "threads": local.threads}
+    )
+    state_dir = nc.get("hetfl-state-dir") or local.deploy.state_dir
+    attrs = json.loads(str(nc["hetfl-attrs"])) if "hetfl-attrs" in nc else {}
+    # Nothing is written to the run directory: only the assembly is used, never `run()`.
+    sim = build_simulation(cfg, Path(state_dir or "."), show_progress=False)
+    return Node(
+        cid=cid,
+        config=cfg,
+        local=local,
+        data=sim.clients[cid],
+        program=sim.program,
+        attrs=attrs,
+        state_dir=Path(str(state_dir)) / f"client-{cid}" if state_dir else None,
+    )
+
+
+class PrivateState:
+    """A node's private tensors across rounds.
+
+    `context.state` holds the latest (and the round it was trained in); the state directory
+    holds one atomic checkpoint per participation, the last `keep` of them, so that a run
+    resumed from an older server checkpoint finds the state the node had at that round.
+    """
+
+    def __init__(self, context: Context, node: Node) -> None:
+        self.context = context
+        self.node = node
+        # A server checkpoint is at most `checkpoint_every` rounds behind the node's latest
+        # participation, so that many older states, plus the latest, are enough.
+        self.keep = node.config.checkpoint_every + 1
+
+    def get(self, before_round: int | None = None) -> State:
+        """The latest private state trained before `before_round` (None: the latest)."""
+        state = self.context.state
+        if _PRIVATE in state and _PRIVATE_ROUND in state:
+            trained = int(state[_PRIVATE_ROUND]["round"])
+            if before_round is None or trained < before_round:
+                return self._to_device(record_tensors(state[_PRIVATE]))
+        rounds = [r for r in self._saved_rounds() if before_round is None or r < before_round]
+        if not rounds:
+            return {}
+        ckpt = load_checkpoint(self._round_dir(max(rounds)))
+        if ckpt["cid"] != self.node.cid:
+            raise ValueError(
+                f"state directory {self.node.state_dir} holds client {ckpt['cid']}'s state, "
+                f"not client {self.node.cid}'s"
+            )
+        return self._to_device(ckpt["private"])
+
+    def put(self, rnd: int, private: State) -> None:
+        self.context.state[_PRIVATE] = tensors_record(private)
+        self.context.state[_PRIVATE_ROUND] = ConfigRecord({"round": rnd})
+        if self.node.state_dir is None:
+            return
+        save_checkpoint(
+            self._round_dir(rnd),
+            {
+                "cid": self.node.cid,
+                "round": rnd,
+                "private": {k: v.cpu() for k, v in private.items()},
+            },
+        )
+        for old in sorted(self._saved_rounds())[: -self.keep]:
+            shutil.rmtree(self._round_dir(old), ignore_errors=True)
+
+    def _round_dir(self, rnd: int) -> Path:
+        assert self.node.state_dir is not None
+        return self.node.state_dir / f"round-{rnd}"
+
+    def _saved_rounds(self) -> list[int]:
+        if self.node.state_dir is None or not self.node.state_dir.is_dir():
+            return []
+        return [
+            int(p.name.removeprefix("round-"))
+            for p in self.node.state_dir.glob("round-*")
+            if (p / "latest.pt").exists()
+        ]
+
+    def _to_device(self, state: State) -> State:
+        return {k: v.to(self.node.program.device) for k, v in state.items()}
+
+
+# -- the ClientApp's handlers ---------------------------------------------------------------
+def register(msg: Message, context: Context) -> Message:
+    """Answer who this node is: its client id, `ClientInfo` and data settings."""
+    request = from_content(msg.content)
+    node = node_for(context, request["config"])
+    reply = {
+        "partition_id": node.cid,
+        "info": node.data.info(node.attrs),
+        "data": data_fingerprint(node.local),
+    }
+    return Message(to_content(reply), reply_to=msg)
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Run one `ClientTask`, keep the private state if the result is valid, send the result."""
+    request = from_content(msg.content)
+    node = node_for(context, request["config"])
+    task: ClientTask = request["task"]
+    rnd = int(request["round"])
+    _check_cid(node, task.cid)
+    device = node.program.device
+    task.payload = {k: v.to(device) for k, v in task.payload.items()}
+    private = PrivateState(context, node)
+    out = node.program.fit(
+        task,
+        node.data,
+        private.get(before_round=rnd),
+        torch_generator(node.config.seed, rnd, task.cid, "train"),
+    )
+    # The same rule as the simulator's client store: an invalid result keeps nothing.
+    if result_problem(out.result, task) is None:
+        private.put(rnd, out.private)
+    return Message(to_content({"result": out.result}), reply_to=msg)
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    """Test this client's model, with its private layers, on its local test split."""
+    request = from_content(msg.content)
+    node = node_for(context, request["config"])
+    task: EvalTask = request["task"]
+    _check_cid(node, task.cid)
+    if node.data.y_test.numel() == 0:
+        return Message(to_content({"correct": 0, "loss": 0.0, "n": 0}), reply_to=msg)
+    task.payload = {k: v.to(node.program.device) for k, v in task.payload.items()}
+    correct, loss_sum, n = node.program.evaluate(task, node.data, PrivateState(context, node).get())
+    return Message(to_content({"correct": correct, "loss": loss_sum, "n": n}), reply_to=msg)
+
+
+def _check_cid(node: Node, cid: int) -> None:
+    if cid != node.cid:
+        raise ValueError(f"this node serves client {node.cid}, the task is for client {cid}")

@@ -1,0 +1,405 @@
+"""The server side under Flower: the HetFL round loop on a Flower `Grid`.
+
+This is the second engine of DESIGN.md, beside the simulator: the same strategy verbs in
+the same order, with clients reached through Flower messages instead of function calls.
+Costs, result checks, evaluation and metrics rows go through `hetfl.sim.steps`, the
+functions the simulator uses, so both write the same `metrics.jsonl` / `summary.json`.
+
+What differs from the simulator, and why:
+
+- Clients are Flower nodes. Before round 1 a registration exchange asks each node for its
+  client id (partition), `ClientInfo` and data settings; nodes whose data settings differ
+  from the server's config are refused (partition `i` would not be the same data). Nodes
+  that connect later, or reconnect after a restart, are registered at the start of the
+  next round. `available` is every registered client whose node is connected.
+- A round's training exchange waits at most `deploy.round_timeout_s`; a client that did not
+  answer by then, or whose node failed, becomes a `Failure` and the round aggregates the
+  others. Local evaluation is a second exchange with the same bound.
+- Private state lives on the nodes, so checkpoints hold the strategy state, the counters
+  and which clients have participated, but no client store (see `node.PrivateState`).
+- Methods with a server program (split learning) need a per-batch exchange this adapter
+  does not have: they are refused up front.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from flwr.app import Message
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+
+from hetfl.config import RunConfig
+from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.state import state_bytes
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientInfo, ClientResult, ClientTask, Failure
+from hetfl.deploy.codec import CodecError
+from hetfl.deploy.node import data_fingerprint
+from hetfl.deploy.records import EVALUATE, REGISTER, TRAIN, from_content, to_content
+from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.sim.outputs import summarise, write_json
+from hetfl.sim.steps import (
+    Counters,
+    RoundOutcome,
+    charge_result,
+    evaluate_global,
+    mean_local_accuracy,
+    metrics_row,
+)
+
+K = TypeVar("K", bound=Hashable)
+
+#: Flower error codes that say nothing about the node's answer (a message expired or could
+#: not be delivered, the node is offline or its process died): worth asking again.
+_TRANSIENT = frozenset(
+    {
+        ErrorCode.UNKNOWN,
+        ErrorCode.MESSAGE_UNAVAILABLE,
+        ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+        ErrorCode.NODE_UNAVAILABLE,
+        ErrorCode.CLIENT_APP_CRASHED,
+    }
+)
+
+
+class SimulatorOnlyError(ValueError):
+    """A method this engine cannot run yet."""
+
+
+def refuse_server_program(strategy: Strategy, algorithm: str) -> None:
+    """Split learning exchanges with the server every batch; this adapter has no such
+    channel yet, so such methods are refused before anything starts."""
+    if strategy.needs_server_program:
+        raise SimulatorOnlyError(
+            f"algorithm {algorithm!r} needs a server program (split learning), which the "
+            "Flower adapter does not run yet: it is simulator-only for now (use `hetfl run`)"
+        )
+
+
+class FlowerServer:
+    """Runs one configured experiment over a Flower `Grid` into `run_dir`."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        cfg: RunConfig,
+        run_dir: Path,
+        *,
+        show_progress: bool = True,
+        poll_s: float = 0.5,
+    ) -> None:
+        """`poll_s` is how often replies are pulled from the SuperLink while waiting."""
+        from hetfl.runner import build_simulation  # the simulator's assembly, shared on purpose
+
+        # The strategy, program, test set and settings are built exactly as for the
+        # simulator; the simulator's client data is built too but never used here.
+        sim = build_simulation(cfg, run_dir, show_progress=show_progress)
+        self.grid = grid
+        self.run_dir = Path(run_dir)
+        self.strategy = sim.strategy
+        refuse_server_program(self.strategy, cfg.algorithm)
+        self.program = sim.program
+        self.test = (sim.x_test, sim.y_test)
+        self.settings = sim.settings
+        self.info = {**sim.info, "engine": "flower"}
+        self.progress = sim.progress
+        self.macs = sim.macs
+        self.metrics = sim.metrics
+        self.deploy = cfg.deploy
+        self.config_text = cfg.to_yaml()
+        self.fingerprint = data_fingerprint(cfg)
+        self.expected = cfg.data.num_clients
+        self.poll_s = poll_s
+        self.counters = Counters()
+        self.infos: dict[int, ClientInfo] = {}
+        self.node_of: dict[int, int] = {}
+        self.refused: set[int] = set()
+        self.participated: set[int] = set()
+        if self.settings.availability < 1:
+            self.progress.message(
+                f"warning: availability = {self.settings.availability} is a simulator setting; "
+                "under Flower the available clients are the connected ones"
+            )
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        """Register clients, run (or continue) to the configured rounds; returns the summary."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._wait_for_clients()
+        self.strategy.setup(
+            [self.infos[c] for c in sorted(self.infos)],
+            torch_generator(self.settings.seed, 0, SERVER, "init"),
+            rounds=self.settings.rounds,
+        )
+        first = self._restore() + 1 if resume else self._fresh_start()
+        for rnd in range(first, self.settings.rounds + 1):
+            started = time.perf_counter()
+            # Step 1: plan -- whom to ask (the connected, registered clients) and what to send.
+            self._register(self._unknown_nodes(), timeout=self.deploy.round_timeout_s)
+            available = self._available()
+            tasks = self.strategy.plan(rnd, available, self._rng(rnd, "sample"))
+            # Step 2: local work on the nodes, bounded by round_timeout_s.
+            outcome = self._train(rnd, tasks)
+            # Step 3: aggregate every valid result at once, sorted by client id.
+            self.strategy.global_state = self.strategy.aggregate(
+                rnd, outcome.results, outcome.failures
+            )
+            # Step 4: evaluate and record.
+            row = self._evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
+            self.counters.wall_time_s += time.perf_counter() - started
+            if row is not None:
+                row["wall_time_s"] = round(self.counters.wall_time_s, 3)
+                self.metrics.append(row)
+                self.strategy.observe(rnd, row)
+            self.progress.round(rnd, row)
+            # Step 5: checkpoint (server state only: private state stays on the nodes).
+            if self.settings.is_checkpoint_round(rnd):
+                self._checkpoint(rnd)
+        self.progress.close()
+        summary = summarise(self.metrics.read(), self.settings.targets, self.info)
+        write_json(self.run_dir / "summary.json", summary)
+        return summary
+
+    # -- clients ------------------------------------------------------------------------
+    def _wait_for_clients(self) -> None:
+        """Register nodes until `min_clients` (default: all) clients are known, or fail
+        after `registration_timeout_s` naming the partitions still missing."""
+        need = self.deploy.min_clients or self.expected
+        deadline = time.monotonic() + self.deploy.registration_timeout_s
+        self.progress.message(f"waiting for {need} of {self.expected} clients to register")
+        while len(self.infos) < need:
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(self.expected)) - set(self.infos))
+                raise TimeoutError(
+                    f"only {len(self.infos)} of the {need} clients needed registered within "
+                    f"deploy.registration_timeout_s = {self.deploy.registration_timeout_s:g} s; "
+                    f"missing partitions: {missing}. Start them with "
+                    "`hetfl client --partition-id I --config CONFIG`, or lower deploy.min_clients"
+                )
+            unknown = self._unknown_nodes()
+            if unknown:
+                self._register(unknown, timeout=deadline - time.monotonic())
+            else:
+                time.sleep(self.poll_s)
+        self.progress.message(f"{len(self.infos)} clients registered: {sorted(self.infos)}")
+
+    def _unknown_nodes(self) -> list[int]:
+        known = set(self.node_of.values()) | self.refused
+        return sorted(n for n in self.grid.get_node_ids() if n not in known)
+
+    def _register(self, node_ids: Iterable[int], timeout: float) -> None:
+        """Ask nodes who they are; admit them, or refuse them for good when their answer
+        (or their ClientApp failing) rules them out. A node that did not answer, or whose
+        message Flower could not deliver in time, is asked again later."""
+        request = to_content({"config": self.config_text})
+        messages = {
+            nid: Message(request, nid, REGISTER, ttl=timeout, group_id="register")
+            for nid in node_ids
+        }
+        replies = self._exchange(messages, timeout)
+        connected = set(self.grid.get_node_ids())
+        for nid in sorted(replies):
+            reply = replies[nid]
+            answer, problem = self._answer(reply, ("partition_id", "info", "data"))
+            if problem is not None and reply.has_error() and reply.error.code in _TRANSIENT:
+                self.progress.message(f"warning: node {nid} not registered yet: {problem}")
+                continue
+            if problem is None:
+                problem = self._admit(nid, answer, connected)
+            if problem is not None:
+                self.refused.add(nid)
+                self.progress.message(f"warning: node {nid} refused: {problem}")
+
+    def _admit(self, nid: int, answer: Mapping[str, Any], connected: set[int]) -> str | None:
+        cid, info = answer["partition_id"], answer["info"]
+        if not isinstance(info, ClientInfo) or info.cid != cid:
+            return f"malformed registration (partition {cid!r}, info {info!r:.80})"
+        if answer["data"] != self.fingerprint:
+            diff = {
+                k: (answer["data"].get(k), v)
+                for k, v in self.fingerprint.items()
+                if answer["data"].get(k) != v
+            }
+            return (
+                f"its data settings differ from the server's, so partition {cid} would not be "
+                f"the same data; (node, server): {diff}"
+            )
+        if not 0 <= cid < self.expected:
+            return f"partition {cid} is outside 0..{self.expected - 1}"
+        holder = self.node_of.get(cid)
+        if holder is not None and holder != nid and holder in connected:
+            return f"partition {cid} is already served by node {holder}"
+        if holder is not None and info != self.infos[cid]:
+            return f"it serves partition {cid} with other data than its previous node"
+        self.node_of[cid] = nid
+        self.infos[cid] = info
+        return None
+
+    def _available(self) -> list[ClientInfo]:
+        connected = set(self.grid.get_node_ids())
+        return [self.infos[c] for c in sorted(self.infos) if self.node_of[c] in connected]
+
+    # -- exchanges ----------------------------------------------------------------------
+    def _exchange(self, messages: Mapping[K, Message], timeout: float) -> dict[K, Message]:
+        """Push all messages, then pull replies until each is answered or `timeout` passes.
+
+        Replies are matched to requests by message id (an error reply for an unreachable
+        node comes from the SuperLink, not from the node).
+        """
+        if not messages:
+            return {}
+        keys = list(messages)
+        ids = list(self.grid.push_messages([messages[k] for k in keys]))
+        pending = {mid: k for k, mid in zip(keys, ids, strict=False) if mid}
+        replies: dict[K, Message] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                key = pending.pop(reply.metadata.reply_to_message_id, None)
+                if key is not None:
+                    replies[key] = reply
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll_s)
+        return replies
+
+    @staticmethod
+    def _answer(
+        reply: Message | None, keys: tuple[str, ...], missing: str = "no reply in time"
+    ) -> tuple[dict[str, Any], str | None]:
+        """The decoded reply, or why there is none usable (`missing` when none came)."""
+        if reply is None:
+            return {}, missing
+        if reply.has_error():
+            return {}, f"client error: {reply.error.reason.strip()}"
+        try:
+            answer = from_content(reply.content)
+        except CodecError as exc:
+            return {}, f"malformed reply: {exc}"
+        if not isinstance(answer, dict) or any(k not in answer for k in keys):
+            return {}, f"malformed reply: expected fields {list(keys)}"
+        return answer, None
+
+    def _train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
+        outcome = RoundOutcome()
+        timeout = self.deploy.round_timeout_s
+        messages: dict[int, Message] = {}
+        by_cid = {t.cid: t for t in tasks}
+        for task in sorted(tasks, key=lambda t: t.cid):
+            self.counters.bytes_down += state_bytes(task.payload)
+            request = {"config": self.config_text, "round": rnd, "task": task}
+            messages[task.cid] = Message(
+                to_content(request), self.node_of[task.cid], TRAIN, ttl=timeout, group_id=str(rnd)
+            )
+        replies = self._exchange(messages, timeout)
+        for cid in sorted(messages):
+            result, problem = self._result_of(by_cid[cid], replies.get(cid))
+            if result is None or problem is not None:
+                outcome.failures.append(Failure(cid, str(problem)))
+                self.progress.message(f"warning: client {cid} excluded in round {rnd}: {problem}")
+                continue
+            self.participated.add(cid)
+            outcome.results.append(result)
+        return outcome
+
+    def _result_of(
+        self, task: ClientTask, reply: Message | None
+    ) -> tuple[ClientResult | None, str | None]:
+        """A reply's result, counted and checked like the simulator's, or why it is excluded."""
+        timeout = self.deploy.round_timeout_s
+        answer, problem = self._answer(
+            reply, ("result",), missing=f"no reply within deploy.round_timeout_s = {timeout:g} s"
+        )
+        if problem is not None:
+            return None, problem
+        result = answer["result"]
+        if not isinstance(result, ClientResult):
+            return None, "malformed reply: no ClientResult"
+        input_shape = self.infos[task.cid].input_shape
+        return result, charge_result(self.counters, self.macs, task, result, input_shape)
+
+    # -- evaluation ---------------------------------------------------------------------
+    def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
+        # Static-BN statistics need clients' training data, which the server has not.
+        scores = evaluate_global(self.strategy, self.program, self.test, stats_data=None)
+        local_acc = self._local_eval(rnd, outcome, scores.groups)
+        return metrics_row(rnd, outcome, scores, local_acc, self.counters)
+
+    def _local_eval(
+        self, rnd: int, outcome: RoundOutcome, groups: dict[str, dict[str, float | int]]
+    ) -> float | None:
+        mode = self.settings.local_eval
+        if mode == "none":
+            return None
+        cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
+        connected = set(self.grid.get_node_ids())
+        timeout = self.deploy.round_timeout_s
+        tasks = {c: self.strategy.eval_task(self.infos[c]) for c in cids}
+        messages = {
+            c: Message(
+                to_content({"config": self.config_text, "task": task}),
+                self.node_of[c],
+                EVALUATE,
+                ttl=timeout,
+                group_id=str(rnd),
+            )
+            for c, task in tasks.items()
+            if self.node_of[c] in connected
+        }
+        replies = self._exchange(messages, timeout)
+        evaluated: list[tuple[float, str | None]] = []
+        for c in sorted(messages):
+            answer, problem = self._answer(replies.get(c), ("correct", "n"))
+            if problem is not None:
+                self.progress.message(
+                    f"warning: client {c} not evaluated in round {rnd}: {problem}"
+                )
+            elif answer["n"] > 0:
+                evaluated.append((answer["correct"] / answer["n"], tasks[c].group))
+        return mean_local_accuracy(evaluated, groups)
+
+    # -- checkpoints --------------------------------------------------------------------
+    def _rng(self, rnd: int, purpose: str) -> torch.Generator:
+        return torch_generator(self.settings.seed, rnd, SERVER, purpose)
+
+    def _fresh_start(self) -> int:
+        if self.metrics.path.exists():
+            self.metrics.path.unlink()
+        return 1
+
+    def _checkpoint(self, rnd: int) -> None:
+        save_checkpoint(
+            self.run_dir / "checkpoints",
+            {
+                "engine": "flower",
+                "round": rnd,
+                "seed": self.settings.seed,
+                "strategy": self.strategy.state_dict(),
+                "counters": vars(self.counters).copy(),
+                "participated": sorted(self.participated),
+            },
+        )
+
+    def _restore(self) -> int:
+        ckpt = load_checkpoint(self.run_dir / "checkpoints")
+        if ckpt.get("engine") != "flower":
+            raise ValueError(
+                f"the checkpoint in {self.run_dir} was written by the simulator, whose client "
+                "store holds private state the nodes do not have; continue it with "
+                f"`hetfl resume {self.run_dir}`"
+            )
+        if ckpt["seed"] != self.settings.seed:
+            raise ValueError(
+                f"checkpoint was written with seed {ckpt['seed']}, config has {self.settings.seed}"
+            )
+        self.strategy.load_state_dict(ckpt["strategy"])
+        self.counters = Counters(**ckpt["counters"])
+        self.participated = set(ckpt["participated"])
+        self.metrics.truncate(ckpt["round"])
+        self.progress.message(f"resuming after round {ckpt['round']}")
+        return int(ckpt["round"])

@@ -1,0 +1,310 @@
+"""Real federations on 127.0.0.1: `hetfl serve` (SuperLink + ServerApp) and `hetfl client`
+nodes (SuperNodes) as separate processes, on scikit-learn's digits.
+
+Every process a test starts carries a tag in its environment, inherited by everything
+Flower starts below it; each test ends them all in `finally` and checks that none is left.
+The waits below are bounds that keep a broken run from hanging the suite, not timings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("flwr")
+
+from hetfl.deploy.launch import Processes, free_port
+from hetfl.models import PlainFamily
+
+pytestmark = pytest.mark.flower
+
+HETFL = [sys.executable, "-m", "hetfl.cli"]
+BOUND_S = 600  # the most a federation may take before the test gives up on it
+
+
+def write_config(path: Path, port: int, **changes) -> Path:
+    cfg = {
+        "name": "fed",
+        "seed": 2,
+        "algorithm": "fedavg",
+        "data": {"dataset": "digits", "num_clients": 2, "test_per_client": 30},
+        "model": {"name": "mlp"},
+        "train": {"rounds": 2, "clients_per_round": 2, "batch_size": 16, "lr": 0.05},
+        "eval": {"local_eval": "none"},
+        "device": "cpu",
+        "threads": 1,
+        "output_dir": str(path.parent / "runs"),
+        "deploy": {
+            "superlink": f"127.0.0.1:{port}",
+            "round_timeout_s": 120,
+            "registration_timeout_s": 120,
+        },
+    }
+    for key, value in changes.items():
+        node = cfg
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def wait_for(predicate, what: str, bound_s: float = BOUND_S) -> None:
+    deadline = time.monotonic() + bound_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
+def start_server(procs, tmp_path, argv):
+    """`hetfl serve ARGV`, once its run is submitted (node keys are registered by then:
+    a SuperNode whose key the SuperLink does not know yet gives up)."""
+    server = procs.start([*HETFL, "serve", *argv], log=tmp_path / "serve.log")
+    log = tmp_path / "serve.log"
+    wait_for(
+        lambda: "Successfully started run" in log.read_text() or server.poll() is not None,
+        "the server to start",
+    )
+    return server
+
+
+def start_clients(procs, tmp_path, config, n, extra=lambda i: []):
+    home = {"FLWR_HOME": str(tmp_path / "nodes")}
+    return [
+        procs.start(
+            [*HETFL, "client", "--partition-id", str(i), "--config", str(config), *extra(i)],
+            log=tmp_path / f"client{i}.log",
+            env=home,
+        )
+        for i in range(n)
+    ]
+
+
+def logs(tmp_path: Path) -> str:
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))
+    )
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def shut_down(procs: Processes) -> None:
+    procs.stop(grace_s=10)
+    assert procs.tagged() == [], "processes left behind"
+
+
+# -- TLS and node keys, made here ------------------------------------------------------
+def make_tls(folder: Path) -> dict[str, Path]:
+    """A CA and a SuperLink certificate for 127.0.0.1 signed by it."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def pem_key(key) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hetfl test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP384R1())
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"ca": folder / "ca.pem", "cert": folder / "server.pem", "key": folder / "server.key"}
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files["key"].write_bytes(pem_key(key))
+    return files
+
+
+def make_node_keys(folder: Path, n: int) -> list[tuple[Path, Path]]:
+    """(private, public) OpenSSH EC key pairs, one per node."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pairs = []
+    for i in range(n):
+        key = ec.generate_private_key(ec.SECP384R1())
+        private, public = folder / f"node{i}", folder / f"node{i}.pub"
+        private.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
+        public.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+        )
+        pairs.append((private, public))
+    return pairs
+
+
+def model_bytes(input_shape=(1, 8, 8), num_classes=10) -> int:
+    family = PlainFamily("mlp", input_shape, num_classes)
+    model = family.build(family.global_spec([]))
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+# -- the tests -------------------------------------------------------------------------
+def test_fedavg_over_tls_with_node_authentication(tmp_path):
+    """Two authenticated nodes over TLS, two rounds of FedAvg with local evaluation."""
+    port = free_port()
+    config = write_config(tmp_path / "fedavg.yaml", port, **{"eval.local_eval": "sampled"})
+    tls = make_tls(tmp_path / "tls")
+    keys = make_node_keys(tmp_path, 2)
+    procs = Processes()
+    try:
+        server = start_server(
+            procs,
+            tmp_path,
+            [
+                str(config),
+                "--ssl-ca-certfile", str(tls["ca"]),
+                "--ssl-certfile", str(tls["cert"]),
+                "--ssl-keyfile", str(tls["key"]),
+                *[arg for _, pub in keys for arg in ("--node-public-key", str(pub))],
+            ],
+        )  # fmt: skip
+        clients = start_clients(
+            procs,
+            tmp_path,
+            config,
+            2,
+            lambda i: [
+                "--root-certificates", str(tls["ca"]),
+                "--auth-key", str(keys[i][0]),
+                "--state-dir", str(tmp_path / f"state{i}"),
+            ],
+        )  # fmt: skip
+        assert server.wait(timeout=BOUND_S) == 0, logs(tmp_path)
+        assert all(c.poll() is None for c in clients), "a client node died"
+    finally:
+        shut_down(procs)
+
+    run_dir = tmp_path / "runs" / "fed"
+    rows = rows_of(run_dir)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["clients"] == 2 and r["failed"] == 0 for r in rows)
+    assert rows[1]["global_acc"] > rows[0]["global_acc"] > 0.2  # chance is 0.1
+    assert all(r["local_acc"] is not None for r in rows)
+    # Each round sends the whole model to both clients and gets it back from both.
+    per_round = 2 * model_bytes()
+    assert [r["bytes_down"] for r in rows] == [per_round, 2 * per_round]
+    assert [r["bytes_up"] for r in rows] == [per_round, 2 * per_round]
+    assert 0 < rows[0]["macs"] < rows[1]["macs"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and summary["engine"] == "flower"
+    assert summary["final"]["global_acc"] == rows[1]["global_acc"]
+    # Each node kept its (here empty: FedAvg shares everything) private state on disk.
+    for i in range(2):
+        assert sorted(p.name for p in (tmp_path / f"state{i}" / f"client-{i}").iterdir()) == [
+            "round-1",
+            "round-2",
+        ]
+
+
+def test_fedprox_insecure_by_explicit_flag(tmp_path):
+    port = free_port()
+    config = write_config(
+        tmp_path / "fedprox.yaml", port, algorithm="fedprox", **{"options.fedprox.mu": 0.01}
+    )
+    procs = Processes()
+    try:
+        server = start_server(procs, tmp_path, [str(config), "--insecure"])
+        start_clients(procs, tmp_path, config, 2, lambda i: ["--insecure"])
+        assert server.wait(timeout=BOUND_S) == 0, logs(tmp_path)
+    finally:
+        shut_down(procs)
+    rows = rows_of(tmp_path / "runs" / "fed")
+    assert [(r["round"], r["clients"], r["failed"]) for r in rows] == [(1, 2, 0), (2, 2, 0)]
+    assert rows[1]["global_acc"] > rows[0]["global_acc"]
+    assert rows[1]["local_acc"] is None  # local_eval: none
+
+
+def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):
+    """Three nodes; node 2 is killed while it trains in round 1. The server keeps running,
+    round 1 aggregates the two that answered within round_timeout_s and records the
+    failure, and round 2 proceeds with the two that are left."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "faults.yaml",
+        port,
+        **{"data.num_clients": 3, "train.clients_per_round": 3, "deploy.round_timeout_s": 30},
+    )
+    procs, victim = Processes(), Processes()
+    try:
+        server = start_server(procs, tmp_path, [str(config), "--insecure"])
+        start_clients(procs, tmp_path, config, 2, lambda i: ["--insecure"])
+        victim.start(
+            [*HETFL, "client", "--partition-id", "2", "--config", str(config), "--insecure"],
+            log=tmp_path / "client2.log",
+            env={"FLWR_HOME": str(tmp_path / "nodes")},
+        )
+        serve_log = tmp_path / "serve.log"
+        wait_for(
+            lambda: "3 clients registered" in serve_log.read_text() or server.poll() is not None,
+            "registration",
+        )
+        assert server.poll() is None, logs(tmp_path)
+        # The node's SuperNode and SuperExec, plus a ClientApp process: it is training.
+        wait_for(lambda: len(victim.tagged()) >= 3, "node 2 to start training")
+        for pid in victim.tagged():
+            os.kill(pid, signal.SIGKILL)
+        assert server.wait(timeout=BOUND_S) == 0, logs(tmp_path)
+    finally:
+        shut_down(victim)
+        shut_down(procs)
+    rows = rows_of(tmp_path / "runs" / "fed")
+    assert [(r["round"], r["clients"], r["failed"]) for r in rows[:1]] == [(1, 2, 1)]
+    log = serve_log.read_text()
+    assert "client 2 excluded in round 1" in log
+    # Round 2 goes on with the two live clients. Whether it still asks client 2 (and records
+    # a second failure) depends on whether Flower's heartbeats have marked the node offline.
+    assert (rows[1]["round"], rows[1]["clients"]) == (2, 2)
+    assert rows[1]["failed"] == ("client 2 excluded in round 2" in log)
+    assert all(r["global_acc"] is not None for r in rows)
+    summary = json.loads((tmp_path / "runs" / "fed" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2

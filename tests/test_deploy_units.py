@@ -1,0 +1,189 @@
+"""The Flower adapter's parts that need no federation: command checks, security flags,
+node config strings, split-learning refusal, private state on a node, process clean-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict
+from flwr.common.config import parse_config_args
+
+from hetfl.algorithms.fedavg import FedAvg
+from hetfl.cli import main
+from hetfl.config import ConfigError, validate
+from hetfl.core.client import ClientProgram
+from hetfl.deploy.launch import Processes, Security, node_config
+from hetfl.deploy.node import Node, PrivateState
+from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
+from hetfl.models import PlainFamily
+
+CONFIG = """
+name: d
+data: {dataset: digits, num_clients: 3}
+model: {name: mlp}
+train: {rounds: 1, clients_per_round: 2}
+"""
+
+
+def cfg_file(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(CONFIG + extra + f"output_dir: {tmp_path / 'runs'}\n")
+    return path
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+# -- commands refuse before starting anything --------------------------------------------
+def test_serve_needs_tls_files_or_an_explicit_insecure(tmp_path, capsys):
+    code, err = run_cli(capsys, "serve", str(cfg_file(tmp_path)))
+    assert code == 2
+    assert "--ssl-ca-certfile" in err and "--insecure" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_serve_refuses_insecure_mixed_with_certificates(tmp_path, capsys):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    code, err = run_cli(
+        capsys, "serve", str(cfg_file(tmp_path)), "--insecure", "--ssl-ca-certfile", str(ca)
+    )
+    assert code == 2 and "--insecure cannot be combined with --ssl-ca-certfile" in err
+
+
+def test_serve_refuses_a_sweep(tmp_path, capsys):
+    code, err = run_cli(
+        capsys, "serve", str(cfg_file(tmp_path)), "sweep={seed: [0, 1]}", "--insecure"
+    )
+    assert code == 2 and "a sweep cannot be served" in err
+
+
+def test_resume_of_a_flower_run_points_to_serve(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "d"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(CONFIG)
+    (run_dir / "deploy.json").write_text("{}")
+    code, err = run_cli(capsys, "resume", str(run_dir))
+    assert code == 2 and "hetfl serve" in err and "--resume" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--partition-id", "3", "--insecure"], "--partition-id 3 is outside 0..2"),
+        (["--partition-id", "0"], "--root-certificates"),
+        (["--partition-id", "0", "--insecure", "--attr", "tier"], "not of the form KEY=VALUE"),
+    ],
+)
+def test_client_checks_its_arguments(tmp_path, capsys, args, expected):
+    code, err = run_cli(capsys, "client", "--config", str(cfg_file(tmp_path)), *args)
+    assert code == 2 and expected in err
+
+
+def test_round_timeout_is_validated():
+    assert validate({}).deploy.round_timeout_s == 600
+    with pytest.raises(ConfigError, match=r"deploy\.round_timeout_s"):
+        validate({"deploy": {"round_timeout_s": 0}})
+    with pytest.raises(ConfigError, match="must be host:port"):
+        validate({"deploy": {"superlink": "localhost"}})
+
+
+def test_security_check_names_missing_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        Security(ca_certfile=tmp_path / "missing.pem").check(server=False)
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    Security(ca_certfile=ca).check(server=False)  # a client needs only the CA
+    Security(insecure=True).check(server=True)
+
+
+def test_node_config_parses_back_as_flower_reads_it(tmp_path):
+    text = node_config(4, tmp_path / "my cfg.yaml", tmp_path / "state", {"arch": "deep", "tier": 2})
+    parsed = parse_config_args([text])
+    assert parsed["partition-id"] == 4
+    assert parsed["hetfl-config"] == str((tmp_path / "my cfg.yaml").resolve())
+    assert parsed["hetfl-state-dir"] == str((tmp_path / "state").resolve())
+    assert parsed["hetfl-attrs"] == '{"arch": "deep", "tier": 2}'
+    with pytest.raises(ConfigError, match="single quote"):
+        node_config(0, tmp_path / "it's.yaml", None, {})
+
+
+# -- split learning is simulator-only ------------------------------------------------------
+def test_methods_with_a_server_program_are_refused():
+    class Split(FedAvg):
+        def server_program(self, round, tasks):  # a split-learning strategy
+            return None
+
+    family = PlainFamily("mlp", (1, 8, 8), 10)
+    with pytest.raises(SimulatorOnlyError, match="simulator-only for now"):
+        refuse_server_program(Split(family, clients_per_round=1, train={"lr": 0.1}), "split")
+    refuse_server_program(FedAvg(family, clients_per_round=1, train={"lr": 0.1}), "fedavg")
+
+
+# -- private state on a node ---------------------------------------------------------------
+def make_node(state_dir: Path | None, checkpoint_every: int = 1) -> Node:
+    cfg = validate({"checkpoint_every": checkpoint_every})
+    family = PlainFamily("mlp", (1, 8, 8), 10)
+    return Node(1, cfg, cfg, None, ClientProgram(family), {}, state_dir)  # type: ignore[arg-type]
+
+
+def context() -> Context:
+    return Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+
+
+def test_private_state_lives_in_the_context_within_a_run():
+    node, ctx = make_node(None), context()
+    store = PrivateState(ctx, node)
+    assert store.get(before_round=1) == {}
+    store.put(1, {"bn": torch.tensor([1.0, 2.0])})
+    assert torch.equal(PrivateState(ctx, node).get(before_round=2)["bn"], torch.tensor([1.0, 2.0]))
+    assert PrivateState(context(), node).get() == {}  # a new run (or node) starts empty
+
+
+def test_private_state_on_disk_survives_a_restart_and_serves_a_resumed_round(tmp_path):
+    node = make_node(tmp_path / "client-1", checkpoint_every=2)
+    store = PrivateState(context(), node)
+    for rnd in (1, 2, 4, 5):
+        store.put(rnd, {"bn": torch.full((2,), float(rnd))})
+    # keep = checkpoint_every + 1 states: the oldest one is gone.
+    assert sorted(p.name for p in (tmp_path / "client-1").iterdir()) == [
+        "round-2",
+        "round-4",
+        "round-5",
+    ]
+    restarted = PrivateState(context(), node)  # a fresh Flower context: only the disk
+    assert restarted.get()["bn"][0] == 5
+    # A run resumed from the server's round-4 checkpoint trains round 5 with the state the
+    # node had after round 4, not the one it trained in the lost round 5.
+    assert restarted.get(before_round=5)["bn"][0] == 4
+    assert restarted.get(before_round=3)["bn"][0] == 2
+
+
+# -- process clean-up --------------------------------------------------------------------
+def test_processes_stop_ends_detached_descendants(tmp_path):
+    """A child that starts a grandchild in a new session (as Flower does): both end."""
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " start_new_session=True)\n"
+        "time.sleep(600)\n"
+    )
+    procs = Processes()
+    child = procs.start([sys.executable, "-c", script])
+    deadline_checks = 0
+    while len(procs.tagged()) < 2 and deadline_checks < 300:
+        deadline_checks += 1
+        subprocess.run([sys.executable, "-c", "pass"], check=True)  # let the child start
+    assert len(procs.tagged()) == 2
+    procs.stop(grace_s=5)
+    assert child.poll() is not None
+    assert procs.tagged() == []

@@ -408,3 +408,18 @@ def test_dataset_rejects_wrong_dtypes():
             np.zeros(1, np.int64),
             2,
         )
+
+
+def test_global_test_subsample_is_fixed_by_the_seed_and_keeps_the_order(digits):
+    x, y = global_test(digits, samples=50, seed=3)
+    again_x, again_y = global_test(digits, samples=50, seed=3)
+    assert x.shape[0] == 50 and torch.equal(x, again_x) and torch.equal(y, again_y)
+    full_x, _ = global_test(digits)
+    rows = [int(torch.nonzero((full_x == row).flatten(1).all(dim=1))[0]) for row in x]
+    assert rows == sorted(rows)  # a subsample in the original order
+    other, _ = global_test(digits, samples=50, seed=4)
+    assert not torch.equal(x, other)
+    whole, _ = global_test(digits, samples=10**6)
+    assert torch.equal(whole, full_x)
+    with pytest.raises(ValueError, match="test samples must be >= 1"):
+        global_test(digits, samples=0)

@@ -160,6 +160,9 @@ class TrainConfig(_Strict):
 class EvalConfig(_Strict):
     every: int = Field(1, ge=1)
     local_eval: Literal["sampled", "all", "none"] = "sampled"
+    test_samples: int | None = Field(
+        None, ge=1, description="a fixed seeded subsample of the global test set (default: all)"
+    )
 
 
 class TargetConfig(_Strict):

@@ -76,7 +76,8 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
     clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device)
-    return Federation(dataset, clients, global_test(dataset, device))
+    test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
+    return Federation(dataset, clients, test)
 
 
 def build_simulation(

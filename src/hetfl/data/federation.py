@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import torch
 
-from hetfl.core.rng import numpy_generator
+from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data.sources import Dataset
 
@@ -146,9 +146,23 @@ def build_clients(
 
 
 def global_test(
-    dataset: Dataset, device: torch.device | str = "cpu"
+    dataset: Dataset,
+    device: torch.device | str = "cpu",
+    samples: int | None = None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole test set as (x, y) tensors on the device, for the global model's accuracy."""
-    return _to_device(dataset.x_test, device, copy=True), _to_device(
-        dataset.y_test, device, copy=True
-    )
+    """The test set as (x, y) tensors on the device, for the global model's accuracy.
+
+    `samples` keeps a fixed subsample, drawn from the run's seed and in the original order,
+    for runs where evaluating many sub-models on the whole test set costs more than
+    training (the same images every round, so curves stay comparable).
+    """
+    x, y = dataset.x_test, dataset.y_test
+    if samples is not None:
+        if samples < 1:
+            raise ValueError(f"test samples must be >= 1, got {samples}")
+        if samples < len(y):
+            drawn = numpy_generator(seed, 0, SERVER, "test-subsample").permutation(len(y))
+            keep = np.sort(drawn[:samples])
+            x, y = x[keep], y[keep]
+    return _to_device(x, device, copy=True), _to_device(y, device, copy=True)

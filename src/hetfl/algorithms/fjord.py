@@ -33,23 +33,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetfl.algorithms.base import ALGORITHMS, Algorithm
-from hetfl.algorithms.fedavg import FedAvg, FedAvgOptions, Weighting
-from hetfl.algorithms.submodels import (
-    assign_in_proportion,
-    at_width,
-    check_levels,
-    eval_model_at,
-    full_width_base,
-)
+from hetfl.algorithms.fedavg import FedAvgOptions
+from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, EvalModel, ModelFamily, PassRecord
+from hetfl.core.types import EvalModel, ModelFamily, PassRecord
 
 DEFAULT_LEVELS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
 
-class FjORD(FedAvg):
+class FjORD(WidthLevels):
     name = "fjord"
 
     def __init__(
@@ -59,38 +53,15 @@ class FjORD(FedAvg):
         clients_per_round: int,
         train: Mapping[str, Any],
         levels: Sequence[float] = DEFAULT_LEVELS,
-        proportions: Sequence[float] | None = None,
-        weighting: Weighting = "samples",
-        private_norm: bool = False,
-        private_head: bool = False,
+        **options: Any,
     ) -> None:
         super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            weighting=weighting,
-            private_norm=private_norm,
-            private_head=private_head,
+            family, clients_per_round=clients_per_round, train=train, levels=levels, **options
         )
-        self.levels = sorted(check_levels(levels, proportions))
-        self.proportions = None if proportions is None else list(proportions)
-        self.base = full_width_base(family, "fjord")
-        self.tier_of: dict[int, float] = {}
+        self.levels = sorted(self.levels)
 
     def level_spec(self, ratio: float) -> Spec:
         return at_width(self.base, ratio, bn="per-width", levels=tuple(self.levels))
-
-    def setup(
-        self,
-        clients: Sequence[ClientInfo],
-        generator: torch.Generator,
-        rounds: int | None = None,
-    ) -> None:
-        self.tier_of = assign_in_proportion([c.cid for c in clients], self.levels, self.proportions)
-        super().setup(clients, generator, rounds)
-
-    def spec_for(self, info: ClientInfo) -> Spec:
-        return self.level_spec(self.tier_of.get(info.cid, self.levels[-1]))
 
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
         if self.private_norm or self.private_head:

@@ -38,16 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetfl.algorithms.base import ALGORITHMS, Algorithm
-from hetfl.algorithms.fedavg import FedAvg, FedAvgOptions, Weighting
-from hetfl.algorithms.submodels import (
-    assign_in_proportion,
-    at_width,
-    check_levels,
-    draw_level,
-    eval_model_at,
-    full_width_base,
-    label_split,
-)
+from hetfl.algorithms.fedavg import FedAvgOptions, Weighting
+from hetfl.algorithms.submodels import WidthLevels, at_width, draw_level, eval_model_at, label_split
 from hetfl.core.client import ClientHooks, TrainContext, mask_logits
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import extract
@@ -58,7 +50,7 @@ Assignment = Literal["fixed", "dynamic"]
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
-class HeteroFL(FedAvg):
+class HeteroFL(WidthLevels):
     name = "heterofl"
 
     def __init__(
@@ -80,19 +72,17 @@ class HeteroFL(FedAvg):
             family,
             clients_per_round=clients_per_round,
             train=train,
+            levels=levels,
+            proportions=proportions,
             weighting=weighting,
             private_norm=private_norm,
             private_head=private_head,
         )
         if assignment not in ("fixed", "dynamic"):
             raise ValueError(f"assignment must be 'fixed' or 'dynamic', got {assignment!r}")
-        self.levels = check_levels(levels, proportions)
-        self.proportions = None if proportions is None else list(proportions)
         self.assignment = assignment
         self.split_labels = label_split
         self.clip_grad_norm = clip_grad_norm
-        self.base = full_width_base(family, "heterofl")
-        self.level_of: dict[int, float] = {}
 
     def level_spec(self, ratio: float) -> Spec:
         """The training spec of a level: static BN with the scaler."""
@@ -102,21 +92,7 @@ class HeteroFL(FedAvg):
         """The same model with running statistics, for evaluation after a stats pass."""
         return at_width(self.base, ratio, bn="batch", scaler=False)
 
-    # -- set-up and planning ------------------------------------------------------------
-    def setup(
-        self,
-        clients: Sequence[ClientInfo],
-        generator: torch.Generator,
-        rounds: int | None = None,
-    ) -> None:
-        self.level_of = assign_in_proportion(
-            [c.cid for c in clients], self.levels, self.proportions
-        )
-        super().setup(clients, generator, rounds)
-
-    def spec_for(self, info: ClientInfo) -> Spec:
-        return self.level_spec(self.level_of.get(info.cid, max(self.levels)))
-
+    # -- planning ------------------------------------------------------------------------
     def possible_specs(self) -> list[Spec]:
         if self.assignment == "dynamic":
             return [self.level_spec(r) for r in self.levels]

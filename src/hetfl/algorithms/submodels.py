@@ -1,22 +1,25 @@
 """Shared pieces of the width-sliced methods (HeteroFL, FjORD, and later FLANC, FedFA):
-width levels, their assignment to clients, label-split head masks and evaluation models.
+width levels and their assignment to clients (`WidthLevels`, a FedAvg with levels),
+label-split head masks and evaluation models.
 
-These are plain functions over a scalable family's specs; each method module composes the
-ones it needs.
+The functions work over a scalable family's specs; each method module composes the ones
+it needs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
+from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names
 from hetfl.core.spec import IndexMap, MapEntry, Spec
 from hetfl.core.state import State, extract
-from hetfl.core.types import EvalModel, ModelFamily
+from hetfl.core.types import ClientInfo, EvalModel, ModelFamily
 
 
 def check_levels(levels: Sequence[float], proportions: Sequence[float] | None) -> list[float]:
@@ -128,3 +131,51 @@ def eval_model_at(
     tensors = dict(build_model(family, eval_spec).state_dict())
     tensors.update(extract(state, imap))
     return EvalModel(name=name, spec=eval_spec, tensors=tensors, stats_pass=stats_pass, group=name)
+
+
+class WidthLevels(FedAvg):
+    """FedAvg over width levels of the configured (full-width) model: each client gets a
+    level in fixed proportions at set-up (`level_of`); subclasses say what a level's spec
+    is (`level_spec`) and how it trains and is evaluated."""
+
+    def __init__(
+        self,
+        family: ModelFamily,
+        *,
+        clients_per_round: int,
+        train: Mapping[str, Any],
+        levels: Sequence[float],
+        proportions: Sequence[float] | None = None,
+        weighting: Weighting = "samples",
+        private_norm: bool = False,
+        private_head: bool = False,
+    ) -> None:
+        super().__init__(
+            family,
+            clients_per_round=clients_per_round,
+            train=train,
+            weighting=weighting,
+            private_norm=private_norm,
+            private_head=private_head,
+        )
+        self.levels = check_levels(levels, proportions)
+        self.proportions = None if proportions is None else list(proportions)
+        self.base = full_width_base(family, self.name)
+        self.level_of: dict[int, float] = {}
+
+    def level_spec(self, ratio: float) -> Spec:
+        raise NotImplementedError(f"{type(self).__name__} must say what a level's spec is")
+
+    def setup(
+        self,
+        clients: Sequence[ClientInfo],
+        generator: torch.Generator,
+        rounds: int | None = None,
+    ) -> None:
+        self.level_of = assign_in_proportion(
+            [c.cid for c in clients], self.levels, self.proportions
+        )
+        super().setup(clients, generator, rounds)
+
+    def spec_for(self, info: ClientInfo) -> Spec:
+        return self.level_spec(self.level_of.get(info.cid, max(self.levels)))

@@ -22,20 +22,28 @@ from hetfl.runner import build_simulation, run_one
 pytestmark = pytest.mark.flower
 
 
-def test_one_round_of_fedprox_through_ray_equals_the_simulator(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("algorithm", "options", "model"),
+    [
+        ("fedprox", {"mu": 0.1}, {"name": "mlp"}),
+        # Heterogeneous sub-models: per-client widths, sliced index maps, per-width passes.
+        ("fjord", {"levels": [0.25, 0.5, 1.0]}, {"name": "stage-cnn", "stages": 2}),
+    ],
+)
+def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, options, model):
     cfg = validate(
         {
             "name": "eq",
             "seed": 5,
-            "algorithm": "fedprox",
-            "options": {"fedprox": {"mu": 0.1}},
+            "algorithm": algorithm,
+            "options": {algorithm: options},
             "data": {
                 "dataset": "digits",
                 "num_clients": 3,
                 "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 20},
                 "test_per_client": 20,
             },
-            "model": {"name": "mlp"},
+            "model": model,
             # Two of three clients are sampled: plan's draw must agree too.
             "train": {"rounds": 1, "clients_per_round": 2, "batch_size": 16, "lr": 0.05},
             "eval": {"local_eval": "sampled"},

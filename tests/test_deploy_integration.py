@@ -21,8 +21,11 @@ import yaml
 
 pytest.importorskip("flwr")
 
+from hetfl.config import load_raw, validate
+from hetfl.core.state import state_bytes
 from hetfl.deploy.launch import Processes, free_port
 from hetfl.models import PlainFamily
+from hetfl.runner import build_simulation
 
 pytestmark = pytest.mark.flower
 
@@ -246,10 +249,16 @@ def test_fedavg_over_tls_with_node_authentication(tmp_path):
         ]
 
 
-def test_fedprox_insecure_by_explicit_flag(tmp_path):
+def test_fjord_sub_models_insecure_by_explicit_flag(tmp_path):
+    """Heterogeneous sub-models over real processes: FjORD gives client 0 the half-width
+    model and client 1 the full one (sliced index maps, per-width passes), insecure only
+    because the flag says so."""
     port = free_port()
     config = write_config(
-        tmp_path / "fedprox.yaml", port, algorithm="fedprox", **{"options.fedprox.mu": 0.01}
+        tmp_path / "fjord.yaml",
+        port,
+        algorithm="fjord",
+        **{"options.fjord.levels": [0.5, 1.0], "model": {"name": "stage-cnn", "stages": 2}},
     )
     procs = Processes()
     try:
@@ -261,7 +270,18 @@ def test_fedprox_insecure_by_explicit_flag(tmp_path):
     rows = rows_of(tmp_path / "runs" / "fed")
     assert [(r["round"], r["clients"], r["failed"]) for r in rows] == [(1, 2, 0), (2, 2, 0)]
     assert rows[1]["global_acc"] > rows[0]["global_acc"]
+    assert set(rows[1]["groups"]) == {"width=0.5", "width=1"}
     assert rows[1]["local_acc"] is None  # local_eval: none
+    # Real processes, real network: the same numbers as the simulator, row for row.
+    cfg = validate(load_raw(config)).model_copy(update={"name": "sim"})
+    sim = build_simulation(cfg, tmp_path / "runs" / "sim", show_progress=False)
+    sim.run()
+    expected = sim.metrics.read()
+    for row in (*rows, *expected):
+        row.pop("wall_time_s")
+    assert rows == expected
+    # The half-width client got a sub-model: less than two copies of the global state.
+    assert rows[0]["bytes_down"] < 2 * state_bytes(sim.strategy.global_state)
 
 
 def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):

@@ -129,6 +129,17 @@ def test_methods_with_a_server_program_are_refused():
     refuse_server_program(FedAvg(family, clients_per_round=1, train={"lr": 0.1}), "fedavg")
 
 
+def test_static_bn_methods_are_refused_before_anything_starts(tmp_path, capsys):
+    config = cfg_file(tmp_path).read_text().replace("model: {name: mlp}", "")
+    path = tmp_path / "heterofl.yaml"
+    path.write_text(
+        config + "algorithm: heterofl\nmodel: {name: stage-cnn, stages: 2, bn: static}\n"
+    )
+    code, err = run_cli(capsys, "serve", str(path), "--insecure")
+    assert code == 2 and "statistics pass" in err and "simulator-only for now" in err
+    assert not (tmp_path / "runs" / "d" / "config.yaml").exists()
+
+
 # -- private state on a node ---------------------------------------------------------------
 def make_node(state_dir: Path | None, checkpoint_every: int = 1) -> Node:
     cfg = validate({"checkpoint_every": checkpoint_every})

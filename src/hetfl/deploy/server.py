@@ -81,6 +81,19 @@ def refuse_server_program(strategy: Strategy, algorithm: str) -> None:
         )
 
 
+def refuse_stats_pass(strategy: Strategy, algorithm: str) -> None:
+    """Static BatchNorm (HeteroFL) re-estimates statistics over clients' training data
+    before each global evaluation; the server has no such data, so such methods are
+    refused once `setup` has shown which models they evaluate."""
+    needing = [em.name for em in strategy.eval_models(strategy.global_state) if em.stats_pass]
+    if needing:
+        raise SimulatorOnlyError(
+            f"algorithm {algorithm!r} evaluates {needing} after a BatchNorm statistics pass "
+            "over clients' training data, which the Flower adapter does not have: it is "
+            "simulator-only for now (use `hetfl run`)"
+        )
+
+
 class FlowerServer:
     """Runs one configured experiment over a Flower `Grid` into `run_dir`."""
 
@@ -103,6 +116,7 @@ class FlowerServer:
         self.run_dir = Path(run_dir)
         self.strategy = sim.strategy
         refuse_server_program(self.strategy, cfg.algorithm)
+        self.algorithm = cfg.algorithm
         self.program = sim.program
         self.test = (sim.x_test, sim.y_test)
         self.settings = sim.settings
@@ -136,6 +150,7 @@ class FlowerServer:
             torch_generator(self.settings.seed, 0, SERVER, "init"),
             rounds=self.settings.rounds,
         )
+        refuse_stats_pass(self.strategy, self.algorithm)
         first = self._restore() + 1 if resume else self._fresh_start()
         for rnd in range(first, self.settings.rounds + 1):
             started = time.perf_counter()
@@ -325,7 +340,7 @@ class FlowerServer:
 
     # -- evaluation ---------------------------------------------------------------------
     def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
-        # Static-BN statistics need clients' training data, which the server has not.
+        # Static-BN statistics need clients' training data (refused in `run`).
         scores = evaluate_global(self.strategy, self.program, self.test, stats_data=None)
         local_acc = self._local_eval(rnd, outcome, scores.groups)
         return metrics_row(rnd, outcome, scores, local_acc, self.counters)

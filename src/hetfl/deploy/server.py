@@ -139,6 +139,11 @@ class FlowerServer:
                 f"warning: availability = {self.settings.availability} is a simulator setting; "
                 "under Flower the available clients are the connected ones"
             )
+        if cfg.system.preset or cfg.system.profiles:
+            self.progress.message(
+                "warning: device profiles (system:) drive the simulator's clock; under Flower "
+                "rounds take real time and sim_time_s stays null"
+            )
 
     # -- the loop -----------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:

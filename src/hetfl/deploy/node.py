@@ -76,11 +76,13 @@ class Node:
 #: Built nodes of this process. Under `flower-supernode` every message runs in a fresh
 #: process and this stays small; Flower's simulation engine re-uses worker processes for
 #: many virtual nodes and messages, which is where building once pays.
-_NODES: dict[tuple[int, int, str], Node] = {}
+_NODES: dict[tuple[int, int, str, str], Node] = {}
 
 
 def node_for(context: Context, server_config: str) -> Node:
-    key = (context.run_id, context.node_id, server_config)
+    """The node built from this context and the server's config (built once per process)."""
+    own = json.dumps(dict(context.node_config), sort_keys=True, default=str)
+    key = (context.run_id, context.node_id, server_config, own)
     node = _NODES.get(key)
     if node is None:
         node = _build_node(context, server_config)

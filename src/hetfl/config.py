@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hetfl.algorithms import ALGORITHMS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
+from hetfl.data.views import ViewGroup
 from hetfl.models import ARCHITECTURES, is_scalable
 from hetfl.models.factory import model_names, unknown_model_message
 from hetfl.sim.profiles import SystemConfig
@@ -70,6 +71,19 @@ class PartitionConfig(_Strict):
         return {}
 
 
+class GroupConfig(_Strict):
+    """A group of clients with one client view (`hetfl.data.views`): input size, number
+    of classes (a seeded subset per client, labels remapped to 0..K-1), training samples."""
+
+    clients: int = Field(..., ge=1)
+    size: int | None = Field(None, ge=1, description="images resized to size x size pixels")
+    classes: int | None = Field(None, ge=1, description="classes per client (default: all)")
+    samples: int | None = Field(None, ge=1, description="training samples per client")
+
+    def view_group(self) -> ViewGroup:
+        return ViewGroup(self.clients, self.size, self.classes, self.samples)
+
+
 class DataConfig(_Strict):
     dataset: str = "fashion-mnist"
     path: str | None = Field(None, description="dataset file or directory")
@@ -78,6 +92,9 @@ class DataConfig(_Strict):
     test_per_client: int = Field(100, ge=0)
     download: bool = Field(False, description="fetch and verify the dataset first if missing")
     mirror: str = Field(DEFAULT_MIRROR, description="base URL of the download mirror")
+    groups: list[GroupConfig] | None = Field(
+        None, description="client groups by input size and class count (sets num_clients)"
+    )
 
     @field_validator("dataset")
     @classmethod
@@ -94,6 +111,23 @@ class DataConfig(_Strict):
                 f"not {self.dataset!r}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _clients_from_groups(self) -> DataConfig:
+        """With groups, num_clients is their total: derived when not given, checked when given."""
+        if not self.groups:
+            return self
+        total = sum(g.clients for g in self.groups)
+        if "num_clients" in self.model_fields_set and self.num_clients != total:
+            raise ValueError(
+                f"num_clients = {self.num_clients} but groups hold {total} clients; "
+                "leave num_clients out (it is derived from the groups) or make them agree"
+            )
+        object.__setattr__(self, "num_clients", total)  # a derived value of a frozen model
+        return self
+
+    def view_groups(self) -> list[ViewGroup] | None:
+        return None if not self.groups else [g.view_group() for g in self.groups]
 
 
 class ModelConfig(_Strict):
@@ -247,6 +281,13 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
                 f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is a fixed architecture"
+            )
+        sizes = {g.size for g in self.data.groups or []}
+        if len(sizes) > 1 and not is_scalable(self.model.name):
+            raise ValueError(
+                f"data.groups give clients different input sizes ({sorted(sizes, key=str)}); "
+                f"{self.model.name!r} takes one input size: use a scalable model "
+                f"({', '.join(ARCHITECTURES.names())})"
             )
         if self.train.clients_per_round > self.data.num_clients:
             raise ValueError(

@@ -9,6 +9,7 @@ contract that belong to the face of the tool: `config.yaml` and the plots.
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
 from hetfl.data.download import DOWNLOADERS
+from hetfl.data.views import draw_views
 from hetfl.models import make_family
 from hetfl.sim import Simulation, SimulationSettings
 from hetfl.sim.outputs import Target
@@ -64,6 +66,12 @@ class Federation:
     clients: list[ClientData]
     test: tuple[torch.Tensor, torch.Tensor]
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The largest client input, which the model family is built for (client views may
+        resize a client's images away from the dataset's shape)."""
+        return max((tuple(c.x_train.shape[1:]) for c in self.clients), key=math.prod)
+
 
 def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     """Each client's training indices, drawn from the run's own partition generator."""
@@ -75,7 +83,9 @@ def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
 def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
-    clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device)
+    groups = cfg.data.view_groups()
+    views = None if groups is None else draw_views(groups, dataset.num_classes, cfg.seed)
+    clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device, views)
     test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
     return Federation(dataset, clients, test)
 
@@ -89,7 +99,7 @@ def build_simulation(
     fed = build_federation(cfg, device)
     family = make_family(
         cfg.model.name,
-        fed.dataset.input_shape,
+        fed.input_shape,
         fed.dataset.num_classes,
         **cfg.model.shape_options(),
     )

@@ -8,6 +8,7 @@ from hetfl.algorithms import fedprox as _fedprox  # noqa: F401
 from hetfl.algorithms import fjord as _fjord  # noqa: F401
 from hetfl.algorithms import heterofl as _heterofl  # noqa: F401
 from hetfl.algorithms import local_only as _local_only  # noqa: F401
+from hetfl.algorithms import scalablefl as _scalablefl  # noqa: F401
 from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
 
 __all__ = ["ALGORITHMS", "Algorithm", "Options"]

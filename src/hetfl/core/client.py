@@ -32,6 +32,7 @@ from torch import nn
 
 from hetfl.core.init import build_model, initialize
 from hetfl.core.rng import torch_generator
+from hetfl.core.roles import norm_tensor_names
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (
@@ -53,6 +54,9 @@ class LocalTraining:
 
     `steps`, when set, is the number of mini-batches and overrides `epochs`. The optimiser
     is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round.
+    `decay_norm_and_bias=False` exempts normalisation tensors and biases from `weight_decay`,
+    so that in HetFL's models only convolution and linear weights decay (ScalableFL, Table
+    VIII).
     """
 
     lr: float
@@ -62,6 +66,7 @@ class LocalTraining:
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None
+    decay_norm_and_bias: bool = True
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -206,7 +211,7 @@ def train_local(
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     ctx.model, ctx.params = model, params
     optimizer = torch.optim.SGD(
-        list(params.values()),
+        _decay_groups(model, params, settings.decay_norm_and_bias),
         lr=settings.lr,
         momentum=settings.momentum,
         weight_decay=settings.weight_decay,
@@ -242,6 +247,24 @@ def train_local(
         seen += b
     ctx.batch = None
     return LocalStats(len(batches), seen, loss_sum / max(seen, 1), default_passes)
+
+
+def _decay_groups(
+    model: nn.Module, params: dict[str, torch.Tensor], decay_all: bool
+) -> list[torch.Tensor] | list[dict[str, Any]]:
+    """The optimiser's parameters: all in one group, or (without `decay_all`) normalisation
+    tensors and biases in a group of their own with no weight decay. Both are found from the
+    model's structure: norm modules (`hetfl.core.roles`) and each module's own `bias`."""
+    if decay_all:
+        return list(params.values())
+    exempt = norm_tensor_names(model)
+    for prefix, module in model.named_modules():
+        if isinstance(getattr(module, "bias", None), nn.Parameter):
+            exempt.add(f"{prefix}.bias" if prefix else "bias")
+    decayed = [p for k, p in params.items() if k not in exempt]
+    free = [p for k, p in params.items() if k in exempt]
+    groups: list[dict[str, Any]] = [{"params": decayed}, {"params": free, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
@@ -386,6 +409,68 @@ class ClientProgram:
 
 
 @torch.no_grad()
+#: Per BatchNorm layer (by module name): (sum of per-batch means, sum of per-batch unbiased
+#: variances, number of batches), the sufficient statistics of a static-BN pass.
+BNStatistics = dict[str, tuple[torch.Tensor, torch.Tensor, int]]
+
+
+def _batch_norms(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
+    return {
+        name: m for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    }
+
+
+def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> BNStatistics:
+    """Sum each BatchNorm layer's per-batch statistics over one pass of `x` in train mode.
+
+    Batches are consecutive slices of `x`. For each batch the layer's running statistics are
+    reset and updated once with momentum None, so PyTorch's own kernel gives that batch's
+    mean and unbiased variance, which are summed. Parts of one data set (clients' data) are
+    combined by adding their sums (`apply_bn_statistics` divides). Normalisation in train
+    mode uses batch statistics, so the resets do not change any layer's input. The model's
+    momenta are restored and its running statistics are left as the last batch's.
+    """
+    norms = _batch_norms(model)
+    saved = {k: m.momentum for k, m in norms.items()}
+    sums = {
+        k: [torch.zeros_like(m.running_mean), torch.zeros_like(m.running_var), 0]
+        for k, m in norms.items()
+    }
+    model.train()
+    with torch.no_grad():
+        for start in range(0, int(x.shape[0]), batch_size):
+            for m in norms.values():
+                m.reset_running_stats()
+                m.momentum = None
+            model(x[start : start + batch_size])
+            for k, m in norms.items():
+                sums[k][0] += m.running_mean
+                sums[k][1] += m.running_var
+                sums[k][2] += 1
+    for k, m in norms.items():
+        m.momentum = saved[k]
+    return {k: (mean, var, n) for k, (mean, var, n) in sums.items()}
+
+
+def apply_bn_statistics(model: nn.Module, stats: BNStatistics) -> None:
+    """Set each BatchNorm layer's running statistics to the cumulative average of `stats`
+    (mean of the per-batch means and of the per-batch unbiased variances, as PyTorch's
+    momentum None gives); the model is left in eval mode."""
+    norms = _batch_norms(model)
+    if set(stats) != set(norms):
+        raise ValueError(
+            f"BatchNorm statistics for layers {sorted(stats)}, the model has {sorted(norms)}"
+        )
+    for k, m in norms.items():
+        mean, var, n = stats[k]
+        if n < 1:
+            raise ValueError(f"no batches for BatchNorm layer {k!r}")
+        m.running_mean.copy_(mean / n)
+        m.running_var.copy_(var / n)
+        m.num_batches_tracked.fill_(n)
+    model.eval()
+
+
 def recompute_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> None:
     """Re-estimate BatchNorm running statistics by one pass over `x` (HeteroFL's static BN).
 
@@ -393,16 +478,8 @@ def recompute_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int =
     PyTorch's cumulative average, so the running mean is the mean of the per-batch means and
     the running variance the mean of the per-batch unbiased variances (equal to the exact
     statistics of `x` only when it is one batch). Batches are consecutive slices of `x`, so
-    the result is deterministic; the model is left in eval mode.
+    the result is deterministic; the model is left in eval mode. It is
+    `bn_batch_statistics` then `apply_bn_statistics`, which the Flower adapter splits
+    between clients and server.
     """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    saved = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None
-    model.train()
-    for start in range(0, int(x.shape[0]), batch_size):
-        model(x[start : start + batch_size])
-    for m, momentum in zip(norms, saved, strict=True):
-        m.momentum = momentum
-    model.eval()
+    apply_bn_statistics(model, bn_batch_statistics(model, x, batch_size))

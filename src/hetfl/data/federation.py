@@ -10,6 +10,7 @@ trained for.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ import torch
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data.sources import Dataset
+from hetfl.data.views import ClientView, remap_labels, resize_images, restrict
 
 
 def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
@@ -89,6 +91,7 @@ def build_clients(
     test_per_client: int,
     seed: int,
     device: torch.device | str = "cpu",
+    views: Sequence[ClientView] | None = None,
 ) -> list[ClientData]:
     """One `ClientData` per partition, client ids 0..len(parts)-1 in partition order.
 
@@ -97,9 +100,15 @@ def build_clients(
     generator for (seed, 0, cid, "local-test"), so it does not depend on the other clients.
     Different clients may share test samples. A client whose classes have fewer than
     `test_per_client` test samples gets all of them, with a warning.
+
+    With `views` (one per client, `hetfl.data.views`), a client keeps only the training
+    samples of its view's classes (so its local test split holds only those classes too),
+    its labels are remapped to 0..K-1 and its images resized to the view's size.
     """
     if test_per_client < 0:
         raise ValueError(f"test_per_client must be >= 0, got {test_per_client}")
+    if views is not None and len(views) != len(parts):
+        raise ValueError(f"{len(views)} client views for {len(parts)} clients")
     n_train = dataset.y_train.shape[0]
     for cid, part in enumerate(parts):
         if part.size == 0:
@@ -115,6 +124,9 @@ def build_clients(
     y_test = _to_device(dataset.y_test, device)
     clients, short = [], []
     for cid, part in enumerate(parts):
+        view = None if views is None else views[cid]
+        if view is not None:
+            part = restrict(part, dataset.y_train, view, cid, seed)
         if test_per_client:
             rng = numpy_generator(seed, 0, cid, "local-test")
             test_idx = local_test_indices(
@@ -126,16 +138,15 @@ def build_clients(
             short.append(f"client {cid} ({test_idx.size})")
         train_t = torch.from_numpy(part.astype(np.int64)).to(device)
         test_t = torch.from_numpy(test_idx).to(device)
-        clients.append(
-            ClientData(
-                cid=cid,
-                x_train=x_train[train_t],
-                y_train=y_train[train_t],
-                x_test=x_test[test_t],
-                y_test=y_test[test_t],
-                num_classes=dataset.num_classes,
-            )
+        client = ClientData(
+            cid=cid,
+            x_train=x_train[train_t],
+            y_train=y_train[train_t],
+            x_test=x_test[test_t],
+            y_test=y_test[test_t],
+            num_classes=dataset.num_classes,
         )
+        clients.append(client if view is None else _seen_through(client, view))
     if short:
         warnings.warn(
             f"{len(short)} clients hold classes with fewer than test_per_client = "
@@ -143,6 +154,18 @@ def build_clients(
             stacklevel=2,
         )
     return clients
+
+
+def _seen_through(client: ClientData, view: ClientView) -> ClientData:
+    """The client's data as its view shows it: resized images, remapped labels."""
+    return ClientData(
+        cid=client.cid,
+        x_train=resize_images(client.x_train, view.size),
+        y_train=remap_labels(client.y_train, view.classes),
+        x_test=resize_images(client.x_test, view.size),
+        y_test=remap_labels(client.y_test, view.classes),
+        num_classes=client.num_classes if view.classes is None else len(view.classes),
+    )
 
 
 def global_test(

@@ -9,6 +9,7 @@ private state kept on the nodes) in seconds; the real processes are in
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -174,3 +175,31 @@ def test_registration_gives_up_naming_the_missing_partitions(tmp_path):
     raw = config(**{"deploy.registration_timeout_s": 0.3})
     with pytest.raises(TimeoutError, match=r"missing partitions: \[2\]"):
         serve(LoopbackGrid(nodes(tmp_path, 2)), raw, tmp_path / "run")
+
+
+def test_heterofl_runs_with_statistics_passes_on_the_clients(tmp_path):
+    """HeteroFL's static BN under Flower: before each global evaluation every width's model
+    gets BatchNorm statistics from the nodes' training data (`query.stats`)."""
+    raw = config(
+        algorithm="heterofl",
+        options={"heterofl": {"levels": [1.0, 0.5], "assignment": "fixed"}},
+        model={"name": "stage-cnn", "stages": 2, "bn": "static"},
+        **{"train.rounds": 2, "eval.local_eval": "sampled"},
+    )
+
+    class Counting(LoopbackGrid):
+        stats = 0
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            self.stats += sum(m.metadata.message_type == "query.stats" for m in messages)
+            return super().push_messages(messages)
+
+    grid = Counting(nodes(tmp_path, 3))
+    _, rows = serve(grid, raw, tmp_path / "run")
+    assert [r["round"] for r in rows] == [1, 2]
+    assert grid.stats == 2 * 2 * 3  # rounds x widths x registered clients
+    for row in rows:
+        assert {"width=1", "width=0.5"} <= set(row["groups"])
+        assert all(math.isfinite(row["groups"][g]["acc"]) for g in ("width=1", "width=0.5"))
+        assert math.isfinite(row["global_acc"]) and 0 <= row["global_acc"] <= 1

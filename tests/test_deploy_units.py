@@ -1,5 +1,6 @@
 """The Flower adapter's parts that need no federation: command checks, security flags,
-node config strings, split-learning refusal, private state on a node, process clean-up."""
+node config strings, split-learning refusal, static-BN statistics combination, private
+state on a node, process clean-up."""
 
 from __future__ import annotations
 
@@ -18,10 +19,17 @@ from flwr.common.config import parse_config_args
 from hetfl.algorithms.fedavg import FedAvg
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import (
+    BNStatistics,
+    ClientProgram,
+    apply_bn_statistics,
+    bn_batch_statistics,
+    recompute_bn_statistics,
+)
 from hetfl.deploy.launch import Processes, Security, node_config
 from hetfl.deploy.node import Node, PrivateState
-from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
+from hetfl.deploy.records import from_content, to_content
+from hetfl.deploy.server import SimulatorOnlyError, _add_bn_statistics, refuse_server_program
 from hetfl.models import PlainFamily
 
 CONFIG = """
@@ -129,15 +137,30 @@ def test_methods_with_a_server_program_are_refused():
     refuse_server_program(FedAvg(family, clients_per_round=1, train={"lr": 0.1}), "fedavg")
 
 
-def test_static_bn_methods_are_refused_before_anything_starts(tmp_path, capsys):
-    config = cfg_file(tmp_path).read_text().replace("model: {name: mlp}", "")
-    path = tmp_path / "heterofl.yaml"
-    path.write_text(
-        config + "algorithm: heterofl\nmodel: {name: stage-cnn, stages: 2, bn: static}\n"
-    )
-    code, err = run_cli(capsys, "serve", str(path), "--insecure")
-    assert code == 2 and "statistics pass" in err and "simulator-only for now" in err
-    assert not (tmp_path / "runs" / "d" / "config.yaml").exists()
+def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():
+    """Static BN under Flower: each client sums per-batch statistics over its own data and
+    the server adds the sums; when every client's data is a whole number of batches this is
+    `recompute_bn_statistics` over the concatenated data (checked here by hand too)."""
+    a = torch.tensor([[0.0, 0.0], [2.0, 2.0], [4.0, 0.0], [4.0, 4.0]])  # 2 batches of 2
+    b = torch.tensor([[1.0, 1.0], [3.0, 1.0]])  # 1 batch
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(2))
+    total: BNStatistics = {}
+    for x in (a, b):
+        sums = bn_batch_statistics(model, x, batch_size=2)
+        wire = from_content(to_content({"stats": {k: list(v) for k, v in sums.items()}}))
+        assert _add_bn_statistics(total, wire["stats"]) is None
+    apply_bn_statistics(model, total)
+    combined = {k: v.clone() for k, v in model.state_dict().items()}
+    # Per-batch means (1, 1), (4, 2), (2, 1); unbiased variances (2, 2), (0, 8), (2, 0).
+    torch.testing.assert_close(combined["0.running_mean"], torch.tensor([7 / 3, 4 / 3]))
+    torch.testing.assert_close(combined["0.running_var"], torch.tensor([4 / 3, 10 / 3]))
+    assert int(combined["0.num_batches_tracked"]) == 3 and not model.training
+
+    reference = torch.nn.Sequential(torch.nn.BatchNorm1d(2))
+    recompute_bn_statistics(reference, torch.cat([a, b]), batch_size=2)
+    for k, v in reference.state_dict().items():
+        torch.testing.assert_close(combined[k], v)
+    assert _add_bn_statistics(total, {"other": list(sums["0"])}) is not None  # layers differ
 
 
 # -- private state on a node ---------------------------------------------------------------

@@ -408,7 +408,6 @@ class ClientProgram:
         return evaluate_model(model, data.x_test, data.y_test, label_mask=task.label_mask)
 
 
-@torch.no_grad()
 #: Per BatchNorm layer (by module name): (sum of per-batch means, sum of per-batch unbiased
 #: variances, number of batches), the sufficient statistics of a static-BN pass.
 BNStatistics = dict[str, tuple[torch.Tensor, torch.Tensor, int]]
@@ -416,7 +415,9 @@ BNStatistics = dict[str, tuple[torch.Tensor, torch.Tensor, int]]
 
 def _batch_norms(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
     return {
-        name: m for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
     }
 
 
@@ -452,6 +453,7 @@ def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500
     return {k: (mean, var, n) for k, (mean, var, n) in sums.items()}
 
 
+@torch.no_grad()
 def apply_bn_statistics(model: nn.Module, stats: BNStatistics) -> None:
     """Set each BatchNorm layer's running statistics to the cumulative average of `stats`
     (mean of the per-batch means and of the per-batch unbiased variances, as PyTorch's

@@ -25,6 +25,7 @@ RESUME_KEY = "hetfl-resume"
 
 client_app = ClientApp()
 client_app.query("register")(node.register)
+client_app.query("stats")(node.stats)
 client_app.train()(node.train)
 client_app.evaluate()(node.evaluate)
 

@@ -407,10 +407,10 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
 
     A sweep cannot be served (a federation runs one configuration). Everything that can be
     checked without the network is checked before any process starts: the config, that
-    the method needs neither a server program nor a statistics pass, that the dataset
+    the method needs no server program, that the strategy sets up, that the dataset
     loads (the server tests on it).
     """
-    from hetfl.deploy.server import refuse_server_program, refuse_stats_pass
+    from hetfl.deploy.server import refuse_server_program
     from hetfl.runner import build_simulation
 
     require_flower()
@@ -442,7 +442,6 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     sim = build_simulation(cfg, run_dir, show_progress=False)
     refuse_server_program(sim.strategy, cfg.algorithm)
     sim.setup()  # with the server's own view of the clients; the run registers the real ones
-    refuse_stats_pass(sim.strategy, cfg.algorithm)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:
         saved.write_text(cfg.to_yaml())

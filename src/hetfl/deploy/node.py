@@ -33,7 +33,7 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message
 
 from hetfl.config import RunConfig, load_raw, validate
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import ClientProgram, bn_batch_statistics
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
@@ -234,6 +234,19 @@ def evaluate(msg: Message, context: Context) -> Message:
     task.payload = {k: v.to(node.program.device) for k, v in task.payload.items()}
     correct, loss_sum, n = node.program.evaluate(task, node.data, PrivateState(context, node).get())
     return Message(to_content({"correct": correct, "loss": loss_sum, "n": n}), reply_to=msg)
+
+
+def stats(msg: Message, context: Context) -> Message:
+    """Sum per-batch BatchNorm statistics of the sent model over this node's training data
+    (a static-BN pass, `bn_batch_statistics`); the server combines all nodes' sums."""
+    request = from_content(msg.content)
+    node = node_for(context, request["config"])
+    device = node.program.device
+    model = node.program.model_for(request["spec"])
+    model.load_state_dict({k: v.to(device) for k, v in request["tensors"].items()}, strict=True)
+    sums = bn_batch_statistics(model, node.data.x_train.to(device))
+    reply = {k: [mean.cpu(), var.cpu(), n] for k, (mean, var, n) in sums.items()}
+    return Message(to_content({"stats": reply}), reply_to=msg)
 
 
 def _check_cid(node: Node, cid: int) -> None:

@@ -8,6 +8,10 @@ Exchanges (server -> client, each answered once):
 - `train`: one `ClientTask` of a round; the reply carries the `ClientResult`.
 - `evaluate`: one `EvalTask` (the client's model with its private layers on its local test
   split); the reply carries (correct, summed loss, count).
+- `query.stats`: a static-BN statistics pass (HeteroFL) before global evaluation: an
+  evaluated model's spec and complete tensors; the reply carries, per BatchNorm layer, the
+  sums of the per-batch means and unbiased variances over the node's training data and the
+  number of batches (`hetfl.core.client.bn_batch_statistics`).
 
 Every request also carries the server's resolved config, so a node needs no state to
 know the run it serves: a restarted node answers the next message like any other.
@@ -25,6 +29,7 @@ from hetfl.deploy.codec import CodecError, decode, encode
 REGISTER = "query.register"
 TRAIN = "train"
 EVALUATE = "evaluate"
+STATS = "query.stats"
 
 _HEADER = "hetfl.header"
 _TENSORS = "hetfl.tensors"

@@ -17,6 +17,15 @@ What differs from the simulator, and why:
   others. Local evaluation is a second exchange with the same bound.
 - Private state lives on the nodes, so checkpoints hold the strategy state, the counters
   and which clients have participated, but no client store (see `node.PrivateState`).
+- Static BatchNorm (HeteroFL, `EvalModel.stats_pass`): before global evaluation the
+  server sends each such model to every connected registered client (`query.stats`); each
+  sums per-batch BN statistics over its own training data (`bn_batch_statistics`, batches
+  of 500) and the server adds the sums and sets the cumulative average over all clients'
+  batches (`apply_bn_statistics`), the definition `recompute_bn_statistics` uses. The
+  statistics therefore come from the clients' whole training sets, not the simulator's
+  fixed seeded subsample (`SimulationSettings.stats_samples`), so accuracies differ from the
+  simulator's; the bytes of this exchange are not counted, as evaluation traffic is not
+  in the simulator.
 - Methods with a server program (split learning) need a per-batch exchange this adapter
   does not have: they are refused up front.
 """
@@ -32,15 +41,17 @@ import torch
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
+from torch import nn
 
 from hetfl.config import RunConfig
+from hetfl.core.client import BNStatistics, apply_bn_statistics
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, ClientResult, ClientTask, Failure
+from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalModel, Failure
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.node import data_fingerprint
-from hetfl.deploy.records import EVALUATE, REGISTER, TRAIN, from_content, to_content
+from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
 from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.sim.outputs import summarise, write_json
 from hetfl.sim.steps import (
@@ -81,17 +92,32 @@ def refuse_server_program(strategy: Strategy, algorithm: str) -> None:
         )
 
 
-def refuse_stats_pass(strategy: Strategy, algorithm: str) -> None:
-    """Static BatchNorm (HeteroFL) re-estimates statistics over clients' training data
-    before each global evaluation; the server has no such data, so such methods are
-    refused once `setup` has shown which models they evaluate."""
-    needing = [em.name for em in strategy.eval_models(strategy.global_state) if em.stats_pass]
-    if needing:
-        raise SimulatorOnlyError(
-            f"algorithm {algorithm!r} evaluates {needing} after a BatchNorm statistics pass "
-            "over clients' training data, which the Flower adapter does not have: it is "
-            "simulator-only for now (use `hetfl run`)"
-        )
+def _add_bn_statistics(total: BNStatistics, part: Any) -> str | None:
+    """Add one client's per-layer sums to `total`; returns why they do not fit, or None
+    (then `total` is unchanged)."""
+    if not isinstance(part, dict) or not all(
+        isinstance(v, list)
+        and len(v) == 3
+        and isinstance(v[0], torch.Tensor)
+        and isinstance(v[1], torch.Tensor)
+        and isinstance(v[2], int)
+        for v in part.values()
+    ):
+        return "malformed reply: expected {layer: [sum of means, sum of variances, batches]}"
+    if total and set(part) != set(total):
+        return f"BatchNorm layers {sorted(part)} differ from other clients' {sorted(total)}"
+    for k, (mean, var, _) in part.items():
+        if k in total:
+            m0, v0, _ = total[k]
+            if m0.shape != mean.shape or v0.shape != var.shape:
+                return f"BatchNorm layer {k!r} has other shapes than other clients'"
+    for k, (mean, var, n) in part.items():
+        if k in total:
+            m0, v0, n0 = total[k]
+            total[k] = (m0 + mean, v0 + var, n0 + n)
+        else:
+            total[k] = (mean.clone(), var.clone(), n)
+    return None
 
 
 class FlowerServer:
@@ -155,7 +181,6 @@ class FlowerServer:
             torch_generator(self.settings.seed, 0, SERVER, "init"),
             rounds=self.settings.rounds,
         )
-        refuse_stats_pass(self.strategy, self.algorithm)
         first = self._restore() + 1 if resume else self._fresh_start()
         for rnd in range(first, self.settings.rounds + 1):
             started = time.perf_counter()
@@ -345,10 +370,41 @@ class FlowerServer:
 
     # -- evaluation ---------------------------------------------------------------------
     def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
-        # Static-BN statistics need clients' training data (refused in `run`).
-        scores = evaluate_global(self.strategy, self.program, self.test, stats_data=None)
+        scores = evaluate_global(
+            self.strategy, self.program, self.test, lambda m, em: self._stats_pass(rnd, m, em)
+        )
         local_acc = self._local_eval(rnd, outcome, scores.groups)
         return metrics_row(rnd, outcome, scores, local_acc, self.counters)
+
+    def _stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
+        """Static-BN statistics of `em` from every connected registered client's training
+        data: each node returns per-layer sums over its batches, the server adds them and
+        sets the cumulative average. Clients that fail are left out (with a warning); with
+        none left the round's evaluation fails. Bytes are not counted (evaluation traffic)."""
+        connected = set(self.grid.get_node_ids())
+        timeout = self.deploy.round_timeout_s
+        request = to_content({"config": self.config_text, "spec": em.spec, "tensors": em.tensors})
+        messages = {
+            c: Message(request, self.node_of[c], STATS, ttl=timeout, group_id=str(rnd))
+            for c in sorted(self.infos)
+            if self.node_of[c] in connected
+        }
+        replies = self._exchange(messages, timeout)
+        total: BNStatistics = {}
+        for c in sorted(messages):
+            answer, problem = self._answer(replies.get(c), ("stats",))
+            if problem is None:
+                problem = _add_bn_statistics(total, answer["stats"])
+            if problem is not None:
+                self.progress.message(
+                    f"warning: client {c} gave no BatchNorm statistics for {em.name!r} in "
+                    f"round {rnd}: {problem}"
+                )
+        if not total:
+            raise RuntimeError(
+                f"no client returned BatchNorm statistics for {em.name!r} in round {rnd}"
+            )
+        apply_bn_statistics(model, total)
 
     def _local_eval(
         self, rnd: int, outcome: RoundOutcome, groups: dict[str, dict[str, float | int]]

@@ -29,14 +29,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import nn
 
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import ClientProgram, recompute_bn_statistics
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.server_program import Channel, ServerProgram, ServerResult, server_result_problem
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientData, ClientResult, ClientTask, ClientTimes, Failure
+from hetfl.core.types import (
+    ClientData,
+    ClientResult,
+    ClientTask,
+    ClientTimes,
+    EvalModel,
+    Failure,
+)
 from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.sim.clock import Clock, Usage
 from hetfl.sim.costs import MacCounter
@@ -283,7 +291,7 @@ class Simulation:
 
     def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
         scores = evaluate_global(
-            self.strategy, self.program, (self.x_test, self.y_test), self._stats_data
+            self.strategy, self.program, (self.x_test, self.y_test), self._stats_pass
         )
         local_acc = self._local_eval(outcome, scores.groups)
         sim_time_s = None if self.clock is None else self.counters.sim_time_s
@@ -305,6 +313,10 @@ class Simulation:
             correct, _, n = self.program.evaluate(task, data, self.store.get(cid))
             evaluated.append((correct / n, task.group))
         return mean_local_accuracy(evaluated, groups)
+
+    def _stats_pass(self, model: nn.Module, em: EvalModel) -> None:
+        """Static-BN statistics over a fixed subsample of all clients' training data."""
+        recompute_bn_statistics(model, self._stats_data())
 
     def _stats_data(self) -> torch.Tensor:
         """A fixed, seeded subsample of all clients' training data for static-BN passes."""

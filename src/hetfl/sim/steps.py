@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
-from hetfl.core.client import ClientProgram, evaluate_model, recompute_bn_statistics
+from hetfl.core.client import ClientProgram, evaluate_model
 from hetfl.core.server_program import ServerResult
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientResult, ClientTask, ClientTimes, Failure
+from hetfl.core.types import ClientResult, ClientTask, ClientTimes, EvalModel, Failure
 from hetfl.core.validate import result_problem
 from hetfl.sim.costs import MacCounter
 from hetfl.sim.outputs import make_row
@@ -78,13 +79,14 @@ def evaluate_global(
     strategy: Strategy,
     program: ClientProgram,
     test: tuple[torch.Tensor, torch.Tensor],
-    stats_data: Callable[[], torch.Tensor] | None,
+    stats_pass: Callable[[nn.Module, EvalModel], None] | None,
 ) -> GlobalScores:
     """Test every model `strategy.eval_models` names on the global test set.
 
-    `stats_data` supplies the training inputs for a static-BN statistics pass; an engine
-    without access to clients' training data passes None, and a model that needs the pass
-    is then refused with an error that says so.
+    `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
+    training data for a model with `em.stats_pass` (the simulator over a fixed subsample
+    of all clients' data, the Flower adapter by asking the clients); None refuses such a
+    model with an error that says so.
     """
     x_test, y_test = test
     scores = GlobalScores()
@@ -92,13 +94,12 @@ def evaluate_global(
         model = program.model_for(em.spec)
         model.load_state_dict(em.tensors, strict=True)
         if em.stats_pass:
-            if stats_data is None:
+            if stats_pass is None:
                 raise RuntimeError(
                     f"evaluated model {em.name!r} needs a BatchNorm statistics pass over "
-                    "clients' training data, which this engine does not have (the Flower "
-                    "adapter runs such methods simulator-only for now)"
+                    "clients' training data, which this engine was not given"
                 )
-            recompute_bn_statistics(model, stats_data())
+            stats_pass(model, em)
         correct, loss_sum, n = evaluate_model(model, x_test, y_test)
         if i == 0:
             scores.global_acc, scores.test_loss = correct / n, loss_sum / n

@@ -6,6 +6,7 @@ short run on real data.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from hetfl.algorithms.scalablefl import (
     parameter_count,
     scaled_depth,
 )
-from hetfl.config import ConfigError, validate
+from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import ClientHooks, ClientProgram, LocalTraining, TrainContext, train_local
 from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
@@ -348,6 +349,16 @@ def test_groups_set_num_clients_and_are_checked_at_the_edge() -> None:
         validate({**base, "algorithm": "fedavg", "model": {"name": "small-cnn"}})
     with pytest.raises(ConfigError, match="variant"):
         validate({**base, "options": {"scalablefl": {"variant": "heterofl"}}})
+
+
+def test_the_fashion_mnist_sweep_config_validates() -> None:
+    path = Path(__file__).resolve().parents[1] / "configs" / "scalablefl_fmnist.yaml"
+    points = expand_sweep(load_raw(path))
+    configs = [validate(raw) for _, raw in points]
+    variants = {c.options["scalablefl"]["variant"] for c in configs}
+    assert variants == {"scalablefl", "heterofl-max", "heterofl-max-1", "individual"}
+    assert sorted({c.seed for c in configs}) == [0, 1, 2] and len(configs) == 12
+    assert all(c.data.num_clients == 9 for c in configs)
 
 
 # -- end to end ---------------------------------------------------------------------------------

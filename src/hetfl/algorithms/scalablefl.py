@@ -137,7 +137,13 @@ class ParameterCount:
 
     def __init__(self, family: ModelFamily, spec: Spec) -> None:
         self.family, self.spec = family, spec
-        self.bases = np.array(ARCHITECTURES.get(spec["family"]).make.BASE[: spec["stages"]])
+        bases = getattr(ARCHITECTURES.get(spec["family"]).make, "BASE", None)
+        if bases is None:
+            raise ValueError(
+                f"{spec['family']} declares no base widths (BASE), so its widths cannot be "
+                "matched to a parameter count"
+            )
+        self.bases = np.array(bases[: spec["stages"]])
         dim = len(self.bases)
 
         def at(x: Mapping[int, int]) -> int:

@@ -250,7 +250,7 @@ def train_local(
 
 
 def _decay_groups(
-    model: nn.Module, params: dict[str, torch.Tensor], decay_all: bool
+    model: nn.Module, params: Mapping[str, torch.Tensor], decay_all: bool
 ) -> list[torch.Tensor] | list[dict[str, Any]]:
     """The optimiser's parameters: all in one group, or (without `decay_all`) normalisation
     tensors and biases in a group of their own with no weight decay. Both are found from the

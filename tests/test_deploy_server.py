@@ -24,6 +24,7 @@ from flwr.common.constant import ErrorCode
 
 from hetfl.config import validate
 from hetfl.deploy.apps import client_app
+from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer
 from hetfl.runner import run_one
 from hetfl.sim.outputs import read_metrics
@@ -203,3 +204,71 @@ def test_heterofl_runs_with_statistics_passes_on_the_clients(tmp_path):
         assert {"width=1", "width=0.5"} <= set(row["groups"])
         assert all(math.isfinite(row["groups"][g]["acc"]) for g in ("width=1", "width=0.5"))
         assert math.isfinite(row["global_acc"]) and 0 <= row["global_acc"] <= 1
+
+
+def scalablefl_config(**changes) -> dict:
+    """Two client groups of digits views (16 px with 10 classes, 8 px with 3) and H0 = 4:
+    depths 2 and 1, widths 1 and log 3 / log 10, private BN and heads."""
+    raw = config(
+        algorithm="scalablefl",
+        options={"scalablefl": {"base_size": 4, "participation": 1.0}},
+        model={"name": "stage-cnn"},
+        data={
+            "dataset": "digits",
+            "test_per_client": 20,
+            "groups": [{"size": 16, "classes": 10, "clients": 2}, {"size": 8, "classes": 3}],
+        },
+        **{"train.clients_per_round": 3, "train.momentum": 0.9, "train.weight_decay": 5e-4},
+    )
+    raw["data"]["groups"][1]["clients"] = 1
+    for key, value in changes.items():
+        raw[key] = value
+    return raw
+
+
+def test_scalablefl_equals_the_simulator_and_keeps_private_layers_on_the_nodes(tmp_path):
+    """ScalableFL through the adapter: per-group depth and width, private BatchNorm and heads
+    held in each node's Flower state (never in a message to or from the server), and the
+    same metrics as the simulator, row for row, per group."""
+    raw = scalablefl_config()
+
+    class Recording(LoopbackGrid):
+        sent: set[str] = set()
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            for m in messages:
+                if m.metadata.message_type == "train":
+                    self.sent |= set(from_content(m.content)["task"].payload)
+            return super().push_messages(messages)
+
+    grid = Recording(nodes(tmp_path, 3))
+    server, rows = serve(grid, raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert set(rows[-1]["groups"]) == {"group=16px-10cls", "group=8px-3cls"}
+
+    private = set()
+    for ctx in grid.contexts.values():
+        held = set(record_tensors(ctx.state["hetfl.private"]))
+        # Each node holds exactly its BN layers (affine and statistics) and its head ...
+        assert {"head.weight", "head.bias", "stages.0.norm.running_mean"} <= held
+        assert all(".norm." in n or n.startswith("head.") for n in held)
+        private |= held
+    # ... and none of them was ever sent.
+    assert grid.sent and not (grid.sent & private)
+    assert not any(n in server.strategy.global_state for n in private)
+
+
+def test_a_node_with_other_client_groups_is_refused(tmp_path):
+    other = tmp_path / "other.yaml"
+    changed = scalablefl_config()
+    changed["data"]["groups"][1]["classes"] = 4
+    other.write_text(yaml.safe_dump(changed))
+    node_cfgs = nodes(tmp_path, 3)
+    node_cfgs[2]["hetfl-config"] = str(other)
+    raw = scalablefl_config(deploy={"min_clients": 2, "registration_timeout_s": 1})
+    raw["train"]["rounds"] = 1
+    server, _ = serve(LoopbackGrid(node_cfgs), raw, tmp_path / "run")
+    assert server.refused == {1002}

@@ -51,6 +51,7 @@ def data_fingerprint(cfg: RunConfig) -> dict[str, Any]:
         "num_clients": cfg.data.num_clients,
         "partition": cfg.data.partition.model_dump(mode="json"),
         "test_per_client": cfg.data.test_per_client,
+        "groups": [g.model_dump(mode="json") for g in cfg.data.groups or []],
         "seed": cfg.seed,
     }
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 pytest.importorskip("flwr")
@@ -26,6 +27,7 @@ from hetfl.core.state import state_bytes
 from hetfl.deploy.launch import Processes, free_port
 from hetfl.models import PlainFamily
 from hetfl.runner import build_simulation
+from hetfl.sim.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.flower
 
@@ -282,6 +284,60 @@ def test_fjord_sub_models_insecure_by_explicit_flag(tmp_path):
     assert rows == expected
     # The half-width client got a sub-model: less than two copies of the global state.
     assert rows[0]["bytes_down"] < 2 * state_bytes(sim.strategy.global_state)
+
+
+def test_scalablefl_keeps_private_layers_on_real_nodes(tmp_path):
+    """ScalableFL over real processes: two client groups (16 px with 10 classes, 8 px with
+    3) train models of their own depth and width; their BatchNorm layers and heads stay in
+    the nodes' state directories and the server's checkpoint holds none of them; the
+    metrics, per group, equal the simulator's row for row."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "scalablefl.yaml",
+        port,
+        algorithm="scalablefl",
+        **{
+            "options.scalablefl": {"base_size": 4, "participation": 1.0},
+            "model": {"name": "stage-cnn"},
+            "data.groups": [
+                {"size": 16, "classes": 10, "clients": 1},
+                {"size": 8, "classes": 3, "clients": 1},
+            ],
+            "train.momentum": 0.9,
+            "eval.local_eval": "all",
+        },
+    )
+    procs = Processes()
+    try:
+        server = start_server(procs, tmp_path, [str(config), "--insecure"])
+        start_clients(
+            procs,
+            tmp_path,
+            config,
+            2,
+            lambda i: ["--insecure", "--state-dir", str(tmp_path / f"state{i}")],
+        )
+        assert server.wait(timeout=BOUND_S) == 0, logs(tmp_path)
+    finally:
+        shut_down(procs)
+    rows = rows_of(tmp_path / "runs" / "fed")
+    assert set(rows[-1]["groups"]) == {"group=16px-10cls", "group=8px-3cls"}
+    cfg = validate(load_raw(config)).model_copy(update={"name": "sim"})
+    sim = build_simulation(cfg, tmp_path / "runs" / "sim", show_progress=False)
+    sim.run()
+    expected = sim.metrics.read()
+    for row in (*rows, *expected):
+        row.pop("wall_time_s")
+    assert rows == expected
+    # Private layers on disk at the nodes, equal to the simulator's client store ...
+    for i in range(2):
+        kept = load_checkpoint(tmp_path / f"state{i}" / f"client-{i}" / "round-2")["private"]
+        assert {"head.weight", "stages.0.norm.running_mean"} <= set(kept)
+        for name, tensor in sim.store.get(i).items():
+            assert torch.equal(kept[name], tensor), name
+    # ... and none in the server's checkpoint.
+    server_ckpt = load_checkpoint(tmp_path / "runs" / "fed" / "checkpoints")
+    assert not any(n.startswith("head") or ".norm." in n for n in server_ckpt["strategy"]["global"])
 
 
 def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):

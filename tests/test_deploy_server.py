@@ -233,7 +233,9 @@ def test_scalablefl_equals_the_simulator_and_keeps_private_layers_on_the_nodes(t
     raw = scalablefl_config()
 
     class Recording(LoopbackGrid):
-        sent: set[str] = set()
+        def __init__(self, node_configs):
+            super().__init__(node_configs)
+            self.sent: set[str] = set()
 
         def push_messages(self, messages):
             messages = list(messages)

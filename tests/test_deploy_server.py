@@ -23,6 +23,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from hetfl.config import validate
+from hetfl.deploy import node
 from hetfl.deploy.apps import client_app
 from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer
@@ -50,6 +51,15 @@ def _task_identity(monkeypatch):
 
     for attr in ("_task_id", "_run_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, attr, 1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_node_cache():
+    """Nodes built by earlier tests (the ClientApp caches them per process) are not reused:
+    each test's nodes start as new machines would."""
+    node._NODES.clear()
+    yield
+    node._NODES.clear()
 
 
 def config(**changes) -> dict:
@@ -137,12 +147,12 @@ def test_without_state_dirs_a_resumed_node_restarts_its_private_head(tmp_path):
     """The documented limit: without a state directory the private head is re-initialised,
     so training after resuming differs from the uninterrupted run."""
     run_dir = tmp_path / "flower"
-    serve(LoopbackGrid(nodes(tmp_path, 3)), config(**{"train.rounds": 2}), run_dir)
+    first, _ = serve(LoopbackGrid(nodes(tmp_path, 3)), config(**{"train.rounds": 2}), run_dir)
     _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), config(), run_dir, resume=True)
     run_one(validate(config()), tmp_path / "sim", show_progress=False)
     expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
     assert without_wall_time(rows[:2]) == without_wall_time(expected[:2])
-    assert rows[2]["loss"] != expected[2]["loss"]
+    assert rows[2]["loss"] != expected[2]["loss"], (rows, expected, first.participated)
 
 
 def test_a_silent_node_is_a_failure_each_round_and_the_run_completes(tmp_path):

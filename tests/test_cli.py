@@ -52,6 +52,7 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
         ("data.num_clients=5000", ["5000", "samples"]),
         ("train.clients_per_round=7", ["clients_per_round = 7", "num_clients = 6"]),
         ("options.fedprox.mu=-1", ["options.fedprox.mu", "-1"]),
+        ("train.keep_momentum=true", ["train", "keep_momentum needs momentum > 0"]),
     ],
 )
 def test_bad_configs_fail_with_a_clear_message(tmp_path, capsys, override, expected):

@@ -484,6 +484,60 @@ def test_client_fit_private_init_does_not_touch_global_rng():
     assert sorted(out.private) == ["head.bias", "head.weight"]
 
 
+# -- keep_momentum: buffers as private state ------------------------------------------------------
+@pytest.mark.parametrize("keep", [True, False])
+def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
+    """One client alone, two rounds, the second starting from the first's weights: with
+    keep_momentum that is one SGD-with-momentum run over both rounds' batches (a plain
+    PyTorch loop, one optimiser); without it the second round restarts the buffers."""
+    family, spec, imap, state, data = _mlp_setup()
+    config = {"lr": 0.1, "steps": 3, "batch_size": 4, "momentum": 0.9, "keep_momentum": keep}
+    program = ClientProgram(family, seed=0)
+    first = program.fit(
+        ClientTask(0, spec, dict(state), imap, config), data, {}, torch_generator(0, 1, 0, "t")
+    )
+    assert sorted(first.private) == (sorted(f"momentum/{k}" for k in state) if keep else [])
+    second = program.fit(
+        ClientTask(0, spec, first.result.tensors, imap, config),
+        data,
+        first.private,
+        torch_generator(0, 2, 0, "t"),
+    )
+
+    model = family.build(spec)
+    model.load_state_dict(state)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    settings = LocalTraining.from_config(config)
+    for rnd in (1, 2):
+        for idx in batch_order(8, settings, torch_generator(0, rnd, 0, "t")):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+            opt.step()
+    continuous = all(
+        torch.allclose(second.result.tensors[k], v, rtol=0, atol=1e-7)
+        for k, v in model.state_dict().items()
+    )
+    assert continuous == keep
+
+
+def test_a_kept_buffer_of_another_shape_starts_afresh():
+    """A client that gets another sub-model drops the buffers that no longer fit."""
+    family, spec, imap, state, data = _mlp_setup()
+    config = {"lr": 0.1, "steps": 2, "batch_size": 4, "momentum": 0.9, "keep_momentum": True}
+    task = ClientTask(0, spec, dict(state), imap, config)
+    stale = {"momentum/head.weight": torch.ones(2, 2)}
+    fresh = ClientProgram(family, seed=0).fit(task, data, {}, torch_generator(0, 1, 0, "t"))
+    out = ClientProgram(family, seed=0).fit(task, data, stale, torch_generator(0, 1, 0, "t"))
+    for k in fresh.result.tensors:
+        assert torch.equal(out.result.tensors[k], fresh.result.tensors[k])
+    assert out.private["momentum/head.weight"].shape == state["head.weight"].shape
+
+
+def test_keep_momentum_without_momentum_is_refused():
+    with pytest.raises(ValueError, match="keep_momentum needs momentum > 0"):
+        LocalTraining(lr=0.1, keep_momentum=True)
+
+
 # -- recompute_bn_statistics -----------------------------------------------------------------------
 _BN_X = [
     [1.0, 2.0],

@@ -175,8 +175,17 @@ class TrainConfig(_Strict):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0, allow_inf_nan=False)
     momentum: float = Field(0.0, ge=0, lt=1)
+    keep_momentum: bool = Field(
+        False, description="momentum buffers persist across rounds as private client state"
+    )
     weight_decay: float = Field(0.0, ge=0)
     clip_grad_norm: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _momentum_to_keep(self) -> TrainConfig:
+        if self.keep_momentum and self.momentum == 0:
+            raise ValueError("keep_momentum needs momentum > 0: there is no buffer to keep")
+        return self
 
     def local_training(self) -> dict[str, Any]:
         """The settings each client receives (`hetfl.core.client.LocalTraining`)."""
@@ -186,6 +195,7 @@ class TrainConfig(_Strict):
             "steps": self.local_steps,
             "batch_size": self.batch_size,
             "momentum": self.momentum,
+            "keep_momentum": self.keep_momentum,
             "weight_decay": self.weight_decay,
             "clip_grad_norm": self.clip_grad_norm,
         }

@@ -44,7 +44,8 @@ Choices where the paper is silent:
 - `lr_schedule: cosine` is Table VIII's cosine decay over the planned rounds R,
   lr_r = lr (1 + cos(pi (r - 1) / R)) / 2 (so resuming with more rounds changes it); the
   default is a constant lr, as every other HetFL method trains. The optimiser (and its
-  momentum) is fresh every round (METHODS.md §8).
+  momentum) is fresh every round by default (METHODS.md §8); `train.keep_momentum` keeps
+  each client's buffers as its private state instead.
 - Private layers start at the client's own seeded initialisation (BN gamma = 1, beta = 0,
   fresh statistics) at its first participation.
 - HeteroFL's widths: first one ratio for every stage, the nearest achievable count over

@@ -53,10 +53,12 @@ class LocalTraining:
     """Local optimisation settings, carried in `ClientTask.config`.
 
     `steps`, when set, is the number of mini-batches and overrides `epochs`. The optimiser
-    is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round.
-    `decay_norm_and_bias=False` exempts normalisation tensors and biases from `weight_decay`,
-    so that in HetFL's models only convolution and linear weights decay (ScalableFL, Table
-    VIII).
+    is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round;
+    with `keep_momentum` its momentum buffers are kept by the client between its rounds as
+    private state (`MOMENTUM` names), the flag METHODS.md §7-8 asks for, since no paper
+    says whether its local optimiser state survives a round. `decay_norm_and_bias=False`
+    exempts normalisation tensors and biases from `weight_decay`, so that in HetFL's models
+    only convolution and linear weights decay (ScalableFL, Table VIII).
     """
 
     lr: float
@@ -64,6 +66,7 @@ class LocalTraining:
     steps: int | None = None
     batch_size: int = 32
     momentum: float = 0.0
+    keep_momentum: bool = False
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None
     decay_norm_and_bias: bool = True
@@ -79,6 +82,8 @@ class LocalTraining:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.keep_momentum and self.momentum == 0:
+            raise ValueError("keep_momentum needs momentum > 0 (there is no buffer to keep)")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if self.clip_grad_norm is not None and not (
@@ -184,6 +189,7 @@ class LocalStats:
     samples_seen: int
     loss: float
     default_passes: dict[int, int]
+    momentum: State = field(default_factory=dict)
 
 
 def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> list[torch.Tensor]:
@@ -204,8 +210,14 @@ def train_local(
     data: ClientData,
     hooks: ClientHooks,
     ctx: TrainContext,
+    momentum: Mapping[str, torch.Tensor] | None = None,
 ) -> LocalStats:
-    """SGD on the client's training data with the method's hooks."""
+    """SGD on the client's training data with the method's hooks.
+
+    With `keep_momentum`, `momentum` holds the buffers the client kept from its previous
+    round (by parameter name); a buffer whose shape no longer fits its parameter (the
+    client got another sub-model) is dropped and that buffer starts afresh. The buffers
+    after training come back in `LocalStats.momentum`."""
     settings = ctx.settings
     model.train()
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
@@ -217,6 +229,11 @@ def train_local(
         weight_decay=settings.weight_decay,
         foreach=True,
     )
+    if settings.keep_momentum:
+        for k, p in params.items():
+            buf = (momentum or {}).get(k)
+            if buf is not None and buf.shape == p.shape:
+                optimizer.state[p]["momentum_buffer"] = buf.to(p.device).clone()
     device = next(iter(params.values())).device
     loss_sum, seen = 0.0, 0
     default_passes: dict[int, int] = {}
@@ -246,7 +263,13 @@ def train_local(
         loss_sum += float(loss.detach()) * b
         seen += b
     ctx.batch = None
-    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), default_passes)
+    buffers = {
+        k: buf.detach().clone()
+        for k, p in params.items()
+        if settings.keep_momentum
+        and (buf := optimizer.state.get(p, {}).get("momentum_buffer")) is not None
+    }
+    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), default_passes, buffers)
 
 
 def _decay_groups(
@@ -307,6 +330,11 @@ def evaluate_model(
         loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(dim=1) == yb).sum())
     return correct, loss_sum, int(y.shape[0])
+
+
+#: The prefix of the names under which a client keeps its momentum buffers as private
+#: state (`LocalTraining.keep_momentum`); state-dict names are module paths, never with "/".
+MOMENTUM = "momentum/"
 
 
 class ClientProgram:
@@ -378,11 +406,15 @@ class ClientProgram:
             info=data.info(),
             channel=channel,
         )
-        stats = train_local(model, data, self.hooks, ctx)
+        kept_momentum = {
+            k.removeprefix(MOMENTUM): v for k, v in private.items() if k.startswith(MOMENTUM)
+        }
+        stats = train_local(model, data, self.hooks, ctx, kept_momentum)
         state = model.state_dict()
         sent = set(local_names(task.index_map))
         tensors = {k: state[k].detach().clone() for k in local_names(task.index_map)}
         kept = {k: v.detach().clone() for k, v in state.items() if k not in sent}
+        kept.update({MOMENTUM + k: v for k, v in stats.momentum.items()})
         passes = [
             PassRecord(spec=task.spec, kind="train", batch=b, count=c)
             for b, c in sorted(stats.default_passes.items())

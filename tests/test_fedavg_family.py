@@ -146,6 +146,13 @@ def test_fednova_result_without_normaliser_is_a_clear_error():
         strategy.aggregate(1, [_result(0, dict(strategy.global_state), 10)], [])
 
 
+@pytest.mark.parametrize("name", ["fednova", "fedalrc"])
+def test_normalised_methods_refuse_kept_momentum(name):
+    train = {**TRAIN, "momentum": 0.9, "keep_momentum": True}
+    with pytest.raises(ValueError, match="keep_momentum cannot be used"):
+        ALGORITHMS.get(name).build(_Family(), {}, clients_per_round=2, train=train)
+
+
 # -- server optimisers ----------------------------------------------------------------------------
 def _two_rounds(kind: str, **settings):
     """Two server steps on one scalar parameter with pseudo-gradients 0.5 and -0.2."""

@@ -16,8 +16,10 @@ baseline passes p_k τ_eff / ‖a_k‖₁ to a normalising average, which agrees
 
 Choices where the paper is silent: with both momentum and μ the momentum recursion runs
 first, then the proximal one, as the official optimiser does; momentum buffers are fresh
-each round (`LocalTraining` creates the optimiser per round); BatchNorm running statistics
-and counters take the FedAvg average, since they are not optimised; the official server
+each round (`LocalTraining` creates the optimiser per round), and `train.keep_momentum` is
+refused: ‖a‖₁ counts only this round's gradients, which a carried buffer breaks; BatchNorm
+running statistics and counters take the FedAvg average, since they are not optimised; the
+official server
 momentum (`gmf`) is not provided — a server optimiser on the same direction is
 (`hetfl.core.server_opt`, used by FedALRC).
 """
@@ -89,6 +91,11 @@ class FedNova(FedOpt):
             server=server or ServerOptSettings(kind="sgd", lr=1.0),
             weighting=weighting,
         )
+        if train.get("keep_momentum"):
+            raise ValueError(
+                f"{self.name} normalises by ‖a‖₁, which assumes momentum buffers start at zero "
+                "each round; train.keep_momentum cannot be used with it"
+            )
         self.mu = mu
 
     def direction(self, results: Sequence[ClientResult], average: State) -> State:

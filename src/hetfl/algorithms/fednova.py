@@ -19,9 +19,8 @@ first, then the proximal one, as the official optimiser does; momentum buffers a
 each round (`LocalTraining` creates the optimiser per round), and `train.keep_momentum` is
 refused: ‖a‖₁ counts only this round's gradients, which a carried buffer breaks; BatchNorm
 running statistics and counters take the FedAvg average, since they are not optimised; the
-official server
-momentum (`gmf`) is not provided — a server optimiser on the same direction is
-(`hetfl.core.server_opt`, used by FedALRC).
+official server momentum (`gmf`) is not provided — a server optimiser on the same
+direction is (`hetfl.core.server_opt`, used by FedALRC).
 """
 
 from __future__ import annotations

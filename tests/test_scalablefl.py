@@ -250,12 +250,17 @@ def test_a_one_class_client_is_refused_by_name() -> None:
 
 
 def test_learning_rate_decays_along_a_cosine_over_the_rounds() -> None:
-    strategy = _setup(_stage_cnn(32), _infos(((32, 4),), channels_in=1), lr_schedule="cosine")
-    info = ClientInfo(0, 100, (1, 32, 32), (0, 1, 2, 3))
-    lrs = [strategy.task_config(r, info)["lr"] for r in (1, 6)]  # of 10 rounds
-    assert lrs == pytest.approx([0.1, 0.05])
-    constant = _setup(_stage_cnn(32), _infos(((32, 4),), channels_in=1))
-    assert constant.task_config(6, info)["lr"] == 0.1
+    """Table VIII's schedule through the shared `train.lr_schedule`, with ScalableFL's own
+    setting (no decay on norms and biases) still in the task."""
+    fam, infos = _stage_cnn(32), _infos(((32, 4),), channels_in=1)
+    strategy = ScalableFL(
+        fam, clients_per_round=1, train={**TRAIN, "lr_schedule": {"kind": "cosine"}}
+    )
+    strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=10)
+    configs = [strategy.task_config(r, infos[0]) for r in (1, 6)]  # of 10 rounds
+    assert [c["lr"] for c in configs] == pytest.approx([0.1, 0.05])
+    assert all(c["decay_norm_and_bias"] is False for c in configs)
+    assert _setup(fam, infos).task_config(6, infos[0])["lr"] == 0.1
 
 
 def test_weight_decay_spares_norms_and_biases_when_asked() -> None:

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetfl.algorithms import ALGORITHMS
+from hetfl.core.schedule import LrSchedule
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
 from hetfl.data.views import ViewGroup
@@ -167,6 +168,24 @@ class ModelConfig(_Strict):
         return {k: getattr(self, k) for k in ("width", "stages", "blocks", "bn", "stem")}
 
 
+class LrScheduleConfig(_Strict):
+    """The lr by round (`hetfl.core.schedule.LrSchedule`, which checks it)."""
+
+    kind: Literal["constant", "cosine", "step", "exponential"] = "constant"
+    milestones: list[float] = Field(
+        default_factory=list, description="step: rounds, or fractions of the run in (0, 1)"
+    )
+    gamma: float = Field(
+        0.1, gt=0, description="step: factor per milestone; exponential: per round"
+    )
+    warmup: float = Field(0.0, ge=0, lt=1, description="fraction of the run warmed up linearly")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> LrScheduleConfig:
+        LrSchedule.from_config(self.model_dump())
+        return self
+
+
 class TrainConfig(_Strict):
     rounds: int = Field(10, ge=1)
     clients_per_round: int = Field(10, ge=1)
@@ -174,6 +193,7 @@ class TrainConfig(_Strict):
     local_steps: int | None = Field(None, ge=1, description="mini-batches; overrides epochs")
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0, allow_inf_nan=False)
+    lr_schedule: LrScheduleConfig = LrScheduleConfig()
     momentum: float = Field(0.0, ge=0, lt=1)
     keep_momentum: bool = Field(
         False, description="momentum buffers persist across rounds as private client state"
@@ -191,6 +211,7 @@ class TrainConfig(_Strict):
         """The settings each client receives (`hetfl.core.client.LocalTraining`)."""
         return {
             "lr": self.lr,
+            "lr_schedule": self.lr_schedule.model_dump(),
             "epochs": self.local_epochs,
             "steps": self.local_steps,
             "batch_size": self.batch_size,

@@ -110,7 +110,7 @@ class HeteroFL(WidthLevels):
         return label_split(self.family, spec, imap, self.global_state, info.labels)
 
     def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
-        return {**self.train, "clip_grad_norm": self.clip_grad_norm}
+        return {**super().task_config(round, info), "clip_grad_norm": self.clip_grad_norm}
 
     # -- evaluation ----------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:

@@ -41,11 +41,11 @@ Choices where the paper is silent:
   views remap them, `data.groups`); a client with one class has kappa = 0 and is refused.
 - The per-group count rounds halves up, n_group counts the group's clients at set-up, and
   a group with fewer clients available than its count trains those available.
-- `lr_schedule: cosine` is Table VIII's cosine decay over the planned rounds R,
-  lr_r = lr (1 + cos(pi (r - 1) / R)) / 2 (so resuming with more rounds changes it); the
-  default is a constant lr, as every other HetFL method trains. The optimiser (and its
-  momentum) is fresh every round by default (METHODS.md §8); `train.keep_momentum` keeps
-  each client's buffers as its private state instead.
+- Table VIII's cosine decay over the rounds is `train.lr_schedule: {kind: cosine}`, the
+  schedule every method shares (`hetfl.core.schedule`); by default the lr is constant, as
+  in every other HetFL method. The optimiser (and its momentum) is fresh every round by
+  default (METHODS.md §8); `train.keep_momentum` keeps each client's buffers as its private
+  state instead.
 - Private layers start at the client's own seeded initialisation (BN gamma = 1, beta = 0,
   fresh statistics) at its first participation.
 - HeteroFL's widths: first one ratio for every stage, the nearest achievable count over
@@ -85,7 +85,6 @@ from hetfl.models.scalable import ARCHITECTURES
 from hetfl.models.slim import channels
 
 Variant = Literal["scalablefl", "heterofl-max", "heterofl-max-1", "individual"]
-LrSchedule = Literal["cosine", "constant"]
 #: A client group: (input side H, number of classes K).
 Group = tuple[int, int]
 
@@ -312,7 +311,6 @@ class ScalableFL(FedAvg):
         base_classes: int = 10,
         participation: float | None = None,
         variant: Variant = "scalablefl",
-        lr_schedule: LrSchedule = "constant",
         match_tolerance: float = 0.01,
         max_ratio: float = 4.0,
         max_spread: float = 1.5,
@@ -335,10 +333,8 @@ class ScalableFL(FedAvg):
             raise ValueError(f"participation must be in (0, 1], got {participation}")
         if variant not in ("scalablefl", "heterofl-max", "heterofl-max-1", "individual"):
             raise ValueError(f"unknown variant {variant!r}")
-        if lr_schedule not in ("cosine", "constant"):
-            raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {lr_schedule!r}")
         self.base_size, self.base_classes = base_size, base_classes
-        self.participation, self.variant, self.lr_schedule = participation, variant, lr_schedule
+        self.participation, self.variant = participation, variant
         self.match_tolerance, self.max_ratio = match_tolerance, max_ratio
         self.max_spread = max_spread
         self.base = full_width_base(family, self.name).replace(bn="batch", scaler=False)
@@ -463,10 +459,7 @@ class ScalableFL(FedAvg):
         return sorted(chosen, key=lambda c: c.cid)
 
     def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
-        lr = float(self.train["lr"])
-        if self.lr_schedule == "cosine" and self.rounds:
-            lr *= 0.5 * (1 + math.cos(math.pi * (round - 1) / self.rounds))
-        return {**self.train, "lr": lr, "decay_norm_and_bias": False}
+        return {**super().task_config(round, info), "decay_norm_and_bias": False}
 
     def eval_task(self, info: ClientInfo) -> EvalTask:
         plan = self.plan_of(info)
@@ -487,7 +480,6 @@ class ScalableFLOptions(Options):
         None, gt=0, le=1, description="xi: share of each group sampled (default: per round)"
     )
     variant: Variant = "scalablefl"
-    lr_schedule: LrSchedule = "constant"
     match_tolerance: float = Field(0.01, ge=0, description="heterofl: one ratio if this close")
     max_ratio: float = Field(4.0, gt=0, description="heterofl: widest ratio considered")
     max_spread: float = Field(

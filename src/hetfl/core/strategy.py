@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from hetfl.core.init import build_model, initialize
+from hetfl.core.schedule import LrSchedule
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.spec import IndexMap, Spec, local_names, ungrouped
 from hetfl.core.state import extract
@@ -81,7 +82,9 @@ class Strategy:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         self.family = family
         self.clients_per_round = clients_per_round
-        self.train = dict(train)
+        settings = dict(train)
+        self.lr_schedule = LrSchedule.from_config(settings.pop("lr_schedule", None))
+        self.train = settings
         self.global_state: State = {}
         self.specs: dict[int, Spec] = {}
         self._global_spec: Spec | None = None
@@ -162,8 +165,12 @@ class Strategy:
         return uniform_sample(available, self.clients_per_round, rng)
 
     def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
-        """Local training settings sent with the task (see `hetfl.core.client.LocalTraining`)."""
-        return dict(self.train)
+        """Local training settings sent with the task (see `hetfl.core.client.LocalTraining`),
+        with this round's lr from the run's schedule (`hetfl.core.schedule`)."""
+        config = dict(self.train)
+        if "lr" in config:
+            config["lr"] = float(config["lr"]) * self.lr_schedule.factor(round, self.rounds)
+        return config
 
     def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
         """The spec a sampled client trains this round. Default: its static spec; FLANC's

@@ -18,7 +18,7 @@ from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.types import ClientData, PassRecord
 from hetfl.sim import Simulation, SimulationSettings
-from hetfl.sim.profiles import DeviceProfile, SystemSettings
+from hetfl.systems.profiles import DeviceProfile, SystemSettings
 
 TRAIN = {"lr": 0.2, "epochs": 1, "batch_size": 4}
 BODY = ["body.0.weight", "body.0.bias"]

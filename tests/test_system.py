@@ -21,9 +21,9 @@ from hetfl.core.state import state_bytes
 from hetfl.core.types import PassRecord
 from hetfl.models import ARCHITECTURES, PlainFamily, make_family
 from hetfl.sim import Simulation, SimulationSettings
-from hetfl.sim.clock import Clock, Usage, transfer_s
-from hetfl.sim.costs import MacCounter
-from hetfl.sim.profiles import (
+from hetfl.systems.clock import Clock, Usage, transfer_s
+from hetfl.systems.costs import MacCounter
+from hetfl.systems.profiles import (
     DeviceProfile,
     ProfileSchedule,
     SystemConfig,

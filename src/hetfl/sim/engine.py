@@ -14,7 +14,7 @@ also count what crossed the per-batch channel (activations and labels up, gradie
 only). Evaluation traffic is measurement, not training, and is not counted. Private tensors
 are never sent, so never counted.
 
-With device profiles (`SimulationSettings.system`), the clock (`hetfl.sim.clock`) turns each
+With device profiles (`SimulationSettings.system`), the clock (`hetfl.systems.clock`) turns each
 client's MACs and bytes into seconds, drops clients past the deadline, adds the round's time
 to `sim_time_s` and gives each client's times to the next `plan` in
 `ClientInfo.attrs["sim_times"]`.
@@ -46,10 +46,7 @@ from hetfl.core.types import (
     Failure,
 )
 from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
-from hetfl.sim.clock import Clock, Usage
-from hetfl.sim.costs import MacCounter
 from hetfl.sim.outputs import MetricsLog, Target, summarise, write_json
-from hetfl.sim.profiles import ProfileSchedule, SystemSettings
 from hetfl.sim.progress import Progress
 from hetfl.sim.steps import (
     Counters,
@@ -59,6 +56,9 @@ from hetfl.sim.steps import (
     mean_local_accuracy,
     metrics_row,
 )
+from hetfl.systems.clock import Clock, Usage
+from hetfl.systems.costs import MacCounter
+from hetfl.systems.profiles import ProfileSchedule, SystemSettings
 
 LocalEval = Literal["sampled", "all", "none"]
 

@@ -2,8 +2,9 @@
 
 This is the second engine of DESIGN.md, beside the simulator: the same strategy verbs in
 the same order, with clients reached through Flower messages instead of function calls.
-Costs, result checks, evaluation and metrics rows go through `hetfl.engine.steps`, the
-functions the simulator uses, so both write the same `metrics.jsonl` / `summary.json`.
+Both engines run the round template `hetfl.engine.rounds.RoundLoop` (costs, result
+checks, evaluation and metrics rows through `hetfl.engine.steps`), so both write the same
+`metrics.jsonl` / `summary.json`; this module supplies the hooks that reach the clients.
 
 What differs from the simulator, and why:
 

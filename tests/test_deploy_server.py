@@ -13,6 +13,7 @@ import math
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -233,7 +234,7 @@ def test_scalablefl_equals_the_simulator_and_keeps_private_layers_on_the_nodes(t
     raw = scalablefl_config()
 
     class Recording(LoopbackGrid):
-        sent: set[str] = set()
+        sent: ClassVar[set[str]] = set()
 
         def push_messages(self, messages):
             messages = list(messages)

@@ -56,8 +56,8 @@ def run_hetfl(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from hetfl.config import validate
+    from hetfl.engine.progress import Progress
     from hetfl.runner import build_simulation
-    from hetfl.sim.progress import Progress
 
     class RoundClock(Progress):
         """A silent progress display that records when each round's work is done."""

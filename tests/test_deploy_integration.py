@@ -25,9 +25,9 @@ pytest.importorskip("flwr")
 from hetfl.config import load_raw, validate
 from hetfl.core.state import state_bytes
 from hetfl.deploy.launch import Processes, free_port
+from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.models import PlainFamily
 from hetfl.runner import build_simulation
-from hetfl.sim.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.flower
 

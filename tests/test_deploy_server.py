@@ -27,8 +27,8 @@ from hetfl.deploy import node
 from hetfl.deploy.apps import client_app
 from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer
+from hetfl.engine.outputs import read_metrics
 from hetfl.runner import run_one
-from hetfl.sim.outputs import read_metrics
 
 BASE = {
     "name": "loop",

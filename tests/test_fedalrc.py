@@ -24,8 +24,9 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
+from hetfl.engine.rounds import RoundSettings
 from hetfl.models import PlainFamily
-from hetfl.sim import Simulation, SimulationSettings
+from hetfl.sim import Simulation
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -234,7 +235,7 @@ def _final_state(name: str, opts: dict, model: str, tmp_path: Path) -> dict:
     strategy, hooks = ALGORITHMS.get(name).build(
         family, opts, clients_per_round=len(clients), train=train
     )
-    settings = SimulationSettings(rounds=2, seed=0, local_eval="none", checkpoint_every=10)
+    settings = RoundSettings(rounds=2, seed=0, local_eval="none", checkpoint_every=10)
     sim = Simulation(strategy, ClientProgram(family, hooks), clients, test, settings, tmp_path)
     sim.run()
     return sim.strategy.global_state
@@ -408,7 +409,7 @@ def test_vgg11_one_fedalrc_round_on_one_percent(tmp_path):
     strategy, hooks = ALGORITHMS.get("fedalrc").build(
         family, {}, clients_per_round=4, train={"lr": 0.02, "batch_size": 32}
     )
-    settings = SimulationSettings(rounds=1, seed=0, local_eval="none")
+    settings = RoundSettings(rounds=1, seed=0, local_eval="none")
     program = ClientProgram(family, hooks)
     sim = Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
     sim.setup()

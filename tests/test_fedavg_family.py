@@ -15,7 +15,8 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
-from hetfl.sim import Simulation, SimulationSettings
+from hetfl.engine.rounds import RoundSettings
+from hetfl.sim import Simulation
 
 TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
 
@@ -229,7 +230,7 @@ def test_local_only_shares_nothing_and_learns_locally(synthetic_federation, tmp_
         ClientProgram(family, hooks),
         clients,
         test,
-        SimulationSettings(rounds=3, seed=0, local_eval="all"),
+        RoundSettings(rounds=3, seed=0, local_eval="all"),
         tmp_path,
     )
     summary = sim.run()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hetfl.cli import main
+from hetfl.engine.outputs import ROW_KEYS
 from hetfl.report import comparison_rows, find_runs, format_table
-from hetfl.sim.outputs import ROW_KEYS
 
 
 def _fake_run(path: Path, seed: int, accs: list[float], target_round: int | None) -> Path:

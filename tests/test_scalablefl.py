@@ -29,9 +29,10 @@ from hetfl.core.spec import local_names
 from hetfl.core.types import ClientData, ClientInfo, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images
+from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.slim import channels
-from hetfl.sim import Simulation, SimulationSettings
+from hetfl.sim import Simulation
 
 TRAIN = {"lr": 0.1, "steps": 2, "batch_size": 8, "momentum": 0.9, "weight_decay": 5e-4}
 IMAGENET = ((256, 1000), (192, 500), (128, 200), (96, 100))  # (H, K) of Table VIII
@@ -380,7 +381,7 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
         clients_per_round=6,
         train={"lr": 0.1, "steps": 10, "batch_size": 16, "momentum": 0.9, "weight_decay": 5e-4},
     )
-    settings = SimulationSettings(rounds=4, seed=0, local_eval="all")
+    settings = RoundSettings(rounds=4, seed=0, local_eval="all")
     sim = Simulation(
         strategy, ClientProgram(fam, hooks, seed=0), clients, global_test(ds), settings, tmp_path
     )

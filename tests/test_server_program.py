@@ -17,8 +17,9 @@ from hetfl.core.server_program import ServerProgram, ServerResult, ServerSession
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.types import ClientData, PassRecord
-from hetfl.sim import Simulation, SimulationSettings
-from hetfl.sim.profiles import DeviceProfile, SystemSettings
+from hetfl.engine.rounds import RoundSettings
+from hetfl.sim import Simulation
+from hetfl.systems.profiles import DeviceProfile, SystemSettings
 
 TRAIN = {"lr": 0.2, "epochs": 1, "batch_size": 4}
 BODY = ["body.0.weight", "body.0.bias"]
@@ -159,7 +160,7 @@ def _clients(n_clients=3, n=10):
 def _run(tmp_path, strategy, hooks, rounds=2, system=None):
     family = strategy.family
     clients, test = _clients()
-    settings = SimulationSettings(rounds=rounds, seed=0, system=system)
+    settings = RoundSettings(rounds=rounds, seed=0, system=system)
     sim = Simulation(
         strategy, ClientProgram(family, hooks, seed=0), clients, test, settings, tmp_path
     )

@@ -17,9 +17,10 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
 from hetfl.core.types import ClientData, ClientOutput, ClientTask, PassRecord
+from hetfl.engine.outputs import ROW_KEYS
+from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
-from hetfl.sim import Simulation, SimulationSettings
-from hetfl.sim.outputs import ROW_KEYS
+from hetfl.sim import Simulation
 
 TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
 
@@ -45,7 +46,7 @@ def _sim(
         program,
         clients,
         test,
-        SimulationSettings(rounds=rounds, seed=0, **settings),
+        RoundSettings(rounds=rounds, seed=0, **settings),
         tmp_path,
     )
 
@@ -204,7 +205,7 @@ def test_private_layer_never_sent_and_persists(synthetic_federation, tmp_path):
     assert row["global_acc"] is None and row["local_acc"] is not None
     after_round1 = {c: sim.store.get(c)["head.weight"].clone() for c in sim.store}
     assert not torch.equal(after_round1[0], after_round1[1])  # each client its own head
-    sim.settings = SimulationSettings(rounds=2, seed=0, local_eval="all")
+    sim.settings = RoundSettings(rounds=2, seed=0, local_eval="all")
     sim.run(resume=True)
     for cid, head in after_round1.items():
         assert torch.equal(hooks.start[cid], head)  # round 2 started from the stored head
@@ -224,9 +225,9 @@ def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
     sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=8, availability=0.5)
     sim.setup()
-    available = {c.cid for c in sim._available(1)}
+    available = {c.cid for c in sim.available(1)}
     assert 0 < len(available) < 8
-    tasks = sim.strategy.plan(1, sim._available(1), torch_generator(0, 1, -1, "sample"))
+    tasks = sim.strategy.plan(1, sim.available(1), torch_generator(0, 1, -1, "sample"))
     assert {t.cid for t in tasks} == available
 
 
@@ -274,7 +275,7 @@ def test_aggregation_uses_the_map_each_client_was_planned_with(synthetic_federat
     sim.setup()
     before = sim.strategy.global_state["head.bias"].clone()
     tasks = strategy.plan(1, list(sim.infos.values()), torch_generator(0, 1, -1, "sample"))
-    outcome = sim._run_clients(1, tasks)
+    outcome = sim.train(1, tasks)
     after = strategy.aggregate(1, outcome.results, [])["head.bias"]
     # rows 0..7 each come from exactly one client (its own row); rows 8, 9 nobody uploads
     by_cid = {r.cid: r.tensors["head.bias"] for r in outcome.results}
@@ -322,12 +323,12 @@ def test_strategy_sees_rounds_attrs_and_metrics(synthetic_federation, tmp_path):
     strategy = _Observer(family, clients_per_round=2, train=TRAIN)
     program = ClientProgram(family, ClientHooks(), seed=0)
     attrs = {0: {"capacity": 0.25}}
-    settings = SimulationSettings(rounds=2, seed=0, eval_every=2)
+    settings = RoundSettings(rounds=2, seed=0, eval_every=2)
     sim = Simulation(strategy, program, clients, test, settings, tmp_path, attrs=attrs)
     sim.run()
     assert strategy.rounds == 2
     assert sim.infos[0].attrs == {"capacity": 0.25} and sim.infos[1].attrs == {}
     assert [r for r, _ in strategy.seen] == [2] and strategy.seen[0][1] is not None
     with pytest.raises(ValueError, match="unknown clients"):
-        Simulation(strategy, program, clients, test, SimulationSettings(rounds=1, seed=0),
+        Simulation(strategy, program, clients, test, RoundSettings(rounds=1, seed=0),
                    tmp_path, attrs={99: {}})  # fmt: skip

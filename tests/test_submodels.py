@@ -23,9 +23,10 @@ from hetfl.core.spec import group_qualified, prefix_index
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.types import ClientInfo, ClientResult
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
+from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily, SpecError, make_family
 from hetfl.models.slim import channels
-from hetfl.sim import Simulation, SimulationSettings
+from hetfl.sim import Simulation
 
 FAMILIES = {
     "stage-cnn": (3, 16, 16),
@@ -313,7 +314,7 @@ def _digits_sim(algorithm: str, tmp_path, **opts) -> Simulation:
         clients_per_round=8,
         train={"lr": 0.1, "epochs": 1, "batch_size": 16, "momentum": 0.5},
     )
-    settings = SimulationSettings(rounds=4, seed=0, stats_samples=500)
+    settings = RoundSettings(rounds=4, seed=0, stats_samples=500)
     program = ClientProgram(fam, hooks, seed=0)
     return Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
 

@@ -19,11 +19,12 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes
 from hetfl.core.types import PassRecord
+from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ARCHITECTURES, PlainFamily, make_family
-from hetfl.sim import Simulation, SimulationSettings
-from hetfl.sim.clock import Clock, Usage, transfer_s
-from hetfl.sim.costs import MacCounter
-from hetfl.sim.profiles import (
+from hetfl.sim import Simulation
+from hetfl.systems.clock import Clock, Usage, transfer_s
+from hetfl.systems.costs import MacCounter
+from hetfl.systems.profiles import (
     DeviceProfile,
     ProfileSchedule,
     SystemConfig,
@@ -289,7 +290,7 @@ def _sim(fed, tmp_path, system, *, rounds=1, cpr=8, strategy=None, **settings):
         ClientProgram(family, ClientHooks(), seed=0),
         clients,
         test,
-        SimulationSettings(rounds=rounds, seed=0, system=system, **settings),
+        RoundSettings(rounds=rounds, seed=0, system=system, **settings),
         tmp_path,
     )
 

@@ -272,7 +272,7 @@ def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
     """The class counts of every client, as the run with this config would partition them
     (the first sweep point's seed, when the config is a sweep)."""
     from hetfl.data import class_counts, format_class_table
-    from hetfl.runner import load_dataset, partition
+    from hetfl.engine.assembly import load_dataset, partition
 
     raw = _raw_config(config, overrides)
     cfg = validate(next(iter(expand_sweep(raw)))[1])

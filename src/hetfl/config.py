@@ -27,7 +27,7 @@ from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
 from hetfl.data.views import ViewGroup
 from hetfl.models import ARCHITECTURES, is_scalable
 from hetfl.models.factory import model_names, unknown_model_message
-from hetfl.sim.profiles import SystemConfig
+from hetfl.systems.profiles import SystemConfig
 
 
 class ConfigError(ValueError):

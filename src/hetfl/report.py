@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetfl.sim.outputs import read_metrics
+from hetfl.engine.outputs import read_metrics
 
 _SEED = re.compile(r"-s\d+")
 

@@ -411,7 +411,8 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     loads (the server tests on it).
     """
     from hetfl.deploy.server import refuse_server_program
-    from hetfl.runner import build_simulation
+    from hetfl.engine.assembly import build_parts
+    from hetfl.engine.rounds import setup_strategy
 
     require_flower()
     if raw.get("sweep"):
@@ -439,9 +440,10 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
         keyfile=args.ssl_keyfile,
     )
     security.check(server=True)
-    sim = build_simulation(cfg, run_dir, show_progress=False)
-    refuse_server_program(sim.strategy, cfg.algorithm)
-    sim.setup()  # with the server's own view of the clients; the run registers the real ones
+    parts = build_parts(cfg, show_progress=False)
+    refuse_server_program(parts.strategy, cfg.algorithm)
+    # With the server's own view of the clients; the run registers the real ones.
+    setup_strategy(parts.strategy, [c.info() for c in parts.clients], parts.settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:
         saved.write_text(cfg.to_yaml())

@@ -10,9 +10,9 @@ A node is configured by Flower's node config (`hetfl client` sets it):
 - `hetfl-attrs` (optional): JSON of the attributes it declares (`ClientInfo.attrs`).
 
 Everything else (method, model, local training, seed) comes from the server's config, sent
-with every request. The node builds its partition and client program with the simulator's
-own builder (`hetfl.runner.build_simulation`), so both engines train the same client on the
-same data by construction, and it trains with the generator the simulator would use:
+with every request. The node builds its partition and client program with the builder the
+simulator uses (`hetfl.engine.assembly.build_parts`), so both engines train the same client
+on the same data by construction, and it trains with the generator the simulator would use:
 (seed, round, client id, "train").
 
 Private state (`ClientOutput.private`) never leaves the node. The latest is kept in Flower's
@@ -38,7 +38,8 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
 from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
-from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.engine.assembly import build_parts
+from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 
 _PRIVATE = "hetfl.private"
 _PRIVATE_ROUND = "hetfl.private-round"
@@ -92,8 +93,6 @@ def node_for(context: Context, server_config: str) -> Node:
 
 
 def _build_node(context: Context, server_config: str) -> Node:
-    from hetfl.runner import build_simulation  # the simulator's assembly, shared on purpose
-
     nc = context.node_config
     if "partition-id" not in nc:
         raise ValueError("the node has no partition-id in its node config (hetfl client sets it)")
@@ -110,14 +109,13 @@ def _build_node(context: Context, server_config: str) -> Node:
     )
     state_dir = nc.get("hetfl-state-dir") or local.deploy.state_dir
     attrs = json.loads(str(nc["hetfl-attrs"])) if "hetfl-attrs" in nc else {}
-    # Nothing is written to the run directory: only the assembly is used, never `run()`.
-    sim = build_simulation(cfg, Path(state_dir or "."), show_progress=False)
+    parts = build_parts(cfg, show_progress=False)
     return Node(
         cid=cid,
         config=cfg,
         local=local,
-        data=sim.clients[cid],
-        program=sim.program,
+        data=parts.clients[cid],
+        program=parts.program,
         attrs=attrs,
         state_dir=Path(str(state_dir)) / f"client-{cid}" if state_dir else None,
     )

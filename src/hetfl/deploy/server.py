@@ -2,8 +2,9 @@
 
 This is the second engine of DESIGN.md, beside the simulator: the same strategy verbs in
 the same order, with clients reached through Flower messages instead of function calls.
-Costs, result checks, evaluation and metrics rows go through `hetfl.sim.steps`, the
-functions the simulator uses, so both write the same `metrics.jsonl` / `summary.json`.
+Both engines run the round template `hetfl.engine.rounds.RoundLoop` (costs, result
+checks, evaluation and metrics rows through `hetfl.engine.steps`), so both write the same
+`metrics.jsonl` / `summary.json`; this module supplies the hooks that reach the clients.
 
 What differs from the simulator, and why:
 
@@ -23,7 +24,7 @@ What differs from the simulator, and why:
   of 500) and the server adds the sums and sets the cumulative average over all clients'
   batches (`apply_bn_statistics`), the definition `recompute_bn_statistics` uses. The
   statistics therefore come from the clients' whole training sets, not the simulator's
-  fixed seeded subsample (`SimulationSettings.stats_samples`), so accuracies differ from the
+  fixed seeded subsample (`RoundSettings.stats_samples`), so accuracies differ from the
   simulator's; the bytes of this exchange are not counted, as evaluation traffic is not
   in the simulator.
 - Methods with a server program (split learning) need a per-batch exchange this adapter
@@ -45,23 +46,15 @@ from torch import nn
 
 from hetfl.config import RunConfig
 from hetfl.core.client import BNStatistics, apply_bn_statistics
-from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalModel, Failure
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.node import data_fingerprint
 from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
-from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
-from hetfl.sim.outputs import summarise, write_json
-from hetfl.sim.steps import (
-    Counters,
-    RoundOutcome,
-    charge_result,
-    evaluate_global,
-    mean_local_accuracy,
-    metrics_row,
-)
+from hetfl.engine.assembly import build_parts
+from hetfl.engine.rounds import RoundLoop
+from hetfl.engine.steps import RoundOutcome, charge_result
 
 K = TypeVar("K", bound=Hashable)
 
@@ -120,7 +113,7 @@ def _add_bn_statistics(total: BNStatistics, part: Any) -> str | None:
     return None
 
 
-class FlowerServer:
+class FlowerServer(RoundLoop):
     """Runs one configured experiment over a Flower `Grid` into `run_dir`."""
 
     def __init__(
@@ -133,29 +126,27 @@ class FlowerServer:
         poll_s: float = 0.5,
     ) -> None:
         """`poll_s` is how often replies are pulled from the SuperLink while waiting."""
-        from hetfl.runner import build_simulation  # the simulator's assembly, shared on purpose
-
         # The strategy, program, test set and settings are built exactly as for the
-        # simulator; the simulator's client data is built too but never used here.
-        sim = build_simulation(cfg, run_dir, show_progress=show_progress)
+        # simulator; the clients' data is built too but never used here.
+        parts = build_parts(cfg, show_progress=show_progress)
+        refuse_server_program(parts.strategy, cfg.algorithm)
+        super().__init__(
+            parts.strategy,
+            parts.program,
+            parts.test,
+            parts.settings,
+            run_dir,
+            parts.info,
+            parts.progress,
+        )
+        self.info["engine"] = "flower"
         self.grid = grid
-        self.run_dir = Path(run_dir)
-        self.strategy = sim.strategy
-        refuse_server_program(self.strategy, cfg.algorithm)
         self.algorithm = cfg.algorithm
-        self.program = sim.program
-        self.test = (sim.x_test, sim.y_test)
-        self.settings = sim.settings
-        self.info = {**sim.info, "engine": "flower"}
-        self.progress = sim.progress
-        self.macs = sim.macs
-        self.metrics = sim.metrics
         self.deploy = cfg.deploy
         self.config_text = cfg.to_yaml()
         self.fingerprint = data_fingerprint(cfg)
         self.expected = cfg.data.num_clients
         self.poll_s = poll_s
-        self.counters = Counters()
         self.infos: dict[int, ClientInfo] = {}
         self.node_of: dict[int, int] = {}
         self.refused: set[int] = set()
@@ -176,39 +167,7 @@ class FlowerServer:
         """Register clients, run (or continue) to the configured rounds; returns the summary."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._wait_for_clients()
-        self.strategy.setup(
-            [self.infos[c] for c in sorted(self.infos)],
-            torch_generator(self.settings.seed, 0, SERVER, "init"),
-            rounds=self.settings.rounds,
-        )
-        first = self._restore() + 1 if resume else self._fresh_start()
-        for rnd in range(first, self.settings.rounds + 1):
-            started = time.perf_counter()
-            # Step 1: plan -- whom to ask (the connected, registered clients) and what to send.
-            self._register(self._unknown_nodes(), timeout=self.deploy.round_timeout_s)
-            available = self._available()
-            tasks = self.strategy.plan(rnd, available, self._rng(rnd, "sample"))
-            # Step 2: local work on the nodes, bounded by round_timeout_s.
-            outcome = self._train(rnd, tasks)
-            # Step 3: aggregate every valid result at once, sorted by client id.
-            self.strategy.global_state = self.strategy.aggregate(
-                rnd, outcome.results, outcome.failures
-            )
-            # Step 4: evaluate and record.
-            row = self._evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
-            self.counters.wall_time_s += time.perf_counter() - started
-            if row is not None:
-                row["wall_time_s"] = round(self.counters.wall_time_s, 3)
-                self.metrics.append(row)
-                self.strategy.observe(rnd, row)
-            self.progress.round(rnd, row)
-            # Step 5: checkpoint (server state only: private state stays on the nodes).
-            if self.settings.is_checkpoint_round(rnd):
-                self._checkpoint(rnd)
-        self.progress.close()
-        summary = summarise(self.metrics.read(), self.settings.targets, self.info)
-        write_json(self.run_dir / "summary.json", summary)
-        return summary
+        return super().run(resume)
 
     # -- clients ------------------------------------------------------------------------
     def _wait_for_clients(self) -> None:
@@ -285,7 +244,12 @@ class FlowerServer:
         self.infos[cid] = info
         return None
 
-    def _available(self) -> list[ClientInfo]:
+    def known_clients(self) -> list[ClientInfo]:
+        return [self.infos[c] for c in sorted(self.infos)]
+
+    def available(self, rnd: int) -> list[ClientInfo]:
+        """The registered clients whose node is connected, after registering new nodes."""
+        self._register(self._unknown_nodes(), timeout=self.deploy.round_timeout_s)
         connected = set(self.grid.get_node_ids())
         return [self.infos[c] for c in sorted(self.infos) if self.node_of[c] in connected]
 
@@ -330,7 +294,8 @@ class FlowerServer:
             return {}, f"malformed reply: expected fields {list(keys)}"
         return answer, None
 
-    def _train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
+    def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
+        """Every task as a message; replies checked and charged, in client id order."""
         outcome = RoundOutcome()
         timeout = self.deploy.round_timeout_s
         messages: dict[int, Message] = {}
@@ -369,14 +334,7 @@ class FlowerServer:
         return result, charge_result(self.counters, self.macs, task, result, input_shape)
 
     # -- evaluation ---------------------------------------------------------------------
-    def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
-        scores = evaluate_global(
-            self.strategy, self.program, self.test, lambda m, em: self._stats_pass(rnd, m, em)
-        )
-        local_acc = self._local_eval(rnd, outcome, scores.groups)
-        return metrics_row(rnd, outcome, scores, local_acc, self.counters)
-
-    def _stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
+    def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Static-BN statistics of `em` from every connected registered client's training
         data: each node returns per-layer sums over its batches, the server adds them and
         sets the cumulative average. Clients that fail are left out (with a warning); with
@@ -406,12 +364,10 @@ class FlowerServer:
             )
         apply_bn_statistics(model, total)
 
-    def _local_eval(
-        self, rnd: int, outcome: RoundOutcome, groups: dict[str, dict[str, float | int]]
-    ) -> float | None:
+    def local_scores(self, rnd: int, outcome: RoundOutcome) -> list[tuple[float, str | None]]:
+        """A second exchange: each client evaluates on its own test split with its
+        private state; clients that do not answer are left out (with a warning)."""
         mode = self.settings.local_eval
-        if mode == "none":
-            return None
         cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
         connected = set(self.grid.get_node_ids())
         timeout = self.deploy.round_timeout_s
@@ -437,45 +393,19 @@ class FlowerServer:
                 )
             elif answer["n"] > 0:
                 evaluated.append((answer["correct"] / answer["n"], tasks[c].group))
-        return mean_local_accuracy(evaluated, groups)
+        return evaluated
 
-    # -- checkpoints --------------------------------------------------------------------
-    def _rng(self, rnd: int, purpose: str) -> torch.Generator:
-        return torch_generator(self.settings.seed, rnd, SERVER, purpose)
+    # -- checkpoints (server state only: private state stays on the nodes) ---------------
+    def checkpoint_extras(self) -> dict[str, Any]:
+        return {"engine": "flower", "participated": sorted(self.participated)}
 
-    def _fresh_start(self) -> int:
-        if self.metrics.path.exists():
-            self.metrics.path.unlink()
-        return 1
-
-    def _checkpoint(self, rnd: int) -> None:
-        save_checkpoint(
-            self.run_dir / "checkpoints",
-            {
-                "engine": "flower",
-                "round": rnd,
-                "seed": self.settings.seed,
-                "strategy": self.strategy.state_dict(),
-                "counters": vars(self.counters).copy(),
-                "participated": sorted(self.participated),
-            },
-        )
-
-    def _restore(self) -> int:
-        ckpt = load_checkpoint(self.run_dir / "checkpoints")
+    def check_checkpoint(self, ckpt: dict[str, Any]) -> None:
         if ckpt.get("engine") != "flower":
             raise ValueError(
                 f"the checkpoint in {self.run_dir} was written by the simulator, whose client "
                 "store holds private state the nodes do not have; continue it with "
                 f"`hetfl resume {self.run_dir}`"
             )
-        if ckpt["seed"] != self.settings.seed:
-            raise ValueError(
-                f"checkpoint was written with seed {ckpt['seed']}, config has {self.settings.seed}"
-            )
-        self.strategy.load_state_dict(ckpt["strategy"])
-        self.counters = Counters(**ckpt["counters"])
+
+    def restore_extras(self, ckpt: dict[str, Any]) -> None:
         self.participated = set(ckpt["participated"])
-        self.metrics.truncate(ckpt["round"])
-        self.progress.message(f"resuming after round {ckpt['round']}")
-        return int(ckpt["round"])

@@ -1,5 +1,5 @@
 """The in-process engine: the simulator."""
 
-from hetfl.sim.engine import Simulation, SimulationSettings
+from hetfl.sim.engine import Simulation
 
-__all__ = ["Simulation", "SimulationSettings"]
+__all__ = ["Simulation"]

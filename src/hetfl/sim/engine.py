@@ -1,4 +1,4 @@
-"""The in-process simulator: one orchestration loop over the strategy protocol.
+"""The in-process simulator: the round loop of `hetfl.engine.rounds` with clients run in process.
 
 The engine owns availability, execution, failures, costs, evaluation, checkpoints and the
 run outputs; the strategy owns sampling, payloads, aggregation and what to evaluate; the
@@ -14,7 +14,7 @@ also count what crossed the per-batch channel (activations and labels up, gradie
 only). Evaluation traffic is measurement, not training, and is not counted. Private tensors
 are never sent, so never counted.
 
-With device profiles (`SimulationSettings.system`), the clock (`hetfl.sim.clock`) turns each
+With device profiles (`RoundSettings.system`), the clock (`hetfl.systems.clock`) turns each
 client's MACs and bytes into seconds, drops clients past the deadline, adds the round's time
 to `sim_time_s` and gives each client's times to the next `plan` in
 `ClientInfo.attrs["sim_times"]`.
@@ -24,72 +24,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from hetfl.core.client import ClientProgram, recompute_bn_statistics
-from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.server_program import Channel, ServerProgram, ServerResult, server_result_problem
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientData,
+    ClientInfo,
     ClientResult,
     ClientTask,
     ClientTimes,
     EvalModel,
     Failure,
 )
-from hetfl.sim.checkpoint import load_checkpoint, save_checkpoint
-from hetfl.sim.clock import Clock, Usage
-from hetfl.sim.costs import MacCounter
-from hetfl.sim.outputs import MetricsLog, Target, summarise, write_json
-from hetfl.sim.profiles import ProfileSchedule, SystemSettings
-from hetfl.sim.progress import Progress
-from hetfl.sim.steps import (
-    Counters,
-    RoundOutcome,
-    charge_result,
-    evaluate_global,
-    mean_local_accuracy,
-    metrics_row,
-)
-
-LocalEval = Literal["sampled", "all", "none"]
+from hetfl.engine.progress import Progress
+from hetfl.engine.rounds import RoundLoop, RoundSettings
+from hetfl.engine.steps import RoundOutcome, charge_result
+from hetfl.systems.clock import Clock, Usage
+from hetfl.systems.profiles import ProfileSchedule
 
 
-@dataclass(frozen=True)
-class SimulationSettings:
-    rounds: int
-    seed: int
-    eval_every: int = 1
-    checkpoint_every: int = 1
-    local_eval: LocalEval = "sampled"
-    availability: float = 1.0
-    targets: tuple[Target, ...] = ()
-    stats_samples: int = 2000
-    system: SystemSettings | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("rounds", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.availability <= 1:
-            raise ValueError(f"availability must be in (0, 1], got {self.availability}")
-
-    def is_eval_round(self, rnd: int) -> bool:
-        return rnd % self.eval_every == 0 or rnd == self.rounds
-
-    def is_checkpoint_round(self, rnd: int) -> bool:
-        return rnd % self.checkpoint_every == 0 or rnd == self.rounds
-
-
-class Simulation:
+class Simulation(RoundLoop):
     """Runs one configured experiment in process and writes the run-output contract."""
 
     def __init__(
@@ -98,7 +61,7 @@ class Simulation:
         program: ClientProgram,
         clients: Sequence[ClientData],
         test: tuple[torch.Tensor, torch.Tensor],
-        settings: SimulationSettings,
+        settings: RoundSettings,
         run_dir: Path,
         info: dict[str, Any] | None = None,
         progress: Progress | None = None,
@@ -106,98 +69,40 @@ class Simulation:
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
         capacity); the strategy sees it in `ClientInfo.attrs`."""
-        self.strategy = strategy
-        self.program = program
+        super().__init__(strategy, program, test, settings, run_dir, info, progress)
         self.clients = {c.cid: c for c in clients}
         declared = attrs or {}
         unknown = set(declared) - set(self.clients)
         if unknown:
             raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
         self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
-        self.x_test, self.y_test = test
-        self.settings = settings
-        self.run_dir = Path(run_dir)
-        self.info = dict(info or {})
-        self.progress = progress or Progress(settings.rounds, enabled=False)
         self.store = ClientStore()
         self.server_store = ClientStore()  # what server programs keep per client
-        self.counters = Counters()
-        self.macs = MacCounter(program.family)
         system = settings.system
         self.schedule = (
             None if system is None else ProfileSchedule(system, settings.seed, [*self.clients])
         )
         self.clock = None if system is None else Clock(system)
         self.sim_times: dict[int, ClientTimes] = {}
-        if system is not None:
-            self.info["sim_clock"] = {"mode": system.clock, "reproducible": system.reproducible}
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self._stats_x: torch.Tensor | None = None
-        self._ready = False
 
-    def setup(self) -> None:
-        """Assign specs and initialise the global state (once; `run` calls it if needed)."""
-        if not self._ready:
-            self.strategy.setup(
-                list(self.infos.values()),
-                torch_generator(self.settings.seed, 0, SERVER, "init"),
-                rounds=self.settings.rounds,
-            )
-            self._ready = True
+    # -- the engine's hooks -------------------------------------------------------------
+    def known_clients(self) -> list[ClientInfo]:
+        return list(self.infos.values())
 
-    # -- the loop -----------------------------------------------------------------------
-    def run(self, resume: bool = False) -> dict[str, Any]:
-        """Run (or continue) to `settings.rounds`; returns the summary."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.setup()
-        first = self._restore() + 1 if resume else self._fresh_start()
-        for rnd in range(first, self.settings.rounds + 1):
-            started = time.perf_counter()
-            # Step 1: plan -- whom to ask and what to send.
-            available = self._available(rnd)
-            tasks = self.strategy.plan(rnd, available, self._rng(rnd, SERVER, "sample"))
-            # Step 2: local work -- every client in id order, results validated.
-            outcome = self._run_clients(rnd, tasks)
-            # Step 3: aggregate -- all valid results at once, sorted by client id.
-            split = (
-                {} if outcome.server_results is None else {"server_results": outcome.server_results}
-            )
-            self.strategy.global_state = self.strategy.aggregate(
-                rnd, outcome.results, outcome.failures, **split
-            )
-            self._advance_clock(outcome)
-            # Step 4: evaluate and record.
-            row = self._evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
-            self.counters.wall_time_s += time.perf_counter() - started
-            if row is not None:
-                row["wall_time_s"] = round(self.counters.wall_time_s, 3)
-                self.metrics.append(row)
-                self.strategy.observe(rnd, row)
-            self.progress.round(rnd, row)
-            # Step 5: checkpoint.
-            if self.settings.is_checkpoint_round(rnd):
-                self._checkpoint(rnd)
-        self.progress.close()
-        summary = summarise(self.metrics.read(), self.settings.targets, self.info)
-        write_json(self.run_dir / "summary.json", summary)
-        return summary
-
-    # -- steps --------------------------------------------------------------------------
-    def _rng(self, rnd: int, cid: int, purpose: str) -> torch.Generator:
-        return torch_generator(self.settings.seed, rnd, cid, purpose)
-
-    def _available(self, rnd: int) -> list:
+    def available(self, rnd: int) -> list[ClientInfo]:
         """Each client is reachable with probability `availability` times its device
         profile's availability (one draw per client and round)."""
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
         out = []
         for cid in sorted(self.clients):
             p = self.settings.availability * (profiles[cid].availability if profiles else 1.0)
-            if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, cid, "availability"))) < p:
+            if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, "availability", cid))) < p:
                 out.append(self.infos[cid])
         return out
 
-    def _run_clients(self, rnd: int, tasks: list) -> RoundOutcome:
+    def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
+        """Every client in id order, in process; split learning through a `Channel`."""
         outcome = RoundOutcome()
         server = self.strategy.server_program(rnd, tasks) if tasks else None
         if server is not None:
@@ -215,7 +120,7 @@ class Simulation:
                     task,
                     data,
                     self.store.get(task.cid),
-                    self._rng(rnd, task.cid, "train"),
+                    self._rng(rnd, "train", task.cid),
                     **linked,
                 )
             except Exception as exc:  # a failing client must not stop the run
@@ -272,8 +177,9 @@ class Simulation:
             server_wall_s=channel.server_wall_s if channel else 0.0,
         )
 
-    def _advance_clock(self, outcome: RoundOutcome) -> None:
-        """Add the round's time, and give each client's times to the next `plan`."""
+    def after_training(self, outcome: RoundOutcome) -> None:
+        """Advance the clock: add the round's time, and give each client's times to the
+        next `plan`."""
         if self.clock is None:
             return
         self.counters.sim_time_s += self.clock.round_time(outcome.times.values())
@@ -289,20 +195,13 @@ class Simulation:
         outcome.failures.append(Failure(cid, reason))
         self.progress.message(f"warning: client {cid} excluded this round: {reason}")
 
-    def _evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
-        scores = evaluate_global(
-            self.strategy, self.program, (self.x_test, self.y_test), self._stats_pass
-        )
-        local_acc = self._local_eval(outcome, scores.groups)
-        sim_time_s = None if self.clock is None else self.counters.sim_time_s
-        return metrics_row(rnd, outcome, scores, local_acc, self.counters, sim_time_s)
+    def sim_time_s(self) -> float | None:
+        return None if self.clock is None else self.counters.sim_time_s
 
-    def _local_eval(
-        self, outcome: RoundOutcome, groups: dict[str, dict[str, float | int]]
-    ) -> float | None:
+    def local_scores(self, rnd: int, outcome: RoundOutcome) -> list[tuple[float, str | None]]:
+        """Each sampled (or each ever trained) client on its own test split, with its own
+        private state."""
         mode = self.settings.local_eval
-        if mode == "none":
-            return None
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
         evaluated: list[tuple[float, str | None]] = []
         for cid in cids:
@@ -312,9 +211,9 @@ class Simulation:
             task = self.strategy.eval_task(self.infos[cid])
             correct, _, n = self.program.evaluate(task, data, self.store.get(cid))
             evaluated.append((correct / n, task.group))
-        return mean_local_accuracy(evaluated, groups)
+        return evaluated
 
-    def _stats_pass(self, model: nn.Module, em: EvalModel) -> None:
+    def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Static-BN statistics over a fixed subsample of all clients' training data."""
         recompute_bn_statistics(model, self._stats_data())
 
@@ -322,43 +221,21 @@ class Simulation:
         """A fixed, seeded subsample of all clients' training data for static-BN passes."""
         if self._stats_x is None:
             xs = torch.cat([self.clients[c].x_train for c in sorted(self.clients)])
-            g = self._rng(0, SERVER, "stats-pass")
+            g = self._rng(0, "stats-pass")
             idx = torch.randperm(xs.shape[0], generator=g)[: self.settings.stats_samples]
             self._stats_x = xs[idx.to(xs.device)]
         return self._stats_x
 
     # -- checkpoints --------------------------------------------------------------------
-    def _fresh_start(self) -> int:
-        if self.metrics.path.exists():
-            self.metrics.path.unlink()
-        return 1
+    def checkpoint_extras(self) -> dict[str, Any]:
+        return {
+            "store": self.store.state_dict(),
+            "server_store": self.server_store.state_dict(),
+            "sim_times": dict(self.sim_times),
+        }
 
-    def _checkpoint(self, rnd: int) -> None:
-        save_checkpoint(
-            self.run_dir / "checkpoints",
-            {
-                "round": rnd,
-                "seed": self.settings.seed,
-                "strategy": self.strategy.state_dict(),
-                "store": self.store.state_dict(),
-                "server_store": self.server_store.state_dict(),
-                "sim_times": dict(self.sim_times),
-                "counters": vars(self.counters).copy(),
-            },
-        )
-
-    def _restore(self) -> int:
-        ckpt = load_checkpoint(self.run_dir / "checkpoints")
-        if ckpt["seed"] != self.settings.seed:
-            raise ValueError(
-                f"checkpoint was written with seed {ckpt['seed']}, config has {self.settings.seed}"
-            )
-        self.strategy.load_state_dict(ckpt["strategy"])
+    def restore_extras(self, ckpt: dict[str, Any]) -> None:
         self.store.load_state_dict(ckpt["store"])
         self.server_store.load_state_dict(ckpt.get("server_store", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_times(cid, times)
-        self.counters = Counters(**ckpt["counters"])
-        self.metrics.truncate(ckpt["round"])
-        self.progress.message(f"resuming after round {ckpt['round']}")
-        return int(ckpt["round"])

@@ -20,8 +20,8 @@ from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientResult, ClientTask, ClientTimes, EvalModel, Failure
 from hetfl.core.validate import result_problem
-from hetfl.sim.costs import MacCounter
-from hetfl.sim.outputs import make_row
+from hetfl.engine.outputs import make_row
+from hetfl.systems.costs import MacCounter
 
 Groups = dict[str, dict[str, float | int]]
 

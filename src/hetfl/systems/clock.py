@@ -1,6 +1,6 @@
 """The simulated clock: each client's time in a round, the round's time, and deadlines.
 
-A client's round, under its device profile (`hetfl.sim.profiles`):
+A client's round, under its device profile (`hetfl.systems.profiles`):
 
     down_s    = bytes received * 8 / downlink        (payload, and gradients in split learning)
     up_s      = bytes sent * 8 / uplink              (result, and activations + labels)
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientTimes
-from hetfl.sim.profiles import DeviceProfile, SystemSettings
+from hetfl.systems.profiles import DeviceProfile, SystemSettings
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Atomic checkpoints: a run can be killed at any moment and resumed to the same result.
 
-A checkpoint holds the round, the strategy's state (global state included), the client
-store, the cumulative counters and the base seed. No generator state needs saving: every
-generator is derived from (seed, round, client, purpose), so the seed is the whole RNG state.
-The file is written to a temporary name, flushed and renamed, so a crash never leaves a
-half-written checkpoint behind.
+A checkpoint holds the round, the strategy's state (global state included), the cumulative
+counters, the base seed and what the engine adds (the simulator's client store). No
+generator state needs saving: every generator is derived from (seed, round, client,
+purpose), so the seed is the whole RNG state. The file is written to a temporary name,
+flushed and renamed, so a crash never leaves a half-written checkpoint behind.
 """
 
 from __future__ import annotations

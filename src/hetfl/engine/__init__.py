@@ -1,0 +1,7 @@
+"""The engine-neutral round machinery both engines (`hetfl.sim`, `hetfl.deploy`) share.
+
+The round template (`rounds.RoundLoop`), the steps of a round that do not depend on how
+clients are reached (`steps`), run outputs (`outputs`), checkpoints (`checkpoint`), the
+progress display (`progress`) and the assembly of a run's parts from a config
+(`assembly`). It imports neither engine.
+"""

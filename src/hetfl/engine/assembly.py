@@ -1,0 +1,139 @@
+"""From a validated config to the parts of a run, for either engine.
+
+This is where the config is taken apart into explicit pieces: the dataset and partition,
+the model family, the algorithm's strategy and client hooks (from its own options only),
+the client program and the round settings. The simulator (`hetfl.runner.build_simulation`),
+the Flower server (`hetfl.deploy.server`) and each Flower node (`hetfl.deploy.node`) build
+from the same `build_parts`, so both engines train the same clients on the same data.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hetfl.algorithms import ALGORITHMS
+from hetfl.config import RunConfig
+from hetfl.core.client import ClientProgram
+from hetfl.core.rng import SERVER, numpy_generator
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientData
+from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
+from hetfl.data.download import DOWNLOADERS
+from hetfl.data.views import draw_views
+from hetfl.engine.outputs import Target
+from hetfl.engine.progress import Progress
+from hetfl.engine.rounds import RoundSettings
+from hetfl.models import make_family
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` takes a GPU where one is present, else the CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def load_dataset(cfg: RunConfig) -> Dataset:
+    if cfg.data.download:
+        dest = DOWNLOADERS[cfg.data.dataset](cfg.data.path, cfg.data.mirror)
+        if cfg.data.path is None:
+            cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(dest)})})
+    loader = DATASETS.get(cfg.data.dataset)
+    params = inspect.signature(loader).parameters
+    kwargs: dict[str, Any] = {}
+    if "path" in params:
+        kwargs["path"] = cfg.data.path
+    elif cfg.data.path is not None:
+        raise ValueError(f"data.path is set but dataset {cfg.data.dataset!r} takes no path")
+    if "seed" in params:
+        kwargs["seed"] = cfg.seed
+    return loader(**kwargs)
+
+
+@dataclass
+class Federation:
+    dataset: Dataset
+    clients: list[ClientData]
+    test: tuple[torch.Tensor, torch.Tensor]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The largest client input, which the model family is built for (client views may
+        resize a client's images away from the dataset's shape)."""
+        return max((tuple(c.x_train.shape[1:]) for c in self.clients), key=math.prod)
+
+
+def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
+    """Each client's training indices, drawn from the run's own partition generator."""
+    partitioner = PARTITIONERS.get(cfg.data.partition.kind)
+    rng = numpy_generator(cfg.seed, 0, SERVER, "partition")
+    return partitioner(dataset.y_train, cfg.data.num_clients, rng, **cfg.data.partition.arguments())
+
+
+def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
+    dataset = load_dataset(cfg)
+    parts = partition(cfg, dataset)
+    groups = cfg.data.view_groups()
+    views = None if groups is None else draw_views(groups, dataset.num_classes, cfg.seed)
+    clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device, views)
+    test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
+    return Federation(dataset, clients, test)
+
+
+@dataclass
+class Parts:
+    """What a run is made of, before an engine runs it. `clients` holds every client's
+    data on this machine (the Flower server builds it too, and uses only the test set)."""
+
+    strategy: Strategy
+    program: ClientProgram
+    clients: list[ClientData]
+    test: tuple[torch.Tensor, torch.Tensor]
+    settings: RoundSettings
+    info: dict[str, Any]
+    progress: Progress
+
+
+def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
+    """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
+    written: the engine that runs them owns the run directory)."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    fed = build_federation(cfg, device)
+    family = make_family(
+        cfg.model.name,
+        fed.input_shape,
+        fed.dataset.num_classes,
+        **cfg.model.shape_options(),
+    )
+    strategy, hooks = ALGORITHMS.get(cfg.algorithm).build(
+        family,
+        cfg.algorithm_options(),
+        clients_per_round=cfg.train.clients_per_round,
+        train=cfg.train.local_training(),
+    )
+    program = ClientProgram(family, hooks, seed=cfg.seed, device=device)
+    settings = RoundSettings(
+        rounds=cfg.train.rounds,
+        seed=cfg.seed,
+        eval_every=cfg.eval.every,
+        checkpoint_every=cfg.checkpoint_every,
+        local_eval=cfg.eval.local_eval,
+        availability=cfg.availability,
+        targets=tuple(Target(t.metric, t.value) for t in cfg.targets),
+        system=cfg.system.settings(),
+    )
+    info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}
+    progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
+    return Parts(strategy, program, fed.clients, fed.test, settings, info, progress)

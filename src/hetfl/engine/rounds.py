@@ -1,0 +1,244 @@
+"""The round loop both engines run: one template, with hooks for how clients are reached.
+
+`RoundLoop.run` is the orchestration loop of DESIGN.md "Data flow of one round", written
+once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
+`hetfl.deploy.server.FlowerServer`) subclasses it and supplies only what is really its own:
+
+- `known_clients()`: the clients the strategy is set up with;
+- `available(rnd)`: whom the strategy may plan for this round;
+- `train(rnd, tasks)`: send the tasks, collect checked results and failures, charge costs;
+- `after_training(outcome)`: anything due once the round's results are aggregated (the
+  simulator advances its clock here);
+- `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
+- `local_scores(rnd, outcome)`: each locally evaluated client's accuracy and group;
+- `sim_time_s()`: the simulated time for the metrics row (None without a clock);
+- `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
+  own checkpoint entries, and whether it can continue a given checkpoint.
+
+Everything else (plan, aggregate, evaluate, record, observe, progress, checkpoint, resume)
+is here, in one order, so both engines write the same `metrics.jsonl` and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from hetfl.core.client import ClientProgram
+from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientInfo, ClientTask, EvalModel
+from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.engine.outputs import MetricsLog, Target, summarise, write_json
+from hetfl.engine.progress import Progress
+from hetfl.engine.steps import (
+    Counters,
+    RoundOutcome,
+    evaluate_global,
+    mean_local_accuracy,
+    metrics_row,
+)
+from hetfl.systems.costs import MacCounter
+from hetfl.systems.profiles import SystemSettings
+
+LocalEval = Literal["sampled", "all", "none"]
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """How a run's rounds go, for either engine. `availability`, `stats_samples` and
+    `system` drive the simulator only (the Flower adapter warns when they are set)."""
+
+    rounds: int
+    seed: int
+    eval_every: int = 1
+    checkpoint_every: int = 1
+    local_eval: LocalEval = "sampled"
+    availability: float = 1.0
+    targets: tuple[Target, ...] = ()
+    stats_samples: int = 2000
+    system: SystemSettings | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.availability <= 1:
+            raise ValueError(f"availability must be in (0, 1], got {self.availability}")
+
+    def is_eval_round(self, rnd: int) -> bool:
+        return rnd % self.eval_every == 0 or rnd == self.rounds
+
+    def is_checkpoint_round(self, rnd: int) -> bool:
+        return rnd % self.checkpoint_every == 0 or rnd == self.rounds
+
+
+def setup_strategy(strategy: Strategy, clients: list[ClientInfo], settings: RoundSettings) -> None:
+    """Assign specs and initialise the global state, from the run's "init" generator."""
+    strategy.setup(
+        clients, torch_generator(settings.seed, 0, SERVER, "init"), rounds=settings.rounds
+    )
+
+
+class RoundLoop(ABC):
+    """One run of `settings.rounds` rounds into `run_dir`; an engine supplies the hooks."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        program: ClientProgram,
+        test: tuple[torch.Tensor, torch.Tensor],
+        settings: RoundSettings,
+        run_dir: Path,
+        info: dict[str, Any] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.program = program
+        self.x_test, self.y_test = test
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self.info = dict(info or {})
+        self.progress = progress or Progress(settings.rounds, enabled=False)
+        self.counters = Counters()
+        self.macs = MacCounter(program.family)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        system = settings.system
+        if system is not None:
+            self.info["sim_clock"] = {"mode": system.clock, "reproducible": system.reproducible}
+        self._ready = False
+
+    def setup(self) -> None:
+        """Assign specs and initialise the global state (once; `run` calls it if needed)."""
+        if not self._ready:
+            setup_strategy(self.strategy, self.known_clients(), self.settings)
+            self._ready = True
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        """Run (or continue) to `settings.rounds`; returns the summary."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.setup()
+        first = self._restore() + 1 if resume else self._fresh_start()
+        for rnd in range(first, self.settings.rounds + 1):
+            started = time.perf_counter()
+            # Step 1: plan -- whom to ask and what to send.
+            available = self.available(rnd)
+            tasks = self.strategy.plan(rnd, available, self._rng(rnd, "sample"))
+            # Step 2: local work -- results validated, in client id order.
+            outcome = self.train(rnd, tasks)
+            # Step 3: aggregate -- all valid results at once, sorted by client id.
+            split = (
+                {} if outcome.server_results is None else {"server_results": outcome.server_results}
+            )
+            self.strategy.global_state = self.strategy.aggregate(
+                rnd, outcome.results, outcome.failures, **split
+            )
+            self.after_training(outcome)
+            # Step 4: evaluate and record.
+            row = self.evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
+            self.counters.wall_time_s += time.perf_counter() - started
+            if row is not None:
+                row["wall_time_s"] = round(self.counters.wall_time_s, 3)
+                self.metrics.append(row)
+                self.strategy.observe(rnd, row)
+            self.progress.round(rnd, row)
+            # Step 5: checkpoint.
+            if self.settings.is_checkpoint_round(rnd):
+                self._checkpoint(rnd)
+        self.progress.close()
+        summary = summarise(self.metrics.read(), self.settings.targets, self.info)
+        write_json(self.run_dir / "summary.json", summary)
+        return summary
+
+    def evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
+        """The round's metrics row (without `wall_time_s`): the strategy's models on the
+        global test set, then local accuracies unless `local_eval` is "none"."""
+        scores = evaluate_global(
+            self.strategy, self.program, (self.x_test, self.y_test), partial(self.stats_pass, rnd)
+        )
+        local_acc = None
+        if self.settings.local_eval != "none":
+            local_acc = mean_local_accuracy(self.local_scores(rnd, outcome), scores.groups)
+        return metrics_row(rnd, outcome, scores, local_acc, self.counters, self.sim_time_s())
+
+    # -- the engine's hooks -------------------------------------------------------------
+    @abstractmethod
+    def known_clients(self) -> list[ClientInfo]:
+        """The clients the strategy is set up with."""
+
+    @abstractmethod
+    def available(self, rnd: int) -> list[ClientInfo]:
+        """The clients the strategy may plan for in round `rnd`."""
+
+    @abstractmethod
+    def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
+        """Run the tasks; every valid result in client id order, costs charged."""
+
+    @abstractmethod
+    def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
+        """Set `model`'s BatchNorm statistics from clients' training data."""
+
+    @abstractmethod
+    def local_scores(self, rnd: int, outcome: RoundOutcome) -> list[tuple[float, str | None]]:
+        """(accuracy, group) of each client evaluated on its local test split, as
+        `settings.local_eval` ("sampled" or "all") asks."""
+
+    def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
+        """Called once the round's results are aggregated, before evaluation."""
+
+    def sim_time_s(self) -> float | None:
+        """The simulated time for the metrics row; None where there is no clock."""
+        return None
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """The engine's own checkpoint entries."""
+        return {}
+
+    def check_checkpoint(self, ckpt: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Raise if this engine cannot continue `ckpt` (before anything is restored)."""
+
+    def restore_extras(self, ckpt: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore what `checkpoint_extras` saved."""
+
+    # -- shared steps -------------------------------------------------------------------
+    def _rng(self, rnd: int, purpose: str, cid: int = SERVER) -> torch.Generator:
+        return torch_generator(self.settings.seed, rnd, cid, purpose)
+
+    def _fresh_start(self) -> int:
+        if self.metrics.path.exists():
+            self.metrics.path.unlink()
+        return 1
+
+    def _checkpoint(self, rnd: int) -> None:
+        save_checkpoint(
+            self.run_dir / "checkpoints",
+            {
+                "round": rnd,
+                "seed": self.settings.seed,
+                "strategy": self.strategy.state_dict(),
+                **self.checkpoint_extras(),
+                "counters": vars(self.counters).copy(),
+            },
+        )
+
+    def _restore(self) -> int:
+        ckpt = load_checkpoint(self.run_dir / "checkpoints")
+        self.check_checkpoint(ckpt)
+        if ckpt["seed"] != self.settings.seed:
+            raise ValueError(
+                f"checkpoint was written with seed {ckpt['seed']}, config has {self.settings.seed}"
+            )
+        self.strategy.load_state_dict(ckpt["strategy"])
+        self.restore_extras(ckpt)
+        self.counters = Counters(**ckpt["counters"])
+        self.metrics.truncate(ckpt["round"])
+        self.progress.message(f"resuming after round {ckpt['round']}")
+        return int(ckpt["round"])

@@ -1,0 +1,108 @@
+"""The import rules of DESIGN.md "Layers", checked statically over every module of hetfl.
+
+Every import is found with `ast` (inside functions too, and relative imports resolved), so
+a deferred import cannot slip past the rules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import hetfl
+
+SRC = Path(hetfl.__file__).parent
+
+#: (importing package, packages it must never import)
+RULES = [
+    ("hetfl.sim", ("hetfl.deploy",)),
+    ("hetfl.deploy", ("hetfl.sim", "hetfl.runner")),
+    ("hetfl.engine", ("hetfl.sim", "hetfl.deploy", "hetfl.runner")),
+    (
+        "hetfl.core",
+        (
+            "hetfl.models",
+            "hetfl.algorithms",
+            "hetfl.sim",
+            "hetfl.deploy",
+            "hetfl.engine",
+            "hetfl.systems",
+            "hetfl.config",
+        ),
+    ),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = ["hetfl", *path.relative_to(SRC).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(source: str, name: str, is_package: bool = False) -> set[str]:
+    """Every module the source of module `name` imports, anywhere in it, as absolute
+    names; for `from a import b` both `a` and `a.b` (b may be a submodule)."""
+    package = name if is_package else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def violations(modules: dict[str, set[str]]) -> list[str]:
+    found = []
+    for name, imports in sorted(modules.items()):
+        for package, forbidden in RULES:
+            if not within(name, package):
+                continue
+            for target in sorted(imports):
+                for banned in forbidden:
+                    if within(target, banned):
+                        found.append(
+                            f"{name} imports {target} ({package} must not import {banned})"
+                        )
+    return found
+
+
+MODULES = {
+    module_name(p): imported(p.read_text(), module_name(p), p.name == "__init__.py")
+    for p in sorted(SRC.rglob("*.py"))
+}
+
+
+def test_every_package_of_the_rules_exists():
+    for package, _ in RULES:
+        assert package in MODULES, package
+
+
+@pytest.mark.parametrize("package", [p for p, _ in RULES])
+def test_layers_hold(package):
+    bad = [v for v in violations(MODULES) if v.startswith(package)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_scan_finds_deferred_and_relative_imports():
+    source = "def f():\n    from hetfl.runner import build_simulation\n\nfrom ..sim import engine\n"
+    found = imported(source, "hetfl.deploy.x")
+    assert {"hetfl.runner", "hetfl.sim", "hetfl.sim.engine"} <= found
+    assert violations({"hetfl.deploy.x": found}) == [
+        "hetfl.deploy.x imports hetfl.runner (hetfl.deploy must not import hetfl.runner)",
+        "hetfl.deploy.x imports hetfl.runner.build_simulation "
+        "(hetfl.deploy must not import hetfl.runner)",
+        "hetfl.deploy.x imports hetfl.sim (hetfl.deploy must not import hetfl.sim)",
+        "hetfl.deploy.x imports hetfl.sim.engine (hetfl.deploy must not import hetfl.sim)",
+    ]
+    assert violations({"hetfl.sim.y": found}) == []

@@ -419,9 +419,9 @@ def _lookup(raw: Any, loc: Sequence[str]) -> Any:
 
 def _suggestion(loc: Sequence[str]) -> str:
     """'; did you mean X?' from the fields of the model that holds the unknown key."""
-    model: Any = RunConfig
+    model: type[BaseModel] = RunConfig
     for p in loc[:-1]:
-        field = model.model_fields.get(p) if isinstance(model, type) else None
+        field = model.model_fields.get(p)
         annotation = getattr(field, "annotation", None)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return ""

@@ -160,7 +160,7 @@ class ThresholdingHooks(NormalisedHooks):
         self.weight, self.alpha, self.theta = weight, alpha, theta
 
     @torch.no_grad()
-    def post_step(self, params: dict[str, torch.Tensor], ctx: TrainContext) -> None:
+    def post_step(self, params: Mapping[str, torch.Tensor], ctx: TrainContext) -> None:
         if self.alpha == 0:
             return
         w = params[self.weight]

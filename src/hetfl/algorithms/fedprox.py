@@ -15,6 +15,7 @@ deadline in `systems` drops slow clients instead). mu = 0 is FedAvg and is warne
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ class ProximalHooks(ClientHooks):
 
     @torch.no_grad()
     def pre_step(
-        self, grads: dict[str, torch.Tensor], params: dict[str, torch.Tensor], ctx: TrainContext
+        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
     ) -> None:
         if self.mu == 0:
             return

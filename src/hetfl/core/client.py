@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +121,7 @@ class TrainContext:
     settings: LocalTraining
     info: ClientInfo | None = None
     model: nn.Module | None = None
-    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    params: dict[str, nn.Parameter] = field(default_factory=dict)
     batch: tuple[torch.Tensor, torch.Tensor] | None = None
     step: int = 0
     passes: list[PassRecord] = field(default_factory=list)
@@ -165,11 +165,11 @@ class ClientHooks:
         return None
 
     def pre_step(
-        self, grads: dict[str, torch.Tensor], params: dict[str, torch.Tensor], ctx: TrainContext
+        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
     ) -> None:
         return None
 
-    def post_step(self, params: dict[str, torch.Tensor], ctx: TrainContext) -> None:
+    def post_step(self, params: Mapping[str, torch.Tensor], ctx: TrainContext) -> None:
         return None
 
     def on_batch(self, ctx: TrainContext) -> None:
@@ -453,6 +453,18 @@ def _batch_norms(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]
     }
 
 
+def _running_stats(
+    m: nn.modules.batchnorm._BatchNorm,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(running_mean, running_var, num_batches_tracked) of `m`; the callers need a layer that
+    tracks running statistics (PyTorch types them Optional for layers that do not)."""
+    return (
+        cast(torch.Tensor, m.running_mean),
+        cast(torch.Tensor, m.running_var),
+        cast(torch.Tensor, m.num_batches_tracked),
+    )
+
+
 def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> BNStatistics:
     """Sum each BatchNorm layer's per-batch statistics over one pass of `x` in train mode.
 
@@ -465,10 +477,8 @@ def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500
     """
     norms = _batch_norms(model)
     saved = {k: m.momentum for k, m in norms.items()}
-    sums = {
-        k: [torch.zeros_like(m.running_mean), torch.zeros_like(m.running_var), 0]
-        for k, m in norms.items()
-    }
+    sums = {k: [torch.zeros_like(s) for s in _running_stats(m)[:2]] for k, m in norms.items()}
+    batches = 0
     model.train()
     with torch.no_grad():
         for start in range(0, int(x.shape[0]), batch_size):
@@ -476,13 +486,14 @@ def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500
                 m.reset_running_stats()
                 m.momentum = None
             model(x[start : start + batch_size])
+            batches += 1
             for k, m in norms.items():
-                sums[k][0] += m.running_mean
-                sums[k][1] += m.running_var
-                sums[k][2] += 1
+                mean, var, _ = _running_stats(m)
+                sums[k][0] += mean
+                sums[k][1] += var
     for k, m in norms.items():
         m.momentum = saved[k]
-    return {k: (mean, var, n) for k, (mean, var, n) in sums.items()}
+    return {k: (mean, var, batches) for k, (mean, var) in sums.items()}
 
 
 @torch.no_grad()
@@ -499,9 +510,10 @@ def apply_bn_statistics(model: nn.Module, stats: BNStatistics) -> None:
         mean, var, n = stats[k]
         if n < 1:
             raise ValueError(f"no batches for BatchNorm layer {k!r}")
-        m.running_mean.copy_(mean / n)
-        m.running_var.copy_(var / n)
-        m.num_batches_tracked.fill_(n)
+        running_mean, running_var, tracked = _running_stats(m)
+        running_mean.copy_(mean / n)
+        running_var.copy_(var / n)
+        tracked.fill_(n)
     model.eval()
 
 

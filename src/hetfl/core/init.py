@@ -12,6 +12,7 @@ parameters this function does not know is an error rather than a silent global-R
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -43,10 +44,11 @@ def initialize(module: nn.Module, generator: torch.Generator) -> nn.Module:
                     sub.weight.fill_(1.0)
                 if getattr(sub, "bias", None) is not None:
                     sub.bias.zero_()
-                if getattr(sub, "running_mean", None) is not None:
-                    sub.running_mean.zero_()
-                    sub.running_var.fill_(1.0)
-                    sub.num_batches_tracked.zero_()
+                running_mean = getattr(sub, "running_mean", None)
+                if running_mean is not None:  # tracked running statistics: all three are tensors
+                    running_mean.zero_()
+                    cast(torch.Tensor, sub.running_var).fill_(1.0)
+                    cast(torch.Tensor, sub.num_batches_tracked).zero_()
             elif any(True for _ in sub.parameters(recurse=False)):
                 raise TypeError(
                     f"cannot initialise {type(sub).__name__} deterministically: give it a "

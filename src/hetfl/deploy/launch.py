@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -123,7 +123,7 @@ class Processes:
                 start_new_session=True,
             )
         finally:
-            if log is not None:
+            if not isinstance(out, int):  # an open log file (DEVNULL is an int)
                 out.close()  # the child holds its own descriptor
         self.started.append(proc)
         return proc
@@ -183,7 +183,8 @@ def wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout_s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with status {proc.returncode}")
+            program = cast(list[str], proc.args)[0]  # `Processes.start` passes a list of str
+            raise RuntimeError(f"{program} exited with status {proc.returncode}")
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
             return
         time.sleep(0.2)

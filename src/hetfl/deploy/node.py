@@ -27,10 +27,10 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from hetfl.config import RunConfig, load_raw, validate
 from hetfl.core.client import ClientProgram, bn_batch_statistics
@@ -140,9 +140,9 @@ class PrivateState:
         """The latest private state trained before `before_round` (None: the latest)."""
         state = self.context.state
         if _PRIVATE in state and _PRIVATE_ROUND in state:
-            trained = int(state[_PRIVATE_ROUND]["round"])
+            trained = int(cast(int, state[_PRIVATE_ROUND]["round"]))  # `put` stores an int
             if before_round is None or trained < before_round:
-                return self._to_device(record_tensors(state[_PRIVATE]))
+                return self._to_device(record_tensors(cast(ArrayRecord, state[_PRIVATE])))
         rounds = [r for r in self._saved_rounds() if before_round is None or r < before_round]
         if not rounds:
             return {}

@@ -285,7 +285,7 @@ class FlowerServer(RoundLoop):
         if reply is None:
             return {}, missing
         if reply.has_error():
-            return {}, f"client error: {reply.error.reason.strip()}"
+            return {}, f"client error: {(reply.error.reason or '').strip()}"
         try:
             answer = from_content(reply.content)
         except CodecError as exc:

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -235,7 +235,11 @@ class ResNet(nn.Module):
         self.head = SlimLinear(c, spec["num_classes"], base_out=None)
         self.pipeline = (
             ["stem"]
-            + [f"stages.{i}.{b}" for i, s in enumerate(self.stages) for b in range(len(s))]
+            + [
+                f"stages.{i}.{b}"
+                for i, s in enumerate(self.stages)
+                for b in range(len(cast(nn.ModuleList, s)))
+            ]
             + ["head"]
         )
 
@@ -246,7 +250,7 @@ class ResNet(nn.Module):
         if self.stem_pool:
             x = nn.functional.max_pool2d(x, 3, 2, 1)
         for blocks in self.stages:
-            for block in blocks:
+            for block in cast(nn.ModuleList, blocks):  # each stage is a ModuleList of blocks
                 x = block(x, width)
         if self.final_norm is not None:
             x = torch.relu(self.final_norm(x, width))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -136,10 +137,9 @@ class SlimBatchNorm2d(nn.BatchNorm2d):
             return F.batch_norm(x, None, None, weight, bias, True, 0.0, self.eps)
         factor = 0.0
         if self.training:
-            self.num_batches_tracked.add_(1)  # type: ignore[operator]
-            factor = (
-                1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-            )
+            tracked = cast(torch.Tensor, self.num_batches_tracked)  # a tensor with running stats
+            tracked.add_(1)
+            factor = 1.0 / float(tracked) if self.momentum is None else self.momentum
         mean, var = self.running_mean[:c], self.running_var[:c]  # views: updated in place
         return F.batch_norm(x, mean, var, weight, bias, self.training, factor, self.eps)
 

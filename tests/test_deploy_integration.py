@@ -28,6 +28,7 @@ from hetfl.deploy.launch import Processes, free_port
 from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.models import PlainFamily
 from hetfl.runner import build_simulation
+from hetfl.sim import Simulation
 
 pytestmark = pytest.mark.flower
 
@@ -103,6 +104,19 @@ def logs(tmp_path: Path) -> str:
 
 def rows_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_simulator_agrees(rows: list[dict], config: Path, tmp_path: Path) -> Simulation:
+    """Run `config` in the simulator and check that its metrics rows equal `rows` (wall
+    time aside); returns the finished simulation."""
+    cfg = validate(load_raw(config)).model_copy(update={"name": "sim"})
+    sim = build_simulation(cfg, tmp_path / "runs" / "sim", show_progress=False)
+    sim.run()
+    expected = sim.metrics.read()
+    for row in (*rows, *expected):
+        row.pop("wall_time_s")
+    assert rows == expected
+    return sim
 
 
 def shut_down(procs: Processes) -> None:
@@ -275,13 +289,7 @@ def test_fjord_sub_models_insecure_by_explicit_flag(tmp_path):
     assert set(rows[1]["groups"]) == {"width=0.5", "width=1"}
     assert rows[1]["local_acc"] is None  # local_eval: none
     # Real processes, real network: the same numbers as the simulator, row for row.
-    cfg = validate(load_raw(config)).model_copy(update={"name": "sim"})
-    sim = build_simulation(cfg, tmp_path / "runs" / "sim", show_progress=False)
-    sim.run()
-    expected = sim.metrics.read()
-    for row in (*rows, *expected):
-        row.pop("wall_time_s")
-    assert rows == expected
+    sim = assert_simulator_agrees(rows, config, tmp_path)
     # The half-width client got a sub-model: less than two copies of the global state.
     assert rows[0]["bytes_down"] < 2 * state_bytes(sim.strategy.global_state)
 
@@ -322,13 +330,7 @@ def test_scalablefl_keeps_private_layers_on_real_nodes(tmp_path):
         shut_down(procs)
     rows = rows_of(tmp_path / "runs" / "fed")
     assert set(rows[-1]["groups"]) == {"group=16px-10cls", "group=8px-3cls"}
-    cfg = validate(load_raw(config)).model_copy(update={"name": "sim"})
-    sim = build_simulation(cfg, tmp_path / "runs" / "sim", show_progress=False)
-    sim.run()
-    expected = sim.metrics.read()
-    for row in (*rows, *expected):
-        row.pop("wall_time_s")
-    assert rows == expected
+    sim = assert_simulator_agrees(rows, config, tmp_path)
     # Private layers on disk at the nodes, equal to the simulator's client store ...
     for i in range(2):
         kept = load_checkpoint(tmp_path / f"state{i}" / f"client-{i}" / "round-2")["private"]

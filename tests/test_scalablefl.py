@@ -29,6 +29,7 @@ from hetfl.core.spec import local_names
 from hetfl.core.types import ClientData, ClientInfo, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images
+from hetfl.engine.assembly import build_federation
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.slim import channels
@@ -319,6 +320,39 @@ def test_remapping_and_class_subsets_by_hand() -> None:
     # A client's draw depends on (seed, client id) only, not on the groups after it.
     assert draw_views(groups[:1], 10, seed=5) == views[:2]
     assert draw_views(groups, 10, seed=6) != views
+
+
+def test_class_subsets_come_from_the_classes_a_partition_holds() -> None:
+    """On a label-skewed partition each client's K classes are drawn among its own; when
+    a client holds every class the draw is the one without `held`."""
+    groups = [ViewGroup(clients=3, classes=2)]
+    held = [[1, 4, 6], list(range(10)), [2, 3]]
+    views = draw_views(groups, 10, seed=5, held=held)
+    for v, h in zip(views, held, strict=True):
+        assert set(v.classes) <= set(h) and len(v.classes) == 2
+    assert views[2].classes == (2, 3)
+    assert views[1] == draw_views(groups, 10, seed=5)[1]
+    with pytest.raises(ValueError, match=r"client 2's partition holds 2 classes \[2, 3\]"):
+        draw_views([ViewGroup(clients=3, classes=3)], 10, seed=5, held=held)
+
+
+def test_scalablefl_runs_on_a_label_skewed_partition(tmp_path) -> None:
+    """Groups on top of Dirichlet(0.3) label skew: every client's K classes are among its
+    own, so the federation builds and each client's labels are exactly 0..K-1."""
+    cfg = validate(
+        {
+            "data": {
+                "dataset": "digits",
+                "partition": {"kind": "dirichlet", "alpha": 0.3},
+                "test_per_client": 10,
+                "groups": [{"size": 8, "classes": 3, "clients": 4}],
+            },
+            "train": {"clients_per_round": 4},
+            "device": "cpu",
+        }
+    )
+    fed = build_federation(cfg, torch.device("cpu"))
+    assert all(c.info().labels == (0, 1, 2) for c in fed.clients)
 
 
 def test_a_view_restricts_remaps_and_resizes_a_client() -> None:

@@ -15,7 +15,9 @@ reproduces that over any image dataset, on top of any partition:
   federation is built, with bilinear interpolation and antialiasing (the triangle filter
   widened by the scale factor, so that down-sizing averages neighbours instead of aliasing).
 
-Clients are dealt to groups in id order (ids are exchangeable: partitions are random).
+Clients are dealt to groups in id order (ids are exchangeable: partitions are random). A
+client's classes are drawn among those its partition holds, so a view narrows a
+label-skewed partition rather than clashing with it.
 Every draw comes from a generator derived from (seed, 0, client id, purpose), never the
 global RNG, so one client's view does not depend on the others'. The local test split is
 drawn from the test set in the proportions of the client's (restricted) training classes,
@@ -56,9 +58,18 @@ class ClientView:
     samples: int | None = None
 
 
-def draw_views(groups: Sequence[ViewGroup], num_classes: int, seed: int) -> list[ClientView]:
+def draw_views(
+    groups: Sequence[ViewGroup],
+    num_classes: int,
+    seed: int,
+    held: Sequence[Sequence[int]] | None = None,
+) -> list[ClientView]:
     """One view per client, the clients of `groups[0]` first; each client's class subset is
-    drawn without replacement from the generator for (seed, 0, client id, "view-classes")."""
+    drawn without replacement from the generator for (seed, 0, client id, "view-classes").
+
+    `held[cid]`, when given, lists the classes client `cid`'s partition holds: its subset
+    is drawn from those, so that views work on top of label-skewed partitions too (under
+    a partition that gives every client every class the draw is the same as without)."""
     views: list[ClientView] = []
     for g, group in enumerate(groups):
         if group.clients < 1:
@@ -71,10 +82,19 @@ def draw_views(groups: Sequence[ViewGroup], num_classes: int, seed: int) -> list
                 f"got {group.classes}"
             )
         for _ in range(group.clients):
+            cid = len(views)
             classes = None
             if group.classes is not None:
-                rng = numpy_generator(seed, 0, len(views), "view-classes")
-                drawn = rng.choice(num_classes, size=group.classes, replace=False)
+                candidates = np.arange(num_classes) if held is None else np.asarray(held[cid])
+                if candidates.size < group.classes:
+                    raise ValueError(
+                        f"client {cid}'s partition holds {candidates.size} classes "
+                        f"{candidates.tolist()}, fewer than data.groups[{g}].classes = "
+                        f"{group.classes}; use a partition that gives every client at least "
+                        "that many classes (a larger Dirichlet alpha, a larger k) or fewer classes"
+                    )
+                rng = numpy_generator(seed, 0, cid, "view-classes")
+                drawn = rng.choice(candidates, size=group.classes, replace=False)
                 classes = tuple(sorted(int(c) for c in drawn))
             views.append(ClientView(group.size, classes, group.samples))
     return views

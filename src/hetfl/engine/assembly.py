@@ -84,7 +84,10 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
     groups = cfg.data.view_groups()
-    views = None if groups is None else draw_views(groups, dataset.num_classes, cfg.seed)
+    views = None
+    if groups is not None:
+        held = [np.unique(dataset.y_train[p]).tolist() for p in parts]
+        views = draw_views(groups, dataset.num_classes, cfg.seed, held)
     clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device, views)
     test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
     return Federation(dataset, clients, test)

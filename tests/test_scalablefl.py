@@ -5,6 +5,7 @@ short run on real data.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -177,6 +178,9 @@ def test_fmnist_groups_report_their_remaining_gap() -> None:
     assert tiny.gap == pytest.approx(-9 / 132)
     assert deep.plans[(64, 10)].gap == 0.0  # c_max is its own depth: the same model
     assert all(p.depth == 3 for p in deep.plans.values())
+    described = deep.describe()["groups"]["group=16px-2cls"]
+    assert (described["params"], described["target"]) == (123, 132)
+    assert described["gap"] == round(-9 / 132, 6)
 
 
 # -- sampling, private layers, errors ----------------------------------------------------------
@@ -419,9 +423,16 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
     sim = Simulation(
         strategy, ClientProgram(fam, hooks, seed=0), clients, global_test(ds), settings, tmp_path
     )
-    sim.run()
+    summary = sim.run()
     row = sim.metrics.read()[-1]
     assert row["global_acc"] is None
+    # The groups' models are in summary.json, as set-up decided them.
+    written = json.loads((tmp_path / "summary.json").read_text())["strategy"]
+    assert written == summary["strategy"] and written["variant"] == "scalablefl"
+    models = written["groups"]
+    assert [models[g]["depth"] for g in ("group=16px-10cls", "group=8px-3cls")] == [3, 2]
+    assert models["group=8px-3cls"]["widths"][0] == pytest.approx(math.log10(3))
+    assert all(m["params"] == m["target"] and m["gap"] == 0 for m in models.values())
     assert set(row["groups"]) == {"group=16px-10cls", "group=8px-3cls"}
     assert [p.depth for p in strategy.plans.values()] == [2, 3]  # 8 px: 2, 16 px: 3 stages
     assert row["groups"]["group=16px-10cls"]["acc"] > 0.5  # chance is 0.1

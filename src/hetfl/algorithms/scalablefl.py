@@ -54,7 +54,8 @@ Choices where the paper is silent:
   combination of per-stage channel counts up to `max_ratio` times the base. The count is
   an exact quadratic in the per-stage channel counts (every tensor is a product of at most
   two channel counts), fitted from a few meta-device builds and checked against a build.
-  The remaining gap per group is in `plans` (`GroupPlan.gap`).
+  The remaining gap per group is in `plans` (`GroupPlan.gap`) and in the run's
+  `summary.json` under "strategy" (`describe`).
 - Individual training uses the federated runs' sampling, local steps and settings, so
   every client gets the same compute as under ScalableFL; the paper instead tunes a
   separate learning rate, weight decay and 5k to 100k iterations (Table VIII).
@@ -420,6 +421,24 @@ class ScalableFL(FedAvg):
             plans[g] = plan
         self.plans = plans
         super().setup(clients, generator, rounds)
+
+    def describe(self) -> dict[str, Any]:
+        """Each group's model: depth (halvings), width ratios, parameters, and for the
+        HeteroFL comparison the ScalableFL count it was matched to and the gap left."""
+        return {
+            "variant": self.variant,
+            "groups": {
+                plan.name: {
+                    "clients": plan.clients,
+                    "depth": plan.depth,
+                    "widths": [round(w, 6) for w in plan.spec["widths"]],
+                    "params": plan.params,
+                    "target": plan.target,
+                    "gap": round(plan.gap, 6),
+                }
+                for plan in self.plans.values()
+            },
+        }
 
     def group_for(self, info: ClientInfo) -> Group:
         return self.group_of.get(info.cid) or self.group_key(info)

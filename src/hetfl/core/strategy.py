@@ -246,6 +246,12 @@ class Strategy:
             cid=info.cid, spec=spec, payload=extract(self.global_state, imap), index_map=imap
         )
 
+    def describe(self) -> dict[str, Any]:
+        """What set-up decided that a reader of the run should see (JSON-serialisable),
+        written to `summary.json` under "strategy": ScalableFL's per-group models and the
+        parameter gap of its HeteroFL comparison. Default: nothing."""
+        return {}
+
     def observe(self, round: int, row: Mapping[str, Any]) -> None:
         """Called after each evaluation with the metrics row (DTFL's plateau schedule);
         anything changed here must be part of `extra_state`."""

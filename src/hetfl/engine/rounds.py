@@ -119,6 +119,9 @@ class RoundLoop(ABC):
         """Assign specs and initialise the global state (once; `run` calls it if needed)."""
         if not self._ready:
             setup_strategy(self.strategy, self.known_clients(), self.settings)
+            described = self.strategy.describe()
+            if described:
+                self.info["strategy"] = described
             self._ready = True
 
     # -- the loop -----------------------------------------------------------------------

@@ -39,7 +39,9 @@ def _sim(
     strategy=None,
     **settings,
 ):
-    strat, hooks = ALGORITHMS.get(algo).build(family, opts, clients_per_round=cpr, train=TRAIN)
+    strat, hooks = ALGORITHMS.get(algo).build(
+        family, opts, clients_per_round=cpr, train=settings.pop("train", TRAIN)
+    )
     program = program or ClientProgram(family, hooks, seed=0)
     return Simulation(
         strategy or strat,
@@ -249,6 +251,25 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     for k, v in whole.strategy.global_state.items():
         assert torch.equal(v, resumed.strategy.global_state[k]), k
     for cid in whole.store:
+        for k, v in whole.store.get(cid).items():
+            assert torch.equal(v, resumed.store.get(cid)[k]), (cid, k)
+
+
+def test_kept_momentum_resumes_exactly(synthetic_federation, tmp_path):
+    """Momentum buffers kept between rounds are client state: checkpointed with the store,
+    so a resumed run equals an uninterrupted one (and the buffers really are kept)."""
+    family, clients, test = synthetic_federation
+    train = {**TRAIN, "momentum": 0.9, "keep_momentum": True}
+    whole = _sim(family, clients, test, tmp_path / "whole", rounds=3, train=train)
+    whole.run()
+    _sim(family, clients, test, tmp_path / "part", rounds=2, train=train).run()
+    resumed = _sim(family, clients, test, tmp_path / "part", rounds=3, train=train)
+    resumed.run(resume=True)
+    for k, v in whole.strategy.global_state.items():
+        assert torch.equal(v, resumed.strategy.global_state[k]), k
+    kept = [c for c in whole.store if any(k.startswith("momentum/") for k in whole.store.get(c))]
+    assert kept
+    for cid in kept:
         for k, v in whole.store.get(cid).items():
             assert torch.equal(v, resumed.store.get(cid)[k]), (cid, k)
 

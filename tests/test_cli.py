@@ -204,3 +204,11 @@ def test_partition_prints_the_clients_the_run_trains_on(tmp_path, capsys):
         counts = torch.bincount(client.y_train, minlength=10).tolist()
         assert [int(v) for v in row[1:-1]] == counts and int(row[-1]) == client.n_train
     assert saved[1] in out
+
+
+def test_the_start_banner_lists_what_the_strategy_decided():
+    from hetfl.runner import _described
+
+    described = {"variant": "heterofl-max", "groups": {"g1": {"depth": 2, "gap": -0.07}}}
+    assert _described(described) == ["  variant: heterofl-max", "  g1: depth 2, gap -0.07"]
+    assert _described({}) == []

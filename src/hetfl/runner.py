@@ -39,9 +39,25 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.program.device}",
             *devices,
+            *_described(sim.strategy.describe()),
             f"  output {run_dir}",
         ]
     )
+
+
+def _described(described: dict[str, Any]) -> list[str]:
+    """`Strategy.describe()` as banner lines: one per top-level entry, and one per member
+    of an entry that is a table (a dict of dicts, such as ScalableFL's groups)."""
+    lines = []
+    for key, value in described.items():
+        if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+            lines += [
+                f"  {name}: " + ", ".join(f"{k} {v}" for k, v in row.items())
+                for name, row in value.items()
+            ]
+        else:
+            lines.append(f"  {key}: {value}")
+    return lines
 
 
 def run_one(

@@ -26,7 +26,8 @@ def build_simulation(
 
 
 def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
-    """The one-screen summary printed before a run starts."""
+    """The one-screen summary printed before a run starts (after `sim.setup()`, which puts
+    what the strategy decided into `sim.info`)."""
     sizes = [c.n_train for c in sim.clients.values()]
     n_params = sum(v.numel() for v in sim.strategy.global_state.values())
     system = sim.settings.system
@@ -39,7 +40,7 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.program.device}",
             *devices,
-            *_described(sim.strategy.describe()),
+            *_described(sim.info.get("strategy", {})),
             f"  output {run_dir}",
         ]
     )

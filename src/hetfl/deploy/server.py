@@ -19,14 +19,15 @@ What differs from the simulator, and why:
 - Private state lives on the nodes, so checkpoints hold the strategy state, the counters
   and which clients have participated, but no client store (see `node.PrivateState`).
 - Static BatchNorm (HeteroFL, `EvalModel.stats_pass`): before global evaluation the
-  server sends each such model to every connected registered client (`query.stats`); each
-  sums per-batch BN statistics over its own training data (`bn_batch_statistics`, batches
-  of 500) and the server adds the sums and sets the cumulative average over all clients'
-  batches (`apply_bn_statistics`), the definition `recompute_bn_statistics` uses. The
-  statistics therefore come from the clients' whole training sets, not the simulator's
-  fixed seeded subsample (`RoundSettings.stats_samples`), so accuracies differ from the
-  simulator's; the bytes of this exchange are not counted, as evaluation traffic is not
-  in the simulator.
+  server sends each such model to every connected registered client (`query.stats`) with
+  the client's share of `RoundSettings.stats_samples` (its whole training size by
+  default); each sums per-batch BN statistics over its data or its own draw of that share
+  (`hetfl.engine.statistics.client_bn_statistics`, batches of 500) and the server adds
+  the sums in client-id order and sets the cumulative average (`apply_bn_statistics`):
+  the simulator's pass, split between nodes and server, so the accuracies are the
+  simulator's. The bytes of this exchange are not counted, as evaluation traffic is not
+  in the simulator. HeteroFL's local evaluation sends each client the full-rate model
+  with these statistics already applied; the node only applies its label mask.
 - Methods with a server program (split learning) need a per-batch exchange this adapter
   does not have: they are refused up front.
 """

@@ -87,9 +87,10 @@ def evaluate_global(
     """Test every model `strategy.eval_models` names on the global test set.
 
     `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
-    training data for a model with `em.stats_pass` (the simulator over a fixed subsample
-    of all clients' data, the Flower adapter by asking the clients); None refuses such a
-    model with an error that says so.
+    clients' training data for a model with `em.stats_pass` (`hetfl.engine.statistics`:
+    the simulator in process, the Flower adapter by asking the clients); None refuses
+    such a model with an error that says so. Each model's tensors as tested are kept in
+    `GlobalScores.models` for the strategy's local evaluation.
     """
     x_test, y_test = test
     scores = GlobalScores()

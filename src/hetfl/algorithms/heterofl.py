@@ -195,7 +195,7 @@ class HeteroFL(WidthLevels):
 
     def describe(self) -> dict[str, Any]:
         """How local accuracy is measured, and why when private layers decided it."""
-        if self.local_eval_model == "own-level" and (self.private_norm or self.private_head):
+        if self.private_norm or self.private_head:
             return {
                 "local_eval_model": "own-level (private layers cannot load into the "
                 "full-rate global model)"

@@ -29,7 +29,8 @@ from hetfl.core.client import (
 from hetfl.deploy.launch import Processes, Security, node_config
 from hetfl.deploy.node import Node, PrivateState
 from hetfl.deploy.records import from_content, to_content
-from hetfl.deploy.server import SimulatorOnlyError, _add_bn_statistics, refuse_server_program
+from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
+from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem
 from hetfl.models import PlainFamily
 
 CONFIG = """
@@ -148,7 +149,8 @@ def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():
     for x in (a, b):
         sums = bn_batch_statistics(model, x, batch_size=2)
         wire = from_content(to_content({"stats": {k: list(v) for k, v in sums.items()}}))
-        assert _add_bn_statistics(total, wire["stats"]) is None
+        assert bn_statistics_problem(total, wire["stats"]) is None
+        add_bn_statistics(total, wire["stats"])
     apply_bn_statistics(model, total)
     combined = {k: v.clone() for k, v in model.state_dict().items()}
     # Per-batch means (1, 1), (4, 2), (2, 1); unbiased variances (2, 2), (0, 8), (2, 0).
@@ -160,7 +162,9 @@ def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():
     recompute_bn_statistics(reference, torch.cat([a, b]), batch_size=2)
     for k, v in reference.state_dict().items():
         torch.testing.assert_close(combined[k], v)
-    assert _add_bn_statistics(total, {"other": list(sums["0"])}) is not None  # layers differ
+    assert "differ from other clients'" in str(
+        bn_statistics_problem(total, {"other": list(sums["0"])})
+    )
 
 
 # -- private state on a node ---------------------------------------------------------------

@@ -16,9 +16,10 @@ from hetfl.core.client import ClientHooks, ClientProgram
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
-from hetfl.core.types import ClientData, ClientOutput, ClientTask, PassRecord
+from hetfl.core.types import ClientData, ClientOutput, ClientTask, EvalModel, PassRecord
 from hetfl.engine.outputs import ROW_KEYS
 from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.statistics import stats_shares
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
 
@@ -353,3 +354,69 @@ def test_strategy_sees_rounds_attrs_and_metrics(synthetic_federation, tmp_path):
     with pytest.raises(ValueError, match="unknown clients"):
         Simulation(strategy, program, clients, test, RoundSettings(rounds=1, seed=0),
                    tmp_path, attrs={99: {}})  # fmt: skip
+
+
+# -- the static-BN statistics pass ---------------------------------------------------------------
+def _stats_sim(tmp_path, sizes: list[int], samples: int | None) -> Simulation:
+    """Clients holding `sizes` rows of 3 features (one class): only their inputs matter."""
+    g = torch.Generator().manual_seed(5)
+    clients = [
+        ClientData(
+            cid,
+            torch.randn(n, 3, generator=g) * (cid + 1) + cid,
+            torch.zeros(n, dtype=torch.long),
+            torch.zeros(0, 3),
+            torch.zeros(0, dtype=torch.long),
+            2,
+        )
+        for cid, n in enumerate(sizes)
+    ]
+    return _sim(
+        _LinearFamily(),
+        clients,
+        (clients[0].x_train[:1], clients[0].y_train[:1]),
+        tmp_path,
+        stats_samples=samples,
+    )
+
+
+def _bn_after_stats_pass(sim: Simulation) -> nn.BatchNorm1d:
+    bn = nn.BatchNorm1d(3)
+    sim.stats_pass(1, nn.Sequential(bn), EvalModel("bn", Spec(model="bn"), {}, stats_pass=True))
+    return bn
+
+
+def _expected(batches: list[torch.Tensor], bn: nn.BatchNorm1d) -> None:
+    """The cumulative average over `batches`: mean of the per-batch means and of the
+    per-batch unbiased variances, computed in float64."""
+    means = torch.stack([b.double().mean(dim=0) for b in batches])
+    variances = torch.stack([b.double().var(dim=0, correction=1) for b in batches])
+    torch.testing.assert_close(bn.running_mean.double(), means.mean(dim=0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(bn.running_var.double(), variances.mean(dim=0), atol=1e-5, rtol=0)
+    assert int(bn.num_batches_tracked) == len(batches)
+
+
+def test_stats_pass_averages_each_clients_consecutive_batches_of_500(tmp_path):
+    """By default the pass covers every client's whole training set, per client in
+    client-id order, in consecutive batches of 500: 600 rows give two batches (500, 100),
+    300 rows one, so three batches in all (not batches of a pooled shuffled subsample)."""
+    sim = _stats_sim(tmp_path, [600, 300], samples=None)
+    x0, x1 = sim.clients[0].x_train, sim.clients[1].x_train
+    _expected([x0[:500], x0[500:], x1], _bn_after_stats_pass(sim))
+
+
+def test_stats_subsample_is_each_clients_share_drawn_by_its_own_generator(tmp_path):
+    """`stats_samples: 300` over clients of 600, 299 and 1 rows: shares 200, 99.5 and 0.5
+    round by largest remainder (ties to the lower id) to 200, 100 and 0; each client draws
+    its share without replacement with its (seed, 0, cid, "stats-pass") generator."""
+    assert stats_shares({0: 600, 1: 299, 2: 1}, 300) == {0: 200, 1: 100, 2: 0}
+    assert stats_shares({0: 600, 1: 299}, None) == {0: 600, 1: 299}
+    assert stats_shares({0: 600, 1: 299}, 5000) == {0: 600, 1: 299}  # at most everything
+    sim = _stats_sim(tmp_path, [600, 299, 1], samples=300)
+    batches = []
+    for cid, share in ((0, 200), (1, 100)):
+        drawn = torch.randperm(
+            sim.clients[cid].n_train, generator=torch_generator(0, 0, cid, "stats-pass")
+        )
+        batches.append(sim.clients[cid].x_train[drawn[:share]])
+    _expected(batches, _bn_after_stats_pass(sim))

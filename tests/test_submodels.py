@@ -15,8 +15,13 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.submodels import assign_in_proportion
-from hetfl.core.client import ClientProgram, mask_logits
+from hetfl.algorithms.submodels import assign_in_proportion, eval_model_at
+from hetfl.core.client import (
+    ClientProgram,
+    evaluate_model,
+    mask_logits,
+    recompute_bn_statistics,
+)
 from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import group_qualified, prefix_index
@@ -347,3 +352,95 @@ def test_fjord_records_one_pass_per_step_at_the_drawn_width(tmp_path) -> None:
     widths = {r.width for r in out.result.passes}
     assert widths <= {0.25, 0.5, 1.0} and len(widths) > 1
     assert sum(r.count for r in out.result.passes) == out.result.num_steps
+
+
+# -- HeteroFL's local accuracy ---------------------------------------------------------------------
+def _heterofl_digits(tmp_path, **opts) -> Simulation:
+    """4 digits clients of 3 classes each, all sampled, levels 1 and 1/2, one short round."""
+    ds = load_digits(seed=0)
+    parts = PARTITIONERS.get("classes")(ds.y_train, 4, np.random.default_rng(0), k=3)
+    clients = build_clients(ds, parts, test_per_client=30, seed=0)
+    fam = ScalableFamily(
+        {"family": "stage-cnn", "input_shape": ds.input_shape, "num_classes": 10, "stages": 2}
+    )
+    strategy, hooks = ALGORITHMS.get("heterofl").build(
+        fam,
+        {"levels": (1.0, 0.5), **opts},
+        clients_per_round=4,
+        train={"lr": 0.1, "steps": 4, "batch_size": 16},
+    )
+    settings = RoundSettings(rounds=1, seed=0)
+    program = ClientProgram(fam, hooks, seed=0)
+    return Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
+
+
+def _masked_accuracy(model, data) -> float:
+    correct, _, n = evaluate_model(model, data.x_test, data.y_test, label_mask=data.labels)
+    return correct / n
+
+
+def test_heterofl_local_acc_is_the_full_rate_model_with_each_clients_label_mask(tmp_path):
+    """The authors' local accuracy (train_classifier_fed.py: `stats`, then `test` with each
+    client's label split), the default: the full-rate model with the statistics of the
+    global evaluation (every client's training data), logits masked to the client's
+    classes, averaged over the clients; no per-level local groups."""
+    sim = _heterofl_digits(tmp_path)
+    sim.run()
+    row = sim.metrics.read()[-1]
+    full = sim.strategy.eval_models(sim.strategy.global_state)[0]
+    assert full.name == "width=1"
+    model = sim.program.family.build(full.spec)
+    model.load_state_dict(full.tensors)
+    sim.stats_pass(1, model, full)
+    expected = [_masked_accuracy(model, sim.clients[c]) for c in sorted(sim.clients)]
+    assert row["local_acc"] == pytest.approx(sum(expected) / len(expected), abs=1e-12)
+    assert not any(g.startswith("local") for g in row["groups"])
+    assert sim.info["strategy"] == {"local_eval_model": "global-masked"}
+
+
+def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tmp_path):
+    """`local_eval_model: own-level`: each client's own level, BatchNorm statistics from its
+    own training data, its label mask; reported per level under `local width=r`."""
+    sim = _heterofl_digits(tmp_path, local_eval_model="own-level")
+    sim.run()
+    row = sim.metrics.read()[-1]
+    strategy = sim.strategy
+    by_level: dict[float, list[float]] = {}
+    for cid, data in sim.clients.items():
+        ratio = strategy.level_of[cid]
+        em = eval_model_at(
+            sim.program.family,
+            strategy.eval_spec(ratio),
+            strategy.index_map_for(strategy.level_spec(ratio)),
+            strategy.global_state,
+            name="own",
+            stats_pass=True,
+        )
+        model = sim.program.family.build(em.spec)
+        model.load_state_dict(em.tensors)
+        recompute_bn_statistics(model, data.x_train)
+        by_level.setdefault(ratio, []).append(_masked_accuracy(model, data))
+    for ratio, accs in by_level.items():
+        assert row["groups"][f"local width={ratio:g}"]["acc"] == pytest.approx(
+            sum(accs) / len(accs), abs=1e-12
+        )
+    everyone = [a for accs in by_level.values() for a in accs]
+    assert row["local_acc"] == pytest.approx(sum(everyone) / len(everyone), abs=1e-12)
+
+
+def test_heterofl_with_private_layers_uses_own_level_and_says_so() -> None:
+    """The full-rate global model cannot hold private layers: `own-level` runs, and
+    `describe()` (summary.json's "strategy", the start banner) says why."""
+    fam = _family("stage-cnn")
+    strategy, _ = ALGORITHMS.get("heterofl").build(
+        fam, {"private_norm": True}, clients_per_round=1, train=TRAIN
+    )
+    assert strategy.local_eval_model == "own-level"
+    assert strategy.describe() == {
+        "local_eval_model": "own-level (private layers cannot load into the full-rate global model)"
+    }
+    default, _ = ALGORITHMS.get("heterofl").build(fam, {}, clients_per_round=1, train=TRAIN)
+    info = ClientInfo(0, 10, FAMILIES["stage-cnn"], (0, 1))
+    default.setup([info], torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match=r"evaluated full-rate model 'width=1'.*gave \[\]"):
+        default.eval_task(info, {})

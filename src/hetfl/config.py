@@ -228,6 +228,13 @@ class EvalConfig(_Strict):
     test_samples: int | None = Field(
         None, ge=1, description="a fixed seeded subsample of the global test set (default: all)"
     )
+    stats_samples: int | None = Field(
+        None,
+        ge=1,
+        description="static-BN statistics pass (HeteroFL) over a seeded subsample of this many "
+        "training samples, drawn per client in proportion to its size: a speed option "
+        "(default: every client's whole training set)",
+    )
 
 
 class TargetConfig(_Strict):

@@ -10,9 +10,12 @@ training, nothing but the affine aggregated) with the scaler (activations divide
 training only); masked cross-entropy (logits of the classes a client lacks set to 0) and
 label-split aggregation of the head rows; gradient-norm clipping at 1; aggregation with
 weight 1 per client on each element it covers (not sample counts), uncovered elements kept;
-evaluation of every level on the global test set after a statistics pass over a fixed,
-seeded subsample of the training data, reported under `groups` as `width=r` (the widest
-level is `global_acc`).
+evaluation of every level on the global test set after a statistics pass over the
+clients' training data (`hetfl.engine.statistics`), reported under `groups` as `width=r`
+(the widest level is `global_acc`); local accuracy as the authors' code measures it
+(train_classifier_fed.py: `stats`, then `test` with each client's label split): the
+full-rate model with those same statistics, its logits masked to the client's classes
+(`local_eval_model: global-masked`).
 
 Choices where the paper is silent or the code differs from the text:
 
@@ -21,9 +24,12 @@ Choices where the paper is silent or the code differs from the text:
 - the masked loss and the label split use the classes in the client's *training* data,
   which is what "the client's label set" is in every partition HetFL has; with IID data
   both are no-ops, so they are on by default;
-- local accuracy evaluates each client's level (the widest level under `dynamic`
-  assignment) with its label mask, after a statistics pass over the client's own training
-  data, since the server never sees client data;
+- `local_eval_model: own-level` evaluates each client's own level instead (the widest
+  level under `dynamic` assignment) with its label mask, after a statistics pass over the
+  client's own training data: how well a client's sub-model serves it, a different
+  number from the paper's. It is what runs with private layers (`private_norm`,
+  `private_head`), which the full-rate global model cannot hold; `describe()` (the start
+  banner, `summary.json`) says so;
 - `weighting: samples` is available (recorded in the resolved config) for comparisons
   with FjORD's sample-count weighting.
 """
@@ -44,9 +50,13 @@ from hetfl.core.client import ClientHooks, TrainContext, mask_logits
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import extract
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily
+from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily, State
 
 Assignment = Literal["fixed", "dynamic"]
+#: How local accuracy is measured: the full-rate global model (after the global statistics
+#: pass) with the client's label mask, or the client's own level with statistics from its
+#: own training data.
+LocalEvalModel = Literal["global-masked", "own-level"]
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
@@ -67,6 +77,7 @@ class HeteroFL(WidthLevels):
         weighting: Weighting = "uniform",
         private_norm: bool = False,
         private_head: bool = False,
+        local_eval_model: LocalEvalModel = "global-masked",
     ) -> None:
         super().__init__(
             family,
@@ -80,9 +91,18 @@ class HeteroFL(WidthLevels):
         )
         if assignment not in ("fixed", "dynamic"):
             raise ValueError(f"assignment must be 'fixed' or 'dynamic', got {assignment!r}")
+        if local_eval_model not in ("global-masked", "own-level"):
+            raise ValueError(
+                f"local_eval_model must be 'global-masked' or 'own-level', got {local_eval_model!r}"
+            )
         self.assignment = assignment
         self.split_labels = label_split
         self.clip_grad_norm = clip_grad_norm
+        # A full-rate global model cannot hold private layers: those clients are judged
+        # with their own level.
+        self.local_eval_model: LocalEvalModel = (
+            "own-level" if private_norm or private_head else local_eval_model
+        )
 
     def level_spec(self, ratio: float) -> Spec:
         """The training spec of a level: static BN with the scaler."""
@@ -124,13 +144,41 @@ class HeteroFL(WidthLevels):
                 self.eval_spec(r),
                 self.index_map_for(self.level_spec(r)),
                 dict(state),
-                name=f"width={r:g}",
+                name=level_name(r),
                 stats_pass=True,
             )
             for r in sorted(self.levels, reverse=True)
         ]
 
-    def eval_task(self, info: ClientInfo) -> EvalTask:
+    def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
+        """The client's local accuracy task, as `local_eval_model` says."""
+        if self.local_eval_model == "own-level":
+            return self.own_level_task(info)
+        return self.global_masked_task(info, evaluated or {})
+
+    def global_masked_task(self, info: ClientInfo, evaluated: Mapping[str, State]) -> EvalTask:
+        """The full-rate model exactly as the global evaluation tested it (its BatchNorm
+        statistics from the server-side pass), with the client's label mask: the client
+        runs no statistics pass of its own."""
+        ratio = max(self.levels)
+        name = level_name(ratio)
+        if name not in evaluated:
+            raise RuntimeError(
+                f"HeteroFL's local_eval_model 'global-masked' judges clients with the evaluated "
+                f"full-rate model {name!r}, which this round's evaluation did not give "
+                f"(it gave {sorted(evaluated)}); the engine passes eval_task the models it tested"
+            )
+        return EvalTask(
+            cid=info.cid,
+            spec=self.eval_spec(ratio),
+            payload=dict(evaluated[name]),
+            index_map=self.index_map_for(self.level_spec(ratio)),
+            label_mask=info.labels if self.split_labels else None,
+        )
+
+    def own_level_task(self, info: ClientInfo) -> EvalTask:
+        """The client's own level (the widest under `dynamic` assignment) after a
+        statistics pass over the client's own training data, with its label mask."""
         ratio = self.level_of.get(info.cid, max(self.levels))
         if self.assignment == "dynamic":
             ratio = max(self.levels)
@@ -144,6 +192,20 @@ class HeteroFL(WidthLevels):
             stats_pass=True,
             label_mask=info.labels if self.split_labels else None,
         )
+
+    def describe(self) -> dict[str, Any]:
+        """How local accuracy is measured, and why when private layers decided it."""
+        if self.private_norm or self.private_head:
+            return {
+                "local_eval_model": "own-level (private layers cannot load into the "
+                "full-rate global model)"
+            }
+        return {"local_eval_model": self.local_eval_model}
+
+
+def level_name(ratio: float) -> str:
+    """The name (and group) of a level's evaluated model: `width=r`."""
+    return f"width={ratio:g}"
 
 
 class MaskedLossHooks(ClientHooks):
@@ -164,6 +226,7 @@ class HeteroFLOptions(FedAvgOptions):
     assignment: Assignment = "fixed"
     label_split: bool = True
     clip_grad_norm: float | None = 1.0
+    local_eval_model: LocalEvalModel = "global-masked"
 
 
 def _make(

@@ -81,7 +81,7 @@ from hetfl.core.client import ClientHooks
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import extract
 from hetfl.core.strategy import Strategy, uniform_sample
-from hetfl.core.types import ClientInfo, EvalTask, ModelFamily
+from hetfl.core.types import ClientInfo, EvalTask, ModelFamily, State
 from hetfl.models.scalable import ARCHITECTURES
 from hetfl.models.slim import channels
 
@@ -480,7 +480,7 @@ class ScalableFL(FedAvg):
     def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
         return {**super().task_config(round, info), "decay_norm_and_bias": False}
 
-    def eval_task(self, info: ClientInfo) -> EvalTask:
+    def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
         plan = self.plan_of(info)
         imap = self.index_map_for(plan.spec)
         return EvalTask(

@@ -17,8 +17,9 @@ adapter) call only these verbs, in this order, every round:
    server session per client alongside its training and adds the keyword
    `server_results=` (the valid clients' `ServerResult`s, sorted by client id).
 4. every k rounds, `eval_models(state)` names the models to test on the global test set,
-   and `eval_task(info)` the client-side evaluation of a client's model with its private
-   layers on its local test split.
+   and `eval_task(info, evaluated)` the client-side evaluation of a client's model with its
+   private layers on its local test split (`evaluated`: the models just tested, as tested,
+   that is after any statistics pass, by name).
 
 `state_dict` / `load_state_dict` carry the global state and whatever the strategy keeps
 across rounds (server optimiser moments, tier histories), for checkpoints. A strategy takes
@@ -239,7 +240,12 @@ class Strategy:
             return []
         return [EvalModel(name="global", spec=spec, tensors=extract(state, imap))]
 
-    def eval_task(self, info: ClientInfo) -> EvalTask:
+    def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
+        """How client `info` is judged on its local test split. `evaluated` holds this
+        round's `eval_models` as the engine tested them (complete tensors after any
+        statistics pass), by name; engines always pass it, so a method may judge clients
+        with one of them (HeteroFL's full-rate model). Default: the client's own spec
+        with the global tensors and its private layers."""
         spec = self.specs.get(info.cid) or self.spec_for(info)
         imap = self.index_map_for(spec)
         return EvalTask(

@@ -147,9 +147,10 @@ class EvalModel:
     """One model the engine should test on the global test set.
 
     `tensors` is the model's full local state for `spec`. With `stats_pass`, the engine
-    first re-estimates BatchNorm statistics by a pass over training data (HeteroFL's static
-    BN). `group` labels it in the `groups` metric (e.g. `"capacity=0.5"`); the first model
-    of the list is the main one reported as `global_acc`.
+    first re-estimates BatchNorm statistics by a pass over the clients' training data
+    (HeteroFL's static BN; `hetfl.engine.statistics`). `group` labels it in the `groups`
+    metric (e.g. `"capacity=0.5"`); the first model of the list is the main one reported
+    as `global_acc`.
     """
 
     name: str
@@ -162,7 +163,9 @@ class EvalModel:
 @dataclass
 class EvalTask:
     """Client-side evaluation of one client's model (with its private layers) on its local
-    test split. `payload` and `index_map` are as in `ClientTask`.
+    test split. `payload` and `index_map` are as in `ClientTask`; `payload` may also be a
+    complete model with its BatchNorm statistics (HeteroFL's full-rate model as the global
+    evaluation tested it).
 
     With `stats_pass`, the client first re-estimates BatchNorm statistics on its own
     training data (static BN evaluated locally); with `label_mask`, logits of the classes

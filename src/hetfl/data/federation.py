@@ -21,7 +21,7 @@ from hetfl.data.sources import Dataset
 from hetfl.data.views import ClientView, remap_labels, resize_images, restrict
 
 
-def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
+def largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
     """Integer shares of `total` proportional to `weights`, summing exactly to `total`.
 
     Each share is rounded down and the units left over go to the largest remainders (ties
@@ -45,7 +45,7 @@ def _allocate(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray:
     shares = np.zeros_like(caps)
     active = (weights > 0) & (caps > 0)
     while (remaining := total - int(shares.sum())) > 0 and active.any():
-        extra = _largest_remainder(remaining, np.where(active, weights, 0).astype(np.float64))
+        extra = largest_remainder(remaining, np.where(active, weights, 0).astype(np.float64))
         shares += np.minimum(extra, caps - shares)
         active &= shares < caps
     return shares

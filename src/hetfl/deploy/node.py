@@ -33,13 +33,14 @@ import yaml
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from hetfl.config import RunConfig, load_raw, validate
-from hetfl.core.client import ClientProgram, bn_batch_statistics
+from hetfl.core.client import ClientProgram
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
 from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
 from hetfl.engine.assembly import build_parts
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.engine.statistics import client_bn_statistics
 
 _PRIVATE = "hetfl.private"
 _PRIVATE_ROUND = "hetfl.private-round"
@@ -236,14 +237,16 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 def stats(msg: Message, context: Context) -> Message:
-    """Sum per-batch BatchNorm statistics of the sent model over this node's training data
-    (a static-BN pass, `bn_batch_statistics`); the server combines all nodes' sums."""
+    """Sum per-batch BatchNorm statistics of the sent model over this node's training data,
+    or over the share of it the server asks for, drawn here with this client's own generator
+    (`hetfl.engine.statistics.client_bn_statistics`); the server combines all nodes' sums."""
     request = from_content(msg.content)
     node = node_for(context, request["config"])
     device = node.program.device
     model = node.program.model_for(request["spec"])
     model.load_state_dict({k: v.to(device) for k, v in request["tensors"].items()}, strict=True)
-    sums = bn_batch_statistics(model, node.data.x_train.to(device))
+    x_train = node.data.x_train.to(device)
+    sums = client_bn_statistics(model, x_train, int(request["share"]), node.config.seed, node.cid)
     reply = {k: [mean.cpu(), var.cpu(), n] for k, (mean, var, n) in sums.items()}
     return Message(to_content({"stats": reply}), reply_to=msg)
 

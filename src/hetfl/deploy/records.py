@@ -9,9 +9,11 @@ Exchanges (server -> client, each answered once):
 - `evaluate`: one `EvalTask` (the client's model with its private layers on its local test
   split); the reply carries (correct, summed loss, count).
 - `query.stats`: a static-BN statistics pass (HeteroFL) before global evaluation: an
-  evaluated model's spec and complete tensors; the reply carries, per BatchNorm layer, the
-  sums of the per-batch means and unbiased variances over the node's training data and the
-  number of batches (`hetfl.core.client.bn_batch_statistics`).
+  evaluated model's spec and complete tensors, and the number of training samples the node
+  runs through it (`share`: all of them, or its share of `eval.stats_samples`, which it
+  draws itself); the reply carries, per BatchNorm layer, the sums of the per-batch means
+  and unbiased variances and the number of batches
+  (`hetfl.engine.statistics.client_bn_statistics`).
 
 Every request also carries the server's resolved config, so a node needs no state to
 know the run it serves: a restarted node answers the next message like any other.

@@ -19,14 +19,15 @@ What differs from the simulator, and why:
 - Private state lives on the nodes, so checkpoints hold the strategy state, the counters
   and which clients have participated, but no client store (see `node.PrivateState`).
 - Static BatchNorm (HeteroFL, `EvalModel.stats_pass`): before global evaluation the
-  server sends each such model to every connected registered client (`query.stats`); each
-  sums per-batch BN statistics over its own training data (`bn_batch_statistics`, batches
-  of 500) and the server adds the sums and sets the cumulative average over all clients'
-  batches (`apply_bn_statistics`), the definition `recompute_bn_statistics` uses. The
-  statistics therefore come from the clients' whole training sets, not the simulator's
-  fixed seeded subsample (`RoundSettings.stats_samples`), so accuracies differ from the
-  simulator's; the bytes of this exchange are not counted, as evaluation traffic is not
-  in the simulator.
+  server sends each such model to every connected registered client (`query.stats`) with
+  the client's share of `RoundSettings.stats_samples` (its whole training size by
+  default); each sums per-batch BN statistics over its data or its own draw of that share
+  (`hetfl.engine.statistics.client_bn_statistics`, batches of 500) and the server adds
+  the sums in client-id order and sets the cumulative average (`apply_bn_statistics`):
+  the simulator's pass, split between nodes and server, so the accuracies are the
+  simulator's. The bytes of this exchange are not counted, as evaluation traffic is not
+  in the simulator. HeteroFL's local evaluation sends each client the full-rate model
+  with these statistics already applied; the node only applies its label mask.
 - Methods with a server program (split learning) need a per-batch exchange this adapter
   does not have: they are refused up front.
 """
@@ -38,7 +39,6 @@ from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -48,12 +48,13 @@ from hetfl.config import RunConfig
 from hetfl.core.client import BNStatistics, apply_bn_statistics
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalModel, Failure
+from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalModel, Failure, State
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.node import data_fingerprint
 from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
 from hetfl.engine.assembly import build_parts
 from hetfl.engine.rounds import RoundLoop
+from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem, stats_shares
 from hetfl.engine.steps import RoundOutcome, charge_result
 
 K = TypeVar("K", bound=Hashable)
@@ -83,34 +84,6 @@ def refuse_server_program(strategy: Strategy, algorithm: str) -> None:
             f"algorithm {algorithm!r} needs a server program (split learning), which the "
             "Flower adapter does not run yet: it is simulator-only for now (use `hetfl run`)"
         )
-
-
-def _add_bn_statistics(total: BNStatistics, part: Any) -> str | None:
-    """Add one client's per-layer sums to `total`; returns why they do not fit, or None
-    (then `total` is unchanged)."""
-    if not isinstance(part, dict) or not all(
-        isinstance(v, list)
-        and len(v) == 3
-        and isinstance(v[0], torch.Tensor)
-        and isinstance(v[1], torch.Tensor)
-        and isinstance(v[2], int)
-        for v in part.values()
-    ):
-        return "malformed reply: expected {layer: [sum of means, sum of variances, batches]}"
-    if total and set(part) != set(total):
-        return f"BatchNorm layers {sorted(part)} differ from other clients' {sorted(total)}"
-    for k, (mean, var, _) in part.items():
-        if k in total:
-            m0, v0, _ = total[k]
-            if m0.shape != mean.shape or v0.shape != var.shape:
-                return f"BatchNorm layer {k!r} has other shapes than other clients'"
-    for k, (mean, var, n) in part.items():
-        if k in total:
-            m0, v0, n0 = total[k]
-            total[k] = (m0 + mean, v0 + var, n0 + n)
-        else:
-            total[k] = (mean.clone(), var.clone(), n)
-    return None
 
 
 class FlowerServer(RoundLoop):
@@ -336,24 +309,37 @@ class FlowerServer(RoundLoop):
     # -- evaluation ---------------------------------------------------------------------
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Static-BN statistics of `em` from every connected registered client's training
-        data: each node returns per-layer sums over its batches, the server adds them and
-        sets the cumulative average. Clients that fail are left out (with a warning); with
-        none left the round's evaluation fails. Bytes are not counted (evaluation traffic)."""
+        data (`hetfl.engine.statistics`): each node is sent its share of
+        `settings.stats_samples` (its whole training size by default), returns per-layer
+        sums over its batches, and the server adds them in client-id order and sets the
+        cumulative average. Clients that fail are left out (with a warning); with none left
+        the round's evaluation fails. Bytes are not counted (evaluation traffic)."""
         connected = set(self.grid.get_node_ids())
+        asked = [c for c in sorted(self.infos) if self.node_of[c] in connected]
+        sizes = {c: self.infos[c].n_train for c in asked}
+        shares = stats_shares(sizes, self.settings.stats_samples)
         timeout = self.deploy.round_timeout_s
-        request = to_content({"config": self.config_text, "spec": em.spec, "tensors": em.tensors})
+        request = {"config": self.config_text, "spec": em.spec, "tensors": em.tensors}
         messages = {
-            c: Message(request, self.node_of[c], STATS, ttl=timeout, group_id=str(rnd))
-            for c in sorted(self.infos)
-            if self.node_of[c] in connected
+            c: Message(
+                to_content({**request, "share": n}),
+                self.node_of[c],
+                STATS,
+                ttl=timeout,
+                group_id=str(rnd),
+            )
+            for c, n in shares.items()
+            if n
         }
         replies = self._exchange(messages, timeout)
         total: BNStatistics = {}
         for c in sorted(messages):
             answer, problem = self._answer(replies.get(c), ("stats",))
             if problem is None:
-                problem = _add_bn_statistics(total, answer["stats"])
-            if problem is not None:
+                problem = bn_statistics_problem(total, answer["stats"])
+            if problem is None:
+                add_bn_statistics(total, answer["stats"])
+            else:
                 self.progress.message(
                     f"warning: client {c} gave no BatchNorm statistics for {em.name!r} in "
                     f"round {rnd}: {problem}"
@@ -364,14 +350,16 @@ class FlowerServer(RoundLoop):
             )
         apply_bn_statistics(model, total)
 
-    def local_scores(self, rnd: int, outcome: RoundOutcome) -> list[tuple[float, str | None]]:
+    def local_scores(
+        self, rnd: int, outcome: RoundOutcome, evaluated: Mapping[str, State]
+    ) -> list[tuple[float, str | None]]:
         """A second exchange: each client evaluates on its own test split with its
         private state; clients that do not answer are left out (with a warning)."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
         connected = set(self.grid.get_node_ids())
         timeout = self.deploy.round_timeout_s
-        tasks = {c: self.strategy.eval_task(self.infos[c]) for c in cids}
+        tasks = {c: self.strategy.eval_task(self.infos[c], evaluated) for c in cids}
         messages = {
             c: Message(
                 to_content({"config": self.config_text, "task": task}),
@@ -384,7 +372,7 @@ class FlowerServer(RoundLoop):
             if self.node_of[c] in connected
         }
         replies = self._exchange(messages, timeout)
-        evaluated: list[tuple[float, str | None]] = []
+        scores: list[tuple[float, str | None]] = []
         for c in sorted(messages):
             answer, problem = self._answer(replies.get(c), ("correct", "n"))
             if problem is not None:
@@ -392,8 +380,8 @@ class FlowerServer(RoundLoop):
                     f"warning: client {c} not evaluated in round {rnd}: {problem}"
                 )
             elif answer["n"] > 0:
-                evaluated.append((answer["correct"] / answer["n"], tasks[c].group))
-        return evaluated
+                scores.append((answer["correct"] / answer["n"], tasks[c].group))
+        return scores
 
     # -- checkpoints (server state only: private state stays on the nodes) ---------------
     def checkpoint_extras(self) -> dict[str, Any]:

@@ -135,6 +135,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         local_eval=cfg.eval.local_eval,
         availability=cfg.availability,
         targets=tuple(Target(t.metric, t.value) for t in cfg.targets),
+        stats_samples=cfg.eval.stats_samples,
         system=cfg.system.settings(),
     )
     info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}

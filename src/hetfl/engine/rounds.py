@@ -10,7 +10,8 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 - `after_training(outcome)`: anything due once the round's results are aggregated (the
   simulator advances its clock here);
 - `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
-- `local_scores(rnd, outcome)`: each locally evaluated client's accuracy and group;
+- `local_scores(rnd, outcome, evaluated)`: each locally evaluated client's accuracy and
+  group;
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,7 +36,7 @@ from torch import nn
 from hetfl.core.client import ClientProgram
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, ClientTask, EvalModel
+from hetfl.core.types import ClientInfo, ClientTask, EvalModel, State
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.outputs import MetricsLog, Target, summarise, write_json
 from hetfl.engine.progress import Progress
@@ -53,8 +55,10 @@ LocalEval = Literal["sampled", "all", "none"]
 
 @dataclass(frozen=True)
 class RoundSettings:
-    """How a run's rounds go, for either engine. `availability`, `stats_samples` and
-    `system` drive the simulator only (the Flower adapter warns when they are set)."""
+    """How a run's rounds go, for either engine. `availability` and `system` drive the
+    simulator only (the Flower adapter warns when they are set). `stats_samples` is the
+    size of the static-BN statistics pass's subsample, None for every client's whole
+    training set (`hetfl.engine.statistics`)."""
 
     rounds: int
     seed: int
@@ -63,7 +67,7 @@ class RoundSettings:
     local_eval: LocalEval = "sampled"
     availability: float = 1.0
     targets: tuple[Target, ...] = ()
-    stats_samples: int = 2000
+    stats_samples: int | None = None
     system: SystemSettings | None = None
 
     def __post_init__(self) -> None:
@@ -72,6 +76,8 @@ class RoundSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.availability <= 1:
             raise ValueError(f"availability must be in (0, 1], got {self.availability}")
+        if self.stats_samples is not None and self.stats_samples < 1:
+            raise ValueError(f"stats_samples must be >= 1 or None, got {self.stats_samples}")
 
     def is_eval_round(self, rnd: int) -> bool:
         return rnd % self.eval_every == 0 or rnd == self.rounds
@@ -169,7 +175,8 @@ class RoundLoop(ABC):
         )
         local_acc = None
         if self.settings.local_eval != "none":
-            local_acc = mean_local_accuracy(self.local_scores(rnd, outcome), scores.groups)
+            local = self.local_scores(rnd, outcome, scores.models)
+            local_acc = mean_local_accuracy(local, scores.groups)
         return metrics_row(rnd, outcome, scores, local_acc, self.counters, self.sim_time_s())
 
     # -- the engine's hooks -------------------------------------------------------------
@@ -190,9 +197,13 @@ class RoundLoop(ABC):
         """Set `model`'s BatchNorm statistics from clients' training data."""
 
     @abstractmethod
-    def local_scores(self, rnd: int, outcome: RoundOutcome) -> list[tuple[float, str | None]]:
+    def local_scores(
+        self, rnd: int, outcome: RoundOutcome, evaluated: Mapping[str, State]
+    ) -> list[tuple[float, str | None]]:
         """(accuracy, group) of each client evaluated on its local test split, as
-        `settings.local_eval` ("sampled" or "all") asks."""
+        `settings.local_eval` ("sampled" or "all") asks, each by the task
+        `strategy.eval_task(info, evaluated)` gives (`evaluated`: the round's globally
+        evaluated models, as tested, by name)."""
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
         """Called once the round's results are aggregated, before evaluation."""

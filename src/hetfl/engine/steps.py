@@ -18,7 +18,7 @@ from hetfl.core.client import ClientProgram, evaluate_model
 from hetfl.core.server_program import ServerResult
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientResult, ClientTask, ClientTimes, EvalModel, Failure
+from hetfl.core.types import ClientResult, ClientTask, ClientTimes, EvalModel, Failure, State
 from hetfl.core.validate import result_problem
 from hetfl.engine.outputs import make_row
 from hetfl.systems.costs import MacCounter
@@ -68,11 +68,14 @@ def charge_result(
 @dataclass
 class GlobalScores:
     """The strategy's evaluated models on the global test set: the first one's accuracy and
-    loss (None when the method has no global model) and each grouped model's accuracy."""
+    loss (None when the method has no global model), each grouped model's accuracy, and
+    each model's tensors as tested (after its statistics pass), by name, for the
+    strategy's local evaluation (`Strategy.eval_task(info, evaluated)`)."""
 
     global_acc: float | None = None
     test_loss: float | None = None
     groups: Groups = field(default_factory=dict)
+    models: dict[str, State] = field(default_factory=dict)
 
 
 def evaluate_global(
@@ -84,9 +87,10 @@ def evaluate_global(
     """Test every model `strategy.eval_models` names on the global test set.
 
     `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
-    training data for a model with `em.stats_pass` (the simulator over a fixed subsample
-    of all clients' data, the Flower adapter by asking the clients); None refuses such a
-    model with an error that says so.
+    clients' training data for a model with `em.stats_pass` (`hetfl.engine.statistics`:
+    the simulator in process, the Flower adapter by asking the clients); None refuses
+    such a model with an error that says so. Each model's tensors as tested are kept in
+    `GlobalScores.models` for the strategy's local evaluation.
     """
     x_test, y_test = test
     scores = GlobalScores()
@@ -101,6 +105,7 @@ def evaluate_global(
                 )
             stats_pass(model, em)
         correct, loss_sum, n = evaluate_model(model, x_test, y_test)
+        scores.models[em.name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if i == 0:
             scores.global_acc, scores.test_loss = correct / n, loss_sum / n
         if em.group is not None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetfl.core.client import ClientProgram, recompute_bn_statistics
+from hetfl.core.client import ClientProgram, apply_bn_statistics
 from hetfl.core.server_program import Channel, ServerProgram, ServerResult, server_result_problem
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
@@ -44,9 +44,11 @@ from hetfl.core.types import (
     ClientTimes,
     EvalModel,
     Failure,
+    State,
 )
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
+from hetfl.engine.statistics import pooled_bn_statistics
 from hetfl.engine.steps import RoundOutcome, charge_result
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import ProfileSchedule
@@ -84,7 +86,6 @@ class Simulation(RoundLoop):
         )
         self.clock = None if system is None else Clock(system)
         self.sim_times: dict[int, ClientTimes] = {}
-        self._stats_x: torch.Tensor | None = None
 
     # -- the engine's hooks -------------------------------------------------------------
     def known_clients(self) -> list[ClientInfo]:
@@ -198,33 +199,29 @@ class Simulation(RoundLoop):
     def sim_time_s(self) -> float | None:
         return None if self.clock is None else self.counters.sim_time_s
 
-    def local_scores(self, rnd: int, outcome: RoundOutcome) -> list[tuple[float, str | None]]:
+    def local_scores(
+        self, rnd: int, outcome: RoundOutcome, evaluated: Mapping[str, State]
+    ) -> list[tuple[float, str | None]]:
         """Each sampled (or each ever trained) client on its own test split, with its own
         private state."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        evaluated: list[tuple[float, str | None]] = []
+        scores: list[tuple[float, str | None]] = []
         for cid in cids:
             data = self.clients[cid]
             if data.y_test.numel() == 0:
                 continue
-            task = self.strategy.eval_task(self.infos[cid])
+            task = self.strategy.eval_task(self.infos[cid], evaluated)
             correct, _, n = self.program.evaluate(task, data, self.store.get(cid))
-            evaluated.append((correct / n, task.group))
-        return evaluated
+            scores.append((correct / n, task.group))
+        return scores
 
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
-        """Static-BN statistics over a fixed subsample of all clients' training data."""
-        recompute_bn_statistics(model, self._stats_data())
-
-    def _stats_data(self) -> torch.Tensor:
-        """A fixed, seeded subsample of all clients' training data for static-BN passes."""
-        if self._stats_x is None:
-            xs = torch.cat([self.clients[c].x_train for c in sorted(self.clients)])
-            g = self._rng(0, "stats-pass")
-            idx = torch.randperm(xs.shape[0], generator=g)[: self.settings.stats_samples]
-            self._stats_x = xs[idx.to(xs.device)]
-        return self._stats_x
+        """Static-BN statistics from every client's training data (or its share of
+        `settings.stats_samples`), as `hetfl.engine.statistics` defines the pass."""
+        inputs = {cid: data.x_train for cid, data in self.clients.items()}
+        stats = pooled_bn_statistics(model, inputs, self.settings.stats_samples, self.settings.seed)
+        apply_bn_statistics(model, stats)
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint_extras(self) -> dict[str, Any]:

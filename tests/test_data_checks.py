@@ -134,6 +134,22 @@ def test_a_flower_node_refuses_its_partition_with_the_same_check(tmp_path):
         node_for(ctx, server)
 
 
+def test_hetfl_client_checks_its_data_before_becoming_a_node(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("flwr")
+    from hetfl.deploy import launch
+
+    def became_a_node(argv: list[str]) -> None:
+        raise AssertionError("the node started before its data was checked")
+
+    monkeypatch.setattr(launch, "exec_client", became_a_node)
+    x = np.zeros((24, 4))
+    x[3, 1] = np.nan
+    data = _npz(tmp_path / "nan.npz", x_train=x)
+    args = ["client", "--partition-id", "1", "--config", str(_npz_config(tmp_path, data))]
+    assert main([*args, "--insecure"]) == 2
+    assert f"error: {data}: x_train has 1 non-finite values" in capsys.readouterr().err
+
+
 # -- item 4: a file that is not an .npz archive ---------------------------------------------
 
 NPZ_FORMAT = "a NumPy .npz archive (what numpy.savez writes) with arrays x_train, y_train"

@@ -470,7 +470,13 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def start_client(args: argparse.Namespace) -> int:
-    """`hetfl client`: check everything the node will need, then become the SuperNode."""
+    """`hetfl client`: check everything the node will need, then become the SuperNode.
+
+    The node's data is loaded (and so checked) here too, so a missing or malformed file is
+    an error at this terminal rather than a refusal in the server's log.
+    """
+    from hetfl.engine.assembly import load_dataset
+
     require_flower()
     cfg = validate(load_raw(args.config))
     attrs: dict[str, Any] = {}
@@ -489,6 +495,7 @@ def start_client(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         attrs=attrs,
     )
+    load_dataset(cfg)
     print(
         f"client {args.partition_id}: connecting to {args.superlink or cfg.deploy.superlink} "
         "(Ctrl-C stops the node)",

@@ -1,12 +1,13 @@
 """Dataset sources: everything becomes one `Dataset` of NumPy arrays in a fixed layout.
 
 Images are (N, C, H, W) and tabular data (N, D), inputs float32 and labels int64 in
-0..num_classes-1 (checked by `Dataset` itself, so every source, and every Flower node
-loading its partition, refuses NaN/Inf inputs and bad labels naming the array and its
-file), so partitioners and client views never need to know where the data came from. Sources read local files only — downloading is a separate, explicit step
-(`hetfl.data.download`) — and a missing dataset is an error that names the places searched
-and the fixes. No source touches the global RNG; the
-seeded ones derive their generators from `hetfl.core.rng`.
+0..num_classes-1, so partitioners and client views never need to know where the data came
+from. `Dataset` checks this itself (finite inputs, labels in range, one label per input),
+so every source, and every Flower node loading its partition, refuses bad data with an
+error naming the array and its file. Sources read local files only — downloading is a
+separate, explicit step (`hetfl.data.download`) — and a missing dataset is an error that
+names the places searched and the fixes. No source touches the global RNG; the seeded
+ones derive their generators from `hetfl.core.rng`.
 """
 
 from __future__ import annotations

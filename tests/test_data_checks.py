@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hetfl.cli import main
 from hetfl.config import validate
@@ -21,7 +22,7 @@ from hetfl.core.types import Failure, Problem
 from hetfl.data import Dataset, load_libsvm, load_npz
 from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT
 from hetfl.engine.steps import RoundOutcome, every_client_failed
-from hetfl.runner import run_one
+from hetfl.runner import build_simulation
 
 
 def _npz(path: Path, **change: np.ndarray) -> Path:
@@ -122,15 +123,16 @@ def test_a_flower_node_refuses_its_partition_with_the_same_check(tmp_path):
     from hetfl.deploy.node import node_for
 
     good = _npz(tmp_path / "good.npz")
-    y = np.arange(24) % 2
-    y[7] = -3
-    bad = _npz(tmp_path / "bad.npz", y_train=y)
+    x = np.ones((24, 4))
+    x[7, 3] = -np.inf
+    bad = _npz(tmp_path / "bad.npz", x_train=x)
     server = _npz_config(tmp_path, good).read_text()
     local = tmp_path / "node.yaml"
     local.write_text(server.replace(str(good), str(bad)))
     node_config = {"partition-id": 0, "hetfl-config": str(local)}
     ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
-    with pytest.raises(ValueError, match=re.escape(f"{bad}: y_train has 1 labels outside 0..1")):
+    message = f"{bad}: x_train has 1 non-finite values (NaN or Inf) in 1 samples, the first in "
+    with pytest.raises(ValueError, match=re.escape(message + "sample 7")):
         node_for(ctx, server)
 
 
@@ -213,15 +215,13 @@ def test_a_run_that_never_aggregates_exits_3_and_counts_its_failures(tmp_path, c
     assert summary["failures"] == {"non-finite": 4} and summary["rounds_aggregated"] == 0
 
 
-def test_failure_counts_survive_resume_and_are_empty_when_nothing_failed(tmp_path):
-    two = validate(__import__("yaml").safe_load(DIVERGING))
+def test_failure_counts_survive_resume(tmp_path):
+    """Stopped after round 1 and resumed: the counts of the uninterrupted run above."""
+    two = validate(yaml.safe_load(DIVERGING))
     one = two.model_copy(update={"train": two.train.model_copy(update={"rounds": 1})})
-    run_one(one, tmp_path / "resumed", show_progress=False)
-    resumed = run_one(two, tmp_path / "resumed", resume=True, show_progress=False)
+    build_simulation(one, tmp_path, show_progress=False).run()
+    resumed = build_simulation(two, tmp_path, show_progress=False).run(resume=True)
     assert resumed["failures"] == {"non-finite": 4} and resumed["rounds_aggregated"] == 0
-    calm = two.model_copy(update={"train": two.train.model_copy(update={"lr": 0.1})})
-    summary = run_one(calm, tmp_path / "calm", show_progress=False)
-    assert summary["failures"] == {} and summary["rounds_aggregated"] == 2
 
 
 def test_the_all_failed_line_counts_each_kind():

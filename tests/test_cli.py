@@ -95,6 +95,7 @@ def test_run_writes_the_output_contract(tmp_path, capsys):
     assert [r["round"] for r in rows] == [1, 2]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
+    assert summary["failures"] == {} and summary["rounds_aggregated"] == 2
     reached, missed = summary["targets"]
     first = next(r for r in rows if r["global_acc"] >= 0.12)
     assert reached["round"] == first["round"]

@@ -9,6 +9,7 @@ private state kept on the nodes) in seconds; the real processes are in
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,7 @@ from flwr.common.constant import ErrorCode
 from hetfl.config import validate
 from hetfl.deploy import node
 from hetfl.deploy.apps import client_app
+from hetfl.deploy.launch import finish_served_run
 from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer
 from hetfl.engine.outputs import read_metrics
@@ -167,6 +169,26 @@ def test_a_silent_node_is_a_failure_each_round_and_the_run_completes(tmp_path):
         (3, 2, 1),
     ]
     assert rows[2]["global_acc"] > 0.2
+
+
+def test_serve_exits_3_when_no_node_ever_answered(tmp_path, capsys):
+    """Nodes that register, then never answer: each round every client times out,
+    summary.json counts the failures by kind, and `hetfl serve`'s exit status is 3."""
+    raw = config(
+        algorithm="fedavg",
+        **{
+            "data.dataset": "synthetic",
+            "train.rounds": 2,
+            "eval.local_eval": "none",
+            "deploy.round_timeout_s": 0.05,
+        },
+    )
+    grid = LoopbackGrid(nodes(tmp_path, 3), dead_in_training={1000, 1001, 1002})
+    serve(grid, raw, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["failures"] == {"timeout": 4} and summary["rounds_aggregated"] == 0
+    assert finish_served_run(tmp_path / "run") == 3
+    assert "no round aggregated any client's result in 2 rounds" in capsys.readouterr().err
 
 
 def test_nodes_with_other_data_settings_are_refused(tmp_path):

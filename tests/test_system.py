@@ -18,7 +18,7 @@ from hetfl.core.client import ClientHooks, ClientProgram
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes
-from hetfl.core.types import PassRecord
+from hetfl.core.types import PassRecord, Problem
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ARCHITECTURES, PlainFamily, make_family
 from hetfl.sim import Simulation
@@ -239,7 +239,9 @@ def test_round_time_is_the_slowest_capped_by_the_deadline():
     assert _clock().round_time([]) == 0.0
     late = _clock(deadline_s=2.5)
     assert late.deadline_problem(times[0]) is None
-    assert late.deadline_problem(times[1]) == "missed the deadline: 4 s > 2.5 s"
+    assert late.deadline_problem(times[1]) == Problem(
+        "deadline", "missed the deadline: 4 s > 2.5 s"
+    )
     assert late.round_time(times) == 2.5
 
 

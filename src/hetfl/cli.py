@@ -1,12 +1,16 @@
 """`hetfl`: run, resume, compare and plot federated experiments.
 
-User errors (a bad config, a missing dataset, an impossible partition) end with a message
-and exit status 2, without a traceback; set HETFL_DEBUG=1 to see one.
+User errors (a bad config, a missing dataset, an impossible partition, malformed data) end
+with a message and exit status 2, without a traceback; set HETFL_DEBUG=1 to see one. A run
+that reaches its end without aggregating any client's result in any round (every client
+failed every round) exits with status 3, and so does a sweep in which any point did; Ctrl-C
+exits with 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -23,15 +27,34 @@ from hetfl.config import (
     validate,
 )
 from hetfl.data.download import DownloadError
+from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
 
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError, DownloadError)
 
+EXIT_STATUSES = f"""exit status (run, resume, serve):
+  0    every run aggregated clients' results in at least one round
+  2    invalid configuration or data (the message names the field or file)
+  {NOTHING_AGGREGATED_EXIT}    a run aggregated no client's result in any round (every client
+       failed every round; summary.json counts the failures by kind); a sweep
+       exits {NOTHING_AGGREGATED_EXIT} if any of its points did, after running them all
+  130  interrupted (Ctrl-C); `hetfl resume RUN_DIR` continues"""
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetfl", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="hetfl",
+        description=__doc__.splitlines()[0],
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a config (a sweep runs every point)")
+    run = sub.add_parser(
+        "run",
+        help="run a config (a sweep runs every point)",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("config", nargs="?", help="YAML config (default: the built-in demo job)")
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=0.1")
     run.add_argument("--overwrite", action="store_true", help="replace existing run folders")
@@ -184,7 +207,20 @@ def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet
             _print_summary(summary, run_dir)
     if is_sweep:
         _print_comparison(base, dirs)
-    return 0
+    return _exit_status(dirs)
+
+
+def _exit_status(run_dirs: Sequence[Path]) -> int:
+    """0, or `NOTHING_AGGREGATED_EXIT` when any of the runs aggregated no client's result
+    in any round; each such run is named on stderr."""
+    status = 0
+    for run_dir in run_dirs:
+        path = run_dir / "summary.json"
+        why = nothing_aggregated(json.loads(path.read_text())) if path.exists() else None
+        if why is not None:
+            print(f"error: {run_dir}: {why}", file=sys.stderr)
+            status = NOTHING_AGGREGATED_EXIT
+    return status
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -215,7 +251,7 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
             cfg, run_dir, resume=(run_dir / "checkpoints").exists(), show_progress=not quiet
         )
         _print_summary(summary, run_dir)
-        return 0
+        return _exit_status([run_dir])
     points = (
         sorted(d for d in run_dir.iterdir() if (d / "config.yaml").exists())
         if run_dir.is_dir()
@@ -235,7 +271,7 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
             label=f"[{d.name}] ",
         )
     _print_comparison(run_dir, points)
-    return 0
+    return _exit_status(points)
 
 
 def _saved_config(run_dir: Path) -> RunConfig:
@@ -243,8 +279,6 @@ def _saved_config(run_dir: Path) -> RunConfig:
 
 
 def _finished(run_dir: Path, cfg: RunConfig) -> bool:
-    import json
-
     path = run_dir / "summary.json"
     return (
         path.exists() and json.loads(path.read_text()).get("rounds_completed") == cfg.train.rounds

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hetfl.core.state import state_bytes
-from hetfl.core.types import ClientTask, PassRecord, State
+from hetfl.core.types import ClientTask, PassRecord, Problem, State
 
 
 @dataclass
@@ -115,11 +115,13 @@ class Channel:
         return received
 
 
-def server_result_problem(result: ServerResult, cid: int) -> str | None:
+def server_result_problem(result: ServerResult, cid: int) -> Problem | None:
     """Why a server side's result cannot be aggregated (a diverged server copy), or None."""
     if result.cid != cid:
-        return f"server result is for client {result.cid}, the session was for client {cid}"
+        return Problem(
+            "invalid", f"server result is for client {result.cid}, the session was for client {cid}"
+        )
     bad = [k for k, v in result.tensors.items() if v.is_floating_point() and not v.isfinite().all()]
     if bad:
-        return f"server side: tensors {bad} have non-finite values"
+        return Problem("non-finite", f"server side: tensors {bad} have non-finite values")
     return None

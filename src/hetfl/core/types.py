@@ -134,12 +134,39 @@ class ClientOutput:
     private: State
 
 
+#: Why a client's result was excluded, in a few stable words: `summary.json` counts failures
+#: by kind (the free-text reasons name clients, tensors and numbers, and would not group).
+#: "raised": local training raised (simulator); "non-finite": NaN or Inf in the uploaded
+#: tensors, the loss or a split server side; "invalid": a result that does not match its
+#: task (client id, tensor names or shapes, `num_examples`) or a reply that does not decode;
+#: "deadline": finished after the simulated clock's deadline; "timeout": no reply within
+#: `deploy.round_timeout_s` (Flower); "client-error": the node answered with an error
+#: (Flower: the ClientApp raised, or the node could not be reached).
+FailureKind = Literal["raised", "non-finite", "invalid", "deadline", "timeout", "client-error"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a result cannot be aggregated: its `kind` and the `detail` for the log."""
+
+    kind: FailureKind
+    detail: str
+
+    def __str__(self) -> str:
+        return self.detail
+
+
 @dataclass(frozen=True)
 class Failure:
-    """A client that was asked but whose result was excluded, and why."""
+    """A client that was asked but whose result was excluded, why, and the kind of why."""
 
     cid: int
     reason: str
+    kind: FailureKind
+
+    @classmethod
+    def of(cls, cid: int, problem: Problem) -> Failure:
+        return cls(cid, problem.detail, problem.kind)
 
 
 @dataclass

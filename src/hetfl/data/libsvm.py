@@ -32,14 +32,15 @@ def read_libsvm(path: str | Path) -> tuple[list[dict[int, float]], list[int]]:
     """The rows (0-based feature index -> value) and integer labels of one LIBSVM file.
 
     Every malformed line is a `ValueError` naming the file, the line number and the token,
-    so a wrong file fails here rather than as a shape error in training.
+    so a wrong file fails here rather than as a shape error in training. Lines are decoded
+    one by one, so a binary file is refused at the line where it stops being text.
     """
     path = Path(path)
     rows: list[dict[int, float]] = []
     labels: list[int] = []
-    with open(path) as fh:
-        for number, line in enumerate(fh, start=1):
-            tokens = line.split("#", 1)[0].split()
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            tokens = _text(raw, path, number).split("#", 1)[0].split()
             if not tokens:
                 continue
             labels.append(_label(tokens[0], path, number))
@@ -58,6 +59,16 @@ def read_libsvm(path: str | Path) -> tuple[list[dict[int, float]], list[int]]:
     if not rows:
         raise ValueError(f"{path}: no samples (empty file or only comments)")
     return rows, labels
+
+
+def _text(raw: bytes, path: Path, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}:{number}: not text (byte 0x{raw[exc.start]:02X} at column {exc.start + 1} "
+            "is not UTF-8); a LIBSVM file holds text lines '<label> <index>:<value> ...'"
+        ) from None
 
 
 def _label(token: str, path: Path, number: int) -> int:
@@ -131,4 +142,6 @@ def load_libsvm(path: str | Path | None, seed: int = 0) -> Dataset:
         train, test = stratified_split(y, 0.2, rng)
         x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
     name = f"libsvm:{train_path.name}"
-    return Dataset(name, x_train, y_train, x_test, y_test, num_classes=len(classes))
+    files = {"x_train": train_path, "y_train": train_path}
+    files |= dict.fromkeys(("x_test", "y_test"), test_path if test_rows else train_path)
+    return Dataset(name, x_train, y_train, x_test, y_test, len(classes), files=files)

@@ -2,19 +2,23 @@
 
 Images are (N, C, H, W) and tabular data (N, D), inputs float32 and labels int64 in
 0..num_classes-1, so partitioners and client views never need to know where the data came
-from. Sources read local files only — downloading is a separate, explicit step
-(`hetfl.data.download`) — and a missing dataset is an error that names the places searched
-and the fixes. No source touches the global RNG; the
-seeded ones derive their generators from `hetfl.core.rng`.
+from. `Dataset` checks this itself (finite inputs, labels in range, one label per input),
+so every source, and every Flower node loading its partition, refuses bad data with an
+error naming the array and its file. Sources read local files only — downloading is a
+separate, explicit step (`hetfl.data.download`) — and a missing dataset is an error that
+names the places searched and the fixes. No source touches the global RNG; the seeded
+ones derive their generators from `hetfl.core.rng`.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import zipfile
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +27,19 @@ from hetfl.core.registry import Registry
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.data.download import fashion_mnist_cache_dir
 
+#: A dataset's arrays, in the order sources list them (and the keys of an .npz archive).
+ARRAY_NAMES = ("x_train", "y_train", "x_test", "y_test")
+
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test pair of arrays; x float32, y int64.
+    """A train/test pair of arrays; x float32, y int64, checked when made.
+
+    Every source ends here, and a Flower node builds its partition through the same
+    loaders, so `__post_init__` is the one place that refuses data a run cannot learn from:
+    non-finite inputs, labels outside 0..num_classes-1, inputs and labels of different
+    lengths. Each error names the array and, through `files`, the file it was read from
+    (the file each array came from, by array name; empty for built-in sources).
 
     `eq=False` because arrays do not compare to one bool; two datasets are the same object
     or different ones.
@@ -38,25 +51,51 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    files: Mapping[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
-            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
-            if x.dtype != np.float32 or y.dtype != np.int64:
-                raise ValueError(
-                    f"dataset {self.name!r}: x_{split} must be float32 and y_{split} int64, "
-                    f"got {x.dtype} and {y.dtype}"
-                )
-            if y.ndim != 1 or x.shape[0] != y.shape[0]:
-                raise ValueError(
-                    f"dataset {self.name!r}: x_{split} has {x.shape[0]} rows but y_{split} "
-                    f"has shape {y.shape}"
-                )
+            self._check_split(split)
         if self.x_train.shape[1:] != self.x_test.shape[1:]:
             raise ValueError(
-                f"dataset {self.name!r}: train inputs are {self.x_train.shape[1:]} but test "
-                f"inputs are {self.x_test.shape[1:]}"
+                f"{self._source('x_train', 'x_test')}: train inputs are "
+                f"{self.x_train.shape[1:]} but test inputs are {self.x_test.shape[1:]}"
             )
+
+    def _check_split(self, split: str) -> None:
+        xname, yname = f"x_{split}", f"y_{split}"
+        x, y = getattr(self, xname), getattr(self, yname)
+        if x.dtype != np.float32 or y.dtype != np.int64:
+            raise ValueError(
+                f"dataset {self.name!r}: {xname} must be float32 and {yname} int64, "
+                f"got {x.dtype} and {y.dtype}"
+            )
+        if y.ndim != 1 or x.ndim == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"{self._source(xname, yname)}: {xname} has {x.shape[0] if x.ndim else 0} "
+                f"rows but {yname} has shape {y.shape}; every input needs one label"
+            )
+        finite = np.isfinite(x).reshape(x.shape[0], math.prod(x.shape[1:]))
+        if not finite.all():
+            bad_rows = np.flatnonzero(~finite.all(axis=1))
+            raise ValueError(
+                f"{self._source(xname)}: {xname} has {int((~finite).sum())} non-finite values "
+                f"(NaN or Inf) in {bad_rows.size} samples, the first in sample "
+                f"{int(bad_rows[0])}; inputs must be finite: repair or drop those samples"
+            )
+        outside = np.flatnonzero((y < 0) | (y >= self.num_classes))
+        if outside.size:
+            first = int(outside[0])
+            raise ValueError(
+                f"{self._source(yname)}: {yname} has {outside.size} labels outside "
+                f"0..{self.num_classes - 1}, the first label {int(y[first])} at index {first}; "
+                f"labels must be class indices from 0 to {self.num_classes - 1}"
+            )
+
+    def _source(self, *arrays: str) -> str:
+        """Where the named arrays came from: their files, or the dataset's name."""
+        files = dict.fromkeys(str(self.files[a]) for a in arrays if a in self.files)
+        return " and ".join(files) if files else f"dataset {self.name!r}"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -200,13 +239,6 @@ def _decode_fashion_mnist(
                 )
         if images.shape[1:] != (28, 28):
             raise ValueError(f"{directory / images_name}: images are {images.shape[1:]}, not 28x28")
-        if images.shape[0] != labels.shape[0]:
-            raise ValueError(
-                f"{directory / labels_name}: {labels.shape[0]} labels for "
-                f"{images.shape[0]} images in {images_name}"
-            )
-        if labels.size and labels.max() > 9:
-            raise ValueError(f"{directory / labels_name}: label {labels.max()} is not in 0..9")
         x = images.reshape(-1, 1, 28, 28).astype(np.float32)  # (N, 1, 28, 28)
         x *= np.float32(1 / 255)
         x -= np.float32(FASHION_MNIST_MEAN)
@@ -234,7 +266,16 @@ def load_fashion_mnist(path: str | Path | None = None) -> Dataset:
     if key not in _FASHION_MNIST_CACHE:
         _FASHION_MNIST_CACHE[key] = _decode_fashion_mnist(directory)
     x_train, y_train, x_test, y_test = _FASHION_MNIST_CACHE[key]
-    return Dataset("fashion-mnist", x_train, y_train, x_test, y_test, num_classes=10)
+    files = dict(zip(ARRAY_NAMES, FASHION_MNIST_FILES, strict=True))
+    return Dataset(
+        "fashion-mnist",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        num_classes=10,
+        files={array: directory / name for array, name in files.items()},
+    )
 
 
 # --- scikit-learn digits ---------------------------------------------------------------------
@@ -313,7 +354,13 @@ def load_synthetic(
 
 # --- user arrays -----------------------------------------------------------------------------
 
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+NPZ_KEYS = ARRAY_NAMES
+
+
+#: How every .npz archive starts: a zip file's local header (or, empty, its end record).
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
+_NPZ_FORMAT = "a NumPy .npz archive (what numpy.savez writes) with arrays " + ", ".join(NPZ_KEYS)
 
 
 @DATASETS.decorator("npz")
@@ -322,21 +369,15 @@ def load_npz(path: str | Path | None) -> Dataset:
 
     Inputs are cast to float32 and kept in the shape they have; labels must be integers
     from 0, and `num_classes` is the largest label plus one. `path` is required; it is typed
-    optional only because a config may leave it unset, which is reported here.
+    optional only because a config may leave it unset, which is reported here. The file is
+    never unpickled (`allow_pickle=False`): a `.npz` is data, not code.
     """
     if path is None:
         raise ValueError("dataset 'npz' needs a file: set data.path to an .npz file")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such .npz file")
-    with np.load(path, allow_pickle=False) as f:
-        for key in NPZ_KEYS:
-            if key not in f.files:
-                raise ValueError(
-                    f"{path}: missing array {key!r} (has {', '.join(f.files) or 'no arrays'}; "
-                    f"needs {', '.join(NPZ_KEYS)})"
-                )
-        arrays = {key: f[key] for key in NPZ_KEYS}
+    arrays = _read_npz(path)
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
         if x.dtype.kind not in "biuf" or x.ndim < 2:
@@ -348,17 +389,6 @@ def load_npz(path: str | Path | None) -> Dataset:
             raise ValueError(
                 f"{path}: y_{split} must be a 1-d integer array, got {y.dtype} of shape {y.shape}"
             )
-        if y.size and y.min() < 0:
-            raise ValueError(f"{path}: y_{split} has label {y.min()}; labels must be >= 0")
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"{path}: x_{split} has {x.shape[0]} rows but y_{split} has {y.shape[0]}"
-            )
-    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
-        raise ValueError(
-            f"{path}: x_train inputs are {arrays['x_train'].shape[1:]} but x_test inputs are "
-            f"{arrays['x_test'].shape[1:]}"
-        )
     if arrays["y_train"].size == 0:
         raise ValueError(f"{path}: y_train is empty")
     num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max(initial=0))) + 1
@@ -369,4 +399,42 @@ def load_npz(path: str | Path | None) -> Dataset:
         arrays["x_test"].astype(np.float32),
         arrays["y_test"].astype(np.int64),
         num_classes,
+        files=dict.fromkeys(NPZ_KEYS, path),
     )
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The four arrays of an .npz file; anything else is a `ValueError` naming the file.
+
+    The magic bytes are checked first: `np.load` takes any file that is neither a zip nor
+    an .npy for a pickle, and with pickles refused says only that it "cannot load file
+    containing pickled data", which points the user the wrong way.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(len(_NPY_MAGIC))
+    if head.startswith(_NPY_MAGIC):
+        raise ValueError(
+            f"{path}: is a single-array .npy file; dataset 'npz' needs {_NPZ_FORMAT} "
+            "(numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...))"
+        )
+    if not head.startswith(_ZIP_MAGIC):
+        raise ValueError(
+            f"{path}: not a NumPy .npz archive (it does not start with a zip header, "
+            f"first bytes {head[:4]!r}); dataset 'npz' needs {_NPZ_FORMAT}"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            names = list(f.files)
+            arrays = {key: f[key] for key in NPZ_KEYS if key in names}
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+        raise ValueError(
+            f"{path}: not a readable .npz archive ({type(exc).__name__}: {exc}); "
+            f"dataset 'npz' needs {_NPZ_FORMAT}, written in full"
+        ) from exc
+    missing = [key for key in NPZ_KEYS if key not in arrays]
+    if missing:
+        raise ValueError(
+            f"{path}: missing array {missing[0]!r} (has {', '.join(names) or 'no arrays'}; "
+            f"needs {', '.join(NPZ_KEYS)})"
+        )
+    return arrays

@@ -41,6 +41,7 @@ from typing import Any, cast
 import yaml
 
 from hetfl.config import ConfigError, RunConfig, expand_sweep, load_raw, validate
+from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
 
 #: Set in the environment of every process `Processes` starts; their descendants inherit it,
 #: so they can be found and ended even after Flower detached them into new sessions. Tags
@@ -263,7 +264,8 @@ def serve(
     bind: str | None = None,
     startup_timeout_s: float = 60.0,
 ) -> int:
-    """Run `cfg` as a Flower federation served from this machine; returns an exit status.
+    """Run `cfg` as a Flower federation served from this machine; returns an exit status
+    (`finish_served_run`).
 
     `run_dir` must already hold `config.yaml`. `node_keys` are the SuperNodes' public keys:
     with any, node authentication is on and only those nodes may connect.
@@ -315,9 +317,19 @@ def serve(
     finally:
         procs.stop()
         signal.signal(signal.SIGTERM, previous)
+    return finish_served_run(run_dir)
+
+
+def finish_served_run(run_dir: Path) -> int:
+    """After the Flower run ended: plots, the final line and `hetfl serve`'s exit status
+    (1: no summary, the run did not complete; `NOTHING_AGGREGATED_EXIT`: it completed
+    without aggregating any client's result in any round; else 0)."""
     summary = run_dir / "summary.json"
     if not summary.exists():
-        print(f"error: the run did not complete; see the log above and {flower}", file=sys.stderr)
+        print(
+            f"error: the run did not complete; see the log above and {run_dir / 'flower'}",
+            file=sys.stderr,
+        )
         return 1
     from hetfl.report import plot_run  # matplotlib only once a run is written
 
@@ -328,6 +340,10 @@ def serve(
         f"{k} {final[k]:.4f}" for k in ("global_acc", "local_acc") if final.get(k) is not None
     )
     print(f"{run_dir}: round {done.get('rounds_completed')}  {shown}")
+    why = nothing_aggregated(done)
+    if why is not None:
+        print(f"error: {run_dir}: {why}", file=sys.stderr)
+        return NOTHING_AGGREGATED_EXIT
     return 0
 
 
@@ -454,7 +470,13 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def start_client(args: argparse.Namespace) -> int:
-    """`hetfl client`: check everything the node will need, then become the SuperNode."""
+    """`hetfl client`: check everything the node will need, then become the SuperNode.
+
+    The node's data is loaded (and so checked) here too, so a missing or malformed file is
+    an error at this terminal rather than a refusal in the server's log.
+    """
+    from hetfl.engine.assembly import load_dataset
+
     require_flower()
     cfg = validate(load_raw(args.config))
     attrs: dict[str, Any] = {}
@@ -473,6 +495,7 @@ def start_client(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         attrs=attrs,
     )
+    load_dataset(cfg)
     print(
         f"client {args.partition_id}: connecting to {args.superlink or cfg.deploy.superlink} "
         "(Ctrl-C stops the node)",

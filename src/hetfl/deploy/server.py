@@ -48,7 +48,16 @@ from hetfl.config import RunConfig
 from hetfl.core.client import BNStatistics, apply_bn_statistics
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalModel, Failure, State
+from hetfl.core.types import (
+    ClientInfo,
+    ClientResult,
+    ClientTask,
+    EvalModel,
+    Failure,
+    FailureKind,
+    Problem,
+    State,
+)
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.node import data_fingerprint
 from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
@@ -281,30 +290,37 @@ class FlowerServer(RoundLoop):
             )
         replies = self._exchange(messages, timeout)
         for cid in sorted(messages):
-            result, problem = self._result_of(by_cid[cid], replies.get(cid))
-            if result is None or problem is not None:
-                outcome.failures.append(Failure(cid, str(problem)))
-                self.progress.message(f"warning: client {cid} excluded in round {rnd}: {problem}")
+            result = self._result_of(by_cid[cid], replies.get(cid))
+            if isinstance(result, Problem):
+                outcome.failures.append(Failure.of(cid, result))
+                self.progress.message(f"warning: client {cid} excluded in round {rnd}: {result}")
                 continue
             self.participated.add(cid)
             outcome.results.append(result)
         return outcome
 
-    def _result_of(
-        self, task: ClientTask, reply: Message | None
-    ) -> tuple[ClientResult | None, str | None]:
+    def _result_of(self, task: ClientTask, reply: Message | None) -> ClientResult | Problem:
         """A reply's result, counted and checked like the simulator's, or why it is excluded."""
         timeout = self.deploy.round_timeout_s
         answer, problem = self._answer(
             reply, ("result",), missing=f"no reply within deploy.round_timeout_s = {timeout:g} s"
         )
         if problem is not None:
-            return None, problem
+            return Problem(self._failure_kind(reply), problem)
         result = answer["result"]
         if not isinstance(result, ClientResult):
-            return None, "malformed reply: no ClientResult"
+            return Problem("invalid", "malformed reply: no ClientResult")
         input_shape = self.infos[task.cid].input_shape
-        return result, charge_result(self.counters, self.macs, task, result, input_shape)
+        invalid = charge_result(self.counters, self.macs, task, result, input_shape)
+        return result if invalid is None else invalid
+
+    @staticmethod
+    def _failure_kind(reply: Message | None) -> FailureKind:
+        """The kind of a reply `_answer` found unusable: none came, an error came, or what
+        came did not decode."""
+        if reply is None:
+            return "timeout"
+        return "client-error" if reply.has_error() else "invalid"
 
     # -- evaluation ---------------------------------------------------------------------
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:

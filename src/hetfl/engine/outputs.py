@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,9 +82,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def summarise(
-    rows: Sequence[dict[str, Any]], targets: Sequence[Target], info: dict[str, Any]
+    rows: Sequence[dict[str, Any]],
+    targets: Sequence[Target],
+    info: dict[str, Any],
+    *,
+    failures: Mapping[str, int],
+    rounds_aggregated: int,
 ) -> dict[str, Any]:
-    """Final and best of each metric, and when each target was first reached."""
+    """Final and best of each metric, when each target was first reached, the excluded
+    clients counted by kind (`hetfl.core.types.FailureKind`) and how many rounds
+    aggregated any client's result."""
     final = dict(rows[-1]) if rows else {}
     best: dict[str, float | None] = {}
     for key in _BEST:
@@ -112,7 +119,30 @@ def summarise(
         "final": final,
         "best": best,
         "targets": reached,
+        "failures": dict(sorted(failures.items())),
+        "rounds_aggregated": rounds_aggregated,
     }
+
+
+#: The exit status of `hetfl run`, `hetfl resume` and `hetfl serve` when a run reached its
+#: last round without aggregating any client's result: it ran, but nothing was learned.
+NOTHING_AGGREGATED_EXIT = 3
+
+
+def nothing_aggregated(summary: Mapping[str, Any]) -> str | None:
+    """Why a finished run learned nothing (no round aggregated any client), or None.
+
+    A summary without `rounds_aggregated` (written before it existed) is not judged.
+    """
+    if summary.get("rounds_aggregated") != 0:
+        return None
+    failures = summary.get("failures") or {}
+    counts = ", ".join(f"{n} {kind}" for kind, n in failures.items()) or "none"
+    return (
+        f"no round aggregated any client's result in {summary.get('rounds_completed')} rounds "
+        f"(failures: {counts}), so the global model never trained; each client's reason "
+        "is printed as a warning when it fails"
+    )
 
 
 def _is_number(v: Any) -> bool:

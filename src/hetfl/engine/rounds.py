@@ -44,6 +44,7 @@ from hetfl.engine.steps import (
     Counters,
     RoundOutcome,
     evaluate_global,
+    every_client_failed,
     mean_local_accuracy,
     metrics_row,
 )
@@ -143,6 +144,9 @@ class RoundLoop(ABC):
             tasks = self.strategy.plan(rnd, available, self._rng(rnd, "sample"))
             # Step 2: local work -- results validated, in client id order.
             outcome = self.train(rnd, tasks)
+            self.counters.count_round(outcome)
+            if outcome.failures and not outcome.results:
+                self.progress.message(every_client_failed(rnd, outcome))
             # Step 3: aggregate -- all valid results at once, sorted by client id.
             split = (
                 {} if outcome.server_results is None else {"server_results": outcome.server_results}
@@ -163,7 +167,13 @@ class RoundLoop(ABC):
             if self.settings.is_checkpoint_round(rnd):
                 self._checkpoint(rnd)
         self.progress.close()
-        summary = summarise(self.metrics.read(), self.settings.targets, self.info)
+        summary = summarise(
+            self.metrics.read(),
+            self.settings.targets,
+            self.info,
+            failures=self.counters.failures,
+            rounds_aggregated=self.counters.rounds_aggregated,
+        )
         write_json(self.run_dir / "summary.json", summary)
         return summary
 

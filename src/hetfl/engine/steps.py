@@ -7,6 +7,7 @@ through these functions, so that a run reports the same numbers whichever engine
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,15 @@ from hetfl.core.client import ClientProgram, evaluate_model
 from hetfl.core.server_program import ServerResult
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientResult, ClientTask, ClientTimes, EvalModel, Failure, State
+from hetfl.core.types import (
+    ClientResult,
+    ClientTask,
+    ClientTimes,
+    EvalModel,
+    Failure,
+    Problem,
+    State,
+)
 from hetfl.core.validate import result_problem
 from hetfl.engine.outputs import make_row
 from hetfl.systems.costs import MacCounter
@@ -28,13 +37,22 @@ Groups = dict[str, dict[str, float | int]]
 
 @dataclass
 class Counters:
-    """Cumulative quantities since round 1; checkpointed."""
+    """Cumulative quantities since round 1; checkpointed. `failures` counts excluded
+    clients by `FailureKind`; `rounds_aggregated` the rounds that aggregated any result."""
 
     bytes_down: int = 0
     bytes_up: int = 0
     macs: int = 0
     wall_time_s: float = 0.0
     sim_time_s: float = 0.0
+    failures: dict[str, int] = field(default_factory=dict)
+    rounds_aggregated: int = 0
+
+    def count_round(self, outcome: RoundOutcome) -> None:
+        """Add a trained round's failures and whether it aggregated anything."""
+        for kind, n in Counter(f.kind for f in outcome.failures).items():
+            self.failures[kind] = self.failures.get(kind, 0) + n
+        self.rounds_aggregated += bool(outcome.results)
 
 
 @dataclass
@@ -48,13 +66,24 @@ class RoundOutcome:
     times: dict[int, ClientTimes] = field(default_factory=dict)
 
 
+def every_client_failed(rnd: int, outcome: RoundOutcome) -> str:
+    """The console line for a round in which every asked client failed: nothing was
+    aggregated, so the global model did not move."""
+    kinds = Counter(f.kind for f in outcome.failures)
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    return (
+        f"warning: round {rnd}: every client failed ({counts}); nothing was aggregated "
+        f"and the global model is unchanged"
+    )
+
+
 def charge_result(
     counters: Counters,
     macs: MacCounter,
     task: ClientTask,
     result: ClientResult,
     input_shape: tuple[int, ...],
-) -> str | None:
+) -> Problem | None:
     """Count a returned result's upload and training MACs, then check it against its task.
 
     Both are counted before the check: an invalid result still crossed the network and

@@ -44,6 +44,7 @@ from hetfl.core.types import (
     ClientTimes,
     EvalModel,
     Failure,
+    Problem,
     State,
 )
 from hetfl.engine.progress import Progress
@@ -126,7 +127,9 @@ class Simulation(RoundLoop):
                 )
             except Exception as exc:  # a failing client must not stop the run
                 self._charge_channel(channel)
-                self._fail(outcome, task.cid, f"raised {type(exc).__name__}: {exc}")
+                self._fail(
+                    outcome, task.cid, Problem("raised", f"raised {type(exc).__name__}: {exc}")
+                )
                 continue
             wall_s = time.perf_counter() - started
             served = None if session is None else session.close()
@@ -192,9 +195,9 @@ class Simulation(RoundLoop):
         info = self.infos[cid]
         self.infos[cid] = replace(info, attrs={**info.attrs, "sim_times": times})
 
-    def _fail(self, outcome: RoundOutcome, cid: int, reason: str) -> None:
-        outcome.failures.append(Failure(cid, reason))
-        self.progress.message(f"warning: client {cid} excluded this round: {reason}")
+    def _fail(self, outcome: RoundOutcome, cid: int, problem: Problem) -> None:
+        outcome.failures.append(Failure.of(cid, problem))
+        self.progress.message(f"warning: client {cid} excluded this round: {problem}")
 
     def sim_time_s(self) -> float | None:
         return None if self.clock is None else self.counters.sim_time_s

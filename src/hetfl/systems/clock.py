@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hetfl.core.spec import Spec
-from hetfl.core.types import ClientTimes
+from hetfl.core.types import ClientTimes, Problem
 from hetfl.systems.profiles import DeviceProfile, SystemSettings
 
 
@@ -90,12 +90,12 @@ class Clock:
             up_mbps=profile.up_mbps,
         )
 
-    def deadline_problem(self, times: ClientTimes) -> str | None:
+    def deadline_problem(self, times: ClientTimes) -> Problem | None:
         """Why the client is dropped if it finished after the deadline, else None."""
         deadline = self.settings.deadline_s
         if deadline is None or times.total_s <= deadline:
             return None
-        return f"missed the deadline: {times.total_s:.4g} s > {deadline:g} s"
+        return Problem("deadline", f"missed the deadline: {times.total_s:.4g} s > {deadline:g} s")
 
     def round_time(self, times: Iterable[ClientTimes]) -> float:
         """The slowest participant's time, capped at the deadline (0 for an empty round)."""

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model, initialize
-from hetfl.core.rng import torch_generator
+from hetfl.core.rng import sibling_generator, torch_generator
 from hetfl.core.roles import norm_tensor_names
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
@@ -424,7 +425,8 @@ class ClientProgram:
         kept_momentum = {
             k.removeprefix(MOMENTUM): v for k, v in private.items() if k.startswith(MOMENTUM)
         }
-        stats = train_local(model, data, self.hooks, ctx, kept_momentum)
+        with dropout_masks(model, sibling_generator(generator, "dropout", self.device)):
+            stats = train_local(model, data, self.hooks, ctx, kept_momentum)
         state = model.state_dict()
         sent = set(local_names(task.index_map))
         tensors = {k: state[k].detach().clone() for k in local_names(task.index_map)}

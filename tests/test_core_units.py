@@ -21,14 +21,22 @@ from hetfl.core.client import (
     recompute_bn_statistics,
     train_local,
 )
+from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
 from hetfl.core.registry import Registry
-from hetfl.core.rng import SERVER, derive_seed, numpy_generator, torch_generator
+from hetfl.core.rng import (
+    SERVER,
+    derive_seed,
+    numpy_generator,
+    sibling_generator,
+    torch_generator,
+)
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import uniform_sample
-from hetfl.core.types import ClientData, ClientInfo, ClientTask
+from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
 from hetfl.models import PlainFamily
+from hetfl.systems.costs import MacCounter
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -611,3 +619,121 @@ def test_recompute_bn_statistics_several_batches_average_batch_statistics(batch_
     torch.testing.assert_close(
         bn.running_var.double(), sum(variances) / len(variances), atol=1e-5, rtol=0
     )
+
+
+# -- dropout with a generator of its own ----------------------------------------------------------
+def test_seeded_dropout_draws_inverted_masks_from_its_generator_only_in_training():
+    layer = SeededDropout(0.5)
+    x = torch.arange(1.0, 13.0).reshape(3, 4)
+    with pytest.raises(RuntimeError, match="needs a generator"):
+        layer(x)  # never a silent draw from the global RNG
+    with _GlobalRngUnchanged(), dropout_masks(layer, _gen(5)):
+        first, second = layer(x), layer(x)
+    by_hand = _gen(5)
+    for out in (first, second):  # each forward draws the next mask of the stream
+        keep = torch.empty(3, 4).bernoulli_(0.5, generator=by_hand)
+        assert torch.equal(out, x * keep * 2)
+    assert not torch.equal(first, second) and layer.generator is None
+    layer.eval()
+    assert torch.equal(layer(x), x)
+    with pytest.raises(ValueError, match=r"in \[0, 1\)"):
+        SeededDropout(1.0)
+
+
+class _DropoutMLP(nn.Module):
+    """Dropout before each of two hidden layers, as VGG-11's classifier has it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Flatten(), SeededDropout(0.5), nn.Linear(12, 16), nn.ReLU(),
+            SeededDropout(0.5), nn.Linear(16, 16), nn.ReLU(),
+        )  # fmt: skip
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class _DropoutFamily:
+    names = ("body.2.weight", "body.2.bias", "body.5.weight", "body.5.bias", "head.weight",
+             "head.bias")  # fmt: skip
+
+    def build(self, spec):
+        return _DropoutMLP()
+
+    def index_map(self, spec):
+        return full_map(self.names)
+
+    def global_spec(self, specs):
+        return Spec(model="dropout-mlp")
+
+
+def _dropout_round(program, rnd, cids, state, data):
+    """Each client's result of one step from `state` in round `rnd`, in the order given."""
+    spec = program.family.global_spec([])
+    imap = program.family.index_map(spec)
+    config = {"lr": 0.5, "steps": 1, "batch_size": 4}
+    return {
+        c: program.fit(
+            ClientTask(c, spec, state, imap, config), data[c], {}, torch_generator(0, rnd, c, "t")
+        ).result
+        for c in cids
+    }
+
+
+def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
+    """The client program hands the model a dropout generator per (seed, round, client):
+    the masks are the ones drawn from it in module order, they differ between clients and
+    rounds, and a round's results are the same in either client order; evaluation drops
+    nothing; MACs of a training pass price the model whatever the masks."""
+    family = _DropoutFamily()
+    spec = family.global_spec([])
+    program = ClientProgram(family, seed=0)
+    model = program.model_for(spec)
+    state = initialize(family.build(spec), _gen(0)).state_dict()
+    g = _gen(1)
+    data = {c: ClientData(c, torch.randn(4, 3, 2, 2, generator=g), torch.tensor([0, 1, 2, 0]),
+                          torch.randn(5, 3, 2, 2, generator=g), torch.arange(5) % 3, 3)
+            for c in (0, 1)}  # fmt: skip
+    seen = []
+    for layer in (model.body[1], model.body[4]):
+        layer.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
+
+    forward = _dropout_round(program, 1, [0, 1], state, data)
+    backward = _dropout_round(ClientProgram(family, seed=0), 1, [1, 0], state, data)
+    for c in (0, 1):
+        for k, v in forward[c].tensors.items():
+            assert torch.equal(v, backward[c].tensors[k]), (c, k)
+    _dropout_round(program, 2, [0], state, data)
+    masks = []
+    for rnd, cid in ((1, 0), (1, 1), (2, 0)):  # the fits `seen` recorded, in order
+        by_hand = sibling_generator(torch_generator(0, rnd, cid, "t"), "dropout")
+        for _ in range(2):  # the first dropout layer's mask, then the second's
+            x, out = seen.pop(0)
+            keep = torch.empty_like(x).bernoulli_(0.5, generator=by_hand)
+            assert torch.equal(out, x * keep / 0.5)
+            masks.append(keep)
+    assert not seen and all(not torch.equal(a, b) for a, b in itertools.combinations(masks, 2))
+
+    task = EvalTask(0, spec, state, family.index_map(spec))
+    assert program.evaluate(task, data[0], {}) == program.evaluate(task, data[0], {})
+    x = data[0].x_test
+    with torch.no_grad():
+        plain = model.head(nn.Sequential(*model.body[:1], *model.body[2:4], *model.body[5:])(x))
+        assert torch.equal(model(x), plain)  # eval mode: the layers pass through
+    # forward 4 * (12*16 + 16*16 + 16*3) = 1984 MACs, the weights' gradients as many again,
+    # the inputs' gradients 4 * (16*16 + 16*3) (the data needs none)
+    assert MacCounter(family).pass_macs(PassRecord(spec, "train", 4, 1), (3, 2, 2)) == 5184
+
+
+def test_vgg11_classifier_drops_with_p_half_before_both_hidden_layers():
+    """FedNova's VGG-11 classifier, with the seeded layer that the test above checks."""
+    family = PlainFamily("vgg11", (3, 32, 32), 10)
+    with torch.device("meta"):
+        model = family.build(family.global_spec([]))
+    assert [type(m).__name__ for m in model.body] == [
+        "SeededDropout", "Linear", "ReLU", "SeededDropout", "Linear", "ReLU"
+    ]  # fmt: skip
+    assert model.body[0].p == model.body[3].p == 0.5
+    assert sum(p.numel() for p in model.parameters()) == 9_750_922

@@ -27,7 +27,7 @@ from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.spec import local_names
-from hetfl.core.types import ClientData, ClientInfo, ClientTask
+from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images
 from hetfl.engine.assembly import build_federation
@@ -212,7 +212,6 @@ def test_private_parameters_never_leave_the_client() -> None:
     program = ClientProgram(fam, seed=0)
     g = torch.Generator().manual_seed(0)
     tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
-    outputs = []
     for task, info in zip(tasks, infos, strict=True):
         side = info.input_shape[1]
         data = ClientData(
@@ -231,9 +230,45 @@ def test_private_parameters_never_leave_the_client() -> None:
         out = program.fit(task, data, {}, torch_generator(0, 1, info.cid, "train"))
         assert set(out.result.tensors) == set(local_names(task.index_map)) == set(task.payload)
         assert private == set(out.private)  # BN (with running statistics) and head stay
-        outputs.append(out.result)
-    before = set(strategy.global_state)
-    assert set(strategy.aggregate(1, outputs, [])) == before
+
+
+def test_aggregation_weighs_each_client_1_per_element_and_keeps_what_no_one_trained() -> None:
+    """One deep client (32 px, 4 classes: 2 stages of 20 and 39 channels) sends 8, three
+    shallow ones (16 px, 2 classes: 1 stage of 10 channels) send 1, 2 and 3, with 10 to 40
+    samples. Channels 0-9 of stage 0: (8 + 1 + 2 + 3) / 4 = 3.5 (per client, not per group
+    or sample); the rest only the deep client's 8. A round of shallow clients alone moves
+    channels 0-9 of stage 0 and nothing else."""
+    fam = _stage_cnn(32)
+    deep = ClientInfo(0, 10, (1, 32, 32), (0, 1, 2, 3))
+    shallow = [ClientInfo(c, 10 * (c + 1), (1, 16, 16), (0, 1)) for c in (1, 2, 3)]
+    strategy = _setup(fam, [deep, *shallow], participation=1.0)
+
+    def round_of(rnd: int, infos: list[ClientInfo], values: dict[int, float]) -> None:
+        tasks = strategy.plan(rnd, infos, torch_generator(0, rnd, -1, "sample"))
+        assert sorted(t.cid for t in tasks) == sorted(c.cid for c in infos)
+        results = [
+            ClientResult(
+                t.cid,
+                {k: torch.full_like(v, values[t.cid]) for k, v in t.payload.items()},
+                num_examples=10 * (t.cid + 1),
+                num_steps=1,
+                loss=0.0,
+            )
+            for t in tasks
+        ]
+        strategy.global_state = strategy.aggregate(rnd, results, [])
+
+    round_of(1, [deep, *shallow], {0: 8.0, 1: 1.0, 2: 2.0, 3: 3.0})
+    stage0 = strategy.global_state["stages.0.conv.weight"]
+    stage1 = strategy.global_state["stages.1.conv.weight"]
+    assert stage0.shape == (20, 1, 3, 3) and stage1.shape == (39, 20, 3, 3)
+    assert torch.all(stage0[:10] == 3.5) and torch.all(stage0[10:] == 8.0)
+    assert torch.all(stage1 == 8.0)
+    round_of(2, shallow, {1: 5.0, 2: 5.0, 3: 5.0})
+    after = strategy.global_state
+    assert torch.all(after["stages.0.conv.weight"][:10] == 5.0)
+    assert torch.equal(after["stages.0.conv.weight"][10:], stage0[10:])
+    assert torch.equal(after["stages.1.conv.weight"], stage1)  # no shallow client reaches it
 
 
 def test_individual_training_shares_nothing() -> None:

@@ -13,6 +13,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.fedprox import ProximalHooks
 from hetfl.core.client import ClientHooks, ClientProgram
+from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
@@ -99,22 +100,39 @@ def test_fedprox_two_steps_match_hand_computation():
 
 
 # -- one round ------------------------------------------------------------------------------
-def test_round_is_sample_weighted_average_and_counts_bytes(synthetic_federation, tmp_path):
+class _SendsConstants(ClientProgram):
+    """Trains for real, then sends every tensor filled with its client's value."""
+
+    def __init__(self, family, values):
+        super().__init__(family, ClientHooks(), seed=0)
+        self.values = values
+
+    def fit(self, task, data, private, generator):
+        out = super().fit(task, data, private, generator)
+        value = self.values[task.cid]
+        out.result.tensors = {k: torch.full_like(v, value) for k, v in out.result.tensors.items()}
+        return out
+
+
+@pytest.mark.parametrize(("weighting", "expected"), [("samples", 3.1), ("uniform", 7 / 3)])
+def test_round_is_a_weighted_average_by_hand_and_counts_bytes(
+    weighting, expected, synthetic_federation, tmp_path
+):
+    """Clients of 10, 30 and 60 samples send 1, 2 and 4: FedAvg's average is
+    (10 * 1 + 30 * 2 + 60 * 4) / 100 = 3.1 in every element; uniform weighting gives 7 / 3."""
     family, clients, test = synthetic_federation
-    sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=3)
+    sized = [
+        ClientData(c.cid, c.x_train[:n], c.y_train[:n], c.x_test, c.y_test, c.num_classes)
+        for c, n in zip(clients, (10, 30, 60), strict=False)
+    ]
+    program = _SendsConstants(family, {0: 1.0, 1: 2.0, 2: 4.0})
+    sim = _sim(family, sized, test, tmp_path, rounds=1, cpr=3, program=program,
+               opts={"weighting": weighting})  # fmt: skip
     sim.setup()
     before = copy.deepcopy(sim.strategy.global_state)
-    tasks = sim.strategy.plan(1, [c.info() for c in clients], torch_generator(0, 1, -1, "sample"))
-    outs = [
-        sim.program.fit(t, sim.clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"))
-        for t in tasks
-    ]
-    sim.strategy.global_state = before
     sim.run()
-    n = sum(o.result.num_examples for o in outs)
     for name, value in sim.strategy.global_state.items():
-        ref = sum(o.result.num_examples * o.result.tensors[name].double() for o in outs) / n
-        assert torch.equal(value, ref.to(value.dtype)), name
+        assert torch.allclose(value, torch.full_like(value, expected), rtol=0, atol=1e-6), name
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert set(row) == set(ROW_KEYS)
     assert row["bytes_down"] == row["bytes_up"] == 3 * state_bytes(before)
@@ -168,51 +186,78 @@ def test_failing_clients_are_excluded_and_counted(synthetic_federation, tmp_path
 
 
 # -- private layers --------------------------------------------------------------------------
-class _PrivateHead(FedAvg):
-    """A test strategy that keeps the classifier head on the client."""
-
-    def index_map_for(self, spec):
-        return [e for e in super().index_map_for(spec) if not e.local.startswith("head.")]
+NORM = {f"stages.0.norm.{k}" for k in ("weight", "bias", "running_mean", "running_var")}
+NORM.add("stages.0.norm.num_batches_tracked")
+HEAD = {"head.weight", "head.bias"}
 
 
 class _RecordStart(ClientHooks):
-    def __init__(self):
-        self.start = {}
+    """Each fit's private tensors as loaded, before the first step, by client."""
 
-    def pre_step(self, grads, params, ctx):
+    def __init__(self, private):
+        self.private, self.start = private, {}
+
+    def forward(self, model, x, y, ctx):
         if ctx.step == 0:
-            self.start[ctx.task.cid] = params["head.weight"].detach().clone()
+            loaded = {k: v.clone() for k, v in model.state_dict().items() if k in self.private}
+            self.start.setdefault(ctx.task.cid, []).append(loaded)
+        return super().forward(model, x, y, ctx)
 
 
-def test_private_layer_never_sent_and_persists(synthetic_federation, tmp_path):
-    family, clients, test = synthetic_federation
-    hooks = _RecordStart()
-    strategy = _PrivateHead(family, clients_per_round=8, train=TRAIN)
-    program = ClientProgram(family, hooks, seed=0)
-    sim = _sim(
-        family,
-        clients,
-        test,
-        tmp_path,
-        rounds=1,
-        cpr=8,
-        program=program,
-        strategy=strategy,
-        local_eval="all",
+class _StoreEachRound(Simulation):
+    """The client store after each round's training, in `kept` (a list the test sets)."""
+
+    def after_training(self, outcome):
+        super().after_training(outcome)
+        self.kept.append({c: dict(self.store.get(c)) for c in self.store})
+
+
+@pytest.mark.parametrize(
+    ("algo", "opts", "private"),
+    [
+        ("fedbn", None, NORM),
+        ("fedper", None, HEAD),
+        ("fedavg", {"private_norm": True}, NORM),
+        ("fedavg", {"private_head": True}, HEAD),
+    ],
+)
+def test_private_layers_stay_on_their_client_over_rounds(
+    algo, opts, private, synthetic_federation, tmp_path
+):
+    """Over 3 rounds: the private tensors never enter the global state nor the bytes sent;
+    each client starts round 1 from its own seeded initialisation and every later round
+    from what the store kept, and local training changes them."""
+    _, clients, test = synthetic_federation
+    family = ScalableFamily(
+        {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 1}
     )
+    strategy, _ = ALGORITHMS.get(algo).build(family, opts, clients_per_round=4, train=TRAIN)
+    hooks = _RecordStart(private)
+    settings = RoundSettings(rounds=3, seed=0, local_eval="all")
+    program = ClientProgram(family, hooks, seed=0)
+    sim = _StoreEachRound(strategy, program, clients[:4], test, settings, tmp_path)
+    sim.kept = []
     sim.run()
-    assert not any(k.startswith("head.") for k in sim.strategy.global_state)
-    shared = state_bytes(sim.strategy.global_state)
-    row = json.loads((tmp_path / "metrics.jsonl").read_text())
-    assert row["bytes_up"] == row["bytes_down"] == 8 * shared
-    assert row["global_acc"] is None and row["local_acc"] is not None
-    after_round1 = {c: sim.store.get(c)["head.weight"].clone() for c in sim.store}
-    assert not torch.equal(after_round1[0], after_round1[1])  # each client its own head
-    sim.settings = RoundSettings(rounds=2, seed=0, local_eval="all")
-    sim.run(resume=True)
-    for cid, head in after_round1.items():
-        assert torch.equal(hooks.start[cid], head)  # round 2 started from the stored head
-        assert not torch.equal(sim.store.get(cid)["head.weight"], head)
+
+    spec = family.global_spec([])
+    full = family.build(spec).state_dict()
+    assert set(sim.strategy.global_state) == set(full) - private
+    shared_bytes = sum(v.numel() * v.element_size() for k, v in full.items() if k not in private)
+    for rnd, row in enumerate(sim.metrics.read(), start=1):  # bytes add up over the rounds
+        assert row["bytes_down"] == row["bytes_up"] == rnd * 4 * shared_bytes
+        assert row["global_acc"] is None and row["local_acc"] is not None
+    for cid in range(4):
+        own = initialize(family.build(spec), torch_generator(0, 0, cid, "private-init"))
+        starts = hooks.start[cid]
+        assert all(torch.equal(starts[0][k], own.state_dict()[k]) for k in private)
+        for rnd in range(3):
+            kept = sim.kept[rnd][cid]
+            assert set(kept) == private
+            if rnd > 0:  # reloaded from the store
+                assert all(torch.equal(starts[rnd][k], sim.kept[rnd - 1][cid][k]) for k in private)
+            assert all(not torch.equal(kept[k], starts[rnd][k]) for k in private)  # trained
+    name = min(private)  # a float tensor: each client has its own
+    assert not torch.equal(sim.kept[-1][0][name], sim.kept[-1][1][name])
 
 
 def test_training_improves_accuracy_on_synthetic(synthetic_federation, tmp_path):

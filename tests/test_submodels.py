@@ -13,24 +13,30 @@ import math
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
+from hetfl.algorithms.fjord import OrderedDropoutHooks
 from hetfl.algorithms.submodels import assign_in_proportion, eval_model_at
+from hetfl.config import ConfigError, validate
 from hetfl.core.client import (
     ClientProgram,
+    LocalTraining,
+    TrainContext,
     evaluate_model,
     mask_logits,
     recompute_bn_statistics,
 )
 from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
-from hetfl.core.spec import group_qualified, prefix_index
+from hetfl.core.spec import Spec, group_qualified, prefix_index
 from hetfl.core.state import Accumulator, extract
-from hetfl.core.types import ClientInfo, ClientResult
+from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, EvalTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily, SpecError, make_family
 from hetfl.models.slim import channels
+from hetfl.runner import build_simulation, start_banner
 from hetfl.sim import Simulation
 
 FAMILIES = {
@@ -242,17 +248,6 @@ def test_static_bn_has_no_running_statistics_and_the_scaler_acts_in_training_onl
     )
 
 
-@pytest.mark.parametrize("algorithm", ["fedbn", "fedper"])
-def test_private_tensors_stay_out_of_the_global_state(algorithm: str) -> None:
-    fam = _family("stage-cnn", stages=2)
-    infos = [ClientInfo(c, 30, (3, 16, 16), tuple(range(10))) for c in range(2)]
-    strategy, _, tasks = _plan(algorithm, fam, infos)
-    private = {"fedbn": ".norm.", "fedper": "head."}[algorithm]
-    assert not any(private in k for k in strategy.global_state)
-    assert all(not any(private in k for k in t.payload) for t in tasks)
-    assert strategy.eval_models(strategy.global_state) == []  # no complete global model
-
-
 def test_fedbn_refuses_a_model_without_normalisation() -> None:
     fam = make_family("mlp", (1, 8, 8), 10)
     with pytest.raises(ValueError, match="needs normalisation layers"):
@@ -395,7 +390,7 @@ def test_heterofl_local_acc_is_the_full_rate_model_with_each_clients_label_mask(
     expected = [_masked_accuracy(model, sim.clients[c]) for c in sorted(sim.clients)]
     assert row["local_acc"] == pytest.approx(sum(expected) / len(expected), abs=1e-12)
     assert not any(g.startswith("local") for g in row["groups"])
-    assert sim.info["strategy"] == {"local_eval_model": "global-masked"}
+    assert sim.info["strategy"]["local_eval_model"] == "global-masked"
 
 
 def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tmp_path):
@@ -436,11 +431,243 @@ def test_heterofl_with_private_layers_uses_own_level_and_says_so() -> None:
         fam, {"private_norm": True}, clients_per_round=1, train=TRAIN
     )
     assert strategy.local_eval_model == "own-level"
-    assert strategy.describe() == {
-        "local_eval_model": "own-level (private layers cannot load into the full-rate global model)"
-    }
+    assert strategy.describe()["local_eval_model"] == (
+        "own-level (private layers cannot load into the full-rate global model)"
+    )
     default, _ = ALGORITHMS.get("heterofl").build(fam, {}, clients_per_round=1, train=TRAIN)
     info = ClientInfo(0, 10, FAMILIES["stage-cnn"], (0, 1))
     default.setup([info], torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match=r"evaluated full-rate model 'width=1'.*gave \[\]"):
         default.eval_task(info, {})
+
+
+# -- width levels, private layers and clipping at the edge ----------------------------------------
+def _tiny(name: str = "stage-cnn", classes: int = 4, **base) -> ScalableFamily:
+    """One stage on 8x8 single-channel inputs: 32 channels at width 1."""
+    spec = {"family": name, "input_shape": (1, 8, 8), "num_classes": classes, "stages": 1}
+    return ScalableFamily({**spec, **base})
+
+
+def _infos_of(sizes, labels=(0, 1, 2, 3)) -> list[ClientInfo]:
+    return [ClientInfo(cid, n, (1, 8, 8), tuple(labels)) for cid, n in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("algorithm", ["heterofl", "fjord"])
+def test_levels_keep_their_proportions_whatever_their_order(algorithm: str) -> None:
+    infos = _infos_of([10] * 10)
+    strategy, _, _ = _plan(algorithm, _tiny(), infos, levels=(1.0, 0.5), proportions=(0.7, 0.3))
+    widths = [strategy.specs[c.cid]["widths"][0] for c in infos]
+    assert widths == [0.5] * 3 + [1.0] * 7  # narrowest first, in id order
+
+
+def test_heterofl_dynamic_width_with_private_layers_is_refused_at_the_config_edge() -> None:
+    raw = {"algorithm": "heterofl", "model": {"name": "stage-cnn"}}
+    for private in ("private_norm", "private_head"):
+        options = {"heterofl": {"assignment": "dynamic", private: True}}
+        with pytest.raises(ConfigError, match=r"options\.heterofl: assignment 'dynamic' with "):
+            validate({**raw, "options": options})
+    message = "cannot follow a width that changes every round"
+    with pytest.raises(ValidationError, match=message):
+        ALGORITHMS.get("heterofl").build(
+            _tiny(),
+            {"assignment": "dynamic", "private_head": True},
+            clients_per_round=1,
+            train=TRAIN,
+        )
+    fixed = {"heterofl": {"assignment": "fixed", "private_head": True}}
+    assert validate({**raw, "options": fixed}).options == fixed
+
+
+def test_a_private_tensor_that_misfits_the_model_names_the_client_and_the_tensor() -> None:
+    """A client kept its private head at width 1 and is handed a width-0.5 model (what
+    HeteroFL's dynamic assignment with private layers did): training and local evaluation
+    both stop with the client, the tensor and both shapes, not a load_state_dict error."""
+    fam = _tiny()
+    program = ClientProgram(fam, seed=0)
+    wide = fam.normalise({**fam.base, "width": 1.0})
+    narrow = fam.normalise({**fam.base, "width": 0.5})
+    kept = {k: v for k, v in _global(fam).items() if k.startswith("head.")}  # (4, 32), (4,)
+    kept["momentum/stages.0.conv.weight"] = torch.zeros(32, 1, 3, 3)  # resets, not an error
+    imap = [e for e in fam.index_map(narrow) if not e.local.startswith("head.")]
+    payload = extract(_global(fam), imap)
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    data = ClientData(3, x, torch.arange(4), x, torch.arange(4), 4)
+    task = ClientTask(3, narrow, payload, imap, {"lr": 0.1, "steps": 1, "batch_size": 4})
+    expected = r"client 3: its private tensor 'head.weight' has shape \(4, 32\).* needs \(4, 16\)"
+    with pytest.raises(ValueError, match=expected):
+        program.fit(task, data, kept, torch_generator(0, 1, 3, "train"))
+    with pytest.raises(ValueError, match=expected):
+        program.evaluate(EvalTask(3, narrow, payload, imap), data, kept)
+    shared = [e for e in fam.index_map(wide) if not e.local.startswith("head.")]
+    same_width = ClientTask(3, wide, extract(_global(fam), shared), shared, task.config)
+    out = program.fit(same_width, data, kept, torch_generator(0, 1, 3, "train"))
+    assert out.private["head.weight"].shape == (4, 32)
+
+
+@pytest.mark.parametrize(("clip", "runs"), [(None, 1.0), (0.25, 0.25)])
+def test_heterofl_clips_at_1_unless_train_sets_it_and_says_which(clip, runs, tmp_path) -> None:
+    cfg = validate(
+        {
+            "algorithm": "heterofl",
+            "data": {"dataset": "digits", "num_clients": 2, "test_per_client": 0},
+            "model": {"name": "stage-cnn", "stages": 1},
+            "train": {"rounds": 1, "clients_per_round": 2, "clip_grad_norm": clip},
+            "options": {"heterofl": {"levels": [1.0, 0.5]}},
+        }
+    )
+    sim = build_simulation(cfg, tmp_path, show_progress=False)
+    sim.setup()
+    tasks = sim.strategy.plan(1, sim.known_clients(), torch_generator(0, 1, -1, "sample"))
+    assert [t.config["clip_grad_norm"] for t in tasks] == [runs, runs]
+    assert f"  clip_grad_norm: {runs}" in start_banner(cfg, sim, tmp_path).splitlines()
+    assert sim.info["strategy"]["clip_grad_norm"] == runs  # summary.json's "strategy"
+    with pytest.raises(ConfigError, match=r"options\.heterofl: clip_grad_norm is not a heterofl"):
+        validate({**cfg.model_dump(), "options": {"heterofl": {"clip_grad_norm": 0.5}}})
+
+
+# -- HeteroFL's and FjORD's training and aggregation by hand -------------------------------------
+def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
+    """One full-batch step of a width-0.5 client holding classes 0 and 2: logits of 1 and 3
+    set to 0, cross-entropy, the gradient scaled to norm 1 (PyTorch's clip_grad_norm_:
+    1 / (norm + 1e-6)), then SGD. Written out on a copy of the client's model."""
+    fam = _tiny()
+    infos = _infos_of([8, 8], labels=(0, 2))
+    _, hooks, tasks = _plan("heterofl", fam, infos, levels=(1.0, 0.5))
+    task = tasks[0]
+    assert task.spec["widths"][0] == 0.5 and task.config["clip_grad_norm"] == 1.0
+    task.config = {**task.config, "steps": 1, "batch_size": 8}
+    task.payload["head.weight"] *= 8  # a gradient norm well above 1
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 2, 2, 0, 2, 0, 0, 2])
+    data = ClientData(0, x, y, x[:0], y[:0], 4)
+    out = ClientProgram(fam, hooks, seed=0).fit(task, data, {}, torch_generator(0, 1, 0, "train"))
+
+    model = fam.build(task.spec)
+    model.load_state_dict(task.payload)
+    model.train()
+    logits = model(x)
+    masked = torch.stack([logits[:, 0], 0 * logits[:, 1], logits[:, 2], 0 * logits[:, 3]], 1)
+    loss = -(masked.log_softmax(1)[torch.arange(8), y]).mean()
+    params = dict(model.named_parameters())
+    grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
+    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+    assert norm > 1.5  # so the clipping binds
+    for k, g in grads.items():
+        expected = params[k].detach() - task.config["lr"] * g / (norm + 1e-6)
+        torch.testing.assert_close(out.result.tensors[k], expected, rtol=0, atol=2e-6)
+
+
+def test_heterofl_dynamic_assignment_redraws_each_clients_width_every_round() -> None:
+    """Each sampled client draws its width in the configured proportions every round, in
+    client id order from the round's sampling generator (after the sample itself)."""
+    infos = _infos_of([10] * 4)
+    strategy, _, _ = _plan(
+        "heterofl",
+        _tiny(),
+        infos,
+        levels=(1.0, 0.5),
+        proportions=(0.75, 0.25),
+        assignment="dynamic",
+    )
+    assert {s["widths"][0] for s in strategy.possible_specs()} == {0.5, 1.0}
+    drawn: dict[int, list[float]] = {c.cid: [] for c in infos}
+    for rnd in range(1, 26):
+        g = torch_generator(0, rnd, -1, "sample")
+        tasks = strategy.plan(rnd, infos, torch_generator(0, rnd, -1, "sample"))
+        for t in tasks:
+            by_hand = torch.multinomial(
+                torch.tensor([0.25, 0.75], dtype=torch.float64), 1, generator=g
+            )
+            assert t.spec["widths"][0] == (0.5, 1.0)[int(by_hand)]
+            assert t.payload["stages.0.conv.weight"].shape[0] == channels(t.spec["widths"][0], 32)
+            drawn[t.cid].append(t.spec["widths"][0])
+    assert all(set(widths) == {0.5, 1.0} for widths in drawn.values())  # widths change
+    share = sum(w == 1.0 for ws in drawn.values() for w in ws) / 100
+    assert 0.65 <= share <= 0.85  # 0.75 +- 2.3 standard deviations
+    assert strategy.own_level_task(infos[0]).group == "local width=1"
+
+
+def test_fjord_averages_bands_by_samples_and_each_widths_statistics_over_its_clients() -> None:
+    """Tiers 0.5 (client 0, 10 samples) and 1 (clients 1 and 2, 30 and 60 samples) send
+    1, 2 and 4 everywhere. Channels 0-15 are held by all: (10 + 60 + 240) / 100 = 3.1;
+    channels 16-31 by the width-1 clients: (60 + 240) / 90. Width 0.5's running statistics
+    come from all three, width 1's from the width-1 clients only."""
+    infos = _infos_of([10, 30, 60])
+    strategy, _, tasks = _plan("fjord", _tiny(), infos, levels=(1.0, 0.5), proportions=(2, 1))
+    assert [t.spec["widths"][0] for t in tasks] == [0.5, 1.0, 1.0]
+    results = [
+        ClientResult(t.cid, {k: torch.full_like(v, value) for k, v in t.payload.items()}, n, 1, 0.0)
+        for t, value, n in zip(tasks, (1.0, 2.0, 4.0), (10, 30, 60), strict=True)
+    ]
+    after = strategy.aggregate(1, results, [])
+    all_three, wide_only = 3.1, 300 / 90
+
+    def equals(t: torch.Tensor, value: float) -> bool:
+        return torch.allclose(t, torch.full_like(t, value), rtol=0, atol=1e-6)
+
+    for name in ("stages.0.conv.weight", "stages.0.norm.weight", "stages.0.norm.bias"):
+        assert equals(after[name][:16], all_three) and equals(after[name][16:], wide_only), name
+    assert equals(after["head.weight"][:, :16], all_three)
+    assert equals(after["head.weight"][:, 16:], wide_only)
+    assert equals(after["head.bias"], all_three)
+    for stat in ("running_mean", "running_var"):
+        assert equals(after[f"stages.0.norm.{stat}_w0p5"], all_three)
+        assert equals(after[f"stages.0.norm.{stat}_w1"], wide_only)  # channels 0-15 too
+
+
+class _Logits:
+    """A stand-in model: fixed logits per width (leaf tensors), the widths it ran at."""
+
+    def __init__(self, by_width: dict[float, torch.Tensor]) -> None:
+        self.by_width, self.ran = by_width, []
+
+    def __call__(self, x: torch.Tensor, width: float) -> torch.Tensor:
+        self.ran.append(width)
+        return self.by_width[width]
+
+
+def test_fjord_distillation_loss_and_its_gradients_by_hand() -> None:
+    """At p < p_max: CE(teacher) + sum_j softmax(teacher)_j * -log softmax(student)_j per
+    sample, with the teacher's soft labels held fixed, so d/d teacher is the CE gradient
+    softmax(t) - onehot(y) and d/d student is softmax(s) - softmax(t) (over the batch of 2).
+    At p = p_max: plain cross-entropy."""
+    t_rows, s_rows, y = (
+        [[2.0, 0.0, -1.0], [0.5, 1.0, 0.0]],
+        [[1.0, 1.0, 0.0], [0.0, 2.0, 1.0]],
+        [0, 2],
+    )
+
+    def softmax(row: list[float]) -> list[float]:
+        z = sum(math.exp(v) for v in row)
+        return [math.exp(v) / z for v in row]
+
+    teacher = torch.tensor(t_rows, dtype=torch.float64, requires_grad=True)
+    student = torch.tensor(s_rows, dtype=torch.float64, requires_grad=True)
+    model = _Logits({1.0: teacher, 0.5: student})
+    hooks = OrderedDropoutHooks((0.5, 1.0), distill=True)
+    spec = Spec(model="stand-in", widths=(1.0,))
+    ctx = TrainContext(
+        ClientTask(0, spec, {}, []), {}, torch.Generator().manual_seed(0), LocalTraining(lr=0.1)
+    )
+    x, labels = torch.zeros(2, 1), torch.tensor(y)
+    while model.ran[-1:] != [0.5]:  # draw widths until one is below p_max
+        model.ran.clear()
+        _, per_sample = hooks.forward(model, x, labels, ctx)
+        if model.ran == [1.0]:  # p = p_max: no student pass, plain cross-entropy
+            ce = [
+                math.log(sum(math.exp(v) for v in r)) - r[c] for r, c in zip(t_rows, y, strict=True)
+            ]
+            assert per_sample.tolist() == pytest.approx(ce, abs=1e-12)
+    assert model.ran == [1.0, 0.5]
+    expected = []
+    for t, s, c in zip(t_rows, s_rows, y, strict=True):
+        ce = -math.log(softmax(t)[c])
+        kd = -sum(pt * math.log(ps) for pt, ps in zip(softmax(t), softmax(s), strict=True))
+        expected.append(ce + kd)
+    assert per_sample.tolist() == pytest.approx(expected, abs=1e-12)
+    per_sample.mean().backward()
+    for i, (t, s, c) in enumerate(zip(t_rows, s_rows, y, strict=True)):
+        d_teacher = [(p - (j == c)) / 2 for j, p in enumerate(softmax(t))]
+        d_student = [(ps - pt) / 2 for ps, pt in zip(softmax(s), softmax(t), strict=True)]
+        assert teacher.grad[i].tolist() == pytest.approx(d_teacher, abs=1e-12)
+        assert student.grad[i].tolist() == pytest.approx(d_student, abs=1e-12)

@@ -310,8 +310,8 @@ class RunConfig(_Strict):
                 ALGORITHMS.get(algo).options(**opts)
             except ValidationError as exc:
                 problems = "; ".join(
-                    f"options.{algo}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                    f" (got {e.get('input')!r})"
+                    f"{'.'.join(['options', algo, *map(str, e['loc'])])}: "
+                    f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
                     for e in exc.errors()
                 )
                 raise ValueError(problems) from None

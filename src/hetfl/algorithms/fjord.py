@@ -15,7 +15,8 @@ on the test set (`groups`: `width=p`, the widest is `global_acc`).
 
 Choices where the paper is silent:
 
-- tiers go to clients in id order in equal proportions (client ids are exchangeable);
+- tiers go to clients in id order, narrowest first, in the configured `proportions` (equal
+  by default; client ids are exchangeable);
 - with `distill` and p = p_max the step is the plain p_max pass (distilling a model into
   itself adds nothing), as the baseline's code does;
 - the width draw uses the client's round generator after its batch order is drawn, so
@@ -58,7 +59,6 @@ class FjORD(WidthLevels):
         super().__init__(
             family, clients_per_round=clients_per_round, train=train, levels=levels, **options
         )
-        self.levels = sorted(self.levels)
 
     def level_spec(self, ratio: float) -> Spec:
         return at_width(self.base, ratio, bn="per-width", levels=tuple(self.levels))

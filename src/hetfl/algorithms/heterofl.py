@@ -8,7 +8,9 @@ channels and output classes full); assignment `fixed` (by proportion) or `dynami
 sampled client redraws its level every round); static BatchNorm (batch statistics in
 training, nothing but the affine aggregated) with the scaler (activations divided by r in
 training only); masked cross-entropy (logits of the classes a client lacks set to 0) and
-label-split aggregation of the head rows; gradient-norm clipping at 1; aggregation with
+label-split aggregation of the head rows; gradient-norm clipping at 1 (the authors' code;
+`train.clip_grad_norm`, when set, runs instead, and the run's start banner and
+`summary.json` say which value ran); aggregation with
 weight 1 per client on each element it covers (not sample counts), uncovered elements kept;
 evaluation of every level on the global test set after a statistics pass over the
 clients' training data (`hetfl.engine.statistics`), reported under `groups` as `width=r`
@@ -19,8 +21,9 @@ full-rate model with those same statistics, its logits masked to the client's cl
 
 Choices where the paper is silent or the code differs from the text:
 
-- `fixed` assignment gives the levels to clients in id order in exact proportions (the
-  code draws them with replacement, so the realised proportions vary with the seed);
+- `fixed` assignment gives the levels to clients in id order, narrowest first, in exact
+  proportions (the code draws them with replacement, so the realised proportions vary
+  with the seed);
 - the masked loss and the label split use the classes in the client's *training* data,
   which is what "the client's label set" is in every partition HetFL has; with IID data
   both are no-ops, so they are on by default;
@@ -31,7 +34,10 @@ Choices where the paper is silent or the code differs from the text:
   `private_head`), which the full-rate global model cannot hold; `describe()` (the start
   banner, `summary.json`) says so;
 - `weighting: samples` is available (recorded in the resolved config) for comparisons
-  with FjORD's sample-count weighting.
+  with FjORD's sample-count weighting;
+- `dynamic` assignment is refused with private layers (`private_norm`, `private_head`):
+  a client keeps them at the width it last trained, which a width redrawn every round
+  does not fit.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import model_validator
 from torch import nn
 
 from hetfl.algorithms.base import ALGORITHMS, Algorithm
@@ -58,6 +65,8 @@ Assignment = Literal["fixed", "dynamic"]
 #: own training data.
 LocalEvalModel = Literal["global-masked", "own-level"]
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+#: The gradient-norm clipping of the authors' code, used when `train.clip_grad_norm` is unset.
+DEFAULT_CLIP = 1.0
 
 
 class HeteroFL(WidthLevels):
@@ -73,12 +82,15 @@ class HeteroFL(WidthLevels):
         proportions: Sequence[float] | None = None,
         assignment: Assignment = "fixed",
         label_split: bool = True,
-        clip_grad_norm: float | None = 1.0,
         weighting: Weighting = "uniform",
         private_norm: bool = False,
         private_head: bool = False,
         local_eval_model: LocalEvalModel = "global-masked",
     ) -> None:
+        """`train["clip_grad_norm"]` runs when set; unset (None), HeteroFL clips at
+        `DEFAULT_CLIP`."""
+        if train.get("clip_grad_norm") is None:
+            train = {**train, "clip_grad_norm": DEFAULT_CLIP}
         super().__init__(
             family,
             clients_per_round=clients_per_round,
@@ -97,7 +109,6 @@ class HeteroFL(WidthLevels):
             )
         self.assignment = assignment
         self.split_labels = label_split
-        self.clip_grad_norm = clip_grad_norm
         # A full-rate global model cannot hold private layers: those clients are judged
         # with their own level.
         self.local_eval_model: LocalEvalModel = (
@@ -128,9 +139,6 @@ class HeteroFL(WidthLevels):
         if not self.split_labels or self.private_head:
             return imap
         return label_split(self.family, spec, imap, self.global_state, info.labels)
-
-    def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
-        return {**super().task_config(round, info), "clip_grad_norm": self.clip_grad_norm}
 
     # -- evaluation ----------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
@@ -194,13 +202,12 @@ class HeteroFL(WidthLevels):
         )
 
     def describe(self) -> dict[str, Any]:
-        """How local accuracy is measured, and why when private layers decided it."""
+        """The clipping that runs (the user's `train.clip_grad_norm` or `DEFAULT_CLIP`) and
+        how local accuracy is measured, with why when private layers decided it."""
+        local: str = self.local_eval_model
         if self.private_norm or self.private_head:
-            return {
-                "local_eval_model": "own-level (private layers cannot load into the "
-                "full-rate global model)"
-            }
-        return {"local_eval_model": self.local_eval_model}
+            local = "own-level (private layers cannot load into the full-rate global model)"
+        return {"clip_grad_norm": self.train["clip_grad_norm"], "local_eval_model": local}
 
 
 def level_name(ratio: float) -> str:
@@ -225,8 +232,28 @@ class HeteroFLOptions(FedAvgOptions):
     proportions: tuple[float, ...] | None = None
     assignment: Assignment = "fixed"
     label_split: bool = True
-    clip_grad_norm: float | None = 1.0
     local_eval_model: LocalEvalModel = "global-masked"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clipping_is_a_train_setting(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "clip_grad_norm" in data:
+            raise ValueError(
+                "clip_grad_norm is not a heterofl option: set train.clip_grad_norm instead; "
+                f"left unset, HeteroFL clips at {DEFAULT_CLIP}"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _private_layers_need_a_fixed_width(self) -> HeteroFLOptions:
+        if self.assignment == "dynamic" and (self.private_norm or self.private_head):
+            raise ValueError(
+                f"assignment 'dynamic' with private_norm={self.private_norm}, "
+                f"private_head={self.private_head}: private layers stay on a client at the "
+                "width it last trained and cannot follow a width that changes every round; "
+                "use assignment 'fixed' with private layers, or drop them"
+            )
+        return self
 
 
 def _make(

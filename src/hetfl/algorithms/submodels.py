@@ -22,8 +22,14 @@ from hetfl.core.state import State, extract
 from hetfl.core.types import ClientInfo, EvalModel, ModelFamily
 
 
-def check_levels(levels: Sequence[float], proportions: Sequence[float] | None) -> list[float]:
-    """Width levels as a list, and the proportions checked (None = equal shares)."""
+def check_levels(
+    levels: Sequence[float], proportions: Sequence[float] | None
+) -> tuple[list[float], list[float] | None]:
+    """Width levels narrowest first, each with its proportion (None = equal shares), checked.
+
+    Levels and proportions are sorted as pairs, so that a level keeps its share whatever
+    order a config lists them in (`levels: [1.0, 0.5], proportions: [0.7, 0.3]` puts 70 %
+    of the clients at width 1 for every method)."""
     if not levels:
         raise ValueError("levels must list at least one width ratio")
     for p in levels:
@@ -31,14 +37,16 @@ def check_levels(levels: Sequence[float], proportions: Sequence[float] | None) -
             raise ValueError(f"width levels must be in (0, 1], got {list(levels)}")
     if len(set(levels)) != len(levels):
         raise ValueError(f"width levels must be distinct, got {list(levels)}")
-    if proportions is not None:
-        if len(proportions) != len(levels):
-            raise ValueError(
-                f"proportions needs one value per level ({len(levels)}), got {list(proportions)}"
-            )
-        if any(not (q >= 0 and math.isfinite(q)) for q in proportions) or sum(proportions) <= 0:
-            raise ValueError(f"proportions must be >= 0 with a positive sum, got {proportions}")
-    return [float(p) for p in levels]
+    if proportions is None:
+        return sorted(float(p) for p in levels), None
+    if len(proportions) != len(levels):
+        raise ValueError(
+            f"proportions needs one value per level ({len(levels)}), got {list(proportions)}"
+        )
+    if any(not (q >= 0 and math.isfinite(q)) for q in proportions) or sum(proportions) <= 0:
+        raise ValueError(f"proportions must be >= 0 with a positive sum, got {proportions}")
+    pairs = sorted((float(p), float(q)) for p, q in zip(levels, proportions, strict=True))
+    return [p for p, _ in pairs], [q for _, q in pairs]
 
 
 def shares(levels: Sequence[float], proportions: Sequence[float] | None) -> list[float]:
@@ -135,8 +143,9 @@ def eval_model_at(
 
 class WidthLevels(FedAvg):
     """FedAvg over width levels of the configured (full-width) model: each client gets a
-    level in fixed proportions at set-up (`level_of`); subclasses say what a level's spec
-    is (`level_spec`) and how it trains and is evaluated."""
+    level in fixed proportions at set-up (`level_of`: in client id order, narrowest level
+    first); subclasses say what a level's spec is (`level_spec`) and how it trains and is
+    evaluated. `levels` and `proportions` are kept sorted together (`check_levels`)."""
 
     def __init__(
         self,
@@ -158,8 +167,7 @@ class WidthLevels(FedAvg):
             private_norm=private_norm,
             private_head=private_head,
         )
-        self.levels = check_levels(levels, proportions)
-        self.proportions = None if proportions is None else list(proportions)
+        self.levels, self.proportions = check_levels(levels, proportions)
         self.base = full_width_base(family, self.name)
         self.level_of: dict[int, float] = {}
 

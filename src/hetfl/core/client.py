@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model, initialize
-from hetfl.core.rng import torch_generator
+from hetfl.core.rng import sibling_generator, torch_generator
 from hetfl.core.roles import norm_tensor_names
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
@@ -369,12 +370,27 @@ class ClientProgram:
     def _load(
         self, cid: int, spec: Spec, payload: State, private: Mapping[str, torch.Tensor]
     ) -> nn.Module:
+        """The model for `spec` with the payload, the client's private tensors and, for
+        tensors in neither, the client's seeded initialisation. A private tensor that does
+        not fit the model (the client got another sub-model) is an error naming the client
+        and the tensor; kept momentum buffers (`MOMENTUM` names) are not loaded here and
+        start afresh on a shape change (`train_local`)."""
         model = self.model_for(spec)
-        names = set(model.state_dict())
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
+        names = set(shapes)
         missing = names - set(payload) - set(private)
         unknown = set(payload) - names
         if unknown:
             raise KeyError(f"payload names tensors the model for {spec} lacks: {sorted(unknown)}")
+        misfit = sorted(k for k in names & set(private) if private[k].shape != shapes[k])
+        if misfit:
+            k = misfit[0]
+            raise ValueError(
+                f"client {cid}: its private tensor {k!r} has shape {tuple(private[k].shape)}, "
+                f"but its model for this task ({spec}) needs {tuple(shapes[k])} (misfits: "
+                f"{misfit}); a client keeps its private layers at the sub-model it last "
+                "trained, so a strategy with private layers must not change a client's sub-model"
+            )
         full: dict[str, torch.Tensor] = {}
         if missing:
             fresh = initialize(
@@ -409,7 +425,8 @@ class ClientProgram:
         kept_momentum = {
             k.removeprefix(MOMENTUM): v for k, v in private.items() if k.startswith(MOMENTUM)
         }
-        stats = train_local(model, data, self.hooks, ctx, kept_momentum)
+        with dropout_masks(model, sibling_generator(generator, "dropout", self.device)):
+            stats = train_local(model, data, self.hooks, ctx, kept_momentum)
         state = model.state_dict()
         sent = set(local_names(task.index_map))
         tensors = {k: state[k].detach().clone() for k in local_names(task.index_map)}

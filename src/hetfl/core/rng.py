@@ -34,3 +34,13 @@ def torch_generator(
 
 def numpy_generator(seed: int, round: int, client: int, purpose: str) -> np.random.Generator:
     return np.random.default_rng(derive_seed(seed, round, client, purpose))
+
+
+def sibling_generator(
+    parent: torch.Generator, purpose: str, device: str | torch.device = "cpu"
+) -> torch.Generator:
+    """A generator of its own `purpose` derived from `parent`'s seed, not from its stream:
+    drawing from one never shifts the other. A client's training generator is derived from
+    (seed, round, client, "train"), so its siblings are unique per (seed, round, client)
+    too (the dropout masks of `hetfl.core.dropout`)."""
+    return torch_generator(parent.initial_seed(), 0, 0, purpose, device)

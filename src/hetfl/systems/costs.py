@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model
 from hetfl.core.spec import Spec
 from hetfl.core.types import ModelFamily, PassRecord
@@ -103,7 +104,8 @@ class MacCounter:
         x = torch.zeros((record.batch, *input_shape))
         kwargs = {} if record.width is None else {"width": record.width}
         try:
-            with FlopCounterMode(display=False) as counter:
+            # Dropout masks change no product's size: any generator prices the pass.
+            with FlopCounterMode(display=False) as counter, dropout_masks(model, torch.Generator()):
                 if record.kind in ("train", "train+input"):
                     x.requires_grad_(record.kind == "train+input")
                     model.train()

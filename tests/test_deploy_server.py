@@ -191,7 +191,7 @@ def test_val_acc_equals_the_simulators(algorithm, tmp_path):
     own validation split (an `EvalTask` with split "validation"). FedAvg's global model is
     scored by the server on the pooled validation samples, which it builds as the nodes
     hold them out. Either way every row equals the simulator's."""
-    raw = config(algorithm=algorithm, **{"data.validation": 0.2, "train.rounds": 2})
+    raw = config(algorithm=algorithm, **{"data.validation": 0.2, "train.rounds": 1})
     _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
     run_one(validate(raw), tmp_path / "sim", show_progress=False)
     expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")

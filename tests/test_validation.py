@@ -107,7 +107,7 @@ def _run(synthetic, tmp_path: Path, algo: str, validation: float | None) -> Simu
         ClientProgram(family, hooks, seed=0),
         clients,
         global_test(synthetic),
-        RoundSettings(rounds=2, seed=0, local_eval="all"),
+        RoundSettings(rounds=1, seed=0, local_eval="all"),
         tmp_path,
     )
     sim.run()

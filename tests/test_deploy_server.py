@@ -191,9 +191,12 @@ def test_serve_exits_3_when_no_node_ever_answered(tmp_path, capsys):
     assert "no round aggregated any client's result in 2 rounds" in capsys.readouterr().err
 
 
-def test_nodes_with_other_data_settings_are_refused(tmp_path):
+@pytest.mark.parametrize("change", [{"seed": 99}, {"data.validation": 0.2}])
+def test_nodes_with_other_data_settings_are_refused(change, tmp_path):
+    """Another seed, or another validation hold-out (the node would train on samples the
+    server scores as validation), is other data under the same partition id."""
     other = tmp_path / "other.yaml"
-    other.write_text(yaml.safe_dump(config(seed=99)))
+    other.write_text(yaml.safe_dump(config(**change)))
     node_cfgs = nodes(tmp_path, 3)
     node_cfgs[2]["hetfl-config"] = str(other)
     raw = config(**{"deploy.min_clients": 2, "deploy.registration_timeout_s": 1})
@@ -201,6 +204,20 @@ def test_nodes_with_other_data_settings_are_refused(tmp_path):
     assert server.refused == {1002}
     assert sorted(server.infos) == [0, 1]
     assert all(r["clients"] == 2 for r in rows)
+
+
+@pytest.mark.parametrize("algorithm", ["fedper", "fedavg"])
+def test_val_acc_equals_the_simulators(algorithm, tmp_path):
+    """FedPer has no global model: each node scores its model with its private head on its
+    own validation split (an `EvalTask` with split "validation"). FedAvg's global model is
+    scored by the server on the pooled validation samples, which it builds as the nodes
+    hold them out. Either way every row equals the simulator's."""
+    raw = config(algorithm=algorithm, **{"data.validation": 0.2, "train.rounds": 1})
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert all(0 <= r["val_acc"] <= 1 and r["val_loss"] > 0 for r in rows)
 
 
 def test_registration_gives_up_naming_the_missing_partitions(tmp_path):

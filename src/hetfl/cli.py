@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="table of runs: mean ± sd over seeds")
     compare.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders")
+    compare.add_argument(
+        "--select",
+        choices=["val_acc"],
+        help="per algorithm, only the swept setting of highest mean best val_acc over seeds",
+    )
 
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
     plot.add_argument("runs", nargs="+", type=Path)
@@ -159,7 +164,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "partition":
         return cmd_partition(args.config, args.overrides)
     if args.command == "compare":
-        return cmd_compare(args.runs)
+        return cmd_compare(args.runs, args.select)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "serve":
@@ -346,10 +351,23 @@ def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
     return 0
 
 
-def cmd_compare(paths: Sequence[Path]) -> int:
-    from hetfl.report import comparison_rows, find_runs, format_table
+def cmd_compare(paths: Sequence[Path], select: str | None = None) -> int:
+    """The comparison table; with `select` ("val_acc"), one swept setting per algorithm,
+    chosen by validation accuracy, and a line per algorithm saying which."""
+    from hetfl.report import comparison_rows, find_runs, format_table, selection_rows
 
-    print(format_table(comparison_rows(find_runs(paths))))
+    runs = find_runs(paths)
+    if select is None:
+        print(format_table(comparison_rows(runs)))
+        return 0
+    rows, selections = selection_rows(runs)
+    print("selected by mean over seeds of each run's best val_acc:")
+    for s in selections:
+        print(
+            f"  {s.algorithm}: {s.setting} (val_acc {s.val_acc:.4f} ± {s.val_acc_sd:.4f}; "
+            f"seeds {s.seeds}, settings compared {s.candidates})"
+        )
+    print(format_table(rows))
     return 0
 
 

@@ -91,6 +91,12 @@ class DataConfig(_Strict):
     num_clients: int = Field(20, ge=1)
     partition: PartitionConfig = PartitionConfig()
     test_per_client: int = Field(100, ge=0)
+    validation: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="fraction of each client's training data held out for validation",
+    )
     download: bool = Field(False, description="fetch and verify the dataset first if missing")
     mirror: str = Field(DEFAULT_MIRROR, description="base URL of the download mirror")
     groups: list[GroupConfig] | None = Field(

@@ -2,6 +2,10 @@
 
 Runs are grouped by everything that identifies them except the seed: the sweep point name
 with its `-s<seed>` part removed, so `fedavg-s0` and `fedavg-s1` form one row.
+
+`select_by_validation` picks, for each algorithm, one swept setting by validation accuracy
+(`hetfl compare --select val_acc`), so that the test metrics reported for it were not used
+to choose it.
 """
 
 from __future__ import annotations
@@ -100,6 +104,97 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             row[f"GMAC to {label}"] = _fmt([h.get("macs") for h in hits], 1e-9, 2)
         rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The swept setting chosen for one algorithm: its group (point name without the
+    seed), the mean and sd over its seeds of each run's best `val_acc`, and how many
+    settings were candidates."""
+
+    algorithm: str
+    group: str
+    val_acc: float
+    val_acc_sd: float
+    seeds: int
+    candidates: int
+
+    @property
+    def setting(self) -> str:
+        """The swept keys of the group (`lr=0.1`), without the algorithm's name."""
+        return self.group.removeprefix(self.algorithm).lstrip("-") or "(its only setting)"
+
+
+def _algorithm(run: RunRecord) -> str:
+    """The run's algorithm: from its summary, else the point name before `-s<seed>`."""
+    if run.summary.get("algorithm"):
+        return str(run.summary["algorithm"])
+    found = _SEED.search(run.path.name)
+    return run.path.name[: found.start()] if found else run.group
+
+
+def _best_by_val(run: RunRecord) -> dict[str, Any] | None:
+    """The run's row of highest validation accuracy (`summary.json` "best_by_val")."""
+    chosen = run.summary.get("best_by_val")
+    return chosen if isinstance(chosen, dict) else None
+
+
+def select_by_validation(runs: Sequence[RunRecord]) -> tuple[list[RunRecord], list[Selection]]:
+    """For each algorithm, the runs of the setting whose mean over seeds of the best
+    validation accuracy is highest, the first in run order on ties. Every key swept
+    besides `algorithm` and `seed` counts as a choice to tune. Runs without a validation
+    accuracy are an error that names them."""
+    missing = [str(r.path) for r in runs if _best_by_val(r) is None]
+    if missing:
+        raise ValueError(
+            f"--select val_acc needs a validation accuracy in every run, and "
+            f"{len(missing)} have none (run them with data.validation set, e.g. "
+            f"data.validation=0.1): {', '.join(missing)}"
+        )
+    settings: dict[str, dict[str, list[RunRecord]]] = {}
+    for r in runs:
+        settings.setdefault(_algorithm(r), {}).setdefault(r.group, []).append(r)
+    chosen: list[RunRecord] = []
+    selections = []
+    for algorithm, groups in settings.items():
+        scored = {g: mean_sd([_val_acc(m) for m in ms]) for g, ms in groups.items()}
+        group = max(scored, key=lambda g: scored[g][0])  # max keeps the first of equal means
+        chosen += groups[group]
+        selections.append(
+            Selection(algorithm, group, *scored[group], len(groups[group]), len(groups))
+        )
+    return chosen, selections
+
+
+def _val_acc(run: RunRecord) -> float:
+    """The run's best validation accuracy (of a run `select_by_validation` accepted)."""
+    return float(run.summary["best_by_val"]["val_acc"])
+
+
+def selection_rows(runs: Sequence[RunRecord]) -> tuple[list[dict[str, str]], list[Selection]]:
+    """The comparison rows of the settings `select_by_validation` chooses, led by the
+    validation accuracy they were chosen by and the test accuracies at each run's round of
+    best validation accuracy. The test-picked "best global_acc" column is left out: it is
+    each run's best round on the test set itself."""
+    chosen, selections = select_by_validation(runs)
+    members: dict[str, list[RunRecord]] = {}
+    for r in chosen:
+        members.setdefault(r.group, []).append(r)
+    rows = []
+    for row in comparison_rows(chosen):
+        at_val = [_best_by_val(m) or {} for m in members[row["run"]]]
+        row.pop("best global_acc")
+        lead = {k: row.pop(k) for k in ("run", "seeds")}
+        rows.append(
+            {
+                **lead,
+                "best val_acc": _fmt([b.get("val_acc") for b in at_val]),
+                "global_acc at best val": _fmt([b.get("global_acc") for b in at_val]),
+                "local_acc at best val": _fmt([b.get("local_acc") for b in at_val]),
+                **row,
+            }
+        )
+    return rows, selections
 
 
 def format_table(rows: Sequence[dict[str, str]]) -> str:

@@ -450,11 +450,13 @@ class ClientProgram:
     def evaluate(
         self, task: EvalTask, data: ClientData, private: Mapping[str, torch.Tensor]
     ) -> tuple[int, float, int]:
-        """(correct, summed loss, count) on the client's local test split."""
+        """(correct, summed loss, count) on the client's split named by `task.split` (its
+        local test split, or its validation split)."""
         model = self._load(task.cid, task.spec, task.payload, private)
         if task.stats_pass:
             recompute_bn_statistics(model, data.x_train)
-        return evaluate_model(model, data.x_test, data.y_test, label_mask=task.label_mask)
+        x, y = data.split(task.split)
+        return evaluate_model(model, x, y, label_mask=task.label_mask)
 
 
 #: Per BatchNorm layer (by module name): (sum of per-batch means, sum of per-batch unbiased

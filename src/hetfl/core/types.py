@@ -187,12 +187,17 @@ class EvalModel:
     group: str | None = None
 
 
+#: Which of a client's held-out splits an evaluation uses (`ClientData.split`).
+EvalSplit = Literal["test", "validation"]
+
+
 @dataclass
 class EvalTask:
     """Client-side evaluation of one client's model (with its private layers) on its local
-    test split. `payload` and `index_map` are as in `ClientTask`; `payload` may also be a
-    complete model with its BatchNorm statistics (HeteroFL's full-rate model as the global
-    evaluation tested it).
+    test split, or on its validation split with `split="validation"` (engines set it; a
+    strategy describes the model only). `payload` and `index_map` are as in `ClientTask`;
+    `payload` may also be a complete model with its BatchNorm statistics (HeteroFL's
+    full-rate model as the global evaluation tested it).
 
     With `stats_pass`, the client first re-estimates BatchNorm statistics on its own
     training data (static BN evaluated locally); with `label_mask`, logits of the classes
@@ -206,6 +211,7 @@ class EvalTask:
     group: str | None = None
     stats_pass: bool = False
     label_mask: tuple[int, ...] | None = None
+    split: EvalSplit = "test"
 
 
 class ModelFamily(Protocol):
@@ -232,7 +238,9 @@ class ClientData:
     """One client's data, held as tensors on the device; batches are index slices.
 
     `x_test`/`y_test` are the client's local test split (drawn from the global test set in
-    the client's class proportions). `labels` are the classes present in its training data.
+    the client's class proportions). `x_val`/`y_val` are its validation split, held out of
+    its training data (None without `data.validation`). `labels` are the classes present in
+    its training data.
     """
 
     cid: int
@@ -241,10 +249,22 @@ class ClientData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def n_train(self) -> int:
         return int(self.y_train.shape[0])
+
+    def split(self, name: EvalSplit) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) of the local test split or of the validation split (empty without one)."""
+        if name == "test":
+            return self.x_test, self.y_test
+        if name != "validation":
+            raise ValueError(f"no split {name!r}: a client holds 'test' and 'validation'")
+        if self.x_val is None or self.y_val is None:
+            return self.x_train[:0], self.y_train[:0]
+        return self.x_val, self.y_val
 
     @cached_property
     def labels(self) -> tuple[int, ...]:

@@ -5,7 +5,12 @@
 The data layer knows no model.
 """
 
-from hetfl.data.federation import build_clients, global_test, local_test_indices
+from hetfl.data.federation import (
+    build_clients,
+    global_test,
+    local_test_indices,
+    validation_split,
+)
 from hetfl.data.libsvm import load_libsvm, read_libsvm
 from hetfl.data.partition import (
     PARTITIONERS,
@@ -52,4 +57,5 @@ __all__ = [
     "read_idx",
     "read_libsvm",
     "stratified_split",
+    "validation_split",
 ]

@@ -4,7 +4,8 @@ Each client's training data is its partition of the training set, held as tensor
 device (batches are index slices later, never a DataLoader per client). Its local test
 split is drawn from the global test set in the proportions of the client's own training
 classes, so that `local_acc` measures a personalised model on the distribution it was
-trained for.
+trained for. With a validation fraction, part of the client's training data is held out
+(`validation_split`) for model selection, which must never look at a test split.
 """
 
 from __future__ import annotations
@@ -73,6 +74,36 @@ def local_test_indices(
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
+def validation_split(
+    part: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator, cid: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training indices kept, sorted validation indices) of one client's training `part`.
+
+    round(fraction * n) of its n samples (half up), clamped so that at least one is held
+    out, are drawn at random from `rng`, except that one sample of each of its classes,
+    also drawn at random, always stays in training: a client's label set (which sizes a
+    private head, a label split or its local test split) does not change. The training
+    indices keep their order in `part`. A client whose every sample is the only one of its
+    class cannot hold any out, and is an error.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
+    order = rng.permutation(part.size)
+    _, first_of_class = np.unique(labels[part[order]], return_index=True)
+    candidates = np.delete(order, first_of_class)  # positions in `part`, in drawn order
+    if candidates.size == 0:
+        raise ValueError(
+            f"client {cid} has {part.size} training samples, one per class it holds, and none "
+            f"can be held out for data.validation = {fraction}: every class keeps one training "
+            "sample; give clients more data (fewer clients) or leave data.validation unset"
+        )
+    wanted = int(np.floor(fraction * part.size + 0.5))
+    held = candidates[: min(max(wanted, 1), candidates.size)]
+    keep = np.ones(part.size, dtype=bool)
+    keep[held] = False
+    return part[keep], np.sort(part[held])
+
+
 def _to_device(array: np.ndarray, device: torch.device | str, copy: bool = False) -> torch.Tensor:
     """One tensor over the whole array; without `copy` it shares the array's memory on the CPU.
 
@@ -92,6 +123,7 @@ def build_clients(
     seed: int,
     device: torch.device | str = "cpu",
     views: Sequence[ClientView] | None = None,
+    validation: float | None = None,
 ) -> list[ClientData]:
     """One `ClientData` per partition, client ids 0..len(parts)-1 in partition order.
 
@@ -104,6 +136,12 @@ def build_clients(
     With `views` (one per client, `hetfl.data.views`), a client keeps only the training
     samples of its view's classes (so its local test split holds only those classes too),
     its labels are remapped to 0..K-1 and its images resized to the view's size.
+
+    With `validation` (a fraction in (0, 1)), client `cid` holds out that fraction of its
+    training samples as its validation split (`validation_split`, drawn with the generator
+    for (seed, 0, cid, "validation")); they leave its training data, so training never sees
+    them. Its local test split is drawn from its classes before the hold-out, so adding a
+    validation split leaves every test split as it was.
     """
     if test_per_client < 0:
         raise ValueError(f"test_per_client must be >= 0, got {test_per_client}")
@@ -136,6 +174,11 @@ def build_clients(
             test_idx = np.zeros(0, dtype=np.int64)
         if test_idx.size < test_per_client:
             short.append(f"client {cid} ({test_idx.size})")
+        val_t = None
+        if validation is not None:
+            rng = numpy_generator(seed, 0, cid, "validation")
+            part, val_idx = validation_split(part, dataset.y_train, validation, rng, cid)
+            val_t = torch.from_numpy(val_idx).to(device)
         train_t = torch.from_numpy(part.astype(np.int64)).to(device)
         test_t = torch.from_numpy(test_idx).to(device)
         client = ClientData(
@@ -145,6 +188,8 @@ def build_clients(
             x_test=x_test[test_t],
             y_test=y_test[test_t],
             num_classes=dataset.num_classes,
+            x_val=None if val_t is None else x_train[val_t],
+            y_val=None if val_t is None else y_train[val_t],
         )
         clients.append(client if view is None else _seen_through(client, view))
     if short:
@@ -165,6 +210,8 @@ def _seen_through(client: ClientData, view: ClientView) -> ClientData:
         x_test=resize_images(client.x_test, view.size),
         y_test=remap_labels(client.y_test, view.classes),
         num_classes=client.num_classes if view.classes is None else len(view.classes),
+        x_val=None if client.x_val is None else resize_images(client.x_val, view.size),
+        y_val=None if client.y_val is None else remap_labels(client.y_val, view.classes),
     )
 
 

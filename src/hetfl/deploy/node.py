@@ -53,6 +53,7 @@ def data_fingerprint(cfg: RunConfig) -> dict[str, Any]:
         "num_clients": cfg.data.num_clients,
         "partition": cfg.data.partition.model_dump(mode="json"),
         "test_per_client": cfg.data.test_per_client,
+        "validation": cfg.data.validation,
         "groups": [g.model_dump(mode="json") for g in cfg.data.groups or []],
         "seed": cfg.seed,
     }
@@ -224,12 +225,13 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    """Test this client's model, with its private layers, on its local test split."""
+    """Test this client's model, with its private layers, on the split the task names
+    (its local test split or its validation split)."""
     request = from_content(msg.content)
     node = node_for(context, request["config"])
     task: EvalTask = request["task"]
     _check_cid(node, task.cid)
-    if node.data.y_test.numel() == 0:
+    if node.data.split(task.split)[1].numel() == 0:
         return Message(to_content({"correct": 0, "loss": 0.0, "n": 0}), reply_to=msg)
     task.payload = {k: v.to(node.program.device) for k, v in task.payload.items()}
     correct, loss_sum, n = node.program.evaluate(task, node.data, PrivateState(context, node).get())

@@ -7,7 +7,8 @@ Exchanges (server -> client, each answered once):
   `ClientInfo` (with declared attributes) and the data settings it built its partition from.
 - `train`: one `ClientTask` of a round; the reply carries the `ClientResult`.
 - `evaluate`: one `EvalTask` (the client's model with its private layers on its local test
-  split); the reply carries (correct, summed loss, count).
+  split, or on its validation split as `EvalTask.split` says); the reply carries (correct,
+  summed loss, count).
 - `query.stats`: a static-BN statistics pass (HeteroFL) before global evaluation: an
   evaluated model's spec and complete tensors, and the number of training samples the node
   runs through it (`share`: all of them, or its share of `eval.stats_samples`, which it

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +54,7 @@ from hetfl.core.types import (
     ClientResult,
     ClientTask,
     EvalModel,
+    EvalSplit,
     Failure,
     FailureKind,
     Problem,
@@ -64,7 +66,7 @@ from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content,
 from hetfl.engine.assembly import build_parts
 from hetfl.engine.rounds import RoundLoop
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem, stats_shares
-from hetfl.engine.steps import RoundOutcome, charge_result
+from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
 
 K = TypeVar("K", bound=Hashable)
 
@@ -109,7 +111,8 @@ class FlowerServer(RoundLoop):
     ) -> None:
         """`poll_s` is how often replies are pulled from the SuperLink while waiting."""
         # The strategy, program, test set and settings are built exactly as for the
-        # simulator; the clients' data is built too but never used here.
+        # simulator; the clients' data is built too, and used here only for the pooled
+        # validation samples that a global model is scored on (as in the simulator).
         parts = build_parts(cfg, show_progress=show_progress)
         refuse_server_program(parts.strategy, cfg.algorithm)
         super().__init__(
@@ -120,6 +123,7 @@ class FlowerServer(RoundLoop):
             run_dir,
             parts.info,
             parts.progress,
+            pooled_validation(parts.clients),
         )
         self.info["engine"] = "flower"
         self.grid = grid
@@ -367,15 +371,21 @@ class FlowerServer(RoundLoop):
         apply_bn_statistics(model, total)
 
     def local_scores(
-        self, rnd: int, outcome: RoundOutcome, evaluated: Mapping[str, State]
-    ) -> list[tuple[float, str | None]]:
-        """A second exchange: each client evaluates on its own test split with its
-        private state; clients that do not answer are left out (with a warning)."""
+        self,
+        rnd: int,
+        outcome: RoundOutcome,
+        evaluated: Mapping[str, State],
+        split: EvalSplit = "test",
+    ) -> list[LocalScore]:
+        """A second exchange: each client evaluates on its own `split` with its private
+        state; clients that do not answer are left out (with a warning)."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
         connected = set(self.grid.get_node_ids())
         timeout = self.deploy.round_timeout_s
-        tasks = {c: self.strategy.eval_task(self.infos[c], evaluated) for c in cids}
+        tasks = {
+            c: replace(self.strategy.eval_task(self.infos[c], evaluated), split=split) for c in cids
+        }
         messages = {
             c: Message(
                 to_content({"config": self.config_text, "task": task}),
@@ -388,15 +398,17 @@ class FlowerServer(RoundLoop):
             if self.node_of[c] in connected
         }
         replies = self._exchange(messages, timeout)
-        scores: list[tuple[float, str | None]] = []
+        scores: list[LocalScore] = []
         for c in sorted(messages):
-            answer, problem = self._answer(replies.get(c), ("correct", "n"))
+            answer, problem = self._answer(replies.get(c), ("correct", "loss", "n"))
             if problem is not None:
                 self.progress.message(
-                    f"warning: client {c} not evaluated in round {rnd}: {problem}"
+                    f"warning: client {c} not evaluated on its {split} split in round {rnd}: "
+                    f"{problem}"
                 )
             elif answer["n"] > 0:
-                scores.append((answer["correct"] / answer["n"], tasks[c].group))
+                n = answer["n"]
+                scores.append(LocalScore(answer["correct"] / n, answer["loss"] / n, tasks[c].group))
         return scores
 
     # -- checkpoints (server state only: private state stays on the nodes) ---------------

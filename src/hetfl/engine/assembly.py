@@ -88,7 +88,9 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     if groups is not None:
         held = [np.unique(dataset.y_train[p]).tolist() for p in parts]
         views = draw_views(groups, dataset.num_classes, cfg.seed, held)
-    clients = build_clients(dataset, parts, cfg.data.test_per_client, cfg.seed, device, views)
+    clients = build_clients(
+        dataset, parts, cfg.data.test_per_client, cfg.seed, device, views, cfg.data.validation
+    )
     test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
     return Federation(dataset, clients, test)
 
@@ -96,7 +98,8 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
 @dataclass
 class Parts:
     """What a run is made of, before an engine runs it. `clients` holds every client's
-    data on this machine (the Flower server builds it too, and uses only the test set)."""
+    data on this machine (the Flower server builds it too, and uses only the pooled
+    validation splits)."""
 
     strategy: Strategy
     program: ClientProgram

@@ -20,6 +20,8 @@ ROW_KEYS = (
     "global_acc",
     "test_loss",
     "local_acc",
+    "val_acc",
+    "val_loss",
     "loss",
     "bytes_down",
     "bytes_up",
@@ -29,8 +31,10 @@ ROW_KEYS = (
     "groups",
 )
 #: Metrics where larger is better; every other scalar metric is better when smaller.
-HIGHER_IS_BETTER = ("global_acc", "local_acc")
-_BEST = ("global_acc", "local_acc", "test_loss", "loss")
+HIGHER_IS_BETTER = ("global_acc", "local_acc", "val_acc")
+_BEST = ("global_acc", "local_acc", "test_loss", "loss", "val_acc", "val_loss")
+#: What `best_by_val` reports of the row it selects.
+_BY_VAL = ("round", "val_acc", "global_acc", "local_acc", "test_loss")
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,10 @@ def summarise(
     failures: Mapping[str, int],
     rounds_aggregated: int,
 ) -> dict[str, Any]:
-    """Final and best of each metric, when each target was first reached, the excluded
-    clients counted by kind (`hetfl.core.types.FailureKind`) and how many rounds
-    aggregated any client's result."""
+    """Final and best of each metric, the row selected by validation accuracy
+    (`best_by_val`), when each target was first reached, the excluded clients counted by
+    kind (`hetfl.core.types.FailureKind`) and how many rounds aggregated any client's
+    result."""
     final = dict(rows[-1]) if rows else {}
     best: dict[str, float | None] = {}
     for key in _BEST:
@@ -118,6 +123,7 @@ def summarise(
         "rounds_completed": final.get("round", 0),
         "final": final,
         "best": best,
+        "best_by_val": best_by_val(rows),
         "targets": reached,
         "failures": dict(sorted(failures.items())),
         "rounds_aggregated": rounds_aggregated,
@@ -143,6 +149,18 @@ def nothing_aggregated(summary: Mapping[str, Any]) -> str | None:
         f"(failures: {counts}), so the global model never trained; each client's reason "
         "is printed as a warning when it fails"
     )
+
+
+def best_by_val(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The round, validation accuracy and test metrics of the row with the highest
+    `val_acc` (the earliest on ties), or None without validation: a model chosen by
+    validation, whose test metrics are then an unbiased report (`best` picks each test
+    metric's best round on the test set itself, which is no model selection)."""
+    scored = [r for r in rows if _is_number(r.get("val_acc"))]
+    if not scored:
+        return None
+    chosen = max(scored, key=lambda r: r["val_acc"])  # max keeps the first of equal values
+    return {k: chosen.get(k) for k in _BY_VAL}
 
 
 def _is_number(v: Any) -> bool:

@@ -10,8 +10,8 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 - `after_training(outcome)`: anything due once the round's results are aggregated (the
   simulator advances its clock here);
 - `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
-- `local_scores(rnd, outcome, evaluated)`: each locally evaluated client's accuracy and
-  group;
+- `local_scores(rnd, outcome, evaluated, split)`: each locally evaluated client's accuracy,
+  loss and group on its local test split (or its validation split);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
@@ -36,16 +36,19 @@ from torch import nn
 from hetfl.core.client import ClientProgram
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, ClientTask, EvalModel, State
+from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.outputs import MetricsLog, Target, summarise, write_json
 from hetfl.engine.progress import Progress
 from hetfl.engine.steps import (
     Counters,
+    LocalScore,
+    Pooled,
     RoundOutcome,
     evaluate_global,
     every_client_failed,
     mean_local_accuracy,
+    mean_local_scores,
     metrics_row,
 )
 from hetfl.systems.costs import MacCounter
@@ -106,10 +109,14 @@ class RoundLoop(ABC):
         run_dir: Path,
         info: dict[str, Any] | None = None,
         progress: Progress | None = None,
+        validation: Pooled = (),
     ) -> None:
+        """`validation` holds all clients' validation samples (`pooled_validation`; empty
+        without `data.validation`)."""
         self.strategy = strategy
         self.program = program
         self.x_test, self.y_test = test
+        self.validation = validation
         self.settings = settings
         self.run_dir = Path(run_dir)
         self.info = dict(info or {})
@@ -179,14 +186,27 @@ class RoundLoop(ABC):
 
     def evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
         """The round's metrics row (without `wall_time_s`): the strategy's models on the
-        global test set, then local accuracies unless `local_eval` is "none"."""
+        global test set, then local accuracies unless `local_eval` is "none".
+
+        `val_acc`/`val_loss` score the model `global_acc` scores, on the pooled validation
+        samples; a method without a global model (private layers) is scored as `local_acc`
+        is, each locally evaluated client's model on its own validation split, unweighted.
+        """
         scores = evaluate_global(
-            self.strategy, self.program, (self.x_test, self.y_test), partial(self.stats_pass, rnd)
+            self.strategy,
+            self.program,
+            (self.x_test, self.y_test),
+            partial(self.stats_pass, rnd),
+            self.validation,
         )
         local_acc = None
         if self.settings.local_eval != "none":
             local = self.local_scores(rnd, outcome, scores.models)
             local_acc = mean_local_accuracy(local, scores.groups)
+            if self.validation and scores.global_acc is None:  # no global model
+                scores.val_acc, scores.val_loss = mean_local_scores(
+                    self.local_scores(rnd, outcome, scores.models, "validation")
+                )
         return metrics_row(rnd, outcome, scores, local_acc, self.counters, self.sim_time_s())
 
     # -- the engine's hooks -------------------------------------------------------------
@@ -208,12 +228,16 @@ class RoundLoop(ABC):
 
     @abstractmethod
     def local_scores(
-        self, rnd: int, outcome: RoundOutcome, evaluated: Mapping[str, State]
-    ) -> list[tuple[float, str | None]]:
-        """(accuracy, group) of each client evaluated on its local test split, as
-        `settings.local_eval` ("sampled" or "all") asks, each by the task
-        `strategy.eval_task(info, evaluated)` gives (`evaluated`: the round's globally
-        evaluated models, as tested, by name)."""
+        self,
+        rnd: int,
+        outcome: RoundOutcome,
+        evaluated: Mapping[str, State],
+        split: EvalSplit = "test",
+    ) -> list[LocalScore]:
+        """The score of each client evaluated on its own `split` (its local test split or
+        its validation split), as `settings.local_eval` ("sampled" or "all") asks, each by
+        the task `strategy.eval_task(info, evaluated)` gives (`evaluated`: the round's
+        globally evaluated models, as tested, by name)."""
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
         """Called once the round's results are aggregated, before evaluation."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from hetfl.core.server_program import ServerResult
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
+    ClientData,
     ClientResult,
     ClientTask,
     ClientTimes,
@@ -97,14 +98,36 @@ def charge_result(
 @dataclass
 class GlobalScores:
     """The strategy's evaluated models on the global test set: the first one's accuracy and
-    loss (None when the method has no global model), each grouped model's accuracy, and
-    each model's tensors as tested (after its statistics pass), by name, for the
-    strategy's local evaluation (`Strategy.eval_task(info, evaluated)`)."""
+    loss (None when the method has no global model), each grouped model's accuracy, each
+    model's tensors as tested (after its statistics pass), by name, for the strategy's
+    local evaluation (`Strategy.eval_task(info, evaluated)`); `val_acc`/`val_loss` are the
+    main model's on the validation splits (None without)."""
 
     global_acc: float | None = None
     test_loss: float | None = None
     groups: Groups = field(default_factory=dict)
     models: dict[str, State] = field(default_factory=dict)
+    val_acc: float | None = None
+    val_loss: float | None = None
+
+
+#: The pooled validation samples of all clients: one (x, y) per input shape, clients in
+#: id order (client views may resize some clients' images).
+Pooled = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+def pooled_validation(clients: Sequence[ClientData]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every client's validation split, in client id order, concatenated per input shape;
+    empty when no client holds one."""
+    by_shape: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for c in sorted(clients, key=lambda c: c.cid):
+        x, y = c.split("validation")
+        if y.numel():
+            by_shape.setdefault(tuple(x.shape[1:]), []).append((x, y))
+    return [
+        (torch.cat([x for x, _ in splits]), torch.cat([y for _, y in splits]))
+        for splits in by_shape.values()
+    ]
 
 
 def evaluate_global(
@@ -112,8 +135,10 @@ def evaluate_global(
     program: ClientProgram,
     test: tuple[torch.Tensor, torch.Tensor],
     stats_pass: Callable[[nn.Module, EvalModel], None] | None,
+    validation: Pooled = (),
 ) -> GlobalScores:
-    """Test every model `strategy.eval_models` names on the global test set.
+    """Test every model `strategy.eval_models` names on the global test set, and the main
+    one (after its statistics pass, if it has one) also on the pooled `validation` samples.
 
     `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
     clients' training data for a model with `em.stats_pass` (`hetfl.engine.statistics`:
@@ -137,23 +162,46 @@ def evaluate_global(
         scores.models[em.name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if i == 0:
             scores.global_acc, scores.test_loss = correct / n, loss_sum / n
+            if validation:
+                scores.val_acc, scores.val_loss = _pooled_scores(model, validation)
         if em.group is not None:
             scores.groups[em.group] = {"acc": correct / n, "n": n}
     return scores
 
 
-def mean_local_accuracy(
-    evaluated: Sequence[tuple[float, str | None]], groups: Groups
-) -> float | None:
+def _pooled_scores(model: nn.Module, pooled: Pooled) -> tuple[float, float]:
+    """(accuracy, mean loss) of `model` over every sample of `pooled`."""
+    totals = [evaluate_model(model, x, y) for x, y in pooled]
+    n = sum(t[2] for t in totals)
+    return sum(t[0] for t in totals) / n, sum(t[1] for t in totals) / n
+
+
+class LocalScore(NamedTuple):
+    """One client's model evaluated on one of its own splits (`EvalTask.split`)."""
+
+    acc: float
+    loss: float
+    group: str | None
+
+
+def mean_local_accuracy(evaluated: Sequence[LocalScore], groups: Groups) -> float | None:
     """The unweighted mean of per-client local accuracies (None if no client was
     evaluated); each client group's mean and count are added to `groups`."""
     per_group: dict[str, list[float]] = {}
-    for acc, group in evaluated:
-        if group is not None:
-            per_group.setdefault(group, []).append(acc)
+    for score in evaluated:
+        if score.group is not None:
+            per_group.setdefault(score.group, []).append(score.acc)
     for g, values in per_group.items():
         groups[g] = {"acc": sum(values) / len(values), "n": len(values)}
-    return sum(a for a, _ in evaluated) / len(evaluated) if evaluated else None
+    return mean_local_scores(evaluated)[0]
+
+
+def mean_local_scores(evaluated: Sequence[LocalScore]) -> tuple[float | None, float | None]:
+    """The unweighted means over clients of accuracy and loss (None if none was evaluated)."""
+    if not evaluated:
+        return None, None
+    n = len(evaluated)
+    return sum(s.acc for s in evaluated) / n, sum(s.loss for s in evaluated) / n
 
 
 def metrics_row(
@@ -182,4 +230,6 @@ def metrics_row(
         macs=counters.macs,
         sim_time_s=sim_time_s,
         groups=scores.groups,
+        val_acc=scores.val_acc,
+        val_loss=scores.val_loss,
     )

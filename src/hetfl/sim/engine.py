@@ -43,6 +43,7 @@ from hetfl.core.types import (
     ClientTask,
     ClientTimes,
     EvalModel,
+    EvalSplit,
     Failure,
     Problem,
     State,
@@ -50,7 +51,7 @@ from hetfl.core.types import (
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import pooled_bn_statistics
-from hetfl.engine.steps import RoundOutcome, charge_result
+from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import ProfileSchedule
 
@@ -72,7 +73,9 @@ class Simulation(RoundLoop):
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
         capacity); the strategy sees it in `ClientInfo.attrs`."""
-        super().__init__(strategy, program, test, settings, run_dir, info, progress)
+        super().__init__(
+            strategy, program, test, settings, run_dir, info, progress, pooled_validation(clients)
+        )
         self.clients = {c.cid: c for c in clients}
         declared = attrs or {}
         unknown = set(declared) - set(self.clients)
@@ -203,20 +206,24 @@ class Simulation(RoundLoop):
         return None if self.clock is None else self.counters.sim_time_s
 
     def local_scores(
-        self, rnd: int, outcome: RoundOutcome, evaluated: Mapping[str, State]
-    ) -> list[tuple[float, str | None]]:
-        """Each sampled (or each ever trained) client on its own test split, with its own
+        self,
+        rnd: int,
+        outcome: RoundOutcome,
+        evaluated: Mapping[str, State],
+        split: EvalSplit = "test",
+    ) -> list[LocalScore]:
+        """Each sampled (or each ever trained) client on its own `split`, with its own
         private state."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        scores: list[tuple[float, str | None]] = []
+        scores: list[LocalScore] = []
         for cid in cids:
             data = self.clients[cid]
-            if data.y_test.numel() == 0:
+            if data.split(split)[1].numel() == 0:
                 continue
-            task = self.strategy.eval_task(self.infos[cid], evaluated)
-            correct, _, n = self.program.evaluate(task, data, self.store.get(cid))
-            scores.append((correct / n, task.group))
+            task = replace(self.strategy.eval_task(self.infos[cid], evaluated), split=split)
+            correct, loss_sum, n = self.program.evaluate(task, data, self.store.get(cid))
+            scores.append(LocalScore(correct / n, loss_sum / n, task.group))
         return scores
 
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:

@@ -97,7 +97,8 @@ def test_gate_switches_the_term_on_and_off():
 def _fit(hooks, data: ClientData, payload, config) -> tuple[dict, dict]:
     family = PlainFamily("linear", (3,), 2)
     task = ClientTask(data.cid, family.global_spec([]), payload, full_map(payload), config)
-    out = ClientProgram(family, hooks).fit(task, data, {}, torch_generator(0, 1, data.cid, "train"))
+    generator = torch_generator(0, 1, data.cid, "train")
+    out = ClientProgram(family, hooks).fit(task, data, {}, generator, info=data.info())
     return out.result.tensors, out.result.extras
 
 
@@ -154,7 +155,8 @@ def test_thresholding_hooks_after_one_sgd_step_by_hand():
     config = {"lr": lr, "steps": 1, "batch_size": 5}
     task = ClientTask(0, family.global_spec([]), payload, full_map(payload), config)
     hooks = ThresholdingHooks("head.weight", (3, 4), alpha=alpha, theta=1)
-    res = ClientProgram(family, hooks).fit(task, data, {}, torch_generator(0, 1, 0, "train")).result
+    generator = torch_generator(0, 1, 0, "train")
+    res = ClientProgram(family, hooks).fit(task, data, {}, generator, info=data.info()).result
     # one full-batch step of softmax cross-entropy: grad = (softmax - onehot)^T x / B
     p = torch.softmax(x @ w0.T + b0, dim=1)
     err = (p - torch.nn.functional.one_hot(y, 3).double()) / 5
@@ -197,7 +199,9 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
     program = ClientProgram(family, hooks)
     results = [
-        program.fit(t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train")).result
+        program.fit(
+            t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid]
+        ).result
         for t in tasks
     ]
     new = strategy.aggregate(1, results, [])
@@ -214,7 +218,9 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     # and the regulariser mattered: FedNova's step from the unregularised clients differs
     unregularised = ClientProgram(family, RademacherHooks(0.0))
     plain = [
-        unregularised.fit(t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train")).result
+        unregularised.fit(
+            t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid]
+        ).result
         for t in tasks
     ]
     assert not torch.allclose(strategy.aggregate(1, plain, [])["head.weight"], new["head.weight"])

@@ -343,7 +343,7 @@ def test_fjord_records_one_pass_per_step_at_the_drawn_width(tmp_path) -> None:
     info = sim.infos[7]  # the last client in id order holds the widest tier
     task = sim.strategy.plan(1, [info], torch_generator(0, 1, -1, "sample"))[0]
     data = sim.clients[7]
-    out = sim.program.fit(task, data, {}, torch_generator(0, 1, 7, "train"))
+    out = sim.program.fit(task, data, {}, torch_generator(0, 1, 7, "train"), info=info)
     widths = {r.width for r in out.result.passes}
     assert widths <= {0.25, 0.5, 1.0} and len(widths) > 1
     assert sum(r.count for r in out.result.passes) == out.result.num_steps

@@ -282,6 +282,10 @@ class RunConfig(_Strict):
     )
     targets: list[TargetConfig] = Field(default_factory=list)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    deterministic: bool = Field(
+        True,
+        description="on CUDA, deterministic kernels (false is faster and not bit-reproducible)",
+    )
     threads: int | None = Field(None, ge=1)
     output_dir: str = "runs"
     deploy: DeployConfig = DeployConfig()

@@ -21,6 +21,7 @@ from hetfl.algorithms.fedalrc import (
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import ClientProgram, LocalTraining, TrainContext, batch_order
 from hetfl.core.rng import torch_generator
+from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
@@ -379,14 +380,40 @@ def test_config_names_the_bad_option():
         validate({"algorithm": "fedalrc", "options": {"fedalrc": {"alpha": -1}}})
 
 
-def test_ready_configs_validate():
+def test_ready_configs_validate_and_decay_the_local_lr_as_the_paper():
+    """Every point of every FedALRC config, comparators included: the local lr x0.1 after
+    50 % and x0.01 after 75 % of the rounds (§V-A, as FedNova); the image setting runs 30
+    rounds (rounds 16-22 at x0.1, 23-30 at x0.01)."""
     files = sorted(CONFIGS.glob("fedalrc_*.yaml"))
-    assert len(files) >= 3
+    assert len(files) >= 7
     for path in files:
         points = expand_sweep(load_raw(path))
         assert points
         for _, point in points:
-            validate(point)
+            cfg = validate(point)
+            rounds = cfg.train.rounds
+            schedule = LrSchedule.from_config(cfg.train.lr_schedule.model_dump())
+            half, three_quarters = rounds // 2, math.ceil(0.75 * rounds)
+            at = [1, half, half + 1, three_quarters - 1, three_quarters + 1, rounds]
+            got = [schedule.factor(r, rounds) for r in at]
+            assert got == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01]), (path.name, cfg.algorithm)
+            if "fmnist" in path.name:
+                assert rounds == 30, path.name
+
+
+def test_server_step_sweep_tunes_each_method_over_the_papers_grid():
+    points = expand_sweep(load_raw(CONFIGS / "fedalrc_server_lr_fmnist.yaml"))
+    configs = [validate(point) for _, point in points]
+    grid = [0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5]
+    chosen = sorted((c.algorithm, c.algorithm_options()["server_lr"]) for c in configs)
+    assert chosen == sorted((a, lr) for a in ("ada-fedalrc", "fedadagrad") for lr in grid)
+    assert {c.seed for c in configs} == {0}
+    assert {
+        (c.algorithm_options()["tau"], c.algorithm_options().get("v0", 1e-3)) for c in configs
+    } == {(1e-3, 1e-3)}  # eps = 1e-3 and v0 = eps for both (Algorithm 3, line 1)
+    assert points[0][0] == "fedadagrad-s0-server_lr=0.001"
+    with pytest.raises(ConfigError, match="an empty key in a comma-separated list"):
+        expand_sweep({"sweep": {"options.fedadagrad.server_lr,": [0.1]}})
 
 
 # -- data and models ---------------------------------------------------------------------------

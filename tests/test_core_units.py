@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -467,9 +468,9 @@ def test_client_fit_with_cached_model_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
     program = ClientProgram(family, seed=0)
     task = _task(0, spec, imap, state)
-    first = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"))  # warms the cache
+    first = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())  # warm
     with _GlobalRngUnchanged():
-        again = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"))
+        again = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())
     for k in first.result.tensors:
         assert torch.equal(first.result.tensors[k], again.result.tensors[k])
     assert not torch.equal(first.result.tensors["head.weight"], state["head.weight"])
@@ -479,17 +480,40 @@ def test_client_fit_first_build_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
     program = ClientProgram(family, seed=0)
     with _GlobalRngUnchanged():
-        program.fit(_task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"))
+        program.fit(
+            _task(0, spec, imap, state),
+            data,
+            {},
+            torch_generator(0, 1, 0, "train"),
+            info=data.info(),
+        )
 
 
 def test_client_fit_private_init_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
     program = ClientProgram(family, seed=0)
-    program.fit(_task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"))
+    program.fit(
+        _task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
+    )
     shared = [e for e in imap if not e.local.startswith("head.")]
+    as_client_1 = replace(data.info(), cid=1)
     with _GlobalRngUnchanged():
-        out = program.fit(_task(1, spec, shared, state), data, {}, torch_generator(0, 1, 1, "t"))
+        out = program.fit(
+            _task(1, spec, shared, state), data, {}, torch_generator(0, 1, 1, "t"), info=as_client_1
+        )
     assert sorted(out.private) == ["head.bias", "head.weight"]
+
+
+def test_client_fit_refuses_another_clients_info():
+    family, spec, imap, state, data = _mlp_setup()
+    with pytest.raises(ValueError, match="info is client 1's, the task is for client 0"):
+        ClientProgram(family).fit(
+            _task(0, spec, imap, state),
+            data,
+            {},
+            torch.Generator(),
+            info=replace(data.info(), cid=1),
+        )
 
 
 # -- keep_momentum: buffers as private state ------------------------------------------------------
@@ -502,7 +526,11 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
     config = {"lr": 0.1, "steps": 3, "batch_size": 4, "momentum": 0.9, "keep_momentum": keep}
     program = ClientProgram(family, seed=0)
     first = program.fit(
-        ClientTask(0, spec, dict(state), imap, config), data, {}, torch_generator(0, 1, 0, "t")
+        ClientTask(0, spec, dict(state), imap, config),
+        data,
+        {},
+        torch_generator(0, 1, 0, "t"),
+        info=data.info(),
     )
     assert sorted(first.private) == (sorted(f"momentum/{k}" for k in state) if keep else [])
     second = program.fit(
@@ -510,6 +538,7 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
         data,
         first.private,
         torch_generator(0, 2, 0, "t"),
+        info=data.info(),
     )
 
     model = family.build(spec)
@@ -534,8 +563,13 @@ def test_a_kept_buffer_of_another_shape_starts_afresh():
     config = {"lr": 0.1, "steps": 2, "batch_size": 4, "momentum": 0.9, "keep_momentum": True}
     task = ClientTask(0, spec, dict(state), imap, config)
     stale = {"momentum/head.weight": torch.ones(2, 2)}
-    fresh = ClientProgram(family, seed=0).fit(task, data, {}, torch_generator(0, 1, 0, "t"))
-    out = ClientProgram(family, seed=0).fit(task, data, stale, torch_generator(0, 1, 0, "t"))
+    info = data.info()
+    fresh = ClientProgram(family, seed=0).fit(
+        task, data, {}, torch_generator(0, 1, 0, "t"), info=info
+    )
+    out = ClientProgram(family, seed=0).fit(
+        task, data, stale, torch_generator(0, 1, 0, "t"), info=info
+    )
     for k in fresh.result.tensors:
         assert torch.equal(out.result.tensors[k], fresh.result.tensors[k])
     assert out.private["momentum/head.weight"].shape == state["head.weight"].shape
@@ -676,7 +710,11 @@ def _dropout_round(program, rnd, cids, state, data):
     config = {"lr": 0.5, "steps": 1, "batch_size": 4}
     return {
         c: program.fit(
-            ClientTask(c, spec, state, imap, config), data[c], {}, torch_generator(0, rnd, c, "t")
+            ClientTask(c, spec, state, imap, config),
+            data[c],
+            {},
+            torch_generator(0, rnd, c, "t"),
+            info=data[c].info(),
         ).result
         for c in cids
     }

@@ -21,6 +21,7 @@ from hetfl.algorithms.fedalrc import (
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import ClientProgram, LocalTraining, TrainContext, batch_order
 from hetfl.core.rng import torch_generator
+from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
@@ -97,7 +98,8 @@ def test_gate_switches_the_term_on_and_off():
 def _fit(hooks, data: ClientData, payload, config) -> tuple[dict, dict]:
     family = PlainFamily("linear", (3,), 2)
     task = ClientTask(data.cid, family.global_spec([]), payload, full_map(payload), config)
-    out = ClientProgram(family, hooks).fit(task, data, {}, torch_generator(0, 1, data.cid, "train"))
+    generator = torch_generator(0, 1, data.cid, "train")
+    out = ClientProgram(family, hooks).fit(task, data, {}, generator, info=data.info())
     return out.result.tensors, out.result.extras
 
 
@@ -154,7 +156,8 @@ def test_thresholding_hooks_after_one_sgd_step_by_hand():
     config = {"lr": lr, "steps": 1, "batch_size": 5}
     task = ClientTask(0, family.global_spec([]), payload, full_map(payload), config)
     hooks = ThresholdingHooks("head.weight", (3, 4), alpha=alpha, theta=1)
-    res = ClientProgram(family, hooks).fit(task, data, {}, torch_generator(0, 1, 0, "train")).result
+    generator = torch_generator(0, 1, 0, "train")
+    res = ClientProgram(family, hooks).fit(task, data, {}, generator, info=data.info()).result
     # one full-batch step of softmax cross-entropy: grad = (softmax - onehot)^T x / B
     p = torch.softmax(x @ w0.T + b0, dim=1)
     err = (p - torch.nn.functional.one_hot(y, 3).double()) / 5
@@ -197,7 +200,9 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
     program = ClientProgram(family, hooks)
     results = [
-        program.fit(t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train")).result
+        program.fit(
+            t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid]
+        ).result
         for t in tasks
     ]
     new = strategy.aggregate(1, results, [])
@@ -214,7 +219,9 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     # and the regulariser mattered: FedNova's step from the unregularised clients differs
     unregularised = ClientProgram(family, RademacherHooks(0.0))
     plain = [
-        unregularised.fit(t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train")).result
+        unregularised.fit(
+            t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid]
+        ).result
         for t in tasks
     ]
     assert not torch.allclose(strategy.aggregate(1, plain, [])["head.weight"], new["head.weight"])
@@ -229,26 +236,73 @@ def _skewed_federation(model: str):
     return PlainFamily(model, ds.input_shape, ds.num_classes), clients, global_test(ds, "cpu")
 
 
-def _final_state(name: str, opts: dict, model: str, tmp_path: Path) -> dict:
+def _final_state(name: str, opts: dict, model: str, train: dict, rounds: int, tmp_path: Path):
     family, clients, test = _skewed_federation(model)
-    train = {"lr": 0.05, "epochs": 2, "batch_size": 16, "weight_decay": 1e-3}
     strategy, hooks = ALGORITHMS.get(name).build(
         family, opts, clients_per_round=len(clients), train=train
     )
-    settings = RoundSettings(rounds=2, seed=0, local_eval="none", checkpoint_every=10)
+    settings = RoundSettings(rounds=rounds, seed=0, local_eval="none", checkpoint_every=10)
     sim = Simulation(strategy, ClientProgram(family, hooks), clients, test, settings, tmp_path)
     sim.run()
     return sim.strategy.global_state
 
 
-@pytest.mark.parametrize(("model", "opts"), [("mlp", {}), ("linear", {"theta": 2})])
-def test_alpha_zero_gamma_one_is_fednova(model, opts, tmp_path):
-    nova = _final_state("fednova", {}, model, tmp_path / "nova")
-    alrc = _final_state("fedalrc", {**opts, "alpha": 0.0, "gamma": 1.0}, model, tmp_path / "a")
-    scaled = _final_state("fedalrc", {**opts, "alpha": 0.0, "gamma": 1.5}, model, tmp_path / "g")
-    for k in nova:
-        torch.testing.assert_close(alrc[k], nova[k], rtol=0, atol=1e-6)
-    assert any(not torch.allclose(scaled[k], nova[k]) for k in nova)
+def _hand_made_round(strategy, clients: list[tuple[int, int, int]]) -> tuple[dict, list, list]:
+    """The global state in float64 and one result per (n_k, steps ϖ_k, seed): the client's
+    weights w_k = w - g_k with a seeded g_k, its normaliser ‖a_k‖₁ = ϖ_k (plain SGD)."""
+    w = {k: v.double() for k, v in strategy.global_state.items()}
+    results, updates = [], []
+    for cid, (n, steps, seed) in enumerate(clients):
+        g = {
+            k: torch.randn(v.shape, generator=torch_generator(seed, 0, cid, "g"))
+            for k, v in w.items()
+        }
+        sent = {k: (w[k] - g[k].double()).float() for k in w}
+        results.append(
+            ClientResult(cid, sent, n, steps, 0.0, extras={"a_norm": steps, "steps": steps})
+        )
+        updates.append((n, steps, {k: w[k] - sent[k].double() for k in w}))
+    return w, results, updates
+
+
+@pytest.mark.parametrize(
+    ("name", "opts", "gamma"),
+    [("fednova", {}, 1.0), ("fedalrc", {"gamma": 1.0}, 1.0), ("fedalrc", {"gamma": 1.5}, 1.5)],
+)
+def test_server_step_is_fednovas_formula_times_gamma(name, opts, gamma):
+    """FedNova's step written out (Wang et al. 2020, §4; FedALRC, Algorithm 1 and Table IV):
+    w ← w − γ (Σ_k p_k ϖ_k) Σ_k p_k (w − w_k) / ϖ_k with p_k = n_k / Σ n, on hand-made
+    results with unequal sizes and step counts."""
+    family = PlainFamily("linear", (8,), 6)  # a 6 x 8 weight: FedALRC's theta = 5 fits
+    strategy, _ = ALGORITHMS.get(name).build(family, opts, clients_per_round=3, train={})
+    infos = [ClientInfo(cid, 10, (8,), tuple(range(6))) for cid in range(3)]
+    strategy.setup(infos, torch_generator(0, 0, -1, "init"))
+    strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))  # all three
+    w, results, updates = _hand_made_round(strategy, [(30, 2, 1), (10, 6, 2), (20, 3, 3)])
+    new = strategy.aggregate(1, results, [])
+    n_total = sum(n for n, _, _ in updates)
+    p = [n / n_total for n, _, _ in updates]
+    tau_eff = sum(pk * steps for pk, (_, steps, _) in zip(p, updates, strict=True))
+    for k in w:
+        normalised = sum(pk * g[k] / steps for pk, (_, steps, g) in zip(p, updates, strict=True))
+        expected = w[k] - gamma * tau_eff * normalised
+        torch.testing.assert_close(new[k].double(), expected, rtol=0, atol=1e-6)
+
+
+def test_ada_fedalrc_with_equal_steps_is_fedadagrad_with_v0_eps(tmp_path):
+    """With γ = 1, α = 0 and equal step counts, τ_eff Σ p_k (w − w_k)/ϖ = Σ p_k (w − w_k):
+    Ada-FedALRC's direction is FedAdagrad's pseudo-gradient, and with v⁰ = eps (Algorithm 3,
+    line 1) both take the same Adagrad steps (Reddi et al. 2021, Algorithm 2, β1 = 0)."""
+    train = {"lr": 0.05, "steps": 3, "batch_size": 16}
+    ada = {"gamma": 1.0, "alpha": 0.0, "server_lr": 0.05}
+    alrc = _final_state("ada-fedalrc", ada, "mlp", train, 3, tmp_path / "alrc")
+    adagrad = {"server_lr": 0.05, "v0": 1e-3}
+    reference = _final_state("fedadagrad", adagrad, "mlp", train, 3, tmp_path / "adagrad")
+    for k in reference:
+        torch.testing.assert_close(alrc[k], reference[k], rtol=0, atol=1e-6)
+    # and the comparison can tell: FedAdagrad's own v0 = eps² steps elsewhere
+    default_v0 = _final_state("fedadagrad", {"server_lr": 0.05}, "mlp", train, 3, tmp_path / "d")
+    assert any(not torch.allclose(default_v0[k], reference[k], atol=1e-4) for k in reference)
 
 
 # -- Ada-FedALRC server step ----------------------------------------------------------------
@@ -326,14 +380,40 @@ def test_config_names_the_bad_option():
         validate({"algorithm": "fedalrc", "options": {"fedalrc": {"alpha": -1}}})
 
 
-def test_ready_configs_validate():
+def test_ready_configs_validate_and_decay_the_local_lr_as_the_paper():
+    """Every point of every FedALRC config, comparators included: the local lr x0.1 after
+    50 % and x0.01 after 75 % of the rounds (§V-A, as FedNova); the image setting runs 30
+    rounds (rounds 16-22 at x0.1, 23-30 at x0.01)."""
     files = sorted(CONFIGS.glob("fedalrc_*.yaml"))
-    assert len(files) >= 3
+    assert len(files) >= 7
     for path in files:
         points = expand_sweep(load_raw(path))
         assert points
         for _, point in points:
-            validate(point)
+            cfg = validate(point)
+            rounds = cfg.train.rounds
+            schedule = LrSchedule.from_config(cfg.train.lr_schedule.model_dump())
+            half, three_quarters = rounds // 2, math.ceil(0.75 * rounds)
+            at = [1, half, half + 1, three_quarters - 1, three_quarters + 1, rounds]
+            got = [schedule.factor(r, rounds) for r in at]
+            assert got == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01]), (path.name, cfg.algorithm)
+            if "fmnist" in path.name:
+                assert rounds == 30, path.name
+
+
+def test_server_step_sweep_tunes_each_method_over_the_papers_grid():
+    points = expand_sweep(load_raw(CONFIGS / "fedalrc_server_lr_fmnist.yaml"))
+    configs = [validate(point) for _, point in points]
+    grid = [0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5]
+    chosen = sorted((c.algorithm, c.algorithm_options()["server_lr"]) for c in configs)
+    assert chosen == sorted((a, lr) for a in ("ada-fedalrc", "fedadagrad") for lr in grid)
+    assert {c.seed for c in configs} == {0}
+    assert {
+        (c.algorithm_options()["tau"], c.algorithm_options().get("v0", 1e-3)) for c in configs
+    } == {(1e-3, 1e-3)}  # eps = 1e-3 and v0 = eps for both (Algorithm 3, line 1)
+    assert points[0][0] == "fedadagrad-s0-server_lr=0.001"
+    with pytest.raises(ConfigError, match="an empty key in a comma-separated list"):
+        expand_sweep({"sweep": {"options.fedadagrad.server_lr,": [0.1]}})
 
 
 # -- data and models ---------------------------------------------------------------------------

@@ -125,7 +125,8 @@ def test_client_normaliser_follows_the_recursion(momentum, mu, lr, steps):
     config = {"lr": lr, "steps": steps, "batch_size": 8, "momentum": momentum}
     task = ClientTask(0, Spec(model="linear-bn"), {}, full_map(_Family.names), config)
     program = ClientProgram(_Family(), NormalisedHooks(mu))
-    extras = program.fit(task, data, {}, torch_generator(0, 1, 0, "train")).result.extras
+    generator = torch_generator(0, 1, 0, "train")
+    extras = program.fit(task, data, {}, generator, info=data.info()).result.extras
     rho, q = momentum, 1 - lr * mu
     if momentum == 0 and mu == 0:
         expected = steps

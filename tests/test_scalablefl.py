@@ -227,7 +227,7 @@ def test_private_parameters_never_leave_the_client() -> None:
         private = norm_tensor_names(model) | head_tensor_names(model)
         assert not private & set(task.payload)
         assert task.config["decay_norm_and_bias"] is False
-        out = program.fit(task, data, {}, torch_generator(0, 1, info.cid, "train"))
+        out = program.fit(task, data, {}, torch_generator(0, 1, info.cid, "train"), info=info)
         assert set(out.result.tensors) == set(local_names(task.index_map)) == set(task.payload)
         assert private == set(out.private)  # BN (with running statistics) and head stay
 

@@ -239,4 +239,4 @@ def test_split_hooks_without_a_channel_fail_clearly():
     task = strategy.plan(1, [clients[0].info()], torch.Generator().manual_seed(0))[0]
     program = ClientProgram(family, _ClientSide(), seed=0)
     with pytest.raises(RuntimeError, match="gave no channel"):
-        program.fit(task, clients[0], {}, torch.Generator().manual_seed(0))
+        program.fit(task, clients[0], {}, torch.Generator().manual_seed(0), info=clients[0].info())

@@ -82,7 +82,7 @@ def test_fedprox_two_steps_match_hand_computation():
         {"lr": lr, "steps": 2, "batch_size": 6},
     )
     out = ClientProgram(_LinearFamily(), ProximalHooks(mu)).fit(
-        task, data, {}, torch_generator(0, 1, 0, "train")
+        task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
     )
 
     def grad(w):
@@ -95,7 +95,9 @@ def test_fedprox_two_steps_match_hand_computation():
     w2 = {k: w1[k] - lr * (g1[k] + mu * (w1[k] - w0[k])) for k in w0}
     for k in w0:
         torch.testing.assert_close(out.result.tensors[k], w2[k], rtol=1e-6, atol=1e-6)
-    plain = ClientProgram(_LinearFamily()).fit(task, data, {}, torch_generator(0, 1, 0, "train"))
+    plain = ClientProgram(_LinearFamily()).fit(
+        task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
+    )
     assert not torch.allclose(plain.result.tensors["weight"], w2["weight"], atol=1e-5)
 
 
@@ -107,8 +109,8 @@ class _SendsConstants(ClientProgram):
         super().__init__(family, ClientHooks(), seed=0)
         self.values = values
 
-    def fit(self, task, data, private, generator):
-        out = super().fit(task, data, private, generator)
+    def fit(self, task, data, private, generator, *, info, channel=None):
+        out = super().fit(task, data, private, generator, info=info, channel=channel)
         value = self.values[task.cid]
         out.result.tensors = {k: torch.full_like(v, value) for k, v in out.result.tensors.items()}
         return out
@@ -149,7 +151,8 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
         program = ClientProgram(family, ClientHooks(), seed=0)
         results = {}
         for t in order:
-            out = program.fit(t, sim.clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"))
+            generator = torch_generator(0, 1, t.cid, "train")
+            out = program.fit(t, sim.clients[t.cid], {}, generator, info=sim.infos[t.cid])
             results[t.cid] = out.result
         return sim.strategy.aggregate(1, [results[c] for c in sorted(results)], [])
 
@@ -161,10 +164,10 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
 class _FaultyProgram(ClientProgram):
     """Client 1 raises, client 2 returns NaN, client 3 returns a wrong shape."""
 
-    def fit(self, task, data, private, generator) -> ClientOutput:
+    def fit(self, task, data, private, generator, **kwargs) -> ClientOutput:
         if task.cid == 1:
             raise RuntimeError("device lost")
-        out = super().fit(task, data, private, generator)
+        out = super().fit(task, data, private, generator, **kwargs)
         name = next(iter(out.result.tensors))
         if task.cid == 2:
             out.result.tensors[name] = torch.full_like(out.result.tensors[name], float("nan"))

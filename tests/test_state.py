@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,6 +166,66 @@ def test_index_tensor_selector_aggregates_into_the_selected_rows():
 
 
 # -- per-name weights and scales -------------------------------------------------------------------
+def _numpy_reference(shape, previous, entries):
+    """Per-element weighted averages by a plain loop over every local element in float64:
+    `entries` are (local values, per-dimension positions, weight, scale, mask or None)."""
+    total, count = np.zeros(shape), np.zeros(shape)
+    for x, positions, w, s, mask in entries:
+        x = x.double().numpy()
+        for local in np.ndindex(x.shape):
+            g = tuple(int(positions[d][i]) for d, i in enumerate(local))
+            m = w * (1.0 if mask is None else float(mask[local]))
+            total[g] += x[local] * m * s
+            count[g] += m
+    return np.where(count > 0, total / np.where(count > 0, count, 1.0), previous.double().numpy())
+
+
+def test_index_tensors_with_repeats_equal_a_float64_loop():
+    """Repeated positions in two dimensions, a slice in the third, two clients, a mask and a
+    scale. Values, weights and scales are multiples of 1/16 with few digits, so every float64
+    sum is exact in any order and the comparison is exact."""
+    shape = (5, 4, 3)
+    previous = torch.randint(-9, 9, shape, generator=_gen(0)).double() / 4
+    rows, cols = torch.tensor([0, 2, 0, 4, 2, 0]), torch.tensor([3, 3, 1])
+    index = (rows, cols, slice(1, 3))
+    positions = [rows.tolist(), cols.tolist(), [1, 2]]
+    a = torch.randint(-16, 16, (6, 3, 2), generator=_gen(1)).double() / 8
+    b = torch.randint(-16, 16, (6, 3, 2), generator=_gen(2)).double() / 8
+    mask = (torch.rand(6, 3, 2, generator=_gen(3)) > 0.3).double()
+    acc = Accumulator({"t": previous})
+    acc.add({"x": a}, [MapEntry("x", "t", index)], weight=0.5)
+    acc.add({"x": b}, [MapEntry("x", "t", index, mask)], weight=3.0, scale={"t": 0.25})
+    got = acc.result({"t": previous})["t"]
+    expected = _numpy_reference(
+        shape, previous, [(a, positions, 0.5, 1.0, None), (b, positions, 3.0, 0.25, mask)]
+    )
+    assert torch.equal(got, torch.from_numpy(expected))
+    assert not torch.equal(got, previous)  # (0, 3) takes six slices: the repeats were summed
+
+
+def test_index_tensor_path_calls_no_atomic_accumulation(monkeypatch):
+    """`index_put_(accumulate=True)` and `index_add_` on CUDA add repeated positions in an
+    order that may change between runs; the accumulator must not call them."""
+    called = []
+    put, add = torch.Tensor.index_put_, torch.Tensor.index_add_
+
+    def spy_put(self, indices, values, accumulate=False):
+        called.append(f"index_put_(accumulate={accumulate})")
+        return put(self, indices, values, accumulate)
+
+    def spy_add(self, *args, **kwargs):
+        called.append("index_add_")
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "index_put_", spy_put)
+    monkeypatch.setattr(torch.Tensor, "index_add_", spy_add)
+    acc = Accumulator({"t": torch.zeros(4, 3)})
+    index = (torch.tensor([1, 1, 3]), torch.tensor([0, 2]))
+    acc.add({"x": torch.ones(3, 2)}, [MapEntry("x", "t", index)])
+    assert "index_add_" not in called and "index_put_(accumulate=True)" not in called
+    assert acc.covered("t")[1].tolist() == [2.0, 0.0, 2.0]
+
+
 def test_per_name_weights_missing_name_means_zero():
     prev = {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([-1.0, -2.0])}
     imap = full_map(["a", "b"])

@@ -343,7 +343,7 @@ def test_fjord_records_one_pass_per_step_at_the_drawn_width(tmp_path) -> None:
     info = sim.infos[7]  # the last client in id order holds the widest tier
     task = sim.strategy.plan(1, [info], torch_generator(0, 1, -1, "sample"))[0]
     data = sim.clients[7]
-    out = sim.program.fit(task, data, {}, torch_generator(0, 1, 7, "train"))
+    out = sim.program.fit(task, data, {}, torch_generator(0, 1, 7, "train"), info=info)
     widths = {r.width for r in out.result.passes}
     assert widths <= {0.25, 0.5, 1.0} and len(widths) > 1
     assert sum(r.count for r in out.result.passes) == out.result.num_steps
@@ -495,12 +495,12 @@ def test_a_private_tensor_that_misfits_the_model_names_the_client_and_the_tensor
     task = ClientTask(3, narrow, payload, imap, {"lr": 0.1, "steps": 1, "batch_size": 4})
     expected = r"client 3: its private tensor 'head.weight' has shape \(4, 32\).* needs \(4, 16\)"
     with pytest.raises(ValueError, match=expected):
-        program.fit(task, data, kept, torch_generator(0, 1, 3, "train"))
+        program.fit(task, data, kept, torch_generator(0, 1, 3, "train"), info=data.info())
     with pytest.raises(ValueError, match=expected):
         program.evaluate(EvalTask(3, narrow, payload, imap), data, kept)
     shared = [e for e in fam.index_map(wide) if not e.local.startswith("head.")]
     same_width = ClientTask(3, wide, extract(_global(fam), shared), shared, task.config)
-    out = program.fit(same_width, data, kept, torch_generator(0, 1, 3, "train"))
+    out = program.fit(same_width, data, kept, torch_generator(0, 1, 3, "train"), info=data.info())
     assert out.private["head.weight"].shape == (4, 32)
 
 
@@ -540,7 +540,9 @@ def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
     x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     y = torch.tensor([0, 2, 2, 0, 2, 0, 0, 2])
     data = ClientData(0, x, y, x[:0], y[:0], 4)
-    out = ClientProgram(fam, hooks, seed=0).fit(task, data, {}, torch_generator(0, 1, 0, "train"))
+    out = ClientProgram(fam, hooks, seed=0).fit(
+        task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
+    )
 
     model = fam.build(task.spec)
     model.load_state_dict(task.payload)

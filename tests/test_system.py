@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes
 from hetfl.core.types import PassRecord, Problem
+from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ARCHITECTURES, PlainFamily, make_family
 from hetfl.sim import Simulation
@@ -377,6 +379,40 @@ def test_sim_times_reach_the_next_plan_and_rounds_add_up(synthetic_federation, t
     assert per_round[0] == pytest.approx(max(strategy.seen_times[1].values()))
     assert all(t > 0 for t in per_round)
     assert summary["sim_clock"] == {"mode": "simulated", "reproducible": True}
+
+
+class _InfoRecorder(ClientHooks):
+    """Records, per client, the `ClientInfo.attrs` its local training was given."""
+
+    def __init__(self) -> None:
+        self.attrs: dict[int, list[dict]] = {}
+
+    def finish(self, ctx):
+        self.attrs.setdefault(ctx.task.cid, []).append(dict(ctx.info.attrs))
+        return {}
+
+
+def test_hooks_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
+    ds = load_synthetic(n_train=60, n_test=10, num_classes=3, shape=(4,), seed=0)
+    parts = PARTITIONERS.get("iid")(ds.y_train, 3, np.random.default_rng(0))
+    clients = build_clients(ds, parts, test_per_client=0, seed=0)
+    family = PlainFamily("linear", ds.input_shape, ds.num_classes)
+    strategy = _Recorder(family, clients_per_round=3, train=TRAIN)
+    hooks = _InfoRecorder()
+    declared = {c.cid: {"tier": c.cid % 2} for c in clients}
+    settings = RoundSettings(
+        rounds=2, seed=0, local_eval="none", system=SystemSettings(dtfl_profiles(1e8))
+    )
+    program = ClientProgram(family, hooks, seed=0)
+    test = global_test(ds, "cpu")
+    sim = Simulation(strategy, program, clients, test, settings, tmp_path, attrs=declared)
+    sim.run()
+    for cid, (first, second) in hooks.attrs.items():
+        assert first == declared[cid]  # round 1: what the client declared, nothing measured
+        assert second["tier"] == declared[cid]["tier"]
+        assert second["sim_times"].round == 1  # round 2: the times of round 1, as plan saw them
+        assert second["sim_times"].total_s == strategy.seen_times[1][cid]
+    assert sorted(hooks.attrs) == [c.cid for c in clients]
 
 
 def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, tmp_path):

@@ -295,6 +295,10 @@ class RunConfig(_Strict):
     )
     targets: list[TargetConfig] = Field(default_factory=list)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    deterministic: bool = Field(
+        True,
+        description="on CUDA, deterministic kernels (false is faster and not bit-reproducible)",
+    )
     threads: int | None = Field(None, ge=1)
     output_dir: str = "runs"
     deploy: DeployConfig = DeployConfig()
@@ -450,7 +454,9 @@ def expand_sweep(raw: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """One (point name, raw config) per combination of the `sweep:` values.
 
     Keys are `algorithm`, `seed` or any dotted key; names read `<algorithm>-s<seed>` plus
-    `-<key>=<value>` for every other swept key.
+    `-<key>=<value>` for every other swept key. A key that lists several dotted keys
+    separated by commas sets each value into all of them (one sweep dimension): a server
+    step tuned for two methods whose options live under their own names.
     """
     sweep = raw.get("sweep") or {}
     if not isinstance(sweep, Mapping):
@@ -468,7 +474,8 @@ def expand_sweep(raw: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for combo in itertools.product(*(sweep[k] for k in keys)):
         point = copy.deepcopy(base)
         for k, v in zip(keys, combo, strict=True):
-            set_dotted(point, k, v)
+            for target in _tied_keys(k):
+                set_dotted(point, target, v)
         extra = {k: v for k, v in zip(keys, combo, strict=True) if k not in ("algorithm", "seed")}
         points.append((_point_name(point, extra), point))
     names = [n for n, _ in points]
@@ -477,10 +484,21 @@ def expand_sweep(raw: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return points
 
 
+def _tied_keys(key: str) -> list[str]:
+    """The dotted keys a sweep key sets: itself, or each of a comma-separated list."""
+    keys = [k.strip() for k in key.split(",")]
+    if not all(keys):
+        raise ConfigError(
+            f"sweep.{key}: an empty key in a comma-separated list; write the dotted keys that "
+            "take the same value, e.g. 'options.fedadagrad.server_lr, options.fedyogi.server_lr'"
+        )
+    return keys
+
+
 def _point_name(point: Mapping[str, Any], extra: Mapping[str, Any]) -> str:
     name = f"{point.get('algorithm', 'fedavg')}-s{point.get('seed', 0)}"
     for k, v in extra.items():
-        name += f"-{k.split('.')[-1]}={v}"
+        name += f"-{_tied_keys(k)[0].split('.')[-1]}={v}"
     return name.replace("/", "_")
 
 

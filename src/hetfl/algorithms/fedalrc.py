@@ -1,34 +1,48 @@
 """FedALRC and Ada-FedALRC: Wei, Li, Liu and Wang, "Non-IID Federated Learning With Sharper
-Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algorithms 1-3, Tables IV-V, as METHODS.md §2
-resolves it.
+Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algorithms 1-3, Tables IV-V, §V.
 
 Reproduced:
 - Shallow (linear) models, Algorithm 1: plain local SGD with learning rate η_l and, after
   every step, partial singular-value thresholding of the weight matrix W (C x D): keep
   σ_1..σ_ϑ and set σ_j ← max(0, σ_j − α η_l) for j > ϑ. This is the proximal step of
-  α Σ_{j>ϑ} σ_j, the tail the objective and Theorem 2 penalise; the printed rule shrinks the
-  leading ϑ instead (METHODS.md §2.2 A1) and thresholds by the server η instead of η_l (A2).
-  The bias takes the plain gradient step.
+  α Σ_{j>ϑ} σ_j, the tail that the local objective (§IV-A) and Theorem 2 penalise; the rule
+  as printed in Algorithm 1 shrinks the leading ϑ instead, and thresholds by the server η
+  where the text says η_l. The bias takes the plain gradient step.
 - Deep models, Algorithm 2: the batch loss is (1/B) Σ_i ℓ_i + α ℜ with
   ℜ = (1/Q) Σ_q (1/(BC)) Σ_{i,c} ε^q_ic f_c(x_i), fresh Rademacher signs ε^q ∈ {±1}^{B x C}
-  per draw and batch, added only while the locality gate (1/B) Σ_i ℓ_i² ≤ r holds (r = 1,
-  ℓ* = 0, evaluated on detached losses; §2.3). ℜ has mean zero over ε: the term acts as
-  logit-space gradient noise (§2.3 A4); it is implemented literally, as the paper specifies.
+  per draw and batch, added only while the locality gate (1/B) Σ_i ℓ_i² ≤ r holds (r = 1 and
+  ℓ* = 0, §V-B; evaluated on detached losses). ℜ has mean zero over ε, so the term acts as
+  logit-space gradient noise; it is implemented literally, as the paper specifies.
 - Server, Algorithm 1 and Table IV: Δ_k = (w − w_k) / ϖ_k, Δ = Σ_k p_k Δ_k,
   w ← w − γ (Σ_k p_k ϖ_k) Δ. This is FedNova's direction scaled by γ, so `FedALRC` extends
-  `FedNova`; with γ = 1 and α = 0 it *is* FedNova with plain SGD, bit for bit.
+  `FedNova`; with γ = 1 and α = 0 it *is* FedNova with plain SGD (the ablation of §V-D calls
+  (γ = 1, α = 0) FedNova).
 - Ada-FedALRC, Algorithm 3: the same direction −ηΔ (η = γ Σ_k p_k ϖ_k) into the Adagrad
   server optimiser FedAdagrad uses (`hetfl.core.server_opt`, β1 = 0): v ← v + (ηΔ)²,
-  w ← w − β_η ηΔ / (√v + eps), with one server step size β_η (§2.4 A5: line 10's extra η is
-  read as part of the tuned β_η), eps = 1e-3 (option `tau`, FedAdagrad's name for it) and
-  v⁰ = eps (Algorithm 3 line 1; FedAdagrad's own default is eps², set `v0` to match).
+  w ← w − β_η ηΔ / (√v + eps), with one server step size β_η (line 10 multiplies by β η
+  although Δ already carries η; §V-B tunes the single symbol β_η), eps = 1e-3 (option
+  `tau`, FedAdagrad's name for it) and v⁰ = eps (line 1; FedAdagrad's own default is eps²,
+  set its `v0` to match).
+- The local lr decays as in FedNova (§V-A): x0.1 after 50 % and x0.01 after 75 % of the
+  rounds (FedNova's official code, `update_learning_rate`). HetFL applies it to every
+  method through the run's `train.lr_schedule: {kind: step, milestones: [0.5, 0.75],
+  gamma: 0.1}` (`hetfl.core.schedule`), which every configs/fedalrc_*.yaml sets,
+  comparators included; the threshold α η_l of the linear form follows the decayed η_l.
 - FedALRC-g, Table V (`variant: g`): linear models threshold every singular value (ϑ = 0,
   the trace norm the paper calls Tr(W)); deep models add the Rademacher term without the gate.
 
+Ada-FedALRC's server step: with v⁰ = eps = 1e-3, the first Adagrad step on an update
+u = ηΔ, β_η u / (√(v⁰ + u²) + eps), is invariant to the scale of u only where |u| ≫ √eps ≈
+0.03; below that it is about β_η u / (√eps + eps) ≈ 31 β_η u, and so are later steps while
+the summed u² stays below eps. There γ, FedNova's effective step Σ_k p_k ϖ_k and β_η
+multiply, and no default fits every setting: the paper tunes β_η over {0.001, 0.005,
+0.01, 0.05, 0.1, 0.2, 0.5} (§V-B), and so does configs/fedalrc_server_lr_fmnist.yaml, for
+FedAdagrad and Ada-FedALRC separately. The option's default, 0.1, is FedAdagrad's.
+
 Choices where the paper is silent:
-- Q = 5 draws (Q is not given; METHODS.md §8 item 3). ϑ = 5 by default (the value the
-  project's linear experiments fix); α = 0.1 and γ = 1.5 by default (the only deep-model
-  values printed, Fig. 2).
+- Q = 5 draws (the paper does not give Q). ϑ = 5 by default (the value the project's
+  linear experiments fix); α = 0.1 and γ = 1.5 by default (the only deep-model values
+  printed, Fig. 2).
 - Which form applies is read from the model (`form: auto`): thresholding when the model's
   parameters are exactly one `nn.Linear` (the `linear` model), the Rademacher term
   otherwise. `form` forces either.
@@ -40,8 +54,6 @@ Choices where the paper is silent:
   with momentum, which the paper does not use, FedNova's ‖a‖₁ generalises it).
 - BatchNorm statistics take the FedAvg average; p_k ∝ n_k over the clients that answered; a
   round without results leaves the state and v unchanged.
-- The paper decays η_l ×0.1 at 50 % and ×0.01 at 75 % of the rounds; HetFL has no local
-  learning-rate schedule yet, so every method, comparators included, trains at a constant η_l.
 """
 
 from __future__ import annotations

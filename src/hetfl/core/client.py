@@ -113,7 +113,9 @@ class TrainContext:
     A hook that runs its own passes (FjORD's widths, knowledge distillation) appends a
     `PassRecord` per pass to `passes`; batches for which no hook recorded a pass are
     counted as one default training pass of the task's spec. `channel` is the link to this
-    client's server program in split learning (None when the strategy has none).
+    client's server program in split learning (None when the strategy has none). `info` is
+    the client's `ClientInfo` as the engine holds it: what it declared in `attrs` and, under
+    device profiles, its `attrs["sim_times"]` from the last round it trained.
     """
 
     task: ClientTask
@@ -408,10 +410,17 @@ class ClientProgram:
         data: ClientData,
         private: Mapping[str, torch.Tensor],
         generator: torch.Generator,
+        *,
+        info: ClientInfo,
         channel: Channel | None = None,
     ) -> ClientOutput:
-        """Train on `task`; `channel`, given by engines that run the strategy's server
-        program, reaches the hooks as `ctx.channel`."""
+        """Train on `task`. `info` is the client's `ClientInfo` as the engine holds it (its
+        declared attributes and, with device profiles, its `sim_times` from the last round
+        it trained) and reaches the hooks as `ctx.info`; it is required so that no engine
+        can hand the hooks a bare `data.info()`. `channel`, given by engines that run the
+        strategy's server program, reaches the hooks as `ctx.channel`."""
+        if info.cid != task.cid:
+            raise ValueError(f"info is client {info.cid}'s, the task is for client {task.cid}")
         model = self._load(task.cid, task.spec, task.payload, private)
         settings = LocalTraining.from_config(task.config)
         ctx = TrainContext(
@@ -419,7 +428,7 @@ class ClientProgram:
             received=task.payload,
             generator=generator,
             settings=settings,
-            info=data.info(),
+            info=info,
             channel=channel,
         )
         kept_momentum = {

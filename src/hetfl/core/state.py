@@ -8,7 +8,9 @@ only in their maps, weights and scales.
 
 Sums and counts are kept in float64 and cast once at the end, so that aggregating unchanged
 sub-models gives back the global state bit for bit, and the order in which clients are added
-changes nothing beyond float64 rounding.
+changes nothing beyond float64 rounding. Within one client's entry, elements that land on the
+same global element are summed in one fixed order on every device (`scatter_add`), so that
+two CUDA runs of the same aggregation agree bit for bit.
 """
 
 from __future__ import annotations
@@ -56,6 +58,59 @@ def _broadcast_indices(index: Index, shape: torch.Size) -> tuple[torch.Tensor, .
 
 def _is_basic(index: Index) -> bool:
     return all(isinstance(s, slice) for s in index)
+
+
+def scatter_add(target: torch.Tensor, index: Index, value: torch.Tensor) -> None:
+    """`target[index] += value` with per-dimension semantics, index tensors that may repeat a
+    position included, in the same order on every device.
+
+    Slices of `value` that an index tensor sends to the same position are first summed along
+    that dimension in their order in the index (`_sum_repeats`). The distinct positions left
+    address every element of `target` at most once, so one gather, add and write-back
+    finishes the job without atomic accumulation, whose order on a GPU
+    (`index_put_(accumulate=True)`, `index_add_`) may change from run to run and with it the
+    float64 rounding: with this, each element's sum is formed in one fixed order.
+    """
+    distinct: list[slice | torch.Tensor] = []
+    for d, sel in enumerate(index):
+        if isinstance(sel, slice):
+            distinct.append(sel)
+        else:
+            positions, value = _sum_repeats(value, d, sel)
+            distinct.append(positions)
+    idx = _broadcast_indices(tuple(distinct), target.shape)
+    target.index_put_(idx, target[idx] + value)
+
+
+def _sum_repeats(
+    value: torch.Tensor, dim: int, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct positions, slices of `value` along `dim` summed per distinct position).
+
+    The k-th occurrences of all repeated positions form one layer, added at once with
+    `index_copy_` (no position twice in a layer), so every sum runs over its slices in their
+    order along `dim`. Without repeats `value` comes back as it is."""
+    flat = positions.to(device=value.device, dtype=torch.long).reshape(-1)
+    unique, slot = torch.unique(flat, sorted=True, return_inverse=True)
+    if unique.numel() == flat.numel():
+        return flat, value
+    shape = list(value.shape)
+    shape[dim] = unique.numel()
+    summed = value.new_zeros(shape)
+    seen: dict[int, int] = {}
+    layers: list[tuple[list[int], list[int]]] = []  # (positions along dim, their slots)
+    for j, s in enumerate(slot.tolist()):
+        k = seen.get(s, 0)
+        seen[s] = k + 1
+        if k == len(layers):
+            layers.append(([], []))
+        layers[k][0].append(j)
+        layers[k][1].append(s)
+    for src, dst in layers:
+        to = torch.tensor(dst, device=value.device)
+        add = value.index_select(dim, torch.tensor(src, device=value.device))
+        summed.index_copy_(dim, to, summed.index_select(dim, to) + add)
+    return unique, summed
 
 
 def select(tensor: torch.Tensor, index: Index) -> torch.Tensor:
@@ -156,9 +211,8 @@ class Accumulator:
             total[entry.index] += value
             count[entry.index] += contrib
         else:
-            idx = _broadcast_indices(entry.index, total.shape)
-            total.index_put_(idx, value, accumulate=True)
-            count.index_put_(idx, contrib, accumulate=True)
+            scatter_add(total, entry.index, value)
+            scatter_add(count, entry.index, contrib)
 
     def covered(self, name: str) -> torch.Tensor | None:
         """The total weight on each element of a global tensor (None if nothing touched it)."""

@@ -217,6 +217,7 @@ def train(msg: Message, context: Context) -> Message:
         node.data,
         private.get(before_round=rnd),
         torch_generator(node.config.seed, rnd, task.cid, "train"),
+        info=node.data.info(node.attrs),
     )
     # The same rule as the simulator's client store: an invalid result keeps nothing.
     if result_problem(out.result, task) is None:

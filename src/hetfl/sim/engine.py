@@ -126,6 +126,7 @@ class Simulation(RoundLoop):
                     data,
                     self.store.get(task.cid),
                     self._rng(rnd, "train", task.cid),
+                    info=self.infos[task.cid],
                     **linked,
                 )
             except Exception as exc:  # a failing client must not stop the run

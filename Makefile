@@ -1,10 +1,9 @@
 # Set-up steps are file targets, so running `make demo` or `make test` again skips them.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_VERSION := 2.13.0
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup data demo test bench lint clean
+.PHONY: setup data demo test golden bench lint clean
 
 setup: $(VENV)/.installed data
 
@@ -13,13 +12,14 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # torch first, pinned, so that the project's range (torch>=2.3,<3) is already met and pip
-# never fetches a multi-GB CUDA build.
-$(VENV)/.torch: | $(PY)
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+# never fetches a multi-GB CUDA build. constraints.txt pins torch and numpy to the versions
+# the golden fixtures were written with (tests/golden).
+$(VENV)/.torch: constraints.txt | $(PY)
+	$(PY) -m pip install -q -c constraints.txt torch
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PY) -m pip install -q -e '.[dev,flower,ray]'
+$(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.torch
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,flower,ray]'
 	touch $@
 
 # The Fashion-MNIST Debian package, where apt is usable; otherwise say how to get the data.
@@ -40,6 +40,12 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Rewrite the golden fixtures (tests/golden/*.json), each run twice under different
+# PYTHONHASHSEED and written only if both agree. A changed result is a deliberate fixture
+# update, committed on its own.
+golden: setup
+	$(PY) tests/golden/generate.py
 
 # Speed and memory against a plain-PyTorch floor (not a test; see benchmarks/README.md).
 bench: setup

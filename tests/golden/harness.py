@@ -1,0 +1,598 @@
+"""Golden outputs: every method's short run, pinned so that a refactor can prove it changes
+no result.
+
+A scenario is a short run (at most 3 rounds, digits, threads 1, simulated clock, no progress
+display). Its fixture, `tests/golden/<name>.json`, holds the metrics rows (without
+`wall_time_s`), the summary's failures, aggregated rounds and strategy description, and,
+after every round, a record of every tensor of the checkpointed state: the global state
+(`global/...`), the strategy's extra state (`extra/...`: server optimiser moments, Ada's v),
+the client store (`store/<cid>/...`: private tensors and kept momentum) and the server
+programs' store (`server_store/<cid>/...`). A record is a SHA-256 of the tensor's dtype,
+shape and bytes, and its float64 sum, L2 norm and max |x|. What else the checkpoint holds
+(each client's simulated times under device profiles) is kept as plain values. Each round's
+state is read through the engine's `checkpoint_extras` hook, as its checkpoint is written.
+
+The fixture also records a fingerprint of the machine's numerics (`fingerprint()`: torch and
+numpy versions, the CPU capability PyTorch dispatches to, threads, architecture). On a
+machine with the same fingerprint the comparison is bit for bit; elsewhere it is the
+sums, norms and maxima and the metrics to `RTOL`/`ATOL`, accuracies to one test sample.
+
+`python tests/golden/generate.py` (`make golden`) rewrites the fixtures; a scenario is
+added to `SCENARIOS` below, and every registered algorithm must have one named after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import platform
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hetfl.config import set_dotted, validate
+from hetfl.core.client import ClientProgram
+from hetfl.engine.rounds import RoundSettings
+from hetfl.runner import build_simulation
+from hetfl.sim import Simulation
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+RTOL = ATOL = 1e-6
+REGENERATE = (
+    "If the change of result is intended, regenerate with `make golden` "
+    "(python tests/golden/generate.py [--only NAME]) and commit the fixture update on its own: "
+    "a change to a result must be a deliberate fixture update in its own commit."
+)
+
+# -- scenarios -----------------------------------------------------------------------------
+#: What every configured scenario shares: digits over 6 clients with label skew, a small
+#: MLP, 3 rounds of one local epoch (clients of different sizes take different numbers of
+#: steps, which FedNova normalises), threads 1 on the CPU, a checkpoint after every round.
+BASE: dict[str, Any] = {
+    "seed": 0,
+    "device": "cpu",
+    "threads": 1,
+    "checkpoint_every": 1,
+    "data": {
+        "dataset": "digits",
+        "num_clients": 6,
+        "partition": {"kind": "dirichlet", "alpha": 0.5},
+        "test_per_client": 20,
+    },
+    "model": {"name": "mlp"},
+    "train": {"rounds": 3, "clients_per_round": 4, "local_epochs": 1, "batch_size": 32, "lr": 0.3},
+    "eval": {"local_eval": "sampled"},
+}
+#: A scalable model small enough for 8x8 digits.
+STAGE_CNN = {"model.name": "stage-cnn", "model.stages": 2}
+#: The width methods as their report configs train: 4 classes per client, momentum, decay.
+WIDTHS = {
+    **STAGE_CNN,
+    "data.partition": {"kind": "classes", "k": 4},
+    "train.momentum": 0.9,
+    "train.weight_decay": 5e-4,
+}
+#: Two ScalableFL groups: 16 px with all 10 classes (3 stages) and 8 px with 3 (2 stages),
+#: trained as its report config trains (momentum, weight decay, cosine lr).
+GROUPS = {
+    **STAGE_CNN,
+    "model.stages": None,
+    "data.partition": {"kind": "iid"},
+    "data.groups": [
+        {"size": 16, "classes": 10, "clients": 3, "samples": 60},
+        {"size": 8, "classes": 3, "clients": 3, "samples": 60},
+    ],
+    "train.momentum": 0.9,
+    "train.weight_decay": 5e-4,
+    "train.lr_schedule": {"kind": "cosine"},
+    "eval.local_eval": "all",
+}
+#: Device profiles: clients 0-4 fast, client 5 so slow that it misses the 1 s deadline.
+DEADLINE = {
+    "data.partition": {"kind": "iid"},
+    "train.clients_per_round": 6,
+    "system": {
+        "profiles": [
+            {"name": "fast", "rate": 1.0e9, "down_mbps": 100.0, "up_mbps": 100.0},
+            {"name": "slow", "rate": 1.0e5, "down_mbps": 1.0, "up_mbps": 1.0},
+        ],
+        "assignment": ["fast", "fast", "fast", "fast", "fast", "slow"],
+        "deadline_s": 1.0,
+    },
+}
+
+
+def configured(algorithm: str, dotted: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`BASE` for `algorithm` with dotted keys (`"train.lr"`) set; a None value removes
+    the key."""
+    raw = copy.deepcopy(BASE)
+    raw["algorithm"] = algorithm
+    for key, value in (dotted or {}).items():
+        if value is None:
+            *path, last = key.split(".")
+            node = raw
+            for p in path:
+                node = node[p]
+            node.pop(last, None)
+        else:
+            set_dotted(raw, key, copy.deepcopy(value))
+    return raw
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A short run: a config (built by `hetfl.runner.build_simulation`), or for what no
+    config can express, `build(run_dir)`; `adjust` changes the built simulation (a failing
+    client) before it runs."""
+
+    name: str
+    about: str
+    config: Mapping[str, Any] | None = None
+    build: Callable[[Path], Simulation] | None = None
+    adjust: Callable[[Simulation], None] | None = None
+
+    def simulation(self, run_dir: Path) -> Simulation:
+        if self.build is not None:
+            sim = self.build(run_dir)
+        else:
+            assert self.config is not None, f"scenario {self.name!r} has neither config nor build"
+            sim = build_simulation(validate(self.config), run_dir, show_progress=False)
+        if self.adjust is not None:
+            self.adjust(sim)
+        return sim
+
+
+def _nan_inputs(cid: int) -> Callable[[Simulation], None]:
+    """Client `cid`'s training inputs become NaN: its loss and update are non-finite, so
+    the engine excludes it every round it is sampled."""
+
+    def adjust(sim: Simulation) -> None:
+        sim.clients[cid].x_train.fill_(float("nan"))
+
+    return adjust
+
+
+def _split_learning(run_dir: Path) -> Simulation:
+    """The two-module split strategy of tests/test_server_program.py (a server program
+    trains each client's copy of the head), 3 rounds on its own small data."""
+    from test_server_program import TRAIN, _clients, _ClientSide, _SplitFamily, _SplitStrategy
+
+    family = _SplitFamily()
+    strategy = _SplitStrategy(family, clients_per_round=3, train=TRAIN)
+    clients, test = _clients()
+    settings = RoundSettings(rounds=3, seed=0, checkpoint_every=1, local_eval="all")
+    program = ClientProgram(family, _ClientSide(), seed=0)
+    return Simulation(strategy, program, clients, test, settings, run_dir)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    # every registered algorithm, under its own name
+    Scenario(
+        "ada-fedalrc",
+        "Ada-FedALRC, linear model (SVT)",
+        configured("ada-fedalrc", {"model.name": "linear", "options.ada-fedalrc.theta": 3}),
+    ),
+    Scenario("fedadagrad", "FedAdagrad", configured("fedadagrad")),
+    Scenario("fedadam", "FedAdam", configured("fedadam")),
+    Scenario(
+        "fedalrc",
+        "FedALRC shallow: linear model, partial SVT",
+        configured("fedalrc", {"model.name": "linear", "options.fedalrc.theta": 3}),
+    ),
+    Scenario("fedavg", "FedAvg", configured("fedavg")),
+    Scenario("fedbn", "FedBN, private BatchNorm", configured("fedbn", STAGE_CNN)),
+    Scenario("fednova", "FedNova, plain SGD", configured("fednova")),
+    Scenario("fedper", "FedPer, private head", configured("fedper")),
+    Scenario("fedprox", "FedProx mu 0.1", configured("fedprox", {"options.fedprox.mu": 0.1})),
+    Scenario("fedyogi", "FedYogi", configured("fedyogi")),
+    Scenario(
+        "fjord",
+        "FjORD, ordered dropout without distillation",
+        configured("fjord", {**WIDTHS, "options.fjord.levels": [0.25, 0.5, 1.0]}),
+    ),
+    Scenario(
+        "heterofl",
+        "HeteroFL fixed levels, label-split masks, clipping at 0.5, stats pass on all data",
+        configured(
+            "heterofl",
+            {
+                **WIDTHS,
+                "options.heterofl": {"levels": [1.0, 0.5, 0.25], "assignment": "fixed"},
+                "train.clip_grad_norm": 0.5,
+            },
+        ),
+    ),
+    Scenario("local-only", "each client alone", configured("local-only")),
+    Scenario(
+        "scalablefl",
+        "ScalableFL, two groups of input size and classes",
+        configured("scalablefl", {**GROUPS, "options.scalablefl": {"base_size": 2}}),
+    ),
+    # extra scenarios
+    Scenario(
+        "fednova-momentum",
+        "FedNova with local momentum 0.9",
+        configured("fednova", {"train.momentum": 0.9}),
+    ),
+    Scenario(
+        "fednova-prox",
+        "FedNova-Prox, mu 0.01",
+        configured("fednova", {"options.fednova.mu": 0.01}),
+    ),
+    Scenario(
+        "fedalrc-deep",
+        "FedALRC deep: MLP, Rademacher term with Q = 2",
+        configured("fedalrc", {"options.fedalrc": {"Q": 2, "alpha": 0.01}}),
+    ),
+    Scenario(
+        "heterofl-dynamic",
+        "HeteroFL dynamic levels, label split, default clipping, stats pass on 200 samples",
+        configured(
+            "heterofl",
+            {
+                **WIDTHS,
+                "options.heterofl": {"levels": [1.0, 0.5, 0.25], "assignment": "dynamic"},
+                "eval.stats_samples": 200,
+            },
+        ),
+    ),
+    Scenario(
+        "fjord-distill",
+        "FjORD with self-distillation",
+        configured(
+            "fjord", {**WIDTHS, "options.fjord": {"levels": [0.25, 0.5, 1.0], "distill": True}}
+        ),
+    ),
+    Scenario(
+        "scalablefl-heterofl-max",
+        "ScalableFL's HeteroFL variant at the deepest depth",
+        configured(
+            "scalablefl",
+            {**GROUPS, "options.scalablefl": {"base_size": 2, "variant": "heterofl-max"}},
+        ),
+    ),
+    Scenario(
+        "scalablefl-heterofl-max-1",
+        "ScalableFL's HeteroFL variant one stage shallower",
+        configured(
+            "scalablefl",
+            {**GROUPS, "options.scalablefl": {"base_size": 2, "variant": "heterofl-max-1"}},
+        ),
+    ),
+    Scenario(
+        "scalablefl-individual",
+        "ScalableFL's individual-training variant: nothing shared",
+        configured(
+            "scalablefl",
+            {**GROUPS, "options.scalablefl": {"base_size": 2, "variant": "individual"}},
+        ),
+    ),
+    Scenario(
+        "heterofl-own-level",
+        "HeteroFL without label split, local accuracy of each client's own level",
+        configured(
+            "heterofl",
+            {
+                **WIDTHS,
+                "options.heterofl": {
+                    "levels": [1.0, 0.5],
+                    "label_split": False,
+                    "local_eval_model": "own-level",
+                },
+            },
+        ),
+    ),
+    Scenario(
+        "fedalrc-global",
+        "FedALRC's global variant (no gate, theta 0) on the linear model",
+        configured("fedalrc", {"model.name": "linear", "options.fedalrc.variant": "g"}),
+    ),
+    Scenario(
+        "fedavg-availability",
+        "FedAvg, each client reachable with probability 0.6 per round",
+        configured("fedavg", {"availability": 0.6}),
+    ),
+    Scenario(
+        "fedavg-kept-momentum",
+        "FedAvg, momentum 0.9 kept across rounds in the client store",
+        configured("fedavg", {"train.momentum": 0.9, "train.keep_momentum": True}),
+    ),
+    Scenario(
+        "fedavg-lr-schedule",
+        "FedAvg, step lr schedule with warm-up",
+        configured(
+            "fedavg",
+            {"train.lr_schedule": {"kind": "step", "milestones": [2], "gamma": 0.5, "warmup": 0.3}},
+        ),
+    ),
+    Scenario(
+        "fedavg-uniform",
+        "FedAvg, uniform weighting",
+        configured("fedavg", {"options.fedavg.weighting": "uniform"}),
+    ),
+    Scenario(
+        "fedavg-failing-client",
+        "FedAvg, client 2's update is NaN and excluded",
+        configured("fedavg", {"data.partition": {"kind": "iid"}, "train.clients_per_round": 6}),
+        adjust=_nan_inputs(2),
+    ),
+    Scenario(
+        "fedavg-deadline",
+        "FedAvg under device profiles, the slow client misses the deadline",
+        configured("fedavg", DEADLINE),
+    ),
+    Scenario(
+        "split-server-program",
+        "the split-learning test strategy of tests/test_server_program.py",
+        build=_split_learning,
+    ),
+    Scenario(
+        "fedper-local-eval-all",
+        "FedPer, every client that ever trained evaluated locally each round",
+        configured("fedper", {"eval.local_eval": "all"}),
+    ),
+    Scenario(
+        "fedavg-validation",
+        "FedAvg with data.validation 0.2: val_acc on the pooled hold-out",
+        configured("fedavg", {"data.validation": 0.2}),
+    ),
+)
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def fixture_path(name: str) -> Path:
+    return GOLDEN_DIR / f"{name}.json"
+
+
+# -- recording -----------------------------------------------------------------------------
+def fingerprint() -> dict[str, Any]:
+    """What decides a run's bits on the CPU besides the code: the numeric libraries, the
+    instruction set PyTorch dispatches to, the thread count."""
+    return {
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
+
+
+def tensor_record(t: torch.Tensor) -> dict[str, Any]:
+    """A tensor's SHA-256 (of its dtype, shape and bytes) and its float64 sum, L2 norm and
+    max |x|."""
+    t = t.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    x = t.double()
+    return {
+        "sha256": digest.hexdigest(),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "sum": float(x.sum()),
+        "norm": float(x.norm()),
+        "max_abs": float(x.abs().max()) if x.numel() else 0.0,
+    }
+
+
+def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """(path, leaf) for every leaf of nested mappings and sequences."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _flatten(f"{prefix}/{k}", v)
+    elif isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        for i, v in enumerate(value):
+            yield from _flatten(f"{prefix}/{i}", v)
+    else:
+        yield prefix, value
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for a non-tensor leaf."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)
+
+
+def state_record(sim: Simulation, extras: Mapping[str, Any]) -> dict[str, Any]:
+    """One round's checkpointed state: each tensor's record, and other values as they are."""
+    state = sim.strategy.state_dict()
+    parts = {
+        "global": state["global"],
+        "extra": state["extra"],
+        "store": extras.get("store", {}),
+        "server_store": extras.get("server_store", {}),
+        "sim_times": extras.get("sim_times", {}),
+    }
+    tensors: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    for part, content in parts.items():
+        for path, leaf in _flatten(part, content):
+            if isinstance(leaf, torch.Tensor):
+                tensors[path] = tensor_record(leaf)
+            else:
+                values[path] = _plain(leaf)
+    return {"tensors": dict(sorted(tensors.items())), "values": dict(sorted(values.items()))}
+
+
+def run_scenario(scenario: Scenario, run_dir: Path) -> dict[str, Any]:
+    """Run `scenario` into `run_dir` and return its fixture."""
+    sim = scenario.simulation(run_dir)
+    if sim.settings.checkpoint_every != 1:
+        raise ValueError(f"scenario {scenario.name!r} must checkpoint every round")
+    rounds: list[dict[str, Any]] = []
+    engine_extras = sim.checkpoint_extras
+
+    def recording_extras() -> dict[str, Any]:
+        """The engine's checkpoint entries, read as each round's checkpoint is written."""
+        extras = engine_extras()
+        rounds.append({"round": len(rounds) + 1, **state_record(sim, extras)})
+        return extras
+
+    sim.checkpoint_extras = recording_extras  # type: ignore[method-assign]
+    summary = sim.run()
+    if len(rounds) != sim.settings.rounds:
+        raise RuntimeError(f"{len(rounds)} checkpoints for {sim.settings.rounds} rounds")
+    metrics = [{k: v for k, v in row.items() if k != "wall_time_s"} for row in sim.metrics.read()]
+    kept = ("strategy", "failures", "rounds_aggregated")
+    return {
+        "scenario": scenario.name,
+        "about": scenario.about,
+        "config": None if scenario.config is None else dict(scenario.config),
+        "fingerprint": fingerprint(),
+        "accuracy_atol": accuracy_atol(sim),
+        "summary": {k: _plain(summary[k]) for k in kept if k in summary},
+        "metrics": metrics,
+        "rounds": rounds,
+    }
+
+
+def accuracy_atol(sim: Simulation) -> float:
+    """One test sample of the smallest evaluated set: how far an accuracy may move on a
+    machine with other numerics."""
+    sizes = [int(sim.y_test.numel())]
+    for c in sim.clients.values():
+        sizes += [n for n in (int(c.y_test.numel()), c.split("validation")[1].numel()) if n]
+    return 1.0 / min(sizes)
+
+
+# -- the file format -----------------------------------------------------------------------
+def dumps(value: Any, indent: int = 0) -> str:
+    """JSON with each innermost object (a tensor record) on one line: readable in a diff,
+    and small."""
+    if not isinstance(value, dict | list) or all(_is_flat(v) for v in _items(value)):
+        return json.dumps(value, sort_keys=True)
+    pad = " " * (indent + 1)
+    if isinstance(value, dict):
+        inner = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(inner) + "\n" + " " * indent + "}"
+    inner = [f"{pad}{dumps(v, indent + 1)}" for v in value]
+    return "[\n" + ",\n".join(inner) + "\n" + " " * indent + "]"
+
+
+def _is_flat(value: Any) -> bool:
+    """A scalar, or a list of scalars (a shape)."""
+    if isinstance(value, list):
+        return not any(isinstance(v, dict | list) for v in value)
+    return not isinstance(value, dict)
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value.values()) if isinstance(value, dict) else list(value)
+
+
+def read_fixture(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+# -- comparison ----------------------------------------------------------------------------
+def compare(expected: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
+    """Every difference between a fixture and a fresh run: bit for bit when the fingerprints
+    match, else within `RTOL`/`ATOL` (accuracies within the fixture's `accuracy_atol`)."""
+    exact = expected["fingerprint"] == got["fingerprint"]
+    problems: list[str] = []
+    if expected.get("config") != got.get("config"):
+        problems.append("the scenario's config differs from the fixture's")
+    problems += _compare_values("summary", expected["summary"], got["summary"], exact)
+    problems += _compare_metrics(expected, got, exact)
+    if len(expected["rounds"]) != len(got["rounds"]):
+        problems.append(f"rounds: {len(expected['rounds'])} in the fixture, {len(got['rounds'])}")
+    for want, have in zip(expected["rounds"], got["rounds"], strict=False):
+        rnd = f"round {want['round']}"
+        problems += _compare_tensors(rnd, want["tensors"], have["tensors"], exact)
+        problems += _compare_values(f"{rnd} values", want["values"], have["values"], exact)
+    return problems
+
+
+def _compare_metrics(expected: Mapping[str, Any], got: Mapping[str, Any], exact: bool) -> list[str]:
+    want_rows, have_rows = expected["metrics"], got["metrics"]
+    if len(want_rows) != len(have_rows):
+        return [f"metrics: {len(want_rows)} rows in the fixture, {len(have_rows)} now"]
+    problems = []
+    for want, have in zip(want_rows, have_rows, strict=True):
+        where = f"metrics round {want.get('round')}"
+        problems += _compare_values(where, want, have, exact, expected["accuracy_atol"])
+    return problems
+
+
+def _compare_tensors(
+    where: str, want: Mapping[str, Any], have: Mapping[str, Any], exact: bool
+) -> list[str]:
+    problems = [f"{where}: {name} missing now" for name in sorted(set(want) - set(have))]
+    problems += [f"{where}: {name} is new" for name in sorted(set(have) - set(want))]
+    for name in sorted(set(want) & set(have)):
+        w, h = want[name], have[name]
+        if (w["dtype"], w["shape"]) != (h["dtype"], h["shape"]):
+            problems.append(
+                f"{where}: {name} was {w['dtype']}{w['shape']}, is {h['dtype']}{h['shape']}"
+            )
+        elif exact and w["sha256"] != h["sha256"]:
+            stats = ", ".join(f"{k} {w[k]!r} -> {h[k]!r}" for k in ("sum", "norm", "max_abs"))
+            problems.append(f"{where}: {name} differs in its bits ({stats})")
+        elif not exact:
+            for k in ("sum", "norm", "max_abs"):
+                problems += _compare_values(f"{where}: {name} {k}", w[k], h[k], exact=False)
+    return problems
+
+
+def _compare_values(
+    where: str, want: Any, have: Any, exact: bool, acc_atol: float = ATOL, key: str = ""
+) -> list[str]:
+    """Equal, or for numbers off the fingerprint's machine, close: to `ATOL`, or for an
+    accuracy (a key ending in "acc") to `acc_atol`."""
+    if isinstance(want, dict) and isinstance(have, dict):
+        problems = []
+        for k in sorted(set(want) | set(have)):
+            w, h = want.get(k), have.get(k)
+            problems += _compare_values(f"{where}/{k}", w, h, exact, acc_atol, str(k))
+        return problems
+    if isinstance(want, list) and isinstance(have, list) and len(want) == len(have):
+        problems = []
+        for i, (w, h) in enumerate(zip(want, have, strict=True)):
+            problems += _compare_values(f"{where}[{i}]", w, h, exact, acc_atol, key)
+        return problems
+    atol = acc_atol if key.endswith("acc") else ATOL
+    if _close(want, have, exact, atol):
+        return []
+    return [f"{where}: {want!r} in the fixture, {have!r} now"]
+
+
+def _close(want: Any, have: Any, exact: bool, atol: float) -> bool:
+    floats = (float, int)
+    if isinstance(want, bool) or isinstance(have, bool) or not isinstance(want, floats):
+        return bool(want == have)
+    if not isinstance(have, floats):
+        return False
+    if isinstance(want, int) and isinstance(have, int):
+        return want == have
+    if math.isnan(want) or math.isnan(have):
+        return math.isnan(want) and math.isnan(have)
+    if exact:
+        return want == have
+    return math.isclose(want, have, rel_tol=RTOL, abs_tol=atol)
+
+
+def mismatch_message(name: str, problems: list[str], exact: bool) -> str:
+    how = (
+        "bit for bit (the fixture's fingerprint matches this machine)"
+        if exact
+        else f"to rtol/atol {RTOL:g} (the fixture was written on a machine with other numerics)"
+    )
+    shown = "\n  ".join(problems[:20])
+    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    return (
+        f"golden scenario {name!r} ({fixture_path(name).name}) differs {how}:\n  "
+        f"{shown}{more}\n{REGENERATE}"
+    )

@@ -203,12 +203,16 @@ def test_named_initialisers_by_hand() -> None:
     assert DeclaredTensor("d", (2,), "zeros", dtype=torch.float64).build(g).dtype == torch.float64
 
 
-def test_a_function_initialiser_is_drawn_from_its_own_generator() -> None:
+def test_each_declared_tensor_has_a_stream_of_its_own() -> None:
     def draw(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
         return torch.rand(shape, generator=g)
 
-    built = build_declared([DeclaredTensor("f", (3,), draw)], _init_gen())
-    assert torch.equal(built["f"], torch.rand(3, generator=declared_generator(_init_gen(), "f")))
+    alone = build_declared([DeclaredTensor("f", (3,), draw)], _init_gen())
+    used = _init_gen()
+    torch.rand(5, generator=used)  # the global model's initialisation draws first
+    after_another = build_declared([HEAD, DeclaredTensor("f", (3,), draw)], used)
+    assert torch.equal(alone["f"], after_another["f"])
+    assert not torch.equal(alone["f"], torch.rand(3, generator=_init_gen()))
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
-"""Named-tensor state, extraction through an index map, and the element-wise accumulator.
+"""Named-tensor state, extraction through an index map, placement back into global
+coordinates, and the element-wise accumulator.
 
 The server's model is a `State` (`dict[str, Tensor]`). A client's model is a view of it
-described by an index map (`hetfl.core.spec`). `extract` reads the view; the `Accumulator`
+described by an index map (`hetfl.core.spec`). `extract` reads the view, `place` writes one
+client's tensors back into global coordinates; the `Accumulator`
 writes client tensors back through the same maps as a per-element weighted average, which
 is the shared mechanism of FedAvg, HeteroFL, FjORD, ScalableFL, NeFL and FedFA: they differ
 only in their maps, weights and scales.
@@ -16,7 +18,7 @@ two CUDA runs of the same aggregation agree bit for bit.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -134,6 +136,41 @@ def extract(global_state: Mapping[str, torch.Tensor], index_map: IndexMap) -> St
             )
         out[local] = select(global_state[entry.global_name], entry.index).clone()
     return out
+
+
+class Placement(NamedTuple):
+    """A client's tensors in global coordinates (`place`): per global name, the values where
+    the client's entries cover an element and zero elsewhere, and the boolean coverage."""
+
+    values: State
+    covered: dict[str, torch.Tensor]
+
+
+def place(
+    local: Mapping[str, torch.Tensor],
+    index_map: IndexMap,
+    like: Mapping[str, torch.Tensor],
+) -> Placement:
+    """The inverse of `extract`: each global tensor the map touches, at the shape, dtype and
+    device of `like[name]`, holding the client's tensors where its entries cover it.
+
+    It writes through every entry, as aggregation does (a repeated local name lands in every
+    place it is mapped to; masked-out elements cover nothing), and an element covered by
+    several entries holds their mean: this is one client added to an `Accumulator` with
+    weight 1, so placement and aggregation cannot disagree. `place(extract(g, m), m)` is `g`
+    wherever every covering entry reads the element it writes (all but grafted repeats).
+    FedFA's per-tensor scaling (Park and Joe-Wong, "Federated Learning with Flexible
+    Architectures", Alg. 1) measures client tensors in these coordinates. Global names the
+    map does not touch are absent from both dictionaries.
+    """
+    acc = Accumulator(like)
+    acc.add(local, index_map, weight=1.0)
+    touched = {e.global_name: like[e.global_name] for e in index_map}
+    covered: dict[str, torch.Tensor] = {}
+    for name, ref in touched.items():
+        count = acc.covered(name)  # None only if no entry reached the accumulator
+        covered[name] = torch.zeros_like(ref, dtype=torch.bool) if count is None else count > 0
+    return Placement(acc.result(touched, fill="zero"), covered)
 
 
 def expected_local_shapes(

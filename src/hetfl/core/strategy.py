@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from hetfl.core.declared import DeclaredTensor, build_declared
 from hetfl.core.init import build_model, initialize
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.server_program import ServerProgram
@@ -114,25 +115,50 @@ class Strategy:
         them). Default: the static assignment; per-round assignments override it."""
         return list(self.specs.values())
 
+    def declared_tensors(self) -> list[DeclaredTensor]:
+        """Global tensors that are not slices of the global model, built at their own shape
+        (`hetfl.core.declared`). Default: the family's, from `family.declared_tensors(specs)`
+        over `possible_specs()` when the family has that method; a strategy that adds its own
+        (per-tier heads) extends this list."""
+        declare = getattr(self.family, "declared_tensors", None)
+        return list(declare(self.possible_specs())) if declare is not None else []
+
     def init_global_state(self, generator: torch.Generator) -> State:
-        """The initial global state: the global model's tensors that some index map shares.
+        """The initial global state: the global model's tensors that some index map shares,
+        then every declared tensor.
 
         Private layers never enter it, not even at initialisation. A group-qualified name
         (`"<group>/<name>"`, see `hetfl.core.spec.group_qualified`) starts as a copy of the
-        global model's tensor `<name>`, so every group starts from the same weights.
+        global model's tensor `<name>`, so every group starts from the same weights, unless
+        it is declared (`declared_tensors`): a declared tensor is drawn at its own shape from
+        a generator derived from `generator`'s seed and its name, so the global model's
+        draws are the same with or without declarations.
         """
         model = initialize(build_model(self.family, self.global_spec), generator)
         tensors = model.state_dict()
+        declared = build_declared(self.declared_tensors(), generator)
+        clash = sorted(set(declared) & set(tensors))
+        if clash:
+            raise ValueError(
+                f"declared tensors {clash[:5]} are tensors of the global model already; "
+                "declare only new names (e.g. group-qualified '<group>/<name>')"
+            )
         shared = {
             e.global_name
             for spec in {*self.possible_specs(), self.global_spec}
             for e in self.index_map_for(spec)
         }
-        missing = sorted(n for n in shared if ungrouped(n) not in tensors)
+        copied = shared - set(declared)
+        missing = sorted(n for n in copied if ungrouped(n) not in tensors)
         if missing:
-            raise KeyError(f"index maps name tensors the global model lacks: {missing[:5]}")
-        ordered = [n for n in tensors if n in shared] + sorted(shared - set(tensors))
-        return {n: tensors[ungrouped(n)].detach().clone() for n in ordered}
+            raise KeyError(
+                f"index maps name tensors the global model lacks: {missing[:5]}; declare "
+                "tensors of their own shape with declared_tensors()"
+            )
+        ordered = [n for n in tensors if n in copied] + sorted(copied - set(tensors))
+        state = {n: tensors[ungrouped(n)].detach().clone() for n in ordered}
+        state.update(declared)
+        return state
 
     @property
     def global_spec(self) -> Spec:
@@ -142,12 +168,16 @@ class Strategy:
 
     def parameter_names(self) -> list[str]:
         """Global tensors that are trainable parameters, as opposed to buffers (BatchNorm's
-        running statistics and counters), which server optimisers leave to plain averaging."""
+        running statistics and counters), which server optimisers leave to plain averaging.
+        A declared tensor is what its `role` says."""
         if self._parameter_names is None:
             found: set[str] = set()
             for spec in {*self.specs.values(), self.global_spec}:
                 params = dict(build_model(self.family, spec).named_parameters())
                 found.update(e.global_name for e in self.index_map_for(spec) if e.local in params)
+            roles = {d.name: d.role for d in self.declared_tensors()}
+            found = {n for n in found if n not in roles}
+            found.update(n for n, role in roles.items() if role == "parameter")
             self._parameter_names = [k for k in self.global_state if k in found]
         return self._parameter_names
 

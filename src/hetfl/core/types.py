@@ -222,6 +222,11 @@ class ModelFamily(Protocol):
     pipeline (possibly nested, as a ResNet's blocks `stages.1.0`); split points lie between
     them, and the cost model prices MACs and activation bytes per module. A family that
     cannot be split may leave it out: its models are then priced whole.
+
+    A family whose global state holds tensors that are not slices of the global model
+    (FLANC's per-capacity coefficients) may define `declared_tensors(specs) ->
+    list[DeclaredTensor]` (`hetfl.core.declared`), called with every possible spec; without
+    it, it declares none.
     """
 
     def build(self, spec: Spec) -> nn.Module: ...

@@ -1,6 +1,6 @@
 """FedNova: Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous
-Federated Optimization" (NeurIPS 2020), Section 4 (Eq. 6-7) and the official code, as
-METHODS.md §6.3 fixes it.
+Federated Optimization" (NeurIPS 2020), Section 4 (Eq. 6-7), and the official code
+(JYWa/FedNova, `distoptim/FedNova.py`), whose unnormalised server rule is followed below.
 
 Reproduced: each client tracks the normaliser ‖a_k‖₁ of its local optimiser while it trains
 — plain SGD: ‖a‖₁ = τ_k; momentum ρ: per step c ← ρc + 1, ‖a‖₁ += c; proximal μ: per step

@@ -1,5 +1,6 @@
 """FedAdagrad, FedAdam and FedYogi: Reddi et al., "Adaptive Federated Optimization"
-(ICLR 2021), Algorithm 2, as METHODS.md §6.4 fixes it.
+(ICLR 2021), Algorithm 2, with Flower's FedAdagrad/FedYogi strategies for the defaults the
+paper leaves open.
 
 Reproduced: clients run local SGD as in FedAvg; the server forms the pseudo-gradient
 `Δ = Σ p_k w_k - w` (the FedAvg average minus the current weights, p_k ∝ n_k) and steps

@@ -3,7 +3,8 @@ Algorithm 2, local objective h_k(w; w^t) = F_k(w) + (mu/2) ||w - w^t||^2.
 
 Reproduced: each local step adds mu (w - w^t) to the gradient of every shared parameter,
 where w^t is the weights the client *received* this round (the anchor); aggregation is
-FedAvg's (METHODS.md §6.2).
+FedAvg's (HetFL's choice: Algorithm 2 averages uniformly over clients sampled with
+probability p_k, which is FedAvg's p_k-weighted average in expectation).
 
 Choices where the paper is silent: private parameters (kept on the client, never received)
 have no anchor and get no proximal term; the term is added before gradient clipping and

@@ -1,6 +1,8 @@
 """FjORD: Horváth et al., "FjORD: Fair and Accurate Federated Learning under Heterogeneous
 Targets with Ordered Dropout" (NeurIPS 2021), §3 (ordered dropout) and §3.2 (self-
-distillation), following the Flower baseline as METHODS.md §6.6 resolves it.
+distillation), following the authors' Flower baseline (adap/flower `baselines/fjord/`:
+`fjord/strategy.py`, `fjord/models.py`, `fjord/od/layers/batch_norm.py`) where the text
+leaves a detail open.
 
 Reproduced: width levels P (default 0.2, 0.4, 0.6, 0.8, 1.0); each client has a tier
 p_max (uniform allocation over the levels); per mini-batch it draws p uniformly from the

@@ -1,6 +1,8 @@
 """HeteroFL: Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient
-Federated Learning for Heterogeneous Clients" (ICLR 2021), §3 and the authors' code, as
-METHODS.md §6.5 resolves it.
+Federated Learning for Heterogeneous Clients" (ICLR 2021), §3, and the authors' code
+(diaoenmao/HeteroFL-Computation-and-Communication-Efficient-Federated-Learning-for-
+Heterogeneous-Clients: `fed.py`, `train_classifier_fed.py`, `modules/modules.py`), which
+settles what the text leaves open (named per point below).
 
 Reproduced: width levels (default 1, 1/2, 1/4, 1/8, 1/16) of one global model, each client
 training the nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer (input

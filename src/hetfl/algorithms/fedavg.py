@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.core.client import ClientHooks
 from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
@@ -115,16 +115,18 @@ class FedPerOptions(FedAvgOptions):
     private_head: bool = True
 
 
+@register_algorithm(
+    "fedavg", "FedAvg (McMahan et al. 2017): sample-weighted averaging", FedAvgOptions
+)
+@register_algorithm(
+    "fedbn",
+    "FedBN (Li et al. 2021): private normalisation layers",
+    FedBNOptions,
+    needs_scalable=True,
+)
+@register_algorithm("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions)
 def _make(
     family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
     strategy = FedAvg(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()
-
-
-for _name, _summary, _options, _scalable in (
-    ("fedavg", "FedAvg (McMahan et al. 2017): sample-weighted averaging", FedAvgOptions, False),
-    ("fedbn", "FedBN (Li et al. 2021): private normalisation layers", FedBNOptions, True),
-    ("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions, False),
-):
-    ALGORITHMS.register(_name, Algorithm(_name, _summary, _options, _make, _scalable))

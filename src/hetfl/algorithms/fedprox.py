@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.strategy import Strategy
@@ -60,6 +60,9 @@ class FedProxOptions(Options):
     weighting: Weighting = "samples"
 
 
+@register_algorithm(
+    "fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term", FedProxOptions
+)
 def _make(
     family: ModelFamily, opts: FedProxOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
@@ -69,11 +72,3 @@ def _make(
         family, clients_per_round=clients_per_round, train=train, weighting=opts.weighting
     )
     return strategy, ProximalHooks(opts.mu)
-
-
-ALGORITHMS.register(
-    "fedprox",
-    Algorithm(
-        "fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term", FedProxOptions, _make
-    ),
-)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm
+from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
 from hetfl.core.client import ClientHooks, TrainContext
@@ -114,21 +114,15 @@ class FjORDOptions(FedAvgOptions):
     distill: bool = False
 
 
+@register_algorithm(
+    "fjord",
+    "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
+    FjORDOptions,
+    needs_scalable=True,
+)
 def _make(
     family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
     kwargs = opts.model_dump(exclude={"distill"})
     strategy = FjORD(family, clients_per_round=clients_per_round, train=train, **kwargs)
     return strategy, OrderedDropoutHooks(strategy.levels, opts.distill)
-
-
-ALGORITHMS.register(
-    "fjord",
-    Algorithm(
-        "fjord",
-        "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
-        FjORDOptions,
-        _make,
-        needs_scalable=True,
-    ),
-)

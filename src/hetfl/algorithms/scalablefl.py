@@ -77,7 +77,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.submodels import full_width_base
 from hetfl.core.client import ClientHooks
@@ -509,6 +509,13 @@ class ScalableFLOptions(Options):
     )
 
 
+@register_algorithm(
+    "scalablefl",
+    "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
+    "private BN and heads",
+    ScalableFLOptions,
+    needs_scalable=True,
+)
 def _make(
     family: ModelFamily,
     opts: ScalableFLOptions,
@@ -518,16 +525,3 @@ def _make(
 ) -> tuple[Strategy, ClientHooks]:
     strategy = ScalableFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()
-
-
-ALGORITHMS.register(
-    "scalablefl",
-    Algorithm(
-        "scalablefl",
-        "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
-        "private BN and heads",
-        ScalableFLOptions,
-        _make,
-        needs_scalable=True,
-    ),
-)

@@ -432,6 +432,41 @@ def test_registry_duplicate_registration_raises_and_keeps_first():
     assert "nope" not in reg
 
 
+def test_register_algorithm_stacks_one_decorator_per_name_and_refuses_duplicates(monkeypatch):
+    from hetfl.algorithms import base
+    from hetfl.algorithms.fedavg import FedAvgOptions, FedBNOptions
+
+    registry: Registry[base.Algorithm] = Registry("algorithm")
+    monkeypatch.setattr(base, "ALGORITHMS", registry)
+
+    def make(*args, **kwargs):  # never called: registration only stores it
+        raise AssertionError
+
+    decorated = base.register_algorithm("a", "first", FedAvgOptions)(
+        base.register_algorithm("b", "second", FedBNOptions, needs_scalable=True)(make)
+    )
+    assert decorated is make
+    assert registry.names() == ["a", "b"]
+    assert registry.get("a") == base.Algorithm("a", "first", FedAvgOptions, make, False)
+    assert registry.get("b") == base.Algorithm("b", "second", FedBNOptions, make, True)
+    with pytest.raises(ValueError, match="algorithm 'a' is already registered"):
+        base.register_algorithm("a", "again", FedBNOptions)(make)
+    assert registry.get("a").summary == "first"
+
+
+def test_methods_sharing_a_make_register_one_name_per_decorator():
+    from hetfl.algorithms import ALGORITHMS
+
+    for names in (("fedavg", "fedbn", "fedper"), ("fedadagrad", "fedadam", "fedyogi")):
+        makes = {ALGORITHMS.get(n).make for n in names}
+        assert len(makes) == 1, names
+    assert [ALGORITHMS.get(n).needs_scalable for n in ("fedavg", "fedbn", "fedper")] == [
+        False,
+        True,
+        False,
+    ]
+
+
 def test_registry_unknown_name_suggests_closest():
     reg: Registry[int] = Registry("algorithm")
     for i, name in enumerate(["fedavg", "heterofl", "fedprox", "scalablefl"]):

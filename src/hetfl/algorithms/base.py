@@ -1,6 +1,10 @@
 """The algorithm registry: each method module registers its strategy, its client hooks and
 its typed options, so that the CLI, the config validator and the tests can enumerate them.
 
+A method registers with one decorator per name on its `make` function,
+`@register_algorithm(name, summary, OptionsClass)`; methods that share a `make` (FedAvg,
+FedBN, FedPer) stack one decorator per name. Registering a name twice is an error.
+
 An algorithm's options are a pydantic model (validated at the config edge, unknown keys
 refused); `make` turns them into explicit constructor arguments — a method never sees the
 whole config.
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -53,3 +57,18 @@ class Algorithm:
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
+
+Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, ClientHooks]])
+
+
+def register_algorithm(
+    name: str, summary: str, options: type[Options], *, needs_scalable: bool = False
+) -> Callable[[Make], Make]:
+    """Registers the decorated `make` in `ALGORITHMS` as `name` and returns it unchanged,
+    so decorators stack: one per name that `make` builds. A taken name raises ValueError."""
+
+    def register(make: Make) -> Make:
+        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs_scalable))
+        return make
+
+    return register

@@ -67,7 +67,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import Weighting
 from hetfl.algorithms.fednova import FedNova, NormalisedHooks
 from hetfl.algorithms.fedopt import FedAdagradOptions
@@ -280,6 +280,11 @@ def regulariser_hooks(family: ModelFamily, opts: FedALRCOptions) -> NormalisedHo
     return ThresholdingHooks(weight, model.get_parameter(weight).shape, opts.alpha, theta)
 
 
+@register_algorithm(
+    "fedalrc",
+    "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
+    FedALRCOptions,
+)
 def _make(
     family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, NormalisedHooks]:
@@ -294,6 +299,11 @@ def _make(
     return strategy, hooks
 
 
+@register_algorithm(
+    "ada-fedalrc",
+    "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
+    AdaFedALRCOptions,
+)
 def _make_ada(
     family: ModelFamily, opts: AdaFedALRCOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, NormalisedHooks]:
@@ -310,23 +320,3 @@ def _make_ada(
         weighting=opts.weighting,
     )
     return strategy, hooks
-
-
-ALGORITHMS.register(
-    "fedalrc",
-    Algorithm(
-        "fedalrc",
-        "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
-        FedALRCOptions,
-        _make,
-    ),
-)
-ALGORITHMS.register(
-    "ada-fedalrc",
-    Algorithm(
-        "ada-fedalrc",
-        "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
-        AdaFedALRCOptions,
-        _make_ada,
-    ),
-)

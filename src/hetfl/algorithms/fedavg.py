@@ -3,7 +3,8 @@ Decentralized Data" (AISTATS 2017), Algorithm 1 (FederatedAveraging).
 
 Reproduced: clients run local SGD from the received global weights; the server takes the
 average of the returned weights weighted by each client's training-sample count (renormalised
-over the clients that answered), BatchNorm running statistics included (METHODS.md §6.1).
+over the clients that answered), BatchNorm running statistics included (HetFL's choice,
+as FedNova's and DTFL's code do: the paper's model has no BatchNorm).
 
 Choices where the paper is silent: clients excluded as failures carry no weight (the
 average is over valid results only); `weighting: uniform` gives every client weight 1 (as
@@ -13,10 +14,10 @@ results leaves the global state unchanged.
 Private layers, as options of FedAvg (and so of every method built on it):
 
 - FedBN, Li et al., "FedBN: Federated Learning on Non-IID Features via Local Batch
-  Normalization" (ICLR 2021), §3 (METHODS.md §6.11): `private_norm` keeps every
+  Normalization" (ICLR 2021), §3: `private_norm` keeps every
   normalisation tensor (affine and running statistics) on its client;
-- FedPer, Arivazhagan et al., "Federated Learning with Personalization Layers" (2019), §3
-  (METHODS.md §6.12): `private_head` keeps the classifier head on its client.
+- FedPer, Arivazhagan et al., "Federated Learning with Personalization Layers" (2019), §3:
+  `private_head` keeps the classifier head on its client.
 
 Private tensors are found from the model's structure (`hetfl.core.roles`), start from the
 client's own seeded initialisation at its first participation and are never sent. With
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.core.client import ClientHooks
 from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
@@ -114,16 +115,18 @@ class FedPerOptions(FedAvgOptions):
     private_head: bool = True
 
 
+@register_algorithm(
+    "fedavg", "FedAvg (McMahan et al. 2017): sample-weighted averaging", FedAvgOptions
+)
+@register_algorithm(
+    "fedbn",
+    "FedBN (Li et al. 2021): private normalisation layers",
+    FedBNOptions,
+    needs_scalable=True,
+)
+@register_algorithm("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions)
 def _make(
     family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
     strategy = FedAvg(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()
-
-
-for _name, _summary, _options, _scalable in (
-    ("fedavg", "FedAvg (McMahan et al. 2017): sample-weighted averaging", FedAvgOptions, False),
-    ("fedbn", "FedBN (Li et al. 2021): private normalisation layers", FedBNOptions, True),
-    ("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions, False),
-):
-    ALGORITHMS.register(_name, Algorithm(_name, _summary, _options, _make, _scalable))

@@ -1,6 +1,6 @@
 """FedNova: Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous
-Federated Optimization" (NeurIPS 2020), Section 4 (Eq. 6-7) and the official code, as
-METHODS.md §6.3 fixes it.
+Federated Optimization" (NeurIPS 2020), Section 4 (Eq. 6-7), and the official code
+(JYWa/FedNova, `distoptim/FedNova.py`), whose unnormalised server rule is followed below.
 
 Reproduced: each client tracks the normaliser ‖a_k‖₁ of its local optimiser while it trains
 — plain SGD: ‖a‖₁ = τ_k; momentum ρ: per step c ← ρc + 1, ‖a‖₁ += c; proximal μ: per step
@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm
+from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import Weighting
 from hetfl.algorithms.fedopt import FedOpt
 from hetfl.algorithms.fedprox import FedProxOptions, ProximalHooks
@@ -132,6 +132,9 @@ class FedNovaOptions(FedProxOptions):
     mu: float = Field(0.0, ge=0, description="proximal weight (FedNova-Prox when > 0)")
 
 
+@register_algorithm(
+    "fednova", "FedNova (Wang et al. 2020): normalised averaging of local updates", FedNovaOptions
+)
 def _make(
     family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
@@ -143,14 +146,3 @@ def _make(
         weighting=opts.weighting,
     )
     return strategy, NormalisedHooks(opts.mu)
-
-
-ALGORITHMS.register(
-    "fednova",
-    Algorithm(
-        "fednova",
-        "FedNova (Wang et al. 2020): normalised averaging of local updates",
-        FedNovaOptions,
-        _make,
-    ),
-)

@@ -1,5 +1,6 @@
 """FedAdagrad, FedAdam and FedYogi: Reddi et al., "Adaptive Federated Optimization"
-(ICLR 2021), Algorithm 2, as METHODS.md §6.4 fixes it.
+(ICLR 2021), Algorithm 2, with Flower's FedAdagrad/FedYogi strategies for the defaults the
+paper leaves open.
 
 Reproduced: clients run local SGD as in FedAvg; the server forms the pseudo-gradient
 `Δ = Σ p_k w_k - w` (the FedAvg average minus the current weights, p_k ∝ n_k) and steps
@@ -18,14 +19,14 @@ the state and the moments unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.client import ClientHooks
-from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
+from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
 
@@ -72,6 +73,7 @@ class FedOpt(FedAvg):
 
 
 class FedAdagradOptions(Options):
+    server_optimizer: ClassVar[ServerOptKind] = "adagrad"
     server_lr: float = Field(0.1, gt=0, description="server learning rate eta")
     tau: float = Field(1e-3, gt=0, description="adaptivity tau")
     v0: float | None = Field(None, ge=0, description="initial second moment (default tau^2)")
@@ -79,46 +81,45 @@ class FedAdagradOptions(Options):
 
 
 class FedAdamOptions(FedAdagradOptions):
+    server_optimizer: ClassVar[ServerOptKind] = "adam"
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
 
 
 class FedYogiOptions(FedAdamOptions):
+    server_optimizer: ClassVar[ServerOptKind] = "yogi"
     server_lr: float = Field(0.01, gt=0, description="server learning rate eta")
 
 
-def _maker(kind: str) -> Any:
-    def make(
-        family: ModelFamily,
-        opts: FedAdagradOptions,
-        *,
-        clients_per_round: int,
-        train: dict[str, Any],
-    ) -> tuple[Strategy, ClientHooks]:
-        server = ServerOptSettings(
-            kind=kind,  # type: ignore[arg-type]
-            lr=opts.server_lr,
-            beta1=getattr(opts, "beta1", 0.0),
-            beta2=getattr(opts, "beta2", 0.99),
-            tau=opts.tau,
-            v0=opts.v0,
-        )
-        strategy = FedOpt(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            server=server,
-            weighting=opts.weighting,
-        )
-        strategy.name = f"fed{kind}"
-        return strategy, ClientHooks()
-
-    return make
-
-
-for _kind, _options, _summary in (
-    ("adagrad", FedAdagradOptions, "FedAdagrad (Reddi et al. 2021): Adagrad server step"),
-    ("adam", FedAdamOptions, "FedAdam (Reddi et al. 2021): Adam server step, no bias correction"),
-    ("yogi", FedYogiOptions, "FedYogi (Reddi et al. 2021): Yogi server step"),
-):
-    ALGORITHMS.register(f"fed{_kind}", Algorithm(f"fed{_kind}", _summary, _options, _maker(_kind)))
+@register_algorithm(
+    "fedadagrad", "FedAdagrad (Reddi et al. 2021): Adagrad server step", FedAdagradOptions
+)
+@register_algorithm(
+    "fedadam", "FedAdam (Reddi et al. 2021): Adam server step, no bias correction", FedAdamOptions
+)
+@register_algorithm("fedyogi", "FedYogi (Reddi et al. 2021): Yogi server step", FedYogiOptions)
+def _make(
+    family: ModelFamily,
+    opts: FedAdagradOptions,
+    *,
+    clients_per_round: int,
+    train: dict[str, Any],
+) -> tuple[Strategy, ClientHooks]:
+    """The server optimiser is the options class's `server_optimizer` (FedAdamOptions: adam)."""
+    server = ServerOptSettings(
+        kind=opts.server_optimizer,
+        lr=opts.server_lr,
+        beta1=getattr(opts, "beta1", 0.0),
+        beta2=getattr(opts, "beta2", 0.99),
+        tau=opts.tau,
+        v0=opts.v0,
+    )
+    strategy = FedOpt(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        server=server,
+        weighting=opts.weighting,
+    )
+    strategy.name = f"fed{opts.server_optimizer}"
+    return strategy, ClientHooks()

@@ -3,7 +3,8 @@ Algorithm 2, local objective h_k(w; w^t) = F_k(w) + (mu/2) ||w - w^t||^2.
 
 Reproduced: each local step adds mu (w - w^t) to the gradient of every shared parameter,
 where w^t is the weights the client *received* this round (the anchor); aggregation is
-FedAvg's (METHODS.md §6.2).
+FedAvg's (HetFL's choice: Algorithm 2 averages uniformly over clients sampled with
+probability p_k, which is FedAvg's p_k-weighted average in expectation).
 
 Choices where the paper is silent: private parameters (kept on the client, never received)
 have no anchor and get no proximal term; the term is added before gradient clipping and
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.strategy import Strategy
@@ -59,6 +60,9 @@ class FedProxOptions(Options):
     weighting: Weighting = "samples"
 
 
+@register_algorithm(
+    "fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term", FedProxOptions
+)
 def _make(
     family: ModelFamily, opts: FedProxOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
@@ -68,11 +72,3 @@ def _make(
         family, clients_per_round=clients_per_round, train=train, weighting=opts.weighting
     )
     return strategy, ProximalHooks(opts.mu)
-
-
-ALGORITHMS.register(
-    "fedprox",
-    Algorithm(
-        "fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term", FedProxOptions, _make
-    ),
-)

@@ -1,6 +1,8 @@
 """FjORD: Horváth et al., "FjORD: Fair and Accurate Federated Learning under Heterogeneous
 Targets with Ordered Dropout" (NeurIPS 2021), §3 (ordered dropout) and §3.2 (self-
-distillation), following the Flower baseline as METHODS.md §6.6 resolves it.
+distillation), following the authors' Flower baseline (adap/flower `baselines/fjord/`:
+`fjord/strategy.py`, `fjord/models.py`, `fjord/od/layers/batch_norm.py`) where the text
+leaves a detail open.
 
 Reproduced: width levels P (default 0.2, 0.4, 0.6, 0.8, 1.0); each client has a tier
 p_max (uniform allocation over the levels); per mini-batch it draws p uniformly from the
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm
+from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
 from hetfl.core.client import ClientHooks, TrainContext
@@ -112,21 +114,15 @@ class FjORDOptions(FedAvgOptions):
     distill: bool = False
 
 
+@register_algorithm(
+    "fjord",
+    "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
+    FjORDOptions,
+    needs_scalable=True,
+)
 def _make(
     family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
     kwargs = opts.model_dump(exclude={"distill"})
     strategy = FjORD(family, clients_per_round=clients_per_round, train=train, **kwargs)
     return strategy, OrderedDropoutHooks(strategy.levels, opts.distill)
-
-
-ALGORITHMS.register(
-    "fjord",
-    Algorithm(
-        "fjord",
-        "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
-        FjORDOptions,
-        _make,
-        needs_scalable=True,
-    ),
-)

@@ -1,6 +1,8 @@
 """HeteroFL: Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient
-Federated Learning for Heterogeneous Clients" (ICLR 2021), §3 and the authors' code, as
-METHODS.md §6.5 resolves it.
+Federated Learning for Heterogeneous Clients" (ICLR 2021), §3, and the authors' code
+(diaoenmao/HeteroFL-Computation-and-Communication-Efficient-Federated-Learning-for-
+Heterogeneous-Clients: `fed.py`, `train_classifier_fed.py`, `modules/modules.py`), which
+settles what the text leaves open (named per point below).
 
 Reproduced: width levels (default 1, 1/2, 1/4, 1/8, 1/16) of one global model, each client
 training the nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer (input
@@ -50,7 +52,7 @@ import torch.nn.functional as F
 from pydantic import model_validator
 from torch import nn
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm
+from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions, Weighting
 from hetfl.algorithms.submodels import WidthLevels, at_width, draw_level, eval_model_at, label_split
 from hetfl.core.client import ClientHooks, TrainContext, mask_logits
@@ -256,21 +258,15 @@ class HeteroFLOptions(FedAvgOptions):
         return self
 
 
+@register_algorithm(
+    "heterofl",
+    "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
+    HeteroFLOptions,
+    needs_scalable=True,
+)
 def _make(
     family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
     strategy = HeteroFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     hooks = MaskedLossHooks() if opts.label_split else ClientHooks()
     return strategy, hooks
-
-
-ALGORITHMS.register(
-    "heterofl",
-    Algorithm(
-        "heterofl",
-        "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
-        HeteroFLOptions,
-        _make,
-        needs_scalable=True,
-    ),
-)

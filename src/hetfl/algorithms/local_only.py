@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.core.client import ClientHooks
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.strategy import Strategy
@@ -38,13 +38,8 @@ class LocalOnlyOptions(Options):
     pass
 
 
+@register_algorithm("local-only", "each client trains alone; nothing is shared", LocalOnlyOptions)
 def _make(
     family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: dict[str, Any]
 ) -> tuple[Strategy, ClientHooks]:
     return LocalOnly(family, clients_per_round=clients_per_round, train=train), ClientHooks()
-
-
-ALGORITHMS.register(
-    "local-only",
-    Algorithm("local-only", "each client trains alone; nothing is shared", LocalOnlyOptions, _make),
-)

@@ -1,6 +1,7 @@
 """ScalableFL: Nitta, Suzuki, Rodríguez Mulet, Yaguchi and Hirai, "Scalable Federated
 Learning for Clients with Different Input Image Sizes and Numbers of Output Categories"
-(arXiv 2311.08716 v1), §III (Algorithms 1 and 2) and §V, as METHODS.md §1 resolves it.
+(arXiv 2311.08716 v1), §III (Algorithms 1 and 2) and §V; where the text is ambiguous, the
+reading its tables support (below).
 
 Reproduced:
 
@@ -25,27 +26,29 @@ Reproduced:
   classes, at its input size), reported per group as `groups["group=<H>px-<K>cls"]` and
   averaged as `local_acc` (there is no global model: `global_acc` is null).
 - Comparisons of §V (option `variant`): `heterofl-max` and `heterofl-max-1` are §V's
-  HeteroFL, the same pipeline with every client at the fixed depth c_max (or c_max - 1)
-  and each group's widths chosen so that its model has the parameter count (shared and
-  private) of its ScalableFL model (METHODS.md §1.5; no scaler, which private BN makes
-  irrelevant); `individual` trains each client's ScalableFL architecture alone.
+  HeteroFL, the same pipeline with every client at the fixed depth c_max (or c_max - 1) and
+  each group's widths chosen so that its model has the parameter count (shared and private)
+  of its ScalableFL model (§V and Table VIII's hidden-channel ratios; no scaler, which §V
+  does not mention and private BN makes irrelevant); `individual` trains each client's
+  ScalableFL architecture alone.
 
 Choices where the paper is silent:
 
-- Depth counts halvings of the feature map (METHODS.md §1.2): a stage-cnn stage halves
-  once; a ResNet with the ImageNet stem halves twice before its first stage (7x7/2 conv
-  and 3x3/2 max-pool, the paper's stage 1 and the pool of stage 2), so c stages are
-  `stages = c - 1` residual stages there. H is the input's height. An input no larger
-  than H0 still gets one stage (c = 0 would leave no model).
+- Depth counts halvings of the feature map (§III-A: c_j = ceil(log2(H_j / H_0)), read as the
+  log of the ratio, as its example (128, 64, 32) -> (4, 3, 2) shows): a stage-cnn stage
+  halves once; a ResNet with the ImageNet stem halves twice before its first stage (7x7/2
+  conv and 3x3/2 max-pool, the paper's stage 1 and the pool of stage 2), so c stages are
+  `stages = c - 1` residual stages there. H is the input's height. An input no larger than
+  H0 still gets one stage (c = 0 would leave no model).
 - K_j is the client's number of training classes, which must be exactly 0..K-1 (client
   views remap them, `data.groups`); a client with one class has kappa = 0 and is refused.
 - The per-group count rounds halves up, n_group counts the group's clients at set-up, and
   a group with fewer clients available than its count trains those available.
 - Table VIII's cosine decay over the rounds is `train.lr_schedule: {kind: cosine}`, the
-  schedule every method shares (`hetfl.core.schedule`); by default the lr is constant, as
-  in every other HetFL method. The optimiser (and its momentum) is fresh every round by
-  default (METHODS.md §8); `train.keep_momentum` keeps each client's buffers as its private
-  state instead.
+  schedule every method shares (`hetfl.core.schedule`); by default the lr is constant, as in
+  every other HetFL method. The optimiser (and its momentum) is fresh every round by default
+  (HetFL's choice: the paper does not say); `train.keep_momentum` keeps each client's
+  buffers as its private state instead.
 - Private layers start at the client's own seeded initialisation (BN gamma = 1, beta = 0,
   fresh statistics) at its first participation.
 - HeteroFL's widths: first one ratio for every stage, the nearest achievable count over
@@ -74,7 +77,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.submodels import full_width_base
 from hetfl.core.client import ClientHooks
@@ -126,7 +129,7 @@ def parameter_count(family: ModelFamily, spec: Spec) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# -- parameter matching (§V, METHODS.md §1.5) -----------------------------------------------------
+# -- parameter matching (§V, Table VIII) -----------------------------------------------------------
 class ParameterCount:
     """The parameter count of `spec`'s model as a function of the channel counts of its
     `stages` width slots, exact: every tensor's size is a constant or a product of at most
@@ -506,6 +509,13 @@ class ScalableFLOptions(Options):
     )
 
 
+@register_algorithm(
+    "scalablefl",
+    "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
+    "private BN and heads",
+    ScalableFLOptions,
+    needs_scalable=True,
+)
 def _make(
     family: ModelFamily,
     opts: ScalableFLOptions,
@@ -515,16 +525,3 @@ def _make(
 ) -> tuple[Strategy, ClientHooks]:
     strategy = ScalableFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()
-
-
-ALGORITHMS.register(
-    "scalablefl",
-    Algorithm(
-        "scalablefl",
-        "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
-        "private BN and heads",
-        ScalableFLOptions,
-        _make,
-        needs_scalable=True,
-    ),
-)

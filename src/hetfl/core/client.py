@@ -56,8 +56,9 @@ class LocalTraining:
     `steps`, when set, is the number of mini-batches and overrides `epochs`. The optimiser
     is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round;
     with `keep_momentum` its momentum buffers are kept by the client between its rounds as
-    private state (`MOMENTUM` names), the flag METHODS.md §7-8 asks for, since no paper
-    says whether its local optimiser state survives a round. `decay_norm_and_bias=False`
+    private state (`MOMENTUM` names): HetFL's flag, since no paper says whether its local
+    optimiser state survives a round (HeteroFL's, FLANC's and FedNova's official code
+    reset it). `decay_norm_and_bias=False`
     exempts normalisation tensors and biases from `weight_decay`, so that in HetFL's models
     only convolution and linear weights decay (ScalableFL, Table VIII).
     """
@@ -307,7 +308,8 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
 
 def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.Tensor:
     """Logits of the classes not in `labels` set to 0 (HeteroFL's and FedFA's masked
-    cross-entropy, METHODS.md §7; 0, not -inf, which would be a different loss)."""
+    cross-entropy: HeteroFL, ICLR 2021, §3, and its code `models/resnet.py`; FedFA,
+    arXiv 2406.09877, §5.1; 0, not -inf, which would be a different loss)."""
     if labels is None:
         return outputs
     keep = torch.zeros(outputs.shape[-1], dtype=torch.bool, device=outputs.device)

@@ -1,9 +1,10 @@
 """Server optimisers: how the server moves the global state along an aggregated direction.
 
-Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2, as METHODS.md §6.4
-fixes it. The strategy computes a *direction* per tensor — FedOpt's pseudo-gradient
-`Δ = average(w_k) - w`, FedNova's `-τ_eff Σ p_k g_k / ‖a_k‖₁`, FedALRC's normalised update —
-and the optimiser applies
+Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2, with Flower's
+FedAdagrad/FedYogi strategies (`flwr/server/strategy/fedadagrad.py`, `fedyogi.py`) for what
+the paper leaves open (defaults, no bias correction). The strategy computes a *direction* per
+tensor — FedOpt's pseudo-gradient `Δ = average(w_k) - w`, FedNova's `-τ_eff Σ p_k g_k /
+‖a_k‖₁`, FedALRC's normalised update — and the optimiser applies
 
     m ← β1 m + (1 - β1) Δ
     v ← v + Δ²                                   (adagrad)

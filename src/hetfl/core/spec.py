@@ -151,7 +151,8 @@ GROUP_SEP = "/"
 def group_qualified(index_map: IndexMap, group: str, locals_: Iterable[str]) -> IndexMap:
     """The map with the entries of `locals_` moved to per-group global tensors
     `"<group>/<global name>"`, averaged only among the clients of that group (FLANC's and
-    NeFL's per-group BatchNorm, METHODS.md §7). Other entries are unchanged."""
+    NeFL's per-group BatchNorm: FLANC's supplementary §1.2 and `trainer_FL.py: sync`,
+    NeFL's `utils/NeFedAvg.py`). Other entries are unchanged."""
     if GROUP_SEP in group:
         raise ValueError(f"group name {group!r} must not contain {GROUP_SEP!r}")
     chosen = set(locals_)

@@ -1,5 +1,6 @@
 """LIBSVM-format datasets (usps, pendigits, satimage, letter, vowel, ... from the LIBSVM
-collection, which FedALRC's linear experiments use; METHODS.md §2.5).
+collection, which FedALRC's linear experiments use: Wei et al., "Non-IID Federated Learning
+with Sharper Risk Bound", IEEE TNNLS 2024, §V-A and Table II).
 
 Users bring the files: a training file and, where the collection has one, its test file,
 named like the training file with `.t` appended (`usps` and `usps.t`). Each line is

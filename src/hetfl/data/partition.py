@@ -85,7 +85,9 @@ def dirichlet(
     min_size: int = 10,
     max_retries: int = 100,
 ) -> list[np.ndarray]:
-    """Dirichlet(alpha) label skew in the FedMA/FedML form (METHODS.md §7).
+    """Dirichlet(alpha) label skew in the form of FedMA (Wang et al., "Federated Learning
+    with Matched Averaging", ICLR 2020) and FedML's loader, which FedALRC (§V-A) and DTFL
+    (§4.1, authors' code `api/data_preprocessing/cifar10/data_loader.py`) use.
 
     For each class in turn: shuffle its samples, draw client proportions from
     Dirichlet(alpha * 1), zero the proportion of every client that already holds at least

@@ -1,6 +1,6 @@
 """Client views: each client sees its images at its own input size and only its own classes.
 
-ScalableFL (Nitta et al., arXiv 2311.08716, §III-A and §V-A; METHODS.md §1.7) assumes
+ScalableFL (Nitta et al., arXiv 2311.08716, §III-A and §V-A) assumes
 clients that differ in input image size H_j and in number of classes K_j: its ImageNet
 clients hold 1000, 500, 200 or 100 random classes at 256, 192, 128 or 96 px. A view
 reproduces that over any image dataset, on top of any partition:

@@ -13,9 +13,10 @@ A spec of a scalable family holds:
 Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
 family's index map is the prefix map of the sub-model's tensors (`W[:out, :in]`), and the
 global spec is the per-slot maximum over the clients' specs, counting a slot only for the
-specs that have it (METHODS.md §1.2: "per-layer width = max over clients of that layer's
-width"). Layers slice themselves (`model(x, width=p)`), so the model built for ratio p
-equals a wider model run at p.
+specs that have it (ScalableFL, Nitta et al., arXiv 2311.08716, §III-A: the global model has
+the widest channels of every layer and the depth of the deepest client). Layers slice
+themselves (`model(x, width=p)`), so the model built for ratio p equals a wider model run at
+p.
 """
 
 from __future__ import annotations
@@ -170,7 +171,10 @@ class StageCNN(nn.Module):
 
 
 class FlancCNN(nn.Module):
-    """The 4-layer CNN of FLANC's Fashion-MNIST experiment (METHODS.md §3.1), undecomposed:
+    """The 4-layer CNN of FLANC's Fashion-MNIST experiment (Mei et al., "Resource-Adaptive
+    Federated Learning with All-In-One Neural Composition", NeurIPS 2022, supplementary
+    §1.2; the layout below is the authors' code, `src/model/cnn_flanc.py`, which reproduces
+    the MACs of the supplement's Table 2), undecomposed:
     a 3x3 stem conv to 64 channels that no width changes (no activation, no pool), two 3x3
     convs to 128p channels each followed by ReLU and 2x2 max-pool, a linear head on the
     flattened 128p x H/4 x W/4 features. `bn` other than `none` adds a norm after each conv,

@@ -1,21 +1,25 @@
 """Layers that slice themselves by width, so one module serves every sub-model.
 
 A slim layer owns its full (allocated) tensors and, at call time, uses their leading part:
-`W[:out, :in]` (METHODS.md §1.2, §6.5, §6.6). The input width is read from the input
+`W[:out, :in]`, the nested slice of ScalableFL (Nitta et al., arXiv 2311.08716, §III-A),
+HeteroFL (Diao et al., ICLR 2021, §3) and FjORD's ordered dropout (Horváth et al., NeurIPS
+2021, §3). The input width is read from the input
 itself; the output width is either the allocated one (`width=None`) or `channels(width,
 base)` for a width ratio relative to the layer's *base* channel count (the count at ratio
 1, which ratios may exceed). So a model built at ratio p and a wider model run with
 `width=p` compute the same function on the same leading tensors, and FjORD can change the
 width every step without rebuilding anything.
 
-Normalisation layers come in the modes METHODS.md §7 lists:
+Normalisation layers come in the modes these methods use (the sources are cited per mode):
 
 - `batch`: BatchNorm with running statistics (averaged like any tensor, or kept private
-  for FedBN, or group-qualified for FLANC and NeFL by the strategy's index map);
-- `static`: HeteroFL's sBN, batch statistics always, no running statistics in training
+  for FedBN, or group-qualified for FLANC and NeFL by the strategy's index map: FLANC's
+  supplementary §1.2, NeFL's official code `utils/NeFedAvg.py`);
+- `static`: HeteroFL's sBN (§3 of the paper; authors' code `train_classifier_fed.py`:
+  `stats`), batch statistics always, no running statistics in training
   (evaluation builds the same spec with `bn="batch"` and re-estimates them);
 - `per-width`: FjORD's one set of running statistics per width level, with a shared affine
-  sliced to the width;
+  sliced to the width (the authors' Flower baseline, `fjord/od/layers/batch_norm.py`);
 - `none`: identity.
 
 HeteroFL's scaler (activations divided by the width ratio during training only) lives in
@@ -37,7 +41,8 @@ NORM_MODES = ("batch", "static", "per-width", "none")
 
 
 def channels(ratio: float, base: int) -> int:
-    """`ceil(ratio * base)`, at least 1 (METHODS.md §1.2: ceil, as ScalableFL's Table IV shows).
+    """`ceil(ratio * base)`, at least 1: ScalableFL (arXiv 2311.08716, §III-A) does not say
+    how it rounds; ceil is what its Table IV's widths show (kappa = 0.8997: 128 -> 116).
 
     The product is rounded to 9 decimals first, so that 0.3 * 10 gives 3, not 4.
     """

@@ -9,12 +9,14 @@ to the partition) or by an explicit per-client list. Every `switch_every` rounds
 `(seed, round, SERVER, "profile-switch")` generator: the assignment in round r is a pure
 function of the seed and r, so it is the same on resume and in any execution order.
 
-The presets reproduce DTFL's heterogeneity simulation (METHODS.md §4.5): five profiles on
-20 % of the clients each, bandwidths 100, 30, 30, 30, 10 Mbit/s; `dtfl` takes the relative
-slowdowns of the authors' code (rates proportional to 1/16, 1/20, 1/34, 1/130, 1/250),
-`dtfl-cpus` the paper's CPU counts (proportional to 4, 2, 1, 0.2, 0.1). The fastest
-profile's rate is `fastest_rate`. DTFL switches 30 % of the clients every 50 rounds; the
-presets leave switching to the config (`switch_every`, `switch_fraction`).
+The presets reproduce DTFL's heterogeneity simulation ("Speed up Federated Learning in
+Heterogeneous Environment: A Dynamic Tiering Approach", §4.1-4.2, and the authors' code,
+mahmoudsajjadi/DTFL `main.py`): five profiles on 20 % of the clients each, bandwidths 100,
+30, 30, 30, 10 Mbit/s; `dtfl` takes the relative slowdowns of the authors' code (rates
+proportional to 1/16, 1/20, 1/34, 1/130, 1/250), `dtfl-cpus` the paper's CPU counts
+(proportional to 4, 2, 1, 0.2, 0.1). The fastest profile's rate is `fastest_rate`. DTFL
+switches 30 % of the clients every 50 rounds; the presets leave switching to the config
+(`switch_every`, `switch_fraction`).
 """
 
 from __future__ import annotations

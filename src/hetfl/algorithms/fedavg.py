@@ -26,8 +26,8 @@ judged by `local_acc` (each client's model with its private layers on its local 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -38,6 +38,7 @@ from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import Accumulator
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
 
 Weighting = Literal["samples", "uniform"]
@@ -51,7 +52,7 @@ class FedAvg(Strategy):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         weighting: Weighting = "samples",
         private_norm: bool = False,
         private_head: bool = False,
@@ -115,7 +116,7 @@ class FedPerOptions(FedAvgOptions):
 
 
 def _make(
-    family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     strategy = FedAvg(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()

@@ -27,6 +27,7 @@ from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.client import ClientHooks
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
 
 
@@ -41,7 +42,7 @@ class FedOpt(FedAvg):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         server: ServerOptSettings,
         weighting: Weighting = "samples",
     ) -> None:
@@ -93,7 +94,7 @@ def _maker(kind: str) -> Any:
         opts: FedAdagradOptions,
         *,
         clients_per_round: int,
-        train: dict[str, Any],
+        train: LocalTraining,
     ) -> tuple[Strategy, ClientHooks]:
         server = ServerOptSettings(
             kind=kind,  # type: ignore[arg-type]

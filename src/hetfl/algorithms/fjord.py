@@ -39,6 +39,7 @@ from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import EvalModel, ModelFamily, PassRecord
 
 DEFAULT_LEVELS = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -52,7 +53,7 @@ class FjORD(WidthLevels):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         levels: Sequence[float] = DEFAULT_LEVELS,
         **options: Any,
     ) -> None:
@@ -113,7 +114,7 @@ class FjORDOptions(FedAvgOptions):
 
 
 def _make(
-    family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     kwargs = opts.model_dump(exclude={"distill"})
     strategy = FjORD(family, clients_per_round=clients_per_round, train=train, **kwargs)

@@ -150,6 +150,19 @@ def test_refuses_what_it_cannot_send_and_headers_it_cannot_read():
         decode('{"ClientInfo": {"cid": 1}}', {})
 
 
+def test_a_task_config_with_an_unknown_setting_does_not_decode():
+    """A local-training setting the client's record lacks (a newer server's, or a typo) is
+    refused by name, not dropped: the client would otherwise train without it."""
+    header, tensors = encode(ClientTask(0, SPEC, {}, [], LocalTraining(lr=0.1)))
+    assert '"LocalTraining":{"lr":0.1,' in header
+    bad = header.replace('"LocalTraining":{"lr":0.1,', '"LocalTraining":{"lr":0.1,"mu":0.01,')
+    with pytest.raises(CodecError, match=r"does not fit LocalTraining: .*'mu'"):
+        decode(bad, tensors)
+    sent_as_dict = header.replace('{"LocalTraining":', '{"dict":')
+    with pytest.raises(CodecError, match="must be a LocalTraining record, got dict"):
+        decode(sent_as_dict, tensors)
+
+
 def test_flower_records_keep_exact_bits():
     pytest.importorskip("flwr")
     from hetfl.deploy.records import from_content, to_content

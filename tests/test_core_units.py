@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from hetfl.config import validate
 from hetfl.core.client import (
     ClientHooks,
     ClientProgram,
@@ -277,13 +278,20 @@ def test_local_training_accepts_edge_values():
     assert LocalTraining(lr=0.1, momentum=0.999).momentum == 0.999
 
 
-def test_local_training_from_config_ignores_unknown_keys():
-    s = LocalTraining.from_config(
-        {"lr": 0.05, "batch_size": 8, "mu": 0.01, "label_mask": True, "steps": 3}
-    )
-    assert s == LocalTraining(lr=0.05, batch_size=8, steps=3)
-    with pytest.raises(TypeError):
-        LocalTraining.from_config({"batch_size": 8})  # lr is required
+def test_a_task_config_with_an_unknown_setting_is_refused_naming_it():
+    """A setting the record lacks used to be dropped without a word (a typo such as
+    `momentm` trained without momentum); now a dict config is refused and the record names
+    the key."""
+    with pytest.raises(TypeError, match="must be a LocalTraining record, got dict"):
+        ClientTask(0, Spec(model="lin"), {}, [], {"lr": 0.1, "momentm": 0.9})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'momentm'"):
+        LocalTraining(lr=0.1, momentm=0.9)  # type: ignore[call-arg]
+
+
+def test_the_config_defaults_are_the_records():
+    """Each default is written once, in `LocalTraining` (and `LrSchedule`): an empty
+    `train:` section builds the record's defaults, schedule included."""
+    assert validate({}).train.local_training() == LocalTraining()
 
 
 def test_local_training_num_steps():
@@ -307,7 +315,7 @@ def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
     x, y = torch.tensor(xs), torch.tensor(ys)
     data = ClientData(0, x, y, x[:0], y[:0], 3)
     settings = LocalTraining(lr=lr, steps=1, batch_size=4)
-    task = ClientTask(0, Spec(model="lin"), {}, full_map(["weight", "bias"]), {})
+    task = ClientTask(0, Spec(model="lin"), {}, full_map(["weight", "bias"]))
     ctx = TrainContext(task=task, received={}, generator=_gen(0), settings=settings)
     stats = train_local(model, data, ClientHooks(), ctx)
 
@@ -496,7 +504,7 @@ def _mlp_setup():
 
 def _task(cid, spec, imap, state):
     payload = {e.local: state[e.local] for e in imap}
-    return ClientTask(cid, spec, payload, imap, {"lr": 0.1, "steps": 2, "batch_size": 4})
+    return ClientTask(cid, spec, payload, imap, LocalTraining(lr=0.1, steps=2, batch_size=4))
 
 
 def test_client_fit_with_cached_model_does_not_touch_global_rng():
@@ -558,7 +566,7 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
     keep_momentum that is one SGD-with-momentum run over both rounds' batches (a plain
     PyTorch loop, one optimiser); without it the second round restarts the buffers."""
     family, spec, imap, state, data = _mlp_setup()
-    config = {"lr": 0.1, "steps": 3, "batch_size": 4, "momentum": 0.9, "keep_momentum": keep}
+    config = LocalTraining(lr=0.1, steps=3, batch_size=4, momentum=0.9, keep_momentum=keep)
     program = ClientProgram(family, seed=0)
     first = program.fit(
         ClientTask(0, spec, dict(state), imap, config),
@@ -579,7 +587,7 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
     model = family.build(spec)
     model.load_state_dict(state)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
-    settings = LocalTraining.from_config(config)
+    settings = config
     for rnd in (1, 2):
         for idx in batch_order(8, settings, torch_generator(0, rnd, 0, "t")):
             opt.zero_grad()
@@ -595,7 +603,7 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
 def test_a_kept_buffer_of_another_shape_starts_afresh():
     """A client that gets another sub-model drops the buffers that no longer fit."""
     family, spec, imap, state, data = _mlp_setup()
-    config = {"lr": 0.1, "steps": 2, "batch_size": 4, "momentum": 0.9, "keep_momentum": True}
+    config = LocalTraining(lr=0.1, steps=2, batch_size=4, momentum=0.9, keep_momentum=True)
     task = ClientTask(0, spec, dict(state), imap, config)
     stale = {"momentum/head.weight": torch.ones(2, 2)}
     info = data.info()
@@ -742,7 +750,7 @@ def _dropout_round(program, rnd, cids, state, data):
     """Each client's result of one step from `state` in round `rnd`, in the order given."""
     spec = program.family.global_spec([])
     imap = program.family.index_map(spec)
-    config = {"lr": 0.5, "steps": 1, "batch_size": 4}
+    config = LocalTraining(lr=0.5, steps=1, batch_size=4)
     return {
         c: program.fit(
             ClientTask(c, spec, state, imap, config),

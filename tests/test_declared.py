@@ -15,6 +15,7 @@ from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.spec import IndexMap, MapEntry, Spec, prefix_index
 from hetfl.core.state import extract, place
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo
 from hetfl.models import PlainFamily
 
@@ -125,7 +126,7 @@ def _clients(*widths: float) -> list[ClientInfo]:
 
 
 def test_a_declared_per_group_tensor_has_the_statistics_of_its_own_shape() -> None:
-    strategy = _ByWidth(_PerWidthFamily(), clients_per_round=1, train={})
+    strategy = _ByWidth(_PerWidthFamily(), clients_per_round=1, train=LocalTraining())
     strategy.setup(_clients(1 / 32, 1.0), _init_gen())
     small, full = (
         strategy.global_state["width=0.03125/weight"],
@@ -143,7 +144,9 @@ class _WithExtra(Strategy):
     """A plain model plus strategy-declared tensors (a per-tier head, a server buffer)."""
 
     def __init__(self, declared: list[DeclaredTensor]) -> None:
-        super().__init__(PlainFamily("mlp", (1, 2, 2), 3), clients_per_round=1, train={})
+        super().__init__(
+            PlainFamily("mlp", (1, 2, 2), 3), clients_per_round=1, train=LocalTraining()
+        )
         self._declared = declared
 
     def declared_tensors(self) -> list[DeclaredTensor]:

@@ -11,7 +11,9 @@ import math
 import pytest
 import torch
 
+from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import MapEntry, Spec, prefix_index
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalTask, PassRecord
 from hetfl.deploy.codec import CodecError, decode, encode
 
@@ -86,14 +88,20 @@ def test_client_task_roundtrips_payload_bits_and_config():
         spec=SPEC,
         payload=payload,
         index_map=[MapEntry("w", "W", prefix_index(8, 3))],
-        config={"lr": 0.05, "steps": None, "widths": (0.25, 0.5), "mu": 1e-3, "tags": ["a", "b"]},
+        config=LocalTraining(
+            lr=0.05,
+            lr_schedule=LrSchedule("step", (0.5, 0.75), 0.1, 0.25),
+            steps=3,
+            clip_grad_norm=1.0,
+            decay_norm_and_bias=False,
+        ),
     )
     back = roundtrip(task)
     assert isinstance(back, ClientTask)
     assert back.cid == 3 and back.spec == SPEC and back.kind == "fit"
     assert set(back.payload) == set(payload)
     assert all(same_tensor(back.payload[k], payload[k]) for k in payload)
-    assert back.config == task.config and isinstance(back.config["widths"], tuple)
+    assert back.config == task.config and isinstance(back.config.lr_schedule.milestones, tuple)
     assert same_map(back.index_map, task.index_map)
 
 
@@ -142,12 +150,27 @@ def test_refuses_what_it_cannot_send_and_headers_it_cannot_read():
         decode('{"ClientInfo": {"cid": 1}}', {})
 
 
+def test_a_task_config_with_an_unknown_setting_does_not_decode():
+    """A local-training setting the client's record lacks (a newer server's, or a typo) is
+    refused by name, not dropped: the client would otherwise train without it."""
+    header, tensors = encode(ClientTask(0, SPEC, {}, [], LocalTraining(lr=0.1)))
+    assert '"LocalTraining":{"lr":0.1,' in header
+    bad = header.replace('"LocalTraining":{"lr":0.1,', '"LocalTraining":{"lr":0.1,"mu":0.01,')
+    with pytest.raises(CodecError, match=r"does not fit LocalTraining: .*'mu'"):
+        decode(bad, tensors)
+    sent_as_dict = header.replace('{"LocalTraining":', '{"dict":')
+    with pytest.raises(CodecError, match="must be a LocalTraining record, got dict"):
+        decode(sent_as_dict, tensors)
+
+
 def test_flower_records_keep_exact_bits():
     pytest.importorskip("flwr")
     from hetfl.deploy.records import from_content, to_content
 
     payload = {"w": torch.randn(5, 4, dtype=torch.float32), "n": torch.tensor([3, 1])}
-    task = ClientTask(0, SPEC, payload, [MapEntry("w", "W", (torch.tensor([2, 0]),))], {"lr": 0.1})
+    task = ClientTask(
+        0, SPEC, payload, [MapEntry("w", "W", (torch.tensor([2, 0]),))], LocalTraining(lr=0.1)
+    )
     back = from_content(to_content({"round": 2, "task": task}))
     assert back["round"] == 2
     assert all(same_tensor(back["task"].payload[k], payload[k]) for k in payload)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hetfl.core.training import LocalTraining
+
 pytest.importorskip("flwr")
 
 from flwr.app import Context, RecordDict
@@ -134,8 +136,12 @@ def test_methods_with_a_server_program_are_refused():
 
     family = PlainFamily("mlp", (1, 8, 8), 10)
     with pytest.raises(SimulatorOnlyError, match="simulator-only for now"):
-        refuse_server_program(Split(family, clients_per_round=1, train={"lr": 0.1}), "split")
-    refuse_server_program(FedAvg(family, clients_per_round=1, train={"lr": 0.1}), "fedavg")
+        refuse_server_program(
+            Split(family, clients_per_round=1, train=LocalTraining(lr=0.1)), "split"
+        )
+    refuse_server_program(
+        FedAvg(family, clients_per_round=1, train=LocalTraining(lr=0.1)), "fedavg"
+    )
 
 
 def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():

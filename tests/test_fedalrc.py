@@ -21,7 +21,6 @@ from hetfl.algorithms.fedalrc import (
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import ClientProgram, LocalTraining, TrainContext, batch_order
 from hetfl.core.rng import torch_generator
-from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
@@ -43,7 +42,7 @@ def _injected(q: int, b: int, c: int, ctx: TrainContext) -> torch.Tensor:
 
 
 def _ctx(cid: int = 0, step: int = 0) -> TrainContext:
-    task = ClientTask(cid, Spec(model="t"), {}, [], {"lr": 0.1})
+    task = ClientTask(cid, Spec(model="t"), {}, [], LocalTraining(lr=0.1))
     return TrainContext(task, {}, torch.Generator(), LocalTraining(lr=0.1), step=step)
 
 
@@ -105,7 +104,7 @@ def _fit(hooks, data: ClientData, payload, config) -> tuple[dict, dict]:
 
 def test_gate_open_changes_training_and_a_closed_gate_does_not():
     data = _two_class_data(0, 24)
-    config = {"lr": 0.1, "epochs": 1, "batch_size": 8}
+    config = LocalTraining(lr=0.1, epochs=1, batch_size=8)
     small = {"head.weight": torch.zeros(2, 3), "head.bias": torch.zeros(2)}  # loss ln 2: open
     on, extras = _fit(RademacherHooks(0.5, 5, signs=_injected), data, small, config)
     off, _ = _fit(RademacherHooks(0.0), data, small, config)
@@ -153,7 +152,7 @@ def test_thresholding_hooks_after_one_sgd_step_by_hand():
     data = ClientData(0, x.float(), y, x[:0].float(), y[:0], 3)
     payload = {"head.weight": w0.float(), "head.bias": b0.float()}
     lr, alpha = 0.5, 0.4
-    config = {"lr": lr, "steps": 1, "batch_size": 5}
+    config = LocalTraining(lr=lr, steps=1, batch_size=5)
     task = ClientTask(0, family.global_spec([]), payload, full_map(payload), config)
     hooks = ThresholdingHooks("head.weight", (3, 4), alpha=alpha, theta=1)
     generator = torch_generator(0, 1, 0, "train")
@@ -173,7 +172,7 @@ def test_thresholding_hooks_after_one_sgd_step_by_hand():
 def _reference_client(w, b, data: ClientData, config, alpha, q, radius):
     """Algorithm 2 on a linear softmax model in float64, gradients in closed form."""
     x, y = data.x_train.double(), data.y_train
-    settings = LocalTraining.from_config(config)
+    settings = config
     batches = batch_order(data.n_train, settings, torch_generator(0, 1, data.cid, "train"))
     for step, idx in enumerate(batches):
         xb, yb = x[idx], y[idx]
@@ -189,7 +188,7 @@ def _reference_client(w, b, data: ClientData, config, alpha, q, radius):
 
 def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     family = PlainFamily("linear", (3,), 2)
-    config = {"lr": 0.2, "epochs": 2, "batch_size": 4}
+    config = LocalTraining(lr=0.2, epochs=2, batch_size=4)
     alpha, q, gamma = 0.8, 3, 1.5
     strategy = FedALRC(family, clients_per_round=2, train=config, gamma=gamma)
     hooks = RademacherHooks(alpha, q, signs=_injected)
@@ -274,7 +273,9 @@ def test_server_step_is_fednovas_formula_times_gamma(name, opts, gamma):
     w ← w − γ (Σ_k p_k ϖ_k) Σ_k p_k (w − w_k) / ϖ_k with p_k = n_k / Σ n, on hand-made
     results with unequal sizes and step counts."""
     family = PlainFamily("linear", (8,), 6)  # a 6 x 8 weight: FedALRC's theta = 5 fits
-    strategy, _ = ALGORITHMS.get(name).build(family, opts, clients_per_round=3, train={})
+    strategy, _ = ALGORITHMS.get(name).build(
+        family, opts, clients_per_round=3, train=LocalTraining()
+    )
     infos = [ClientInfo(cid, 10, (8,), tuple(range(6))) for cid in range(3)]
     strategy.setup(infos, torch_generator(0, 0, -1, "init"))
     strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))  # all three
@@ -293,7 +294,7 @@ def test_ada_fedalrc_with_equal_steps_is_fedadagrad_with_v0_eps(tmp_path):
     """With γ = 1, α = 0 and equal step counts, τ_eff Σ p_k (w − w_k)/ϖ = Σ p_k (w − w_k):
     Ada-FedALRC's direction is FedAdagrad's pseudo-gradient, and with v⁰ = eps (Algorithm 3,
     line 1) both take the same Adagrad steps (Reddi et al. 2021, Algorithm 2, β1 = 0)."""
-    train = {"lr": 0.05, "steps": 3, "batch_size": 16}
+    train = LocalTraining(lr=0.05, steps=3, batch_size=16)
     ada = {"gamma": 1.0, "alpha": 0.0, "server_lr": 0.05}
     alrc = _final_state("ada-fedalrc", ada, "mlp", train, 3, tmp_path / "alrc")
     adagrad = {"server_lr": 0.05, "v0": 1e-3}
@@ -309,7 +310,10 @@ def test_ada_fedalrc_with_equal_steps_is_fedadagrad_with_v0_eps(tmp_path):
 def test_ada_fedalrc_two_rounds_by_hand():
     family = PlainFamily("linear", (2,), 2)
     strategy, _ = ALGORITHMS.get("ada-fedalrc").build(
-        family, {"gamma": 1.5, "theta": 1, "server_lr": 0.1}, clients_per_round=2, train={}
+        family,
+        {"gamma": 1.5, "theta": 1, "server_lr": 0.1},
+        clients_per_round=2,
+        train=LocalTraining(),
     )
     infos = [ClientInfo(cid, 10, (2,), (0, 1)) for cid in range(2)]
     strategy.setup(infos, torch_generator(0, 0, -1, "init"))
@@ -362,13 +366,18 @@ def test_invalid_options_are_refused(name, opts, match):
 def test_theta_beyond_the_weight_rank_is_refused_when_built():
     family = PlainFamily("linear", (1, 8, 8), 10)  # weight 10 x 64: theta in 0..10
     build = ALGORITHMS.get("fedalrc").build
-    build(family, {"theta": 10}, clients_per_round=1, train={})
+    build(family, {"theta": 10}, clients_per_round=1, train=LocalTraining())
     with pytest.raises(ValueError, match=r"theta = 11 .* allowed 0\.\.10"):
-        build(family, {"theta": 11}, clients_per_round=1, train={})
+        build(family, {"theta": 11}, clients_per_round=1, train=LocalTraining())
     with pytest.raises(ValueError, match="form 'linear' needs"):
-        build(PlainFamily("mlp", (6,), 3), {"form": "linear"}, clients_per_round=1, train={})
+        build(
+            PlainFamily("mlp", (6,), 3),
+            {"form": "linear"},
+            clients_per_round=1,
+            train=LocalTraining(),
+        )
     with pytest.warns(UserWarning, match="theta does not apply"):
-        build(PlainFamily("mlp", (6,), 3), {"theta": 2}, clients_per_round=1, train={})
+        build(PlainFamily("mlp", (6,), 3), {"theta": 2}, clients_per_round=1, train=LocalTraining())
     with pytest.raises(ValueError, match="alpha"):
         RademacherHooks(alpha=-1.0)
     with pytest.raises(ValueError, match="Q"):
@@ -392,7 +401,7 @@ def test_ready_configs_validate_and_decay_the_local_lr_as_the_paper():
         for _, point in points:
             cfg = validate(point)
             rounds = cfg.train.rounds
-            schedule = LrSchedule.from_config(cfg.train.lr_schedule.model_dump())
+            schedule = cfg.train.lr_schedule.lr_schedule()
             half, three_quarters = rounds // 2, math.ceil(0.75 * rounds)
             at = [1, half, half + 1, three_quarters - 1, three_quarters + 1, rounds]
             got = [schedule.factor(r, rounds) for r in at]
@@ -487,7 +496,7 @@ def test_vgg11_one_fedalrc_round_on_one_percent(tmp_path):
     clients = build_clients(ds, parts, test_per_client=0, seed=0)
     family = PlainFamily("vgg11", ds.input_shape, ds.num_classes)
     strategy, hooks = ALGORITHMS.get("fedalrc").build(
-        family, {}, clients_per_round=4, train={"lr": 0.02, "batch_size": 32}
+        family, {}, clients_per_round=4, train=LocalTraining(lr=0.02, batch_size=32)
     )
     settings = RoundSettings(rounds=1, seed=0, local_eval="none")
     program = ClientProgram(family, hooks)

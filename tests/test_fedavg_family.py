@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,11 +15,12 @@ from hetfl.core.client import ClientProgram
 from hetfl.core.rng import torch_generator
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.spec import Spec, full_map
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.engine.rounds import RoundSettings
 from hetfl.sim import Simulation
 
-TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
+TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 
 
 class _LinearBN(nn.Module):
@@ -122,7 +124,7 @@ def test_client_normaliser_follows_the_recursion(momentum, mu, lr, steps):
     x = torch.randn(40, 2, generator=torch.Generator().manual_seed(0))
     y = (x[:, 0] > 0).long()
     data = ClientData(0, x, y, x[:0], y[:0], 2)
-    config = {"lr": lr, "steps": steps, "batch_size": 8, "momentum": momentum}
+    config = LocalTraining(lr=lr, steps=steps, batch_size=8, momentum=momentum)
     task = ClientTask(0, Spec(model="linear-bn"), {}, full_map(_Family.names), config)
     program = ClientProgram(_Family(), NormalisedHooks(mu))
     generator = torch_generator(0, 1, 0, "train")
@@ -150,7 +152,7 @@ def test_fednova_result_without_normaliser_is_a_clear_error():
 
 @pytest.mark.parametrize("name", ["fednova", "fedalrc"])
 def test_normalised_methods_refuse_kept_momentum(name):
-    train = {**TRAIN, "momentum": 0.9, "keep_momentum": True}
+    train = replace(TRAIN, momentum=0.9, keep_momentum=True)
     with pytest.raises(ValueError, match="keep_momentum cannot be used"):
         ALGORITHMS.get(name).build(_Family(), {}, clients_per_round=2, train=train)
 

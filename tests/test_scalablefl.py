@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from hetfl.core.client import ClientHooks, ClientProgram, LocalTraining, TrainCo
 from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
+from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import local_names
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
@@ -36,7 +38,7 @@ from hetfl.models import ScalableFamily
 from hetfl.models.slim import channels
 from hetfl.sim import Simulation
 
-TRAIN = {"lr": 0.1, "steps": 2, "batch_size": 8, "momentum": 0.9, "weight_decay": 5e-4}
+TRAIN = LocalTraining(lr=0.1, steps=2, batch_size=8, momentum=0.9, weight_decay=5e-4)
 IMAGENET = ((256, 1000), (192, 500), (128, 200), (96, 100))  # (H, K) of Table VIII
 
 
@@ -226,7 +228,7 @@ def test_private_parameters_never_leave_the_client() -> None:
             model = fam.build(task.spec)
         private = norm_tensor_names(model) | head_tensor_names(model)
         assert not private & set(task.payload)
-        assert task.config["decay_norm_and_bias"] is False
+        assert task.config.decay_norm_and_bias is False
         out = program.fit(task, data, {}, torch_generator(0, 1, info.cid, "train"), info=info)
         assert set(out.result.tensors) == set(local_names(task.index_map)) == set(task.payload)
         assert private == set(out.private)  # BN (with running statistics) and head stay
@@ -295,13 +297,13 @@ def test_learning_rate_decays_along_a_cosine_over_the_rounds() -> None:
     setting (no decay on norms and biases) still in the task."""
     fam, infos = _stage_cnn(32), _infos(((32, 4),), channels_in=1)
     strategy = ScalableFL(
-        fam, clients_per_round=1, train={**TRAIN, "lr_schedule": {"kind": "cosine"}}
+        fam, clients_per_round=1, train=replace(TRAIN, lr_schedule=LrSchedule("cosine"))
     )
     strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=10)
     configs = [strategy.task_config(r, infos[0]) for r in (1, 6)]  # of 10 rounds
-    assert [c["lr"] for c in configs] == pytest.approx([0.1, 0.05])
-    assert all(c["decay_norm_and_bias"] is False for c in configs)
-    assert _setup(fam, infos).task_config(6, infos[0])["lr"] == 0.1
+    assert [c.lr for c in configs] == pytest.approx([0.1, 0.05])
+    assert all(c.decay_norm_and_bias is False for c in configs)
+    assert _setup(fam, infos).task_config(6, infos[0]).lr == 0.1
 
 
 def test_weight_decay_spares_norms_and_biases_when_asked() -> None:
@@ -321,8 +323,9 @@ def test_weight_decay_spares_norms_and_biases_when_asked() -> None:
         with torch.no_grad():
             model.stages[0].norm.weight.fill_(2.0)
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        settings = LocalTraining(lr=0.5, steps=1, batch_size=4, weight_decay=0.1)
-        settings = LocalTraining(**{**vars(settings), "decay_norm_and_bias": decay_all})
+        settings = LocalTraining(
+            lr=0.5, steps=1, batch_size=4, weight_decay=0.1, decay_norm_and_bias=decay_all
+        )
         task = ClientTask(0, spec, {}, [])
         ctx = TrainContext(task, {}, torch.Generator().manual_seed(0), settings)
         train_local(model, data, Zero(), ctx)
@@ -452,7 +455,7 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
         fam,
         {"base_size": 2, "participation": 1.0},
         clients_per_round=6,
-        train={"lr": 0.1, "steps": 10, "batch_size": 16, "momentum": 0.9, "weight_decay": 5e-4},
+        train=LocalTraining(lr=0.1, steps=10, batch_size=16, momentum=0.9, weight_decay=5e-4),
     )
     settings = RoundSettings(rounds=4, seed=0, local_eval="all")
     sim = Simulation(

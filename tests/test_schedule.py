@@ -12,6 +12,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.config import ConfigError, validate
 from hetfl.core.rng import torch_generator
 from hetfl.core.schedule import LrSchedule
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo
 from hetfl.models import PlainFamily
 
@@ -76,19 +77,19 @@ def test_a_schedule_by_fraction_needs_the_run_length():
 
 def test_every_task_of_a_round_carries_that_rounds_lr():
     family = PlainFamily("mlp", (1, 2, 2), 3)
-    train = {"lr": 0.2, "steps": 1, "lr_schedule": {"kind": "step", "milestones": [0.5]}}
+    train = LocalTraining(lr=0.2, steps=1, lr_schedule=LrSchedule("step", (0.5,)))
     strategy, _ = ALGORITHMS.get("fedprox").build(
         family, {"mu": 0.1}, clients_per_round=2, train=train
     )
     infos = [ClientInfo(c, 10, (1, 2, 2), (0, 1, 2)) for c in range(2)]
     strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=4)
     lrs = [
-        [t.config["lr"] for t in strategy.plan(r, infos, torch_generator(0, r, -1, "s"))]
+        [t.config.lr for t in strategy.plan(r, infos, torch_generator(0, r, -1, "s"))]
         for r in (2, 3)
     ]
     assert lrs == [[0.2, 0.2], pytest.approx([0.02, 0.02])]
     assert all(
-        "lr_schedule" not in t.config
+        t.config.lr_schedule == LrSchedule()
         for t in strategy.plan(3, infos, torch_generator(0, 3, -1, "s"))
     )
 
@@ -98,4 +99,4 @@ def test_the_config_checks_the_schedule_at_the_edge():
     with pytest.raises(ConfigError, match="either all rounds"):
         validate(raw)
     ok = validate(yaml.safe_load("train: {lr_schedule: {kind: cosine, warmup: 0.1}}"))
-    assert ok.train.local_training()["lr_schedule"]["kind"] == "cosine"
+    assert ok.train.local_training().lr_schedule == LrSchedule("cosine", warmup=0.1)

@@ -16,12 +16,13 @@ from hetfl.core.client import ClientHooks, ClientProgram
 from hetfl.core.server_program import ServerProgram, ServerResult, ServerSession
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import Accumulator, extract
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, PassRecord
 from hetfl.engine.rounds import RoundSettings
 from hetfl.sim import Simulation
 from hetfl.systems.profiles import DeviceProfile, SystemSettings
 
-TRAIN = {"lr": 0.2, "epochs": 1, "batch_size": 4}
+TRAIN = LocalTraining(lr=0.2, epochs=1, batch_size=4)
 BODY = ["body.0.weight", "body.0.bias"]
 HEAD = ["head.weight", "head.bias"]
 
@@ -96,7 +97,7 @@ class _Program(ServerProgram):
     def open(self, task, private):
         self.kept[task.cid] = float(private["batches"]) if private else 0.0
         payload = extract(self.strategy.global_state, full_map(HEAD))
-        lr = task.config["lr"]
+        lr = task.config.lr
         return _Session(self.strategy.family, task.cid, payload, lr, answer=not self.parallel)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientOutput, ClientTask, EvalModel, PassRecord
 from hetfl.engine.outputs import ROW_KEYS
 from hetfl.engine.rounds import RoundSettings
@@ -24,7 +26,7 @@ from hetfl.engine.statistics import stats_shares
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
 
-TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
+TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 
 
 def _sim(
@@ -79,7 +81,7 @@ def test_fedprox_two_steps_match_hand_computation():
         Spec(model="linear"),
         copy.deepcopy(w0),
         full_map(["weight", "bias"]),
-        {"lr": lr, "steps": 2, "batch_size": 6},
+        LocalTraining(lr=lr, steps=2, batch_size=6),
     )
     out = ClientProgram(_LinearFamily(), ProximalHooks(mu)).fit(
         task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
@@ -308,7 +310,7 @@ def test_kept_momentum_resumes_exactly(synthetic_federation, tmp_path):
     """Momentum buffers kept between rounds are client state: checkpointed with the store,
     so a resumed run equals an uninterrupted one (and the buffers really are kept)."""
     family, clients, test = synthetic_federation
-    train = {**TRAIN, "momentum": 0.9, "keep_momentum": True}
+    train = replace(TRAIN, momentum=0.9, keep_momentum=True)
     whole = _sim(family, clients, test, tmp_path / "whole", rounds=3, train=train)
     whole.run()
     _sim(family, clients, test, tmp_path / "part", rounds=2, train=train).run()

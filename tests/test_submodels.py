@@ -9,6 +9,7 @@ aggregate of unchanged sub-models gives the global state back bit for bit.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -45,7 +46,7 @@ FAMILIES = {
     "resnet18": (3, 8, 8),
     "preresnet": (3, 8, 8),
 }
-TRAIN = {"lr": 0.05, "epochs": 1, "batch_size": 16}
+TRAIN = LocalTraining(lr=0.05, epochs=1, batch_size=16)
 
 
 def _family(name: str, **base) -> ScalableFamily:
@@ -312,7 +313,7 @@ def _digits_sim(algorithm: str, tmp_path, **opts) -> Simulation:
         fam,
         opts,
         clients_per_round=8,
-        train={"lr": 0.1, "epochs": 1, "batch_size": 16, "momentum": 0.5},
+        train=LocalTraining(lr=0.1, epochs=1, batch_size=16, momentum=0.5),
     )
     settings = RoundSettings(rounds=4, seed=0, stats_samples=500)
     program = ClientProgram(fam, hooks, seed=0)
@@ -362,7 +363,7 @@ def _heterofl_digits(tmp_path, **opts) -> Simulation:
         fam,
         {"levels": (1.0, 0.5), **opts},
         clients_per_round=4,
-        train={"lr": 0.1, "steps": 4, "batch_size": 16},
+        train=LocalTraining(lr=0.1, steps=4, batch_size=16),
     )
     settings = RoundSettings(rounds=1, seed=0)
     program = ClientProgram(fam, hooks, seed=0)
@@ -492,7 +493,7 @@ def test_a_private_tensor_that_misfits_the_model_names_the_client_and_the_tensor
     payload = extract(_global(fam), imap)
     x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     data = ClientData(3, x, torch.arange(4), x, torch.arange(4), 4)
-    task = ClientTask(3, narrow, payload, imap, {"lr": 0.1, "steps": 1, "batch_size": 4})
+    task = ClientTask(3, narrow, payload, imap, LocalTraining(lr=0.1, steps=1, batch_size=4))
     expected = r"client 3: its private tensor 'head.weight' has shape \(4, 32\).* needs \(4, 16\)"
     with pytest.raises(ValueError, match=expected):
         program.fit(task, data, kept, torch_generator(0, 1, 3, "train"), info=data.info())
@@ -518,7 +519,7 @@ def test_heterofl_clips_at_1_unless_train_sets_it_and_says_which(clip, runs, tmp
     sim = build_simulation(cfg, tmp_path, show_progress=False)
     sim.setup()
     tasks = sim.strategy.plan(1, sim.known_clients(), torch_generator(0, 1, -1, "sample"))
-    assert [t.config["clip_grad_norm"] for t in tasks] == [runs, runs]
+    assert [t.config.clip_grad_norm for t in tasks] == [runs, runs]
     assert f"  clip_grad_norm: {runs}" in start_banner(cfg, sim, tmp_path).splitlines()
     assert sim.info["strategy"]["clip_grad_norm"] == runs  # summary.json's "strategy"
     with pytest.raises(ConfigError, match=r"options\.heterofl: clip_grad_norm is not a heterofl"):
@@ -534,8 +535,8 @@ def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
     infos = _infos_of([8, 8], labels=(0, 2))
     _, hooks, tasks = _plan("heterofl", fam, infos, levels=(1.0, 0.5))
     task = tasks[0]
-    assert task.spec["widths"][0] == 0.5 and task.config["clip_grad_norm"] == 1.0
-    task.config = {**task.config, "steps": 1, "batch_size": 8}
+    assert task.spec["widths"][0] == 0.5 and task.config.clip_grad_norm == 1.0
+    task.config = replace(task.config, steps=1, batch_size=8)
     task.payload["head.weight"] *= 8  # a gradient norm well above 1
     x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     y = torch.tensor([0, 2, 2, 0, 2, 0, 0, 2])
@@ -555,7 +556,7 @@ def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
     norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
     assert norm > 1.5  # so the clipping binds
     for k, g in grads.items():
-        expected = params[k].detach() - task.config["lr"] * g / (norm + 1e-6)
+        expected = params[k].detach() - task.config.lr * g / (norm + 1e-6)
         torch.testing.assert_close(out.result.tensors[k], expected, rtol=0, atol=2e-6)
 
 

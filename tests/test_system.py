@@ -19,6 +19,7 @@ from hetfl.core.client import ClientHooks, ClientProgram
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import PassRecord, Problem
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic
 from hetfl.engine.rounds import RoundSettings
@@ -280,7 +281,7 @@ def test_bad_system_settings_fail_clearly(make, message):
 
 
 # -- runs with profiles -----------------------------------------------------------------------
-TRAIN = {"lr": 0.1, "epochs": 1, "batch_size": 16}
+TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 # the MLP on 1x8x8 inputs: linear 64->200, 200->200, 200->10; a training sample costs the
 # forward, every weight gradient, and the input gradients of the two deeper layers
 MLP_TRAIN_MACS = 3 * (64 * 200 + 200 * 200 + 200 * 10) - 64 * 200

@@ -19,6 +19,7 @@ from hetfl.cli import main
 from hetfl.config import ConfigError, validate
 from hetfl.core.client import ClientProgram, evaluate_model
 from hetfl.core.rng import numpy_generator
+from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic, validation_split
 from hetfl.engine.outputs import ROW_KEYS, Target, make_row, read_metrics, summarise
 from hetfl.engine.rounds import RoundSettings
@@ -100,7 +101,7 @@ def _run(synthetic, tmp_path: Path, algo: str, validation: float | None) -> Simu
         synthetic, _parts(synthetic), test_per_client=20, seed=0, validation=validation
     )
     family = PlainFamily("mlp", synthetic.input_shape, synthetic.num_classes)
-    train = {"lr": 0.1, "epochs": 1, "batch_size": 16}
+    train = LocalTraining(lr=0.1, epochs=1, batch_size=16)
     strategy, hooks = ALGORITHMS.get(algo).build(family, None, clients_per_round=3, train=train)
     sim = Simulation(
         strategy,

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.core.schedule import LrSchedule
+from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
 from hetfl.data.views import ViewGroup
@@ -175,37 +176,59 @@ class ModelConfig(_Strict):
 
 
 class LrScheduleConfig(_Strict):
-    """The lr by round (`hetfl.core.schedule.LrSchedule`, which checks it)."""
+    """The lr by round (`hetfl.core.schedule.LrSchedule`, which checks it and holds the
+    defaults)."""
 
-    kind: Literal["constant", "cosine", "step", "exponential"] = "constant"
+    kind: Literal["constant", "cosine", "step", "exponential"] = default_of(LrSchedule, "kind")
     milestones: list[float] = Field(
         default_factory=list, description="step: rounds, or fractions of the run in (0, 1)"
     )
     gamma: float = Field(
-        0.1, gt=0, description="step: factor per milestone; exponential: per round"
+        default_of(LrSchedule, "gamma"),
+        gt=0,
+        description="step: factor per milestone; exponential: per round",
     )
-    warmup: float = Field(0.0, ge=0, lt=1, description="fraction of the run warmed up linearly")
+    warmup: float = Field(
+        default_of(LrSchedule, "warmup"),
+        ge=0,
+        lt=1,
+        description="fraction of the run warmed up linearly",
+    )
 
     @model_validator(mode="after")
     def _schedule(self) -> LrScheduleConfig:
-        LrSchedule.from_config(self.model_dump())
+        self.lr_schedule()
         return self
+
+    def lr_schedule(self) -> LrSchedule:
+        return LrSchedule(self.kind, tuple(self.milestones), self.gamma, self.warmup)
+
+
+def _local(name: str) -> Any:
+    """The default of a local-training setting, which `LocalTraining` holds."""
+    return default_of(LocalTraining, name)
 
 
 class TrainConfig(_Strict):
+    """Rounds and sampling, and the local-training settings, whose defaults are
+    `hetfl.core.training.LocalTraining`'s."""
+
     rounds: int = Field(10, ge=1)
     clients_per_round: int = Field(10, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    local_steps: int | None = Field(None, ge=1, description="mini-batches; overrides epochs")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.05, gt=0, allow_inf_nan=False)
-    lr_schedule: LrScheduleConfig = LrScheduleConfig()
-    momentum: float = Field(0.0, ge=0, lt=1)
-    keep_momentum: bool = Field(
-        False, description="momentum buffers persist across rounds as private client state"
+    local_epochs: int = Field(_local("epochs"), ge=1)
+    local_steps: int | None = Field(
+        _local("steps"), ge=1, description="mini-batches; overrides epochs"
     )
-    weight_decay: float = Field(0.0, ge=0)
-    clip_grad_norm: float | None = Field(None, gt=0)
+    batch_size: int = Field(_local("batch_size"), ge=1)
+    lr: float = Field(_local("lr"), gt=0, allow_inf_nan=False)
+    lr_schedule: LrScheduleConfig = LrScheduleConfig()
+    momentum: float = Field(_local("momentum"), ge=0, lt=1)
+    keep_momentum: bool = Field(
+        _local("keep_momentum"),
+        description="momentum buffers persist across rounds as private client state",
+    )
+    weight_decay: float = Field(_local("weight_decay"), ge=0)
+    clip_grad_norm: float | None = Field(_local("clip_grad_norm"), gt=0)
 
     @model_validator(mode="after")
     def _momentum_to_keep(self) -> TrainConfig:
@@ -213,19 +236,19 @@ class TrainConfig(_Strict):
             raise ValueError("keep_momentum needs momentum > 0: there is no buffer to keep")
         return self
 
-    def local_training(self) -> dict[str, Any]:
-        """The settings each client receives (`hetfl.core.client.LocalTraining`)."""
-        return {
-            "lr": self.lr,
-            "lr_schedule": self.lr_schedule.model_dump(),
-            "epochs": self.local_epochs,
-            "steps": self.local_steps,
-            "batch_size": self.batch_size,
-            "momentum": self.momentum,
-            "keep_momentum": self.keep_momentum,
-            "weight_decay": self.weight_decay,
-            "clip_grad_norm": self.clip_grad_norm,
-        }
+    def local_training(self) -> LocalTraining:
+        """The run's local-training record, which strategies send each client per round."""
+        return LocalTraining(
+            lr=self.lr,
+            lr_schedule=self.lr_schedule.lr_schedule(),
+            epochs=self.local_epochs,
+            steps=self.local_steps,
+            batch_size=self.batch_size,
+            momentum=self.momentum,
+            keep_momentum=self.keep_momentum,
+            weight_decay=self.weight_decay,
+            clip_grad_norm=self.clip_grad_norm,
+        )
 
 
 class EvalConfig(_Strict):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from hetfl.core.client import ClientHooks
 from hetfl.core.registry import Registry
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
 
@@ -50,7 +51,7 @@ class Algorithm:
         options: dict[str, Any] | Options | None,
         *,
         clients_per_round: int,
-        train: dict[str, Any],
+        train: LocalTraining,
     ) -> tuple[Strategy, ClientHooks]:
         opts = options if isinstance(options, Options) else self.options(**(options or {}))
         return self.make(family, opts, clients_per_round=clients_per_round, train=train)

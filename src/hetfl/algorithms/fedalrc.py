@@ -75,6 +75,7 @@ from hetfl.core.client import TrainContext
 from hetfl.core.init import build_model
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, ModelFamily, State
 
 #: `(Q, B, C, ctx) -> signs` of shape (Q, B, C) in {-1, +1}; tests inject fixed signs.
@@ -202,7 +203,7 @@ class FedALRC(FedNova):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         gamma: float = 1.5,
         server: ServerOptSettings | None = None,
         weighting: Weighting = "samples",
@@ -286,7 +287,7 @@ def regulariser_hooks(family: ModelFamily, opts: FedALRCOptions) -> NormalisedHo
     FedALRCOptions,
 )
 def _make(
-    family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, NormalisedHooks]:
     hooks = regulariser_hooks(family, opts)
     strategy = FedALRC(
@@ -305,7 +306,7 @@ def _make(
     AdaFedALRCOptions,
 )
 def _make_ada(
-    family: ModelFamily, opts: AdaFedALRCOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: AdaFedALRCOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, NormalisedHooks]:
     hooks = regulariser_hooks(family, opts)
     server = ServerOptSettings(

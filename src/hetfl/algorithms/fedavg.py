@@ -27,8 +27,8 @@ judged by `local_acc` (each client's model with its private layers on its local 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -39,6 +39,7 @@ from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import Accumulator
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
 
 Weighting = Literal["samples", "uniform"]
@@ -52,7 +53,7 @@ class FedAvg(Strategy):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         weighting: Weighting = "samples",
         private_norm: bool = False,
         private_head: bool = False,
@@ -126,7 +127,7 @@ class FedPerOptions(FedAvgOptions):
 )
 @register_algorithm("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions)
 def _make(
-    family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     strategy = FedAvg(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()

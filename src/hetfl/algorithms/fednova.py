@@ -25,7 +25,7 @@ direction is (`hetfl.core.server_opt`, used by FedALRC).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
@@ -38,6 +38,7 @@ from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, ModelFamily, State
 
 
@@ -78,7 +79,7 @@ class FedNova(FedOpt):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         mu: float = 0.0,
         weighting: Weighting = "samples",
         server: ServerOptSettings | None = None,
@@ -90,7 +91,7 @@ class FedNova(FedOpt):
             server=server or ServerOptSettings(kind="sgd", lr=1.0),
             weighting=weighting,
         )
-        if train.get("keep_momentum"):
+        if train.keep_momentum:
             raise ValueError(
                 f"{self.name} normalises by ‖a‖₁, which assumes momentum buffers start at zero "
                 "each round; train.keep_momentum cannot be used with it"
@@ -136,7 +137,7 @@ class FedNovaOptions(FedProxOptions):
     "fednova", "FedNova (Wang et al. 2020): normalised averaging of local updates", FedNovaOptions
 )
 def _make(
-    family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     strategy = FedNova(
         family,

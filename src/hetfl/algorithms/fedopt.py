@@ -28,6 +28,7 @@ from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.client import ClientHooks
 from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
 
 
@@ -42,7 +43,7 @@ class FedOpt(FedAvg):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         server: ServerOptSettings,
         weighting: Weighting = "samples",
     ) -> None:
@@ -103,7 +104,7 @@ def _make(
     opts: FedAdagradOptions,
     *,
     clients_per_round: int,
-    train: dict[str, Any],
+    train: LocalTraining,
 ) -> tuple[Strategy, ClientHooks]:
     """The server optimiser is the options class's `server_optimizer` (FedAdamOptions: adam)."""
     server = ServerOptSettings(

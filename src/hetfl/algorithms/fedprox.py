@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from pydantic import Field
@@ -26,6 +25,7 @@ from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg, Weighting
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
 
@@ -64,7 +64,7 @@ class FedProxOptions(Options):
     "fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term", FedProxOptions
 )
 def _make(
-    family: ModelFamily, opts: FedProxOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FedProxOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     if opts.mu == 0:
         warnings.warn("fedprox with mu = 0 is FedAvg", stacklevel=2)

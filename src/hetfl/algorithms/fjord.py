@@ -41,6 +41,7 @@ from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
 from hetfl.core.client import ClientHooks, TrainContext
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import EvalModel, ModelFamily, PassRecord
 
 DEFAULT_LEVELS = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -54,7 +55,7 @@ class FjORD(WidthLevels):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         levels: Sequence[float] = DEFAULT_LEVELS,
         **options: Any,
     ) -> None:
@@ -121,7 +122,7 @@ class FjORDOptions(FedAvgOptions):
     needs_scalable=True,
 )
 def _make(
-    family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     kwargs = opts.model_dump(exclude={"distill"})
     strategy = FjORD(family, clients_per_round=clients_per_round, train=train, **kwargs)

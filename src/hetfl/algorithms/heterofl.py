@@ -45,6 +45,7 @@ Choices where the paper is silent or the code differs from the text:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -59,6 +60,7 @@ from hetfl.core.client import ClientHooks, TrainContext, mask_logits
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import extract
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily, State
 
 Assignment = Literal["fixed", "dynamic"]
@@ -79,7 +81,7 @@ class HeteroFL(WidthLevels):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         levels: Sequence[float] = DEFAULT_LEVELS,
         proportions: Sequence[float] | None = None,
         assignment: Assignment = "fixed",
@@ -89,10 +91,10 @@ class HeteroFL(WidthLevels):
         private_head: bool = False,
         local_eval_model: LocalEvalModel = "global-masked",
     ) -> None:
-        """`train["clip_grad_norm"]` runs when set; unset (None), HeteroFL clips at
+        """`train.clip_grad_norm` runs when set; unset (None), HeteroFL clips at
         `DEFAULT_CLIP`."""
-        if train.get("clip_grad_norm") is None:
-            train = {**train, "clip_grad_norm": DEFAULT_CLIP}
+        if train.clip_grad_norm is None:
+            train = replace(train, clip_grad_norm=DEFAULT_CLIP)
         super().__init__(
             family,
             clients_per_round=clients_per_round,
@@ -209,7 +211,7 @@ class HeteroFL(WidthLevels):
         local: str = self.local_eval_model
         if self.private_norm or self.private_head:
             local = "own-level (private layers cannot load into the full-rate global model)"
-        return {"clip_grad_norm": self.train["clip_grad_norm"], "local_eval_model": local}
+        return {"clip_grad_norm": self.train.clip_grad_norm, "local_eval_model": local}
 
 
 def level_name(ratio: float) -> str:
@@ -265,7 +267,7 @@ class HeteroFLOptions(FedAvgOptions):
     needs_scalable=True,
 )
 def _make(
-    family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     strategy = HeteroFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     hooks = MaskedLossHooks() if opts.label_split else ClientHooks()

@@ -13,12 +13,12 @@ gives every client the same number of local steps.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.core.client import ClientHooks
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, Failure, ModelFamily, State
 
 
@@ -40,6 +40,6 @@ class LocalOnlyOptions(Options):
 
 @register_algorithm("local-only", "each client trains alone; nothing is shared", LocalOnlyOptions)
 def _make(
-    family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: dict[str, Any]
+    family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
     return LocalOnly(family, clients_per_round=clients_per_round, train=train), ClientHooks()

@@ -69,7 +69,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any, Literal
 
@@ -84,6 +84,7 @@ from hetfl.core.client import ClientHooks
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import extract
 from hetfl.core.strategy import Strategy, uniform_sample
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, EvalTask, ModelFamily, State
 from hetfl.models.scalable import ARCHITECTURES
 from hetfl.models.slim import channels
@@ -310,7 +311,7 @@ class ScalableFL(FedAvg):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         base_size: int = 8,
         base_classes: int = 10,
         participation: float | None = None,
@@ -320,11 +321,12 @@ class ScalableFL(FedAvg):
         max_spread: float = 1.5,
     ) -> None:
         """Each group samples `participation` of its clients; None takes
-        `clients_per_round` over the number of clients."""
+        `clients_per_round` over the number of clients. Weight decay applies to
+        convolution and linear weights only (Table VIII), whatever `train` says."""
         super().__init__(
             family,
             clients_per_round=clients_per_round,
-            train=train,
+            train=replace(train, decay_norm_and_bias=False),
             weighting="uniform",
             private_norm=True,
             private_head=True,
@@ -480,9 +482,6 @@ class ScalableFL(FedAvg):
         ]
         return sorted(chosen, key=lambda c: c.cid)
 
-    def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
-        return {**super().task_config(round, info), "decay_norm_and_bias": False}
-
     def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
         plan = self.plan_of(info)
         imap = self.index_map_for(plan.spec)
@@ -521,7 +520,7 @@ def _make(
     opts: ScalableFLOptions,
     *,
     clients_per_round: int,
-    train: dict[str, Any],
+    train: LocalTraining,
 ) -> tuple[Strategy, ClientHooks]:
     strategy = ScalableFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
     return strategy, ClientHooks()

@@ -9,8 +9,7 @@ it needs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
@@ -19,6 +18,7 @@ from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names
 from hetfl.core.spec import IndexMap, MapEntry, Spec
 from hetfl.core.state import State, extract
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, EvalModel, ModelFamily
 
 
@@ -152,7 +152,7 @@ class WidthLevels(FedAvg):
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
         levels: Sequence[float],
         proportions: Sequence[float] | None = None,
         weighting: Weighting = "samples",

@@ -21,9 +21,8 @@ through `ClientHooks`, which see parameter dictionaries, never the engine:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -36,6 +35,7 @@ from hetfl.core.rng import sibling_generator, torch_generator
 from hetfl.core.roles import norm_tensor_names
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientData,
     ClientInfo,
@@ -47,62 +47,6 @@ from hetfl.core.types import (
     PassRecord,
     State,
 )
-
-
-@dataclass(frozen=True)
-class LocalTraining:
-    """Local optimisation settings, carried in `ClientTask.config`.
-
-    `steps`, when set, is the number of mini-batches and overrides `epochs`. The optimiser
-    is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round;
-    with `keep_momentum` its momentum buffers are kept by the client between its rounds as
-    private state (`MOMENTUM` names): HetFL's flag, since no paper says whether its local
-    optimiser state survives a round (HeteroFL's, FLANC's and FedNova's official code
-    reset it). `decay_norm_and_bias=False`
-    exempts normalisation tensors and biases from `weight_decay`, so that in HetFL's models
-    only convolution and linear weights decay (ScalableFL, Table VIII).
-    """
-
-    lr: float
-    epochs: int = 1
-    steps: int | None = None
-    batch_size: int = 32
-    momentum: float = 0.0
-    keep_momentum: bool = False
-    weight_decay: float = 0.0
-    clip_grad_norm: float | None = None
-    decay_norm_and_bias: bool = True
-
-    def __post_init__(self) -> None:
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
-        if self.epochs < 1 and self.steps is None:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.keep_momentum and self.momentum == 0:
-            raise ValueError("keep_momentum needs momentum > 0 (there is no buffer to keep)")
-        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
-        if self.clip_grad_norm is not None and not (
-            self.clip_grad_norm > 0 and math.isfinite(self.clip_grad_norm)
-        ):
-            raise ValueError(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm}")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> LocalTraining:
-        """Read the settings from a task config, ignoring the method's own keys."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in config.items() if k in names})
-
-    def num_steps(self, n_train: int) -> int:
-        if self.steps is not None:
-            return self.steps
-        return self.epochs * math.ceil(n_train / self.batch_size)
 
 
 @dataclass
@@ -424,7 +368,7 @@ class ClientProgram:
         if info.cid != task.cid:
             raise ValueError(f"info is client {info.cid}'s, the task is for client {task.cid}")
         model = self._load(task.cid, task.spec, task.payload, private)
-        settings = LocalTraining.from_config(task.config)
+        settings = task.config
         ctx = TrainContext(
             task=task,
             received=task.payload,

@@ -3,8 +3,8 @@
 The papers set the lr by round, not by local step: ScalableFL decays it along a cosine over
 the rounds (Table VIII) or warms it up and then steps it down (detection, Table IX); FedALRC
 multiplies it by 0.1 at 50 % and 0.01 at 75 % of the rounds; HeteroFL steps it at fixed
-rounds. One schedule, applied by `Strategy.task_config`, serves every method, and the local
-optimiser stays fresh each round (`LocalTraining`).
+rounds. One schedule, held by `LocalTraining` and applied by `Strategy.task_config`, serves
+every method, and the local optimiser stays fresh each round.
 
 A schedule by fraction of the run reads the planned number of rounds R: a run resumed with
 more rounds than it was started with therefore follows the new R from the resumed round on.
@@ -13,9 +13,8 @@ more rounds than it was started with therefore follows the new R from the resume
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 ScheduleKind = Literal["constant", "cosine", "step", "exponential"]
 
@@ -61,12 +60,6 @@ class LrSchedule:
                 "milestones are either all rounds (whole numbers >= 1) or all fractions of "
                 f"the run (in (0, 1)), got {list(m)}"
             )
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None) -> LrSchedule:
-        if not config:
-            return cls()
-        return cls(**{**config, "milestones": tuple(config.get("milestones", ()))})
 
     def factor(self, round: int, rounds: int | None) -> float:
         """The multiplier of round `round`; `rounds` (R) is needed unless the schedule is

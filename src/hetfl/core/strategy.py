@@ -35,10 +35,10 @@ import torch
 
 from hetfl.core.declared import DeclaredTensor, build_declared
 from hetfl.core.init import build_model, initialize
-from hetfl.core.schedule import LrSchedule
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.spec import IndexMap, Spec, local_names, ungrouped
 from hetfl.core.state import extract
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientInfo,
     ClientResult,
@@ -78,15 +78,19 @@ class Strategy:
         family: ModelFamily,
         *,
         clients_per_round: int,
-        train: Mapping[str, Any],
+        train: LocalTraining,
     ) -> None:
+        """`train`: the run's local-training settings, with their lr schedule."""
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        if not isinstance(train, LocalTraining):
+            raise TypeError(
+                f"train must be a LocalTraining record (hetfl.core.training), got "
+                f"{type(train).__name__}"
+            )
         self.family = family
         self.clients_per_round = clients_per_round
-        settings = dict(train)
-        self.lr_schedule = LrSchedule.from_config(settings.pop("lr_schedule", None))
-        self.train = settings
+        self.train = train
         self.global_state: State = {}
         self.specs: dict[int, Spec] = {}
         self._global_spec: Spec | None = None
@@ -195,13 +199,10 @@ class Strategy:
     ) -> list[ClientInfo]:
         return uniform_sample(available, self.clients_per_round, rng)
 
-    def task_config(self, round: int, info: ClientInfo) -> dict[str, Any]:
-        """Local training settings sent with the task (see `hetfl.core.client.LocalTraining`),
-        with this round's lr from the run's schedule (`hetfl.core.schedule`)."""
-        config = dict(self.train)
-        if "lr" in config:
-            config["lr"] = float(config["lr"]) * self.lr_schedule.factor(round, self.rounds)
-        return config
+    def task_config(self, round: int, info: ClientInfo) -> LocalTraining:
+        """Local training settings sent with the task, with this round's lr from the run's
+        schedule (`LocalTraining.for_round`)."""
+        return self.train.for_round(round, self.rounds)
 
     def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
         """The spec a sampled client trains this round. Default: its static spec; FLANC's

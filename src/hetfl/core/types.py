@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.training import LocalTraining
 
 State = dict[str, torch.Tensor]
 
@@ -48,16 +49,25 @@ class ClientTask:
     local names they carry); their bytes are counted as `bytes_down`. The client uploads the
     tensors named by `index_map` (a map entry's `mask` narrows what counts in aggregation)
     and keeps every other tensor of its local model private. `config` carries the local
-    training settings (lr, epochs or steps, batch size, ...); `kind` is `"fit"` or
-    `"evaluate"` (local evaluation with private layers).
+    training settings of this client and round (`LocalTraining`: lr, epochs or steps,
+    batch size, ...); `kind` is `"fit"` or `"evaluate"` (local evaluation with private
+    layers).
     """
 
     cid: int
     spec: Spec
     payload: State
     index_map: IndexMap
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: LocalTraining = field(default_factory=LocalTraining)
     kind: Literal["fit", "evaluate"] = "fit"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, LocalTraining):
+            raise TypeError(
+                f"client {self.cid}'s task config must be a LocalTraining record, got "
+                f"{type(self.config).__name__}; build one (hetfl.core.training.LocalTraining) "
+                "instead of passing a dict"
+            )
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 Every message of the protocol (`ClientInfo`, `ClientTask`, `EvalTask`, `ClientResult` and
 what they hold: specs, index maps with slice or index-tensor selectors and masks, pass
-records, configs, extras) becomes a pair `(header, tensors)`: `header` is a JSON text of
-the plain fields and `tensors` a flat dict of named tensors the header refers to by key.
+records, local-training records, extras) becomes a pair `(header, tensors)`: `header` is a
+JSON text of the plain fields and `tensors` a flat dict of named tensors the header refers
+to by key.
 The Flower adapter puts the header in a `ConfigRecord` and the tensors in an
 `ArrayRecord`; this module itself knows nothing of Flower, so it is tested on its own.
 
@@ -24,13 +25,25 @@ from typing import Any
 
 import torch
 
+from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import MapEntry, Spec
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, EvalTask, PassRecord
 
-#: The dataclasses a header may rebuild, by name. Nothing else is ever constructed.
+#: The dataclasses a header may rebuild, by name. Nothing else is ever constructed; a
+#: field a dataclass does not have is refused, naming it (an unknown training setting).
 _TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ClientInfo, ClientTask, EvalTask, ClientResult, PassRecord, MapEntry)
+    for cls in (
+        ClientInfo,
+        ClientTask,
+        EvalTask,
+        ClientResult,
+        PassRecord,
+        MapEntry,
+        LocalTraining,
+        LrSchedule,
+    )
 }
 
 Tensors = dict[str, torch.Tensor]

@@ -2,10 +2,11 @@
 
 The engine owns availability, execution, failures, costs, evaluation, checkpoints and the
 run outputs; the strategy owns sampling, payloads, aggregation and what to evaluate; the
-client program owns local training. Clients run sequentially, each from generators derived
-from (seed, round, client, purpose), and results reach `aggregate` sorted by client id, so a
-round's outcome does not depend on execution order and a resumed run equals an
-uninterrupted one.
+client program owns local training. An executor (`hetfl.sim.executor`; sequentially in
+process by default) runs a round's clients, each from generators derived from (seed, round,
+client, purpose); the engine then charges, checks, clocks and stores their outcomes once
+each, in client-id order, and results reach `aggregate` sorted by client id, so a round's
+outcome does not depend on execution order and a resumed run equals an uninterrupted one.
 
 Counting conventions: `bytes_down` counts every payload sent; `bytes_up` every result a
 client returned (an invalid one included: it crossed the network); in split learning both
@@ -115,6 +116,7 @@ class Simulation(RoundLoop):
         server = self.strategy.server_program(rnd, tasks) if tasks else None
         jobs = [self._job(rnd, task) for task in sorted(tasks, key=lambda t: t.cid)]
         done = self.executor.run(self.program, jobs, self.clients, server)
+        _check_outcomes(jobs, done)
         outcome = RoundOutcome(server_results=None if server is None else [])
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
         for ran in done:
@@ -248,3 +250,15 @@ class Simulation(RoundLoop):
         self.server_store.load_state_dict(ckpt.get("server_store", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_times(cid, times)
+
+
+def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:
+    """An executor must answer every job, in the jobs' (client-id) order: the engine
+    charges and stores by position, and results reach `aggregate` in that order."""
+    asked = [job.task.cid for job in jobs]
+    answered = [ran.task.cid for ran in done]
+    if answered != asked:
+        raise RuntimeError(
+            f"the executor returned outcomes for clients {answered}, but was asked for "
+            f"clients {asked}: an Executor must return one TaskOutcome per job, in order"
+        )

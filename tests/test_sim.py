@@ -19,12 +19,19 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientData, ClientOutput, ClientTask, EvalModel, PassRecord
+from hetfl.core.types import (
+    ClientData,
+    ClientOutput,
+    ClientTask,
+    EvalModel,
+    PassRecord,
+    Problem,
+)
 from hetfl.engine.outputs import ROW_KEYS
 from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
 from hetfl.models import ScalableFamily
-from hetfl.sim import Simulation
+from hetfl.sim import ClientJob, SequentialExecutor, Simulation
 
 TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 
@@ -188,6 +195,92 @@ def test_failing_clients_are_excluded_and_counted(synthetic_federation, tmp_path
     assert [r["clients"] for r in rows] == [5, 5]
     assert all(bool(torch.isfinite(v).all()) for v in sim.strategy.global_state.values())
     assert 1 not in sim.store and 2 not in sim.store and 0 in sim.store
+
+
+# -- the executor seam -----------------------------------------------------------------------
+class _Recording(SequentialExecutor):
+    """Runs jobs as the default executor does, and keeps every round's jobs and outcomes."""
+
+    def __init__(self):
+        self.jobs, self.outcomes = [], []
+
+    def run(self, program, jobs, clients, server):
+        self.jobs.append(list(jobs))
+        self.outcomes.append(super().run(program, jobs, clients, server))
+        return self.outcomes[-1]
+
+
+class _ClientTwoRaises(SequentialExecutor):
+    """Client 2's training raises; the outcome says so, as a worker's would."""
+
+    def run(self, program, jobs, clients, server):
+        done = super().run(program, jobs, clients, server)
+        return [replace(d, output=Problem("raised", "raised RuntimeError: device lost"))
+                if d.task.cid == 2 else d for d in done]  # fmt: skip
+
+
+def test_executor_gets_each_round_in_client_id_order_and_the_engine_charges_once(
+    synthetic_federation, tmp_path
+):
+    """Bytes are charged by the engine once per task: down the payload, up the result."""
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients, test, tmp_path, rounds=2, cpr=4)
+    sim.executor = recording = _Recording()
+    sim.setup()
+    for rnd in (1, 2):
+        available = sim.available(rnd)
+        sim.train(rnd, sim.strategy.plan(rnd, available, torch_generator(0, rnd, -1, "sample")))
+    for rnd, jobs in enumerate(recording.jobs, start=1):
+        cids = [job.task.cid for job in jobs]
+        assert len(cids) == 4 and cids == sorted(cids)
+        for job in jobs:
+            seed = torch_generator(0, rnd, job.task.cid, "train").initial_seed()
+            assert job.generator.initial_seed() == seed
+            assert job.info == sim.infos[job.task.cid] and job.server_private == {}
+    outcomes = [o for rnd in recording.outcomes for o in rnd]
+    assert sim.counters.bytes_down == sum(state_bytes(o.task.payload) for o in outcomes)
+    assert sim.counters.bytes_up == sum(state_bytes(o.output.result.tensors) for o in outcomes)
+    assert all(o.served is None and o.channel is None and o.wall_s > 0 for o in outcomes)
+
+
+def test_a_raised_outcome_becomes_a_failure_charged_only_its_payload(
+    synthetic_federation, tmp_path
+):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients[:3], test, tmp_path, rounds=1, cpr=3)
+    sim.executor = _ClientTwoRaises()
+    sim.setup()
+    tasks = sim.strategy.plan(1, sim.known_clients(), torch_generator(0, 1, -1, "sample"))
+    outcome = sim.train(1, tasks)
+    assert [(f.cid, f.kind) for f in outcome.failures] == [(2, "raised")]
+    assert [r.cid for r in outcome.results] == [0, 1]
+    assert sim.counters.bytes_down == 3 * state_bytes(tasks[0].payload)
+    assert sim.counters.bytes_up == 2 * state_bytes(tasks[0].payload)
+    assert 2 not in sim.store and 0 in sim.store
+
+
+def test_sequential_executor_turns_a_raising_training_into_a_problem(synthetic_federation):
+    family, clients, _ = synthetic_federation
+    program = _FaultyProgram(family, ClientHooks(), seed=0)
+    task = ClientTask(1, Spec(), {}, [], TRAIN)
+    job = ClientJob(task, clients[1].info(), {}, torch_generator(0, 1, 1, "train"), {})
+    [ran] = SequentialExecutor().run(program, [job], {1: clients[1]}, None)
+    assert ran.output == Problem("raised", "raised RuntimeError: device lost")
+    assert (ran.wall_s, ran.served, ran.channel) == (0.0, None, None)
+
+
+class _Reversed(SequentialExecutor):
+    def run(self, program, jobs, clients, server):
+        return super().run(program, jobs, clients, server)[::-1]
+
+
+def test_an_executor_answering_out_of_order_is_refused(synthetic_federation, tmp_path):
+    family, clients, test = synthetic_federation
+    sim = _sim(family, clients[:2], test, tmp_path, rounds=1, cpr=2)
+    sim.executor = _Reversed()
+    with pytest.raises(RuntimeError, match=r"outcomes for clients \[1, 0\], but was asked "
+                       r"for clients \[0, 1\]"):  # fmt: skip
+        sim.run()
 
 
 # -- private layers --------------------------------------------------------------------------

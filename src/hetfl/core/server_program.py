@@ -77,6 +77,18 @@ class ServerProgram:
         raise NotImplementedError(f"{type(self).__name__} must implement open")
 
 
+@dataclass(frozen=True)
+class ChannelCounts:
+    """What crossed one client's channel in a round: bytes of activations and labels sent
+    up, of gradients sent down, and the seconds its server session spent answering. The
+    engine charges them to the counters and the clock (even for a client that failed:
+    they crossed)."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    server_wall_s: float = 0.0
+
+
 class Channel:
     """The client's end of the per-batch exchange with its server session.
 
@@ -113,6 +125,10 @@ class Channel:
         received = answer.detach().clone()
         self.bytes_down += state_bytes({"g": received})
         return received
+
+    def counts(self) -> ChannelCounts:
+        """What has crossed so far, as a plain record."""
+        return ChannelCounts(self.bytes_up, self.bytes_down, self.server_wall_s)
 
 
 def server_result_problem(result: ServerResult, cid: int) -> Problem | None:

@@ -2,10 +2,11 @@
 
 The engine owns availability, execution, failures, costs, evaluation, checkpoints and the
 run outputs; the strategy owns sampling, payloads, aggregation and what to evaluate; the
-client program owns local training. Clients run sequentially, each from generators derived
-from (seed, round, client, purpose), and results reach `aggregate` sorted by client id, so a
-round's outcome does not depend on execution order and a resumed run equals an
-uninterrupted one.
+client program owns local training. An executor (`hetfl.sim.executor`; sequentially in
+process by default) runs a round's clients, each from generators derived from (seed, round,
+client, purpose); the engine then charges, checks, clocks and stores their outcomes once
+each, in client-id order, and results reach `aggregate` sorted by client id, so a round's
+outcome does not depend on execution order and a resumed run equals an uninterrupted one.
 
 Counting conventions: `bytes_down` counts every payload sent; `bytes_up` every result a
 client returned (an invalid one included: it crossed the network); in split learning both
@@ -22,7 +23,6 @@ to `sim_time_s` and gives each client's times to the next `plan` in
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from hetfl.core.client import ClientProgram, apply_bn_statistics
-from hetfl.core.server_program import Channel, ServerProgram, ServerResult, server_result_problem
+from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
@@ -52,8 +52,9 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import pooled_bn_statistics
 from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
+from hetfl.sim.executor import ClientJob, Executor, SequentialExecutor, TaskOutcome
 from hetfl.systems.clock import Clock, Usage
-from hetfl.systems.profiles import ProfileSchedule
+from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
 
 
 class Simulation(RoundLoop):
@@ -70,13 +71,16 @@ class Simulation(RoundLoop):
         info: dict[str, Any] | None = None,
         progress: Progress | None = None,
         attrs: Mapping[int, Mapping[str, Any]] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
-        capacity); the strategy sees it in `ClientInfo.attrs`."""
+        capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
+        client trainings (`hetfl.sim.executor`; default: sequentially, in process)."""
         super().__init__(
             strategy, program, test, settings, run_dir, info, progress, pooled_validation(clients)
         )
         self.clients = {c.cid: c for c in clients}
+        self.executor: Executor = executor or SequentialExecutor()
         declared = attrs or {}
         unknown = set(declared) - set(self.clients)
         if unknown:
@@ -107,82 +111,81 @@ class Simulation(RoundLoop):
         return out
 
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
-        """Every client in id order, in process; split learning through a `Channel`."""
-        outcome = RoundOutcome()
+        """Every client in id order through the executor; then, once per outcome and in
+        the same order, the charges, checks, clock and store updates."""
         server = self.strategy.server_program(rnd, tasks) if tasks else None
-        if server is not None:
-            outcome.server_results = []
+        jobs = [self._job(rnd, task) for task in sorted(tasks, key=lambda t: t.cid)]
+        done = self.executor.run(self.program, jobs, self.clients, server)
+        _check_outcomes(jobs, done)
+        outcome = RoundOutcome(server_results=None if server is None else [])
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
-        for task in sorted(tasks, key=lambda t: t.cid):
-            data = self.clients[task.cid]
-            self.counters.bytes_down += state_bytes(task.payload)
-            session = None if server is None else server.open(task, self.server_store.get(task.cid))
-            channel = None if session is None else Channel(session)
-            linked = {} if channel is None else {"channel": channel}
-            started = time.perf_counter()
-            try:
-                out = self.program.fit(
-                    task,
-                    data,
-                    self.store.get(task.cid),
-                    self._rng(rnd, "train", task.cid),
-                    info=self.infos[task.cid],
-                    **linked,
-                )
-            except Exception as exc:  # a failing client must not stop the run
-                self._charge_channel(channel)
-                self._fail(
-                    outcome, task.cid, Problem("raised", f"raised {type(exc).__name__}: {exc}")
-                )
-                continue
-            wall_s = time.perf_counter() - started
-            served = None if session is None else session.close()
-            self._charge_channel(channel)
-            problem = charge_result(
-                self.counters, self.macs, task, out.result, tuple(data.x_train.shape[1:])
-            )
-            if served is not None:
-                problem = problem or server_result_problem(served, task.cid)
-            if self.clock is not None:
-                usage = self._usage(task, out.result, channel, served, server, wall_s)
-                times = self.clock.client_times(rnd, task.spec, profiles[task.cid], usage)
-                outcome.times[task.cid] = times
-                problem = self.clock.deadline_problem(times) or problem
+        for ran in done:
+            problem = self._settle(rnd, ran, server, profiles, outcome)
             if problem is not None:
-                self._fail(outcome, task.cid, problem)
-                continue
-            self.store.put(task.cid, out.private)
-            outcome.results.append(out.result)
-            if served is not None and outcome.server_results is not None:
-                self.server_store.put(task.cid, served.private)
-                outcome.server_results.append(served)
+                self._fail(outcome, ran.task.cid, problem)
         return outcome
 
-    def _charge_channel(self, channel: Channel | None) -> None:
-        """Count what crossed a split-learning channel (it crossed even if the client failed)."""
-        if channel is not None:
-            self.counters.bytes_up += channel.bytes_up
-            self.counters.bytes_down += channel.bytes_down
+    def _job(self, rnd: int, task: ClientTask) -> ClientJob:
+        """What the executor needs to train `task`'s client: plain values, no engine."""
+        return ClientJob(
+            task,
+            self.infos[task.cid],
+            self.store.get(task.cid),
+            self._rng(rnd, "train", task.cid),
+            self.server_store.get(task.cid),
+        )
 
-    def _usage(
+    def _settle(
         self,
-        task: ClientTask,
-        result: ClientResult,
-        channel: Channel | None,
-        served: ServerResult | None,
+        rnd: int,
+        ran: TaskOutcome,
         server: ServerProgram | None,
-        wall_s: float,
-    ) -> Usage:
+        profiles: Mapping[int, DeviceProfile],
+        outcome: RoundOutcome,
+    ) -> Problem | None:
+        """Charge one client's traffic and compute, check its result, clock it, and keep
+        a valid result (with its private state); returns why it is excluded, or None."""
+        task = ran.task
+        self.counters.bytes_down += state_bytes(task.payload)
+        if ran.channel is not None:  # it crossed, whether the client failed or not
+            self.counters.bytes_up += ran.channel.bytes_up
+            self.counters.bytes_down += ran.channel.bytes_down
+        if isinstance(ran.output, Problem):
+            return ran.output
+        out, served = ran.output, ran.served
+        problem = charge_result(
+            self.counters, self.macs, task, out.result, self._input_shape(task.cid)
+        )
+        if served is not None:
+            problem = problem or server_result_problem(served, task.cid)
+        if self.clock is not None:
+            usage = self._usage(ran, out.result, server)
+            times = self.clock.client_times(rnd, task.spec, profiles[task.cid], usage)
+            outcome.times[task.cid] = times
+            problem = self.clock.deadline_problem(times) or problem
+        if problem is not None:
+            return problem
+        self.store.put(task.cid, out.private)
+        outcome.results.append(out.result)
+        if served is not None and outcome.server_results is not None:
+            self.server_store.put(task.cid, served.private)
+            outcome.server_results.append(served)
+        return None
+
+    def _input_shape(self, cid: int) -> tuple[int, ...]:
+        return tuple(self.clients[cid].x_train.shape[1:])
+
+    def _usage(self, ran: TaskOutcome, result: ClientResult, server: ServerProgram | None) -> Usage:
         """What one client consumed this round, for the clock."""
-        shape = tuple(self.clients[task.cid].x_train.shape[1:])
+        channel, served = ran.channel or ChannelCounts(), ran.served
         return Usage(
-            macs=self.macs.price(result.passes, shape),
-            bytes_down=state_bytes(task.payload) + (channel.bytes_down if channel else 0),
-            bytes_up=state_bytes(result.tensors) + (channel.bytes_up if channel else 0),
+            macs=self.macs.price(result.passes, self._input_shape(ran.task.cid)),
+            bytes_down=state_bytes(ran.task.payload) + channel.bytes_down,
+            bytes_up=state_bytes(result.tensors) + channel.bytes_up,
             server_macs=0 if served is None else self.macs.price(served.passes, served.input_shape),
             parallel=server is not None and server.parallel,
-            wall_s=wall_s,
-            server_wall_s=channel.server_wall_s if channel else 0.0,
+            wall_s=ran.wall_s,
+            server_wall_s=channel.server_wall_s,
         )
 
     def after_training(self, outcome: RoundOutcome) -> None:
@@ -247,3 +250,15 @@ class Simulation(RoundLoop):
         self.server_store.load_state_dict(ckpt.get("server_store", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_times(cid, times)
+
+
+def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:
+    """An executor must answer every job, in the jobs' (client-id) order: the engine
+    charges and stores by position, and results reach `aggregate` in that order."""
+    asked = [job.task.cid for job in jobs]
+    answered = [ran.task.cid for ran in done]
+    if answered != asked:
+        raise RuntimeError(
+            f"the executor returned outcomes for clients {answered}, but was asked for "
+            f"clients {asked}: an Executor must return one TaskOutcome per job, in order"
+        )

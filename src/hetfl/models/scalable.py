@@ -300,6 +300,20 @@ for _name, _summary in (
     )
 
 
+def family_stages(base: Spec, halvings: int) -> int:
+    """The family's `stages` whose model halves its input `halvings` times."""
+    arch = ARCHITECTURES.get(base["family"])
+    for stages in range(1, arch.max_stages + 1):
+        if arch.min_side(base.replace(stages=stages)) == 2**halvings:
+            return stages
+    possible = [arch.min_side(base.replace(stages=s)) for s in range(1, arch.max_stages + 1)]
+    raise ValueError(
+        f"{base['family']} (stem {base.get('stem')}) cannot halve its input {halvings} "
+        f"time(s): its models shrink inputs by {possible}; change the client's input size "
+        "or base_size"
+    )
+
+
 #: Spec keys merged into the global spec (per-slot maxima); every other key must agree.
 _MERGED = ("widths", "stages", "blocks", "num_classes", "input_shape", "scaler")
 

@@ -80,12 +80,11 @@ from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.submodels import full_width_base
 from hetfl.core.client import ClientHooks
 from hetfl.core.spec import IndexMap, Spec
-from hetfl.core.state import extract
 from hetfl.core.strategy import Strategy, uniform_sample
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, EvalTask, ModelFamily, State
 from hetfl.models.matching import match_parameters, parameter_count
-from hetfl.models.scalable import ARCHITECTURES, family_stages
+from hetfl.models.scalable import family_stages, input_reductions
 
 Variant = Literal["scalablefl", "heterofl-max", "heterofl-max-1", "individual"]
 #: A client group: (input side H, number of classes K).
@@ -172,9 +171,8 @@ class ScalableFL(FedAvg):
         self.match_tolerance, self.max_ratio = match_tolerance, max_ratio
         self.max_spread = max_spread
         self.base = full_width_base(family, self.name).replace(bn="batch", scaler=False)
-        arch = ARCHITECTURES.get(self.base["family"])
-        sides = {arch.min_side(self.base.replace(stages=s)) for s in range(1, arch.max_stages + 1)}
-        if len(sides) < arch.max_stages:
+        reductions = input_reductions(self.base)
+        if len(set(reductions)) < len(reductions):
             raise ValueError(
                 f"scalablefl sets each client's depth, but {self.base['family']} has a fixed "
                 "depth; use stage-cnn, resnet18 or preresnet"
@@ -221,39 +219,37 @@ class ScalableFL(FedAvg):
             self.xi = min(1.0, self.clients_per_round / len(clients))
         sizes = Counter(self.group_of.values())
         shapes = {self.group_of[c.cid]: tuple(c.input_shape) for c in clients}
-        scaled = {g: self.scaled_spec(shapes[g], g) for g in sorted(sizes)}
-        depths = {g: scaled_depth(g[0], self.base_size) for g in scaled}
+        plans = {g: self.scaled_plan(g, shapes[g], sizes[g]) for g in sorted(sizes)}
         fixed = {"heterofl-max": 0, "heterofl-max-1": 1}.get(self.variant)
-        plans = {}
-        for g, spec in scaled.items():
-            target = parameter_count(self.family, spec)
-            plan = GroupPlan(g[0], g[1], sizes[g], depths[g], spec, target, target)
-            if fixed is not None:
-                depth = max(depths.values()) - fixed
-                if depth < 1:
-                    raise ValueError(f"{self.variant} needs a depth >= 1; c_max is {depth + fixed}")
-                at_depth = spec.replace(stages=family_stages(self.base, depth))
-                found = match_parameters(
-                    self.family,
-                    at_depth,
-                    target,
-                    tolerance=self.match_tolerance,
-                    max_ratio=self.max_ratio,
-                    max_spread=self.max_spread,
-                )
-                plan = GroupPlan(
-                    g[0],
-                    g[1],
-                    sizes[g],
-                    depth,
-                    at_depth.replace(widths=found.widths),
-                    found.params,
-                    target,
-                    found.per_stage,
-                )
-            plans[g] = plan
+        if fixed is not None:
+            c_max = max(plan.depth for plan in plans.values())
+            if c_max - fixed < 1:
+                raise ValueError(f"{self.variant} needs a depth >= 1; c_max is {c_max}")
+            plans = {g: self.matched_plan(plan, c_max - fixed) for g, plan in plans.items()}
         self.plans = plans
         super().setup(clients, generator, rounds)
+
+    def scaled_plan(self, group: Group, shape: tuple[int, ...], clients: int) -> GroupPlan:
+        """A group's ScalableFL model (§III-A), its own parameter target."""
+        spec = self.scaled_spec(shape, group)
+        count = parameter_count(self.family, spec)
+        depth = scaled_depth(group[0], self.base_size)
+        return GroupPlan(group[0], group[1], clients, depth, spec, count, count)
+
+    def matched_plan(self, plan: GroupPlan, depth: int) -> GroupPlan:
+        """§V's HeteroFL model for a group: `depth` halvings, widths matched to the
+        parameter count of its ScalableFL model (`plan`)."""
+        at_depth = plan.spec.replace(stages=family_stages(self.base, depth))
+        found = match_parameters(
+            self.family,
+            at_depth,
+            plan.target,
+            tolerance=self.match_tolerance,
+            max_ratio=self.max_ratio,
+            max_spread=self.max_spread,
+        )
+        spec = at_depth.replace(widths=found.widths)
+        return replace(plan, depth=depth, spec=spec, params=found.params, per_stage=found.per_stage)
 
     def describe(self) -> dict[str, Any]:
         """Each group's model: depth (halvings), width ratios, parameters, and for the
@@ -311,15 +307,9 @@ class ScalableFL(FedAvg):
         return sorted(chosen, key=lambda c: c.cid)
 
     def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
-        plan = self.plan_of(info)
-        imap = self.index_map_for(plan.spec)
-        return EvalTask(
-            cid=info.cid,
-            spec=plan.spec,
-            payload=extract(self.global_state, imap),
-            index_map=imap,
-            group=plan.name,
-        )
+        """The default task (its own spec, private layers), reported under its group."""
+        task = super().eval_task(info, evaluated)
+        return replace(task, group=self.plan_of(info).name)
 
 
 class ScalableFLOptions(Options):

@@ -51,12 +51,10 @@ Choices where the paper is silent:
   buffers as its private state instead.
 - Private layers start at the client's own seeded initialisation (BN gamma = 1, beta = 0,
   fresh statistics) at its first participation.
-- HeteroFL's widths: first one ratio for every stage, the nearest achievable count over
-  every ratio that changes some layer's width (k / base for every slot); when that is
-  still more than `match_tolerance` away, one ratio per stage, the nearest over every
-  combination of per-stage channel counts up to `max_ratio` times the base. The count is
-  an exact quadratic in the per-stage channel counts (every tensor is a product of at most
-  two channel counts), fitted from a few meta-device builds and checked against a build.
+- HeteroFL's widths (`hetfl.models.matching.match_parameters`, on exact counts): one ratio
+  for every stage, the nearest achievable count; when that is still more than
+  `match_tolerance` away, one ratio per stage (up to `max_ratio` times the base, within a
+  factor `max_spread` of each other) if it comes nearer.
   The remaining gap per group is in `plans` (`GroupPlan.gap`) and in the run's
   `summary.json` under "strategy" (`describe`).
 - Individual training uses the federated runs' sampling, local steps and settings, so

@@ -195,17 +195,6 @@ class ScalableFL(FedAvg):
             )
         return int(info.input_shape[1]), classes
 
-    def scaled_spec(self, shape: tuple[int, ...], group: Group) -> Spec:
-        """ScalableFL's spec for a group: depth from the input size, width from the classes."""
-        size, classes = group
-        depth = scaled_depth(size, self.base_size)
-        return self.base.replace(
-            input_shape=tuple(shape),
-            num_classes=classes,
-            stages=family_stages(self.base, depth),
-            widths=(width_ratio(classes, self.base_classes),) * len(self.base["widths"]),
-        )
-
     def setup(
         self,
         clients: Sequence[ClientInfo],
@@ -228,11 +217,18 @@ class ScalableFL(FedAvg):
         super().setup(clients, generator, rounds)
 
     def scaled_plan(self, group: Group, shape: tuple[int, ...], clients: int) -> GroupPlan:
-        """A group's ScalableFL model (§III-A), its own parameter target."""
-        spec = self.scaled_spec(shape, group)
+        """A group's ScalableFL model (§III-A): depth from the input size, width from the
+        classes; its parameter count is its own target."""
+        size, classes = group
+        depth = scaled_depth(size, self.base_size)
+        spec = self.base.replace(
+            input_shape=tuple(shape),
+            num_classes=classes,
+            stages=family_stages(self.base, depth),
+            widths=(width_ratio(classes, self.base_classes),) * len(self.base["widths"]),
+        )
         count = parameter_count(self.family, spec)
-        depth = scaled_depth(group[0], self.base_size)
-        return GroupPlan(group[0], group[1], clients, depth, spec, count, count)
+        return GroupPlan(size, classes, clients, depth, spec, count, count)
 
     def matched_plan(self, plan: GroupPlan, depth: int) -> GroupPlan:
         """§V's HeteroFL model for a group: `depth` halvings, widths matched to the

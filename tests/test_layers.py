@@ -21,6 +21,18 @@ RULES = [
     ("hetfl.deploy", ("hetfl.sim", "hetfl.runner")),
     ("hetfl.engine", ("hetfl.sim", "hetfl.deploy", "hetfl.runner")),
     (
+        "hetfl.models",
+        (
+            "hetfl.algorithms",
+            "hetfl.sim",
+            "hetfl.deploy",
+            "hetfl.engine",
+            "hetfl.systems",
+            "hetfl.config",
+            "hetfl.data",
+        ),
+    ),
+    (
         "hetfl.core",
         (
             "hetfl.models",

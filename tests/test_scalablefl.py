@@ -15,13 +15,7 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.scalablefl import (
-    ParameterCount,
-    ScalableFL,
-    match_parameters,
-    parameter_count,
-    scaled_depth,
-)
+from hetfl.algorithms.scalablefl import ScalableFL, scaled_depth
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import ClientHooks, ClientProgram, LocalTraining, TrainContext, train_local
 from hetfl.core.init import initialize
@@ -35,6 +29,7 @@ from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, re
 from hetfl.engine.assembly import build_federation
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
+from hetfl.models.matching import ParameterCount, match_parameters, parameter_count
 from hetfl.models.slim import channels
 from hetfl.sim import Simulation
 

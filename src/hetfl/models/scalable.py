@@ -300,6 +300,25 @@ for _name, _summary in (
     )
 
 
+def input_reductions(base: Spec) -> list[int]:
+    """How much the family's model shrinks its input side, for `stages` = 1, 2, ...: a
+    family whose entries repeat has (partly) a fixed depth."""
+    arch = ARCHITECTURES.get(base["family"])
+    return [arch.min_side(base.replace(stages=s)) for s in range(1, arch.max_stages + 1)]
+
+
+def family_stages(base: Spec, halvings: int) -> int:
+    """The family's `stages` whose model halves its input `halvings` times."""
+    possible = input_reductions(base)
+    if 2**halvings in possible:
+        return possible.index(2**halvings) + 1
+    raise ValueError(
+        f"{base['family']} (stem {base.get('stem')}) cannot halve its input {halvings} "
+        f"time(s): its models shrink inputs by {possible}; change the client's input size "
+        "or base_size"
+    )
+
+
 #: Spec keys merged into the global spec (per-slot maxima); every other key must agree.
 _MERGED = ("widths", "stages", "blocks", "num_classes", "input_shape", "scaler")
 

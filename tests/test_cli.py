@@ -189,8 +189,8 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
 
 
 def test_partition_prints_the_clients_the_run_trains_on(tmp_path, capsys):
+    from hetfl.assembly import build_federation
     from hetfl.config import load_raw, validate
-    from hetfl.engine.assembly import build_federation
 
     cfg_path = _cfg(tmp_path)
     code, out, _ = _run(capsys, "partition", str(cfg_path), "data.num_clients=5")

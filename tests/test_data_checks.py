@@ -121,6 +121,7 @@ def test_a_flower_node_refuses_its_partition_with_the_same_check(tmp_path):
     from flwr.app import Context, RecordDict
 
     from hetfl.deploy.node import node_for
+    from hetfl.flower import build_node
 
     good = _npz(tmp_path / "good.npz")
     x = np.ones((24, 4))
@@ -133,12 +134,12 @@ def test_a_flower_node_refuses_its_partition_with_the_same_check(tmp_path):
     ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
     message = f"{bad}: x_train has 1 non-finite values (NaN or Inf) in 1 samples, the first in "
     with pytest.raises(ValueError, match=re.escape(message + "sample 7")):
-        node_for(ctx, server)
+        node_for(ctx, server, build_node)
 
 
 def test_hetfl_client_checks_its_data_before_becoming_a_node(tmp_path, capsys, monkeypatch):
     pytest.importorskip("flwr")
-    from hetfl.deploy import launch
+    from hetfl import launch
 
     def became_a_node(argv: list[str]) -> None:
         raise AssertionError("the node started before its data was checked")

@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 from flwr.simulation import run_simulation
 
 from hetfl.config import validate
-from hetfl.deploy.apps import client_app, make_server_app
+from hetfl.flower import client_app, make_server_app
 from hetfl.runner import build_simulation, run_one
 
 pytestmark = pytest.mark.flower

@@ -24,8 +24,8 @@ pytest.importorskip("flwr")
 
 from hetfl.config import load_raw, validate
 from hetfl.core.state import state_bytes
-from hetfl.deploy.launch import Processes, free_port
 from hetfl.engine.checkpoint import load_checkpoint
+from hetfl.launch import Processes, free_port
 from hetfl.models import PlainFamily
 from hetfl.runner import build_simulation
 from hetfl.sim import Simulation

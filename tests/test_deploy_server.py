@@ -1,6 +1,6 @@
 """The Flower server loop against the real ClientApp, in one process.
 
-`LoopbackGrid` delivers each message to `hetfl.deploy.apps.client_app` with the node's own
+`LoopbackGrid` delivers each message to `hetfl.flower.client_app` with the node's own
 Flower `Context`, as a SuperNode would, and can silence a node to play a dead one. This
 covers the round loop's rules (registration refusals, timeouts as failures, resume with
 private state kept on the nodes) in seconds; the real processes are in
@@ -24,11 +24,11 @@ from flwr.common.constant import ErrorCode
 
 from hetfl.config import validate
 from hetfl.deploy import node
-from hetfl.deploy.apps import client_app
-from hetfl.deploy.launch import finish_served_run
 from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer
 from hetfl.engine.outputs import read_metrics
+from hetfl.flower import client_app, flower_server
+from hetfl.launch import finish_served_run
 from hetfl.runner import run_one
 
 BASE = {
@@ -120,7 +120,7 @@ def nodes(tmp_path: Path, n: int, state: bool = False) -> list[dict]:
 
 
 def serve(grid, raw: dict, run_dir: Path, resume: bool = False) -> tuple[FlowerServer, list]:
-    server = FlowerServer(grid, validate(raw), run_dir, show_progress=False, poll_s=0.01)
+    server = flower_server(grid, validate(raw), run_dir, show_progress=False, poll_s=0.01)
     server.run(resume=resume)
     return server, server.metrics.read()
 

@@ -28,11 +28,11 @@ from hetfl.core.client import (
     bn_batch_statistics,
     recompute_bn_statistics,
 )
-from hetfl.deploy.launch import Processes, Security, node_config
 from hetfl.deploy.node import Node, PrivateState
 from hetfl.deploy.records import from_content, to_content
 from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem
+from hetfl.launch import Processes, Security, node_config
 from hetfl.models import PlainFamily
 
 CONFIG = """
@@ -175,9 +175,10 @@ def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():
 
 # -- private state on a node ---------------------------------------------------------------
 def make_node(state_dir: Path | None, checkpoint_every: int = 1) -> Node:
-    cfg = validate({"checkpoint_every": checkpoint_every})
     family = PlainFamily("mlp", (1, 8, 8), 10)
-    return Node(1, cfg, cfg, None, ClientProgram(family), {}, state_dir)  # type: ignore[arg-type]
+    data = None  # PrivateState never reads the node's data
+    keep = checkpoint_every + 1
+    return Node(1, 0, {}, data, ClientProgram(family), {}, state_dir, keep)  # type: ignore[arg-type]
 
 
 def context() -> Context:

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.backends import cudnn
 
+from hetfl import assembly
 from hetfl.config import validate
-from hetfl.engine import assembly
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 
@@ -104,6 +104,6 @@ def test_importing_hetfl_changes_nothing(monkeypatch):
     for name in [m for m in sys.modules if m == "hetfl" or m.startswith("hetfl.")]:
         monkeypatch.delitem(sys.modules, name)  # restored after the test
     before = _settings()
-    for module in ("hetfl.cli", "hetfl.runner", "hetfl.engine.assembly"):
+    for module in ("hetfl.cli", "hetfl.runner", "hetfl.assembly"):
         importlib.import_module(module)
     assert _settings() == before == OFF | {"benchmark": False}

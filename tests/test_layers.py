@@ -15,11 +15,24 @@ import hetfl
 
 SRC = Path(hetfl.__file__).parent
 
+#: The face: the config edge, reports, the CLI and what takes the config apart into the
+#: explicit parts the engines run (the simulator's runner, the assembly, the Flower apps and
+#: the serve/client commands). The engines never import it.
+FACE = (
+    "hetfl.config",
+    "hetfl.report",
+    "hetfl.cli",
+    "hetfl.runner",
+    "hetfl.assembly",
+    "hetfl.flower",
+    "hetfl.launch",
+)
+
 #: (importing package, packages it must never import)
 RULES = [
-    ("hetfl.sim", ("hetfl.deploy",)),
-    ("hetfl.deploy", ("hetfl.sim", "hetfl.runner")),
-    ("hetfl.engine", ("hetfl.sim", "hetfl.deploy", "hetfl.runner")),
+    ("hetfl.sim", ("hetfl.deploy", *FACE)),
+    ("hetfl.deploy", ("hetfl.sim", *FACE)),
+    ("hetfl.engine", ("hetfl.sim", "hetfl.deploy", *FACE)),
     (
         "hetfl.models",
         (
@@ -98,6 +111,8 @@ MODULES = {
 def test_every_package_of_the_rules_exists():
     for package, _ in RULES:
         assert package in MODULES, package
+    for face in FACE:
+        assert face in MODULES, face
 
 
 @pytest.mark.parametrize("package", [p for p, _ in RULES])
@@ -117,7 +132,31 @@ def test_the_scan_finds_deferred_and_relative_imports():
         "hetfl.deploy.x imports hetfl.sim (hetfl.deploy must not import hetfl.sim)",
         "hetfl.deploy.x imports hetfl.sim.engine (hetfl.deploy must not import hetfl.sim)",
     ]
-    assert violations({"hetfl.sim.y": found}) == []
+    assert violations({"hetfl.sim.y": found}) == [
+        "hetfl.sim.y imports hetfl.runner (hetfl.sim must not import hetfl.runner)",
+        "hetfl.sim.y imports hetfl.runner.build_simulation "
+        "(hetfl.sim must not import hetfl.runner)",
+    ]
+
+
+@pytest.mark.parametrize("engine", ["hetfl.sim.x", "hetfl.deploy.x", "hetfl.engine.x"])
+def test_an_engine_reading_the_config_or_writing_reports_is_caught(engine):
+    """The engines take explicit parts: a deferred import of the config or the report
+    (the face) is a violation, as is one of the face's builders."""
+    source = "def f():\n    from hetfl.config import RunConfig\n    import hetfl.report\n"
+    found = imported(source + "from hetfl.flower import build_node\n", engine)
+    package = engine.rpartition(".")[0]
+    assert [v.split(" (")[0] for v in violations({engine: found})] == [
+        f"{engine} imports {m}"
+        for m in (
+            "hetfl.config",
+            "hetfl.config.RunConfig",
+            "hetfl.flower",
+            "hetfl.flower.build_node",
+            "hetfl.report",
+        )
+    ]
+    assert f"({package} must not import hetfl.config)" in violations({engine: found})[0]
 
 
 # -- citations -------------------------------------------------------------------------------------

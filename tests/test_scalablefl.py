@@ -16,6 +16,7 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.scalablefl import ScalableFL, scaled_depth
+from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import ClientHooks, ClientProgram, LocalTraining, TrainContext, train_local
 from hetfl.core.init import initialize
@@ -26,7 +27,6 @@ from hetfl.core.spec import local_names
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images
-from hetfl.engine.assembly import build_federation
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.matching import ParameterCount, match_parameters, parameter_count

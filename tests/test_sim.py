@@ -27,6 +27,8 @@ from hetfl.core.types import (
     PassRecord,
     Problem,
 )
+from hetfl.engine.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from hetfl.engine.checkpoint import CheckpointFormatError, load_checkpoint, save_checkpoint
 from hetfl.engine.outputs import ROW_KEYS
 from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
@@ -563,3 +565,24 @@ def test_stats_subsample_is_each_clients_share_drawn_by_its_own_generator(tmp_pa
         )
         batches.append(sim.clients[cid].x_train[drawn[:share]])
     _expected(batches, _bn_after_stats_pass(sim))
+
+
+# -- checkpoint format -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [
+        ({}, "format none (written before checkpoints were versioned)"),
+        ({"format": 0}, "format 0"),
+    ],
+)
+def test_a_checkpoint_of_another_format_is_refused_with_the_fix(tmp_path, written, shown):
+    """Every checkpoint records its format; one without it (or of another) is refused,
+    naming the file, both versions and what to do, instead of being resumed wrongly."""
+    save_checkpoint(tmp_path, {"round": 2, "seed": 0})
+    assert load_checkpoint(tmp_path) == {"round": 2, "seed": 0, "format": CHECKPOINT_FORMAT}
+    torch.save({"round": 2, "seed": 0, **written}, tmp_path / "latest.pt")
+    with pytest.raises(CheckpointFormatError) as refused:
+        load_checkpoint(tmp_path)
+    message = str(refused.value)
+    assert str(tmp_path / "latest.pt") in message and shown in message
+    assert f"reads format {CHECKPOINT_FORMAT} only" in message and "re-run" in message

@@ -168,12 +168,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "serve":
-        from hetfl.deploy.launch import serve_config
+        from hetfl.launch import serve_config
 
         raw = _raw_config(args.config, args.overrides)
         return serve_config(raw, args)
     if args.command == "client":
-        from hetfl.deploy.launch import start_client
+        from hetfl.launch import start_client
 
         return start_client(args)
     raise AssertionError(args.command)
@@ -310,8 +310,8 @@ def cmd_list() -> int:
 def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
     """The class counts of every client, as the run with this config would partition them
     (the first sweep point's seed, when the config is a sweep)."""
+    from hetfl.assembly import load_dataset, partition
     from hetfl.data import class_counts, format_class_table
-    from hetfl.engine.assembly import load_dataset, partition
 
     raw = _raw_config(config, overrides)
     cfg = validate(next(iter(expand_sweep(raw)))[1])

@@ -1,6 +1,6 @@
 """From a validated config to a finished run directory with the simulator.
 
-The config is taken apart by `hetfl.engine.assembly.build_parts`; this module puts the
+The config is taken apart by `hetfl.assembly.build_parts`; this module puts the
 parts into a `Simulation` and writes the parts of the output contract that belong to the
 face of the tool: `config.yaml` and the plots.
 """
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
-from hetfl.engine.assembly import build_parts
 from hetfl.sim import Simulation
 
 

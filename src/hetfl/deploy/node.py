@@ -10,10 +10,10 @@ A node is configured by Flower's node config (`hetfl client` sets it):
 - `hetfl-attrs` (optional): JSON of the attributes it declares (`ClientInfo.attrs`).
 
 Everything else (method, model, local training, seed) comes from the server's config, sent
-with every request. The node builds its partition and client program with the builder the
-simulator uses (`hetfl.engine.assembly.build_parts`), so both engines train the same client
-on the same data by construction, and it trains with the generator the simulator would use:
-(seed, round, client id, "train").
+with every request. The node is built by a `NodeBuilder` that the face injects
+(`hetfl.flower.build_node`, with the builder the simulator uses), so both engines train
+the same client on the same data by construction; it trains with the generator the
+simulator would use: (seed, round, client id, "train").
 
 Private state (`ClientOutput.private`) never leaves the node. The latest is kept in Flower's
 per-node `context.state`, which lasts for one Flower run; with a state directory, each
@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
 
-from hetfl.config import RunConfig, load_raw, validate
 from hetfl.core.client import ClientProgram
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
 from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
-from hetfl.engine.assembly import build_parts
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.statistics import client_bn_statistics
 
@@ -46,36 +46,27 @@ _PRIVATE = "hetfl.private"
 _PRIVATE_ROUND = "hetfl.private-round"
 
 
-def data_fingerprint(cfg: RunConfig) -> dict[str, Any]:
-    """What must agree between server and node for partition `i` to be the same data."""
-    return {
-        "dataset": cfg.data.dataset,
-        "num_clients": cfg.data.num_clients,
-        "partition": cfg.data.partition.model_dump(mode="json"),
-        "test_per_client": cfg.data.test_per_client,
-        "validation": cfg.data.validation,
-        "groups": [g.model_dump(mode="json") for g in cfg.data.groups or []],
-        "seed": cfg.seed,
-    }
-
-
-def parse_config(text: str) -> RunConfig:
-    """A config sent as YAML text (the server's resolved config)."""
-    return validate(yaml.safe_load(text) or {})
-
-
 @dataclass
 class Node:
-    """One node's client: its id, the config it trains under, its data and program."""
+    """One node's client: its id, seed, data and program, built by the face from the
+    server's config and the node's own (`hetfl.flower.build_node`).
+
+    `fingerprint` is the node's data settings, which must equal the server's; `keep` is
+    how many per-round private states its state directory keeps."""
 
     cid: int
-    config: RunConfig
-    local: RunConfig
+    seed: int
+    fingerprint: dict[str, Any]
     data: ClientData
     program: ClientProgram
     attrs: dict[str, Any]
     state_dir: Path | None
+    keep: int
 
+
+#: Builds a node from Flower's node config and the server's config text (the face does:
+#: this engine does not read configs).
+NodeBuilder = Callable[[Mapping[str, Any], str], Node]
 
 #: Built nodes of this process. Under `flower-supernode` every message runs in a fresh
 #: process and this stays small; Flower's simulation engine re-uses worker processes for
@@ -83,44 +74,15 @@ class Node:
 _NODES: dict[tuple[int, int, str, str], Node] = {}
 
 
-def node_for(context: Context, server_config: str) -> Node:
-    """The node built from this context and the server's config (built once per process)."""
+def node_for(context: Context, server_config: str, build: NodeBuilder) -> Node:
+    """The node `build` makes from this context and the server's config (once per process)."""
     own = json.dumps(dict(context.node_config), sort_keys=True, default=str)
     key = (context.run_id, context.node_id, server_config, own)
     node = _NODES.get(key)
     if node is None:
-        node = _build_node(context, server_config)
+        node = build(context.node_config, server_config)
         _NODES[key] = node
     return node
-
-
-def _build_node(context: Context, server_config: str) -> Node:
-    nc = context.node_config
-    if "partition-id" not in nc:
-        raise ValueError("the node has no partition-id in its node config (hetfl client sets it)")
-    cid = int(nc["partition-id"])
-    server = parse_config(server_config)
-    local = validate(load_raw(str(nc["hetfl-config"]))) if "hetfl-config" in nc else server
-    if not 0 <= cid < local.data.num_clients:
-        raise ValueError(
-            f"partition-id {cid} is outside 0..{local.data.num_clients - 1} "
-            f"(data.num_clients = {local.data.num_clients})"
-        )
-    cfg = server.model_copy(
-        update={"data": local.data, "device": local.device, "threads": local.threads}
-    )
-    state_dir = nc.get("hetfl-state-dir") or local.deploy.state_dir
-    attrs = json.loads(str(nc["hetfl-attrs"])) if "hetfl-attrs" in nc else {}
-    parts = build_parts(cfg, show_progress=False)
-    return Node(
-        cid=cid,
-        config=cfg,
-        local=local,
-        data=parts.clients[cid],
-        program=parts.program,
-        attrs=attrs,
-        state_dir=Path(str(state_dir)) / f"client-{cid}" if state_dir else None,
-    )
 
 
 class PrivateState:
@@ -134,9 +96,7 @@ class PrivateState:
     def __init__(self, context: Context, node: Node) -> None:
         self.context = context
         self.node = node
-        # A server checkpoint is at most `checkpoint_every` rounds behind the node's latest
-        # participation, so that many older states, plus the latest, are enough.
-        self.keep = node.config.checkpoint_every + 1
+        self.keep = node.keep
 
     def get(self, before_round: int | None = None) -> State:
         """The latest private state trained before `before_round` (None: the latest)."""
@@ -190,22 +150,32 @@ class PrivateState:
 
 
 # -- the ClientApp's handlers ---------------------------------------------------------------
-def register(msg: Message, context: Context) -> Message:
+def make_client_app(build: NodeBuilder) -> ClientApp:
+    """The ClientApp whose handlers serve the node that `build` makes."""
+    app = ClientApp()
+    app.query("register")(partial(register, build=build))
+    app.query("stats")(partial(stats, build=build))
+    app.train()(partial(train, build=build))
+    app.evaluate()(partial(evaluate, build=build))
+    return app
+
+
+def register(msg: Message, context: Context, build: NodeBuilder) -> Message:
     """Answer who this node is: its client id, `ClientInfo` and data settings."""
     request = from_content(msg.content)
-    node = node_for(context, request["config"])
+    node = node_for(context, request["config"], build)
     reply = {
         "partition_id": node.cid,
         "info": node.data.info(node.attrs),
-        "data": data_fingerprint(node.local),
+        "data": node.fingerprint,
     }
     return Message(to_content(reply), reply_to=msg)
 
 
-def train(msg: Message, context: Context) -> Message:
+def train(msg: Message, context: Context, build: NodeBuilder) -> Message:
     """Run one `ClientTask`, keep the private state if the result is valid, send the result."""
     request = from_content(msg.content)
-    node = node_for(context, request["config"])
+    node = node_for(context, request["config"], build)
     task: ClientTask = request["task"]
     rnd = int(request["round"])
     _check_cid(node, task.cid)
@@ -216,7 +186,7 @@ def train(msg: Message, context: Context) -> Message:
         task,
         node.data,
         private.get(before_round=rnd),
-        torch_generator(node.config.seed, rnd, task.cid, "train"),
+        torch_generator(node.seed, rnd, task.cid, "train"),
         info=node.data.info(node.attrs),
     )
     # The same rule as the simulator's client store: an invalid result keeps nothing.
@@ -225,11 +195,11 @@ def train(msg: Message, context: Context) -> Message:
     return Message(to_content({"result": out.result}), reply_to=msg)
 
 
-def evaluate(msg: Message, context: Context) -> Message:
+def evaluate(msg: Message, context: Context, build: NodeBuilder) -> Message:
     """Test this client's model, with its private layers, on the split the task names
     (its local test split or its validation split)."""
     request = from_content(msg.content)
-    node = node_for(context, request["config"])
+    node = node_for(context, request["config"], build)
     task: EvalTask = request["task"]
     _check_cid(node, task.cid)
     if node.data.split(task.split)[1].numel() == 0:
@@ -239,17 +209,17 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(to_content({"correct": correct, "loss": loss_sum, "n": n}), reply_to=msg)
 
 
-def stats(msg: Message, context: Context) -> Message:
+def stats(msg: Message, context: Context, build: NodeBuilder) -> Message:
     """Sum per-batch BatchNorm statistics of the sent model over this node's training data,
     or over the share of it the server asks for, drawn here with this client's own generator
     (`hetfl.engine.statistics.client_bn_statistics`); the server combines all nodes' sums."""
     request = from_content(msg.content)
-    node = node_for(context, request["config"])
+    node = node_for(context, request["config"], build)
     device = node.program.device
     model = node.program.model_for(request["spec"])
     model.load_state_dict({k: v.to(device) for k, v in request["tensors"].items()}, strict=True)
     x_train = node.data.x_train.to(device)
-    sums = client_bn_statistics(model, x_train, int(request["share"]), node.config.seed, node.cid)
+    sums = client_bn_statistics(model, x_train, int(request["share"]), node.seed, node.cid)
     reply = {k: [mean.cpu(), var.cpu(), n] for k, (mean, var, n) in sums.items()}
     return Message(to_content({"stats": reply}), reply_to=msg)
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,7 +45,6 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from torch import nn
 
-from hetfl.config import RunConfig
 from hetfl.core.client import BNStatistics, apply_bn_statistics
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
@@ -61,9 +60,8 @@ from hetfl.core.types import (
     State,
 )
 from hetfl.deploy.codec import CodecError
-from hetfl.deploy.node import data_fingerprint
 from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
-from hetfl.engine.assembly import build_parts
+from hetfl.engine.parts import Parts
 from hetfl.engine.rounds import RoundLoop
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem, stats_shares
 from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
@@ -97,24 +95,39 @@ def refuse_server_program(strategy: Strategy, algorithm: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """What the Flower server needs besides a run's `Parts` (the face builds it from the
+    config): the config text sent to every node, the data settings a node must match,
+    how many clients to expect and the exchange bounds."""
+
+    algorithm: str
+    config_text: str
+    fingerprint: dict[str, Any] = field(hash=False)
+    num_clients: int
+    min_clients: int | None
+    registration_timeout_s: float
+    round_timeout_s: float
+    device_profiles: bool = False
+
+
 class FlowerServer(RoundLoop):
-    """Runs one configured experiment over a Flower `Grid` into `run_dir`."""
+    """Runs one experiment, given as explicit `Parts`, over a Flower `Grid` into `run_dir`."""
 
     def __init__(
         self,
         grid: Grid,
-        cfg: RunConfig,
+        parts: Parts,
+        deployment: Deployment,
         run_dir: Path,
         *,
-        show_progress: bool = True,
         poll_s: float = 0.5,
     ) -> None:
-        """`poll_s` is how often replies are pulled from the SuperLink while waiting."""
-        # The strategy, program, test set and settings are built exactly as for the
-        # simulator; the clients' data is built too, and used here only for the pooled
-        # validation samples that a global model is scored on (as in the simulator).
-        parts = build_parts(cfg, show_progress=show_progress)
-        refuse_server_program(parts.strategy, cfg.algorithm)
+        """`parts` are built exactly as for the simulator; their clients' data is used here
+        only for the pooled validation samples that a global model is scored on (as in the
+        simulator). `poll_s` is how often replies are pulled from the SuperLink while
+        waiting."""
+        refuse_server_program(parts.strategy, deployment.algorithm)
         super().__init__(
             parts.strategy,
             parts.program,
@@ -127,11 +140,10 @@ class FlowerServer(RoundLoop):
         )
         self.info["engine"] = "flower"
         self.grid = grid
-        self.algorithm = cfg.algorithm
-        self.deploy = cfg.deploy
-        self.config_text = cfg.to_yaml()
-        self.fingerprint = data_fingerprint(cfg)
-        self.expected = cfg.data.num_clients
+        self.deploy = deployment
+        self.config_text = deployment.config_text
+        self.fingerprint = deployment.fingerprint
+        self.expected = deployment.num_clients
         self.poll_s = poll_s
         self.infos: dict[int, ClientInfo] = {}
         self.node_of: dict[int, int] = {}
@@ -142,7 +154,7 @@ class FlowerServer(RoundLoop):
                 f"warning: availability = {self.settings.availability} is a simulator setting; "
                 "under Flower the available clients are the connected ones"
             )
-        if cfg.system.preset or cfg.system.profiles:
+        if deployment.device_profiles:
             self.progress.message(
                 "warning: device profiles (system:) drive the simulator's clock; under Flower "
                 "rounds take real time and sim_time_s stays null"

@@ -2,6 +2,6 @@
 
 The round template (`rounds.RoundLoop`), the steps of a round that do not depend on how
 clients are reached (`steps`), run outputs (`outputs`), checkpoints (`checkpoint`), the
-progress display (`progress`) and the assembly of a run's parts from a config
-(`assembly`). It imports neither engine.
+progress display (`progress`) and the record of a run's explicit parts (`parts`). It
+imports neither engine, nor the face (config, report, CLI): the face builds the parts.
 """

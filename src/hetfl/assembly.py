@@ -1,10 +1,11 @@
-"""From a validated config to the parts of a run, for either engine.
+"""From a validated config to the parts of a run, for either engine (the face's side).
 
-This is where the config is taken apart into explicit pieces: the dataset and partition,
-the model family, the algorithm's strategy and client hooks (from its own options only),
-the client program and the round settings. The simulator (`hetfl.runner.build_simulation`),
-the Flower server (`hetfl.deploy.server`) and each Flower node (`hetfl.deploy.node`) build
-from the same `build_parts`, so both engines train the same clients on the same data.
+This is where the config is taken apart into explicit pieces (`hetfl.engine.parts.Parts`):
+the dataset and partition, the model family, the algorithm's strategy and client hooks
+(from its own options only), the client program and the round settings. The engines never
+see the config. The simulator (`hetfl.runner.build_simulation`), the Flower server and
+each Flower node (`hetfl.flower`) build from the same `build_parts`, so both engines train
+the same clients on the same data.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.config import RunConfig
 from hetfl.core.client import ClientProgram
 from hetfl.core.rng import SERVER, numpy_generator
-from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import draw_views
 from hetfl.engine.outputs import Target
+from hetfl.engine.parts import Parts
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import make_family
@@ -120,21 +121,6 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     )
     test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
     return Federation(dataset, clients, test)
-
-
-@dataclass
-class Parts:
-    """What a run is made of, before an engine runs it. `clients` holds every client's
-    data on this machine (the Flower server builds it too, and uses only the pooled
-    validation splits)."""
-
-    strategy: Strategy
-    program: ClientProgram
-    clients: list[ClientData]
-    test: tuple[torch.Tensor, torch.Tensor]
-    settings: RoundSettings
-    info: dict[str, Any]
-    progress: Progress
 
 
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:

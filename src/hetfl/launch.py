@@ -7,7 +7,7 @@ per message. That is the supported path of the Message API (the low-level `start
 and `start_client` entry points belong to the deprecated strategy API), so HetFL uses it:
 
 - `hetfl serve CONFIG` writes the run folder and a minimal Flower App that names
-  `hetfl.deploy.apps` (HetFL is installed on every machine, so the app carries no code),
+  `hetfl.flower` (HetFL is installed on every machine, so the app carries no code),
   starts `flower-superlink`, registers the nodes' public keys when node authentication is
   on, submits the app with `flwr run --stream`, waits for the run to end and stops the
   SuperLink. The Flower CLI's home (`FLWR_HOME`) is a folder of the run, so the user's own
@@ -229,8 +229,8 @@ def write_flower_app(app_dir: Path, run_dir: Path, resume: bool) -> None:
                 "app": {
                     "publisher": "hetfl",
                     "components": {
-                        "serverapp": "hetfl.deploy.apps:server_app",
-                        "clientapp": "hetfl.deploy.apps:client_app",
+                        "serverapp": "hetfl.flower:server_app",
+                        "clientapp": "hetfl.flower:client_app",
                     },
                     "config": {"hetfl-run-dir": str(run_dir.resolve()), "hetfl-resume": resume},
                 }
@@ -427,8 +427,8 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     the method needs no server program, that the strategy sets up, that the dataset
     loads (the server tests on it).
     """
+    from hetfl.assembly import build_parts
     from hetfl.deploy.server import refuse_server_program
-    from hetfl.engine.assembly import build_parts
     from hetfl.engine.rounds import setup_strategy
 
     require_flower()
@@ -475,7 +475,7 @@ def start_client(args: argparse.Namespace) -> int:
     The node's data is loaded (and so checked) here too, so a missing or malformed file is
     an error at this terminal rather than a refusal in the server's log.
     """
-    from hetfl.engine.assembly import load_dataset
+    from hetfl.assembly import load_dataset
 
     require_flower()
     cfg = validate(load_raw(args.config))

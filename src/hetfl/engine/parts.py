@@ -1,0 +1,34 @@
+"""`Parts`: what a run is made of, as explicit pieces an engine runs.
+
+The engines (`hetfl.sim`, `hetfl.deploy`) take these pieces, never a config: the face
+(`hetfl.assembly.build_parts`) takes the validated config apart into them, so the engines
+know nothing of the config's layout (DESIGN.md "Layers").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hetfl.core.client import ClientProgram
+from hetfl.core.strategy import Strategy
+from hetfl.core.types import ClientData
+from hetfl.engine.progress import Progress
+from hetfl.engine.rounds import RoundSettings
+
+
+@dataclass
+class Parts:
+    """What a run is made of, before an engine runs it. `clients` holds every client's
+    data on this machine (the Flower server builds it too, and uses only the pooled
+    validation splits)."""
+
+    strategy: Strategy
+    program: ClientProgram
+    clients: list[ClientData]
+    test: tuple[torch.Tensor, torch.Tensor]
+    settings: RoundSettings
+    info: dict[str, Any]
+    progress: Progress

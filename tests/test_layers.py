@@ -28,35 +28,23 @@ FACE = (
     "hetfl.launch",
 )
 
+#: Everything above the models and data layers (core sits below models too).
+ABOVE_MODELS = (
+    "hetfl.algorithms",
+    "hetfl.sim",
+    "hetfl.deploy",
+    "hetfl.engine",
+    "hetfl.systems",
+    *FACE,
+)
+
 #: (importing package, packages it must never import)
 RULES = [
     ("hetfl.sim", ("hetfl.deploy", *FACE)),
     ("hetfl.deploy", ("hetfl.sim", *FACE)),
     ("hetfl.engine", ("hetfl.sim", "hetfl.deploy", *FACE)),
-    (
-        "hetfl.models",
-        (
-            "hetfl.algorithms",
-            "hetfl.sim",
-            "hetfl.deploy",
-            "hetfl.engine",
-            "hetfl.systems",
-            "hetfl.config",
-            "hetfl.data",
-        ),
-    ),
-    (
-        "hetfl.core",
-        (
-            "hetfl.models",
-            "hetfl.algorithms",
-            "hetfl.sim",
-            "hetfl.deploy",
-            "hetfl.engine",
-            "hetfl.systems",
-            "hetfl.config",
-        ),
-    ),
+    ("hetfl.models", (*ABOVE_MODELS, "hetfl.data")),
+    ("hetfl.core", (*ABOVE_MODELS, "hetfl.models")),
 ]
 
 

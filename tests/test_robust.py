@@ -152,12 +152,14 @@ def test_scale_multiplies_the_clients_values():
 # -- trimmed mean -----------------------------------------------------------------------------
 def test_trimmed_mean_drops_floor_of_trim_times_k_at_each_end():
     ref = {"v": torch.zeros(2)}
-    four = [({"v": _vec(a, b)}, _prefix(2), 1.0) for a, b in ((1, 1), (2, 2), (3, 3), (10, 4))]
-    fifth = ({"v": _vec(0, 100)}, [MapEntry("v", "v", mask=_vec(0, 1))], 1.0)
-    out = _reduce(trimmed_mean(0.3), [*four, fifth], ref)
+    four = [({"v": _vec(a, b)}, _prefix(2), 1.0) for a, b in ((1, 1), (2, 2), (3, 4), (10, 8))]
+    only_second = [
+        ({"v": _vec(0, b)}, [MapEntry("v", "v", mask=_vec(0, 1))], 1.0) for b in (16, 100)
+    ]
+    out = _reduce(trimmed_mean(0.3), [*four, *only_second], ref)
     # element 0: {1, 2, 3, 10}, t = floor(1.2) = 1 -> mean(2, 3) = 2.5;
-    # element 1: {1, 2, 3, 4, 100}, t = floor(1.5) = 1 -> mean(2, 3, 4) = 3
-    assert torch.equal(out["v"], _vec(2.5, 3))
+    # element 1: {1, 2, 4, 8, 16, 100}, t = floor(1.8) = 1 -> mean(2, 4, 8, 16) = 7.5
+    assert torch.equal(out["v"], _vec(2.5, 7.5))
 
 
 def test_trimmed_mean_without_a_value_left_falls_back_to_the_median():

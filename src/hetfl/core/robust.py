@@ -42,7 +42,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -60,7 +60,7 @@ from hetfl.core.state import (
 )
 
 ReducerKind = Literal["mean", "median", "trimmed-mean"]
-REDUCER_KINDS: tuple[str, ...] = ("mean", "median", "trimmed-mean")
+REDUCER_KINDS: tuple[str, ...] = get_args(ReducerKind)
 
 #: A per-element statistic: (values sorted along dim 0 with the uncovered ones last, the
 #: coverage count k per element) -> float64 estimate per element (any value where k = 0).

@@ -6,7 +6,8 @@ described by an index map (`hetfl.core.spec`). `extract` reads the view, `place`
 client's tensors back into global coordinates; the `Accumulator`
 writes client tensors back through the same maps as a per-element weighted average, which
 is the shared mechanism of FedAvg, HeteroFL, FjORD, ScalableFL, NeFL and FedFA: they differ
-only in their maps, weights and scales.
+only in their maps, weights and scales. `Reducer` is the interface aggregation reduces
+through; `hetfl.core.robust` has the coordinate-wise median and trimmed mean behind it.
 
 Sums and counts are kept in float64 and cast once at the end, so that aggregating unchanged
 sub-models gives back the global state bit for bit, and the order in which clients are added
@@ -17,8 +18,8 @@ two CUDA runs of the same aggregation agree bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Literal, NamedTuple, Protocol
 
 import torch
 
@@ -183,6 +184,68 @@ def expected_local_shapes(
     }
 
 
+def entry_weight(
+    entry: MapEntry,
+    local: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    weight: float | Mapping[str, float],
+) -> float:
+    """The weight a client gives one map entry, after checking that the entry names a tensor
+    of the client's result and of the global state. With a per-name mapping, a global name
+    missing from it weighs 0. A negative or non-finite weight is an error."""
+    if entry.global_name not in reference:
+        raise KeyError(f"global tensor {entry.global_name!r} is not in the global state")
+    if entry.local not in local:
+        raise KeyError(f"client result has no tensor {entry.local!r} named by the map")
+    w = float(weight.get(entry.global_name, 0.0) if isinstance(weight, Mapping) else weight)
+    if not (w >= 0.0 and w < float("inf")):
+        raise ValueError(f"aggregation weight for {entry.global_name!r} is {w}; need >= 0")
+    return w
+
+
+def check_fill(fill: str) -> None:
+    if fill not in ("keep", "zero"):
+        raise ValueError(f"fill must be 'keep' or 'zero', got {fill!r}")
+
+
+def untouched(previous: torch.Tensor, fill: Fill) -> torch.Tensor:
+    """A global tensor that no client covered anywhere: a copy (keep) or zeros (zero)."""
+    return previous.detach().clone() if fill == "keep" else torch.zeros_like(previous)
+
+
+def merge_estimate(
+    previous: torch.Tensor, estimate: torch.Tensor, hit: torch.Tensor, fill: Fill
+) -> torch.Tensor:
+    """A reduced global tensor: the float64 `estimate` where `hit`, `previous` (keep) or zero
+    elsewhere, cast once to `previous`'s dtype (integer tensors rounded to the nearest)."""
+    base = previous.detach().to(torch.float64) if fill == "keep" else torch.zeros_like(estimate)
+    merged = torch.where(hit, estimate, base)
+    if previous.is_floating_point():
+        return merged.to(previous.dtype)
+    return torch.round(merged).to(previous.dtype)
+
+
+class Reducer(Protocol):
+    """What aggregation reduces client tensors with: clients are `add`ed one by one, through
+    their index maps, and `result` gives the new global tensors. `Accumulator` (the weighted
+    mean) is the default; `hetfl.core.robust` has the coordinate-wise median and trimmed
+    mean."""
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None: ...
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State: ...
+
+
+#: Builds a fresh reducer for one reduction, from the global state it reduces into.
+ReducerFactory = Callable[[Mapping[str, torch.Tensor]], Reducer]
+
+
 class Accumulator:
     """Per-element weighted averages of client tensors written through index maps.
 
@@ -218,14 +281,7 @@ class Accumulator:
     ) -> None:
         """Add one client's tensors. Every entry of `index_map` must name a tensor of `local`."""
         for entry in index_map:
-            if entry.global_name not in self._reference:
-                raise KeyError(f"global tensor {entry.global_name!r} is not in the global state")
-            if entry.local not in local:
-                raise KeyError(f"client result has no tensor {entry.local!r} named by the map")
-            w = weight.get(entry.global_name, 0.0) if isinstance(weight, Mapping) else weight
-            w = float(w)
-            if not (w >= 0.0 and w < float("inf")):
-                raise ValueError(f"aggregation weight for {entry.global_name!r} is {w}; need >= 0")
+            w = entry_weight(entry, local, self._reference, weight)
             if w == 0.0:
                 continue
             s = 1.0 if scale is None else float(scale.get(entry.global_name, 1.0))
@@ -257,20 +313,14 @@ class Accumulator:
 
     def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
         """The new state: averages where covered, `previous` (keep) or zero elsewhere."""
-        if fill not in ("keep", "zero"):
-            raise ValueError(f"fill must be 'keep' or 'zero', got {fill!r}")
+        check_fill(fill)
         out: State = {}
         for name, prev in previous.items():
             if name not in self._sum:
-                out[name] = prev.detach().clone() if fill == "keep" else torch.zeros_like(prev)
+                out[name] = untouched(prev, fill)
                 continue
             total, count = self._sum[name], self._count[name]
             hit = count > 0
             mean = torch.where(hit, total / torch.where(hit, count, 1.0), 0.0)
-            base = prev.detach().to(torch.float64) if fill == "keep" else torch.zeros_like(mean)
-            merged = torch.where(hit, mean, base)
-            if prev.is_floating_point():
-                out[name] = merged.to(prev.dtype)
-            else:
-                out[name] = torch.round(merged).to(prev.dtype)
+            out[name] = merge_estimate(prev, mean, hit, fill)
         return out

@@ -1,0 +1,184 @@
+"""Robust reducers: the coordinate-wise median and trimmed mean over the clients covering each
+element, in place of the `Accumulator`'s weighted mean.
+
+Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates"
+(ICML 2018), §3, Definitions 1 and 2: the server replaces the mean of the workers' vectors
+by, per coordinate, their median, or their β-trimmed mean (drop the largest and the smallest
+β fraction, average the rest). A few arbitrary clients then move the result by a bounded
+amount, where they move a mean without bound.
+
+The estimators there are unweighted, and so are these: sample weights are ignored, except
+that a weight of zero (or a per-name mapping without the name) means the client does not
+cover that tensor, as in the `Accumulator`. With heterogeneous sub-models the set of clients
+differs from element to element, so each statistic runs over the k clients *covering* the
+element: their entries reach it and their mask does not exclude it. A client whose entries
+cover one element several times (a repeated local name) counts once there, with the mean of
+its values (`place` puts each client in global coordinates). A per-name `scale` multiplies
+the client's values before the statistic (FedFA's rescaling, as in the `Accumulator`).
+
+`CoordinateReducer(reference, statistic)` is the reducer (`hetfl.core.state.Reducer`); the
+statistic is one of
+
+- `median`: the middle of the k sorted values; an even k takes the mean of the two middle
+  ones.
+- `trimmed_mean(trim)`: with t = floor(trim·k), the t smallest and t largest values are
+  dropped and the k - 2t left are averaged; trim = 0 is the plain unweighted mean. Where
+  k - 2t < 1 (trim = 0.5 and an even k) the element takes the median.
+
+`ReducerSettings(kind, trim)` is the choice a method's options make, checked at the config
+edge; its `factory()` gives `reference -> reducer` (`Accumulator` for `mean`).
+
+Elements no client covers keep `previous` or are zero (`fill`), integer tensors are rounded,
+as in the `Accumulator`; everything is computed in float64 and cast once. Both statistics
+sort the covering values, so the result does not depend on the order clients are added in,
+bit for bit. The price is memory: a reducer holds every added client's tensors in global
+coordinates (k float64 copies of each tensor plus their coverage), where the `Accumulator`
+holds one sum and one count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal, get_args
+
+import torch
+
+from hetfl.core.spec import IndexMap
+from hetfl.core.state import (
+    Accumulator,
+    Fill,
+    ReducerFactory,
+    State,
+    check_fill,
+    entry_weight,
+    merge_estimate,
+    place,
+    untouched,
+)
+
+ReducerKind = Literal["mean", "median", "trimmed-mean"]
+REDUCER_KINDS: tuple[str, ...] = get_args(ReducerKind)
+
+#: A per-element statistic: (values sorted along dim 0 with the uncovered ones last, the
+#: coverage count k per element) -> float64 estimate per element (any value where k = 0).
+Statistic = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CoordinateReducer:
+    """A reducer (`hetfl.core.state.Reducer`): a per-element `statistic` over the clients
+    covering each element. It holds every added client's tensors in global coordinates: k
+    float64 copies of each touched tensor and their coverage."""
+
+    def __init__(self, reference: Mapping[str, torch.Tensor], statistic: Statistic) -> None:
+        self._reference = reference
+        self._statistic = statistic
+        # `place` writes at the dtype of its `like`: float64 keeps the client's values exact
+        # (and unrounded for integer tensors) until the single cast in `result`. Expanded
+        # zero-dim tensors carry shape and device without allocating the tensor.
+        self._like = {
+            name: torch.zeros((), dtype=torch.float64, device=t.device).expand(t.shape)
+            for name, t in reference.items()
+        }
+        self._values: dict[str, list[torch.Tensor]] = {}
+        self._covered: dict[str, list[torch.Tensor]] = {}
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        """Add one client. Entries of weight zero do not cover; the weight is otherwise unused."""
+        covering = [e for e in index_map if entry_weight(e, local, self._reference, weight) > 0]
+        placed = place(local, covering, self._like)
+        for name, values in placed.values.items():
+            s = 1.0 if scale is None else float(scale.get(name, 1.0))
+            self._values.setdefault(name, []).append(values if s == 1.0 else values * s)
+            self._covered.setdefault(name, []).append(placed.covered[name])
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
+        """The statistic where k >= 1 clients cover an element; `previous` or zero elsewhere."""
+        check_fill(fill)
+        out: State = {}
+        for name, prev in previous.items():
+            if name not in self._values:
+                out[name] = untouched(prev, fill)
+                continue
+            covered = torch.stack(self._covered[name])  # (clients, *shape)
+            # NaN sorts after every number, so the k covering values come first, ascending.
+            values = torch.where(covered, torch.stack(self._values[name]), math.nan)
+            ordered = torch.sort(values, dim=0).values
+            count = covered.sum(dim=0)  # (*shape): k
+            out[name] = merge_estimate(prev, self._statistic(ordered, count), count > 0, fill)
+        return out
+
+
+def _at_rank(ordered: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """`ordered[rank[g], g]` for every element g."""
+    return ordered.gather(0, rank.unsqueeze(0)).squeeze(0)
+
+
+def median(ordered: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """The middle of the k first values; for an even k the mean of the two middle ones."""
+    low = _at_rank(ordered, (count - 1).clamp(min=0) // 2)
+    high = _at_rank(ordered, count // 2)
+    return (low + high) / 2
+
+
+def _trimmed_mean(ordered: torch.Tensor, count: torch.Tensor, trim: float) -> torch.Tensor:
+    dropped = torch.floor(trim * count.to(torch.float64)).to(count.dtype)  # t per element
+    kept = count - 2 * dropped
+    rank = torch.arange(ordered.shape[0], device=ordered.device).view(-1, *[1] * count.dim())
+    inside = (rank >= dropped) & (rank < count - dropped)
+    total = torch.where(inside, ordered, 0.0).sum(dim=0)
+    mean = total / kept.clamp(min=1)
+    return torch.where(kept >= 1, mean, median(ordered, count))
+
+
+def trimmed_mean(trim: float) -> Statistic:
+    """The mean of ranks t .. k-t-1 of the k first values, t = floor(trim·k), or the median
+    where that leaves no value (trim = 0.5, even k). Yin et al. (§3, Definition 2) take
+    trim = β < 1/2; 0.5 is allowed here as the limit that gives the median."""
+    check_trim(trim)
+    return partial(_trimmed_mean, trim=trim)
+
+
+def check_trim(trim: float) -> None:
+    if not 0.0 <= trim <= 0.5:
+        raise ValueError(f"trim must be a fraction in [0, 0.5], got {trim!r}")
+
+
+@dataclass(frozen=True)
+class ReducerSettings:
+    """Which reducer aggregation uses: `mean` (the `Accumulator`'s weighted mean), `median`
+    or `trimmed-mean` with its `trim` fraction. `trim` is required for `trimmed-mean` and
+    must be None otherwise, so that a setting is never silently ignored."""
+
+    kind: ReducerKind
+    trim: float | None
+
+    def __post_init__(self) -> None:
+        if self.kind not in REDUCER_KINDS:
+            raise ValueError(f"reducer must be one of {REDUCER_KINDS}, got {self.kind!r}")
+        if self.kind == "trimmed-mean":
+            if self.trim is None:
+                raise ValueError("reducer 'trimmed-mean' needs a trim fraction in [0, 0.5]")
+            check_trim(self.trim)
+        elif self.trim is not None:
+            raise ValueError(
+                f"trim applies only to reducer 'trimmed-mean', got trim={self.trim!r} "
+                f"with reducer {self.kind!r}"
+            )
+
+    def factory(self) -> ReducerFactory:
+        """A fresh reducer per reduction: `factory(global_state)`."""
+        if self.kind == "median":
+            return partial(CoordinateReducer, statistic=median)
+        if self.kind == "trimmed-mean":
+            assert self.trim is not None  # checked in __post_init__
+            return partial(CoordinateReducer, statistic=trimmed_mean(self.trim))
+        return Accumulator

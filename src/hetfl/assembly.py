@@ -21,7 +21,7 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import RunConfig
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import Programs
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
@@ -137,13 +137,13 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         fed.dataset.num_classes,
         **cfg.model.shape_options(),
     )
-    strategy, hooks = ALGORITHMS.get(cfg.algorithm).build(
+    strategy, recipe = ALGORITHMS.get(cfg.algorithm).build(
         family,
         cfg.algorithm_options(),
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
     )
-    program = ClientProgram(family, hooks, seed=cfg.seed, device=device)
+    programs = Programs(family, recipe, seed=cfg.seed, device=device)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
         seed=cfg.seed,
@@ -157,4 +157,4 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     )
     info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
-    return Parts(strategy, program, fed.clients, fed.test, settings, info, progress)
+    return Parts(strategy, programs, fed.clients, fed.test, settings, info, progress)

@@ -14,15 +14,10 @@ import torch
 from torch import nn
 
 from hetfl.config import validate
-from hetfl.core.client import (
-    ClientHooks,
-    ClientProgram,
-    LocalTraining,
-    TrainContext,
-    batch_order,
-    recompute_bn_statistics,
-    train_local,
-)
+from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
+from hetfl.core.local.loop import batch_order, train_local
+from hetfl.core.local.parts import LocalRecipe, TrainContext
+from hetfl.core.training import LocalTraining
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
 from hetfl.core.registry import Registry
@@ -316,8 +311,9 @@ def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
     data = ClientData(0, x, y, x[:0], y[:0], 3)
     settings = LocalTraining(lr=lr, steps=1, batch_size=4)
     task = ClientTask(0, Spec(model="lin"), {}, full_map(["weight", "bias"]))
-    ctx = TrainContext(task=task, received={}, generator=_gen(0), settings=settings)
-    stats = train_local(model, data, ClientHooks(), ctx)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    ctx = TrainContext(task=task, received={}, generator=_gen(0), settings=settings, params=params)
+    stats = train_local(model, data, LocalRecipe(), ctx)
 
     # by hand, in float64, without autograd: d(mean CE)/dz = (softmax(z) - onehot(y)) / n
     W = torch.tensor(w0, dtype=torch.float64)
@@ -333,9 +329,10 @@ def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
     b_expected = b - lr * G.sum(dim=0)
     loss_expected = float(-torch.log(p[torch.arange(4), torch.tensor(ys)]).mean())
 
-    assert torch.allclose(model.weight.detach().double(), w_expected, atol=1e-6, rtol=0)
-    assert torch.allclose(model.bias.detach().double(), b_expected, atol=1e-6, rtol=0)
-    assert not torch.allclose(model.weight.detach().double(), W, atol=1e-4)
+    assert torch.allclose(params["weight"].detach().double(), w_expected, atol=1e-6, rtol=0)
+    assert torch.allclose(params["bias"].detach().double(), b_expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(params["weight"].detach().double(), W, atol=1e-4)
+    assert torch.equal(model.weight.detach(), torch.tensor(w0))  # the template is untouched
     assert stats.num_steps == 1
     assert stats.samples_seen == 4
     assert stats.default_passes == {4: 1}
@@ -509,7 +506,7 @@ def _task(cid, spec, imap, state):
 
 def test_client_fit_with_cached_model_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
-    program = ClientProgram(family, seed=0)
+    program = Programs(family, seed=0).program_for(0)
     task = _task(0, spec, imap, state)
     first = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())  # warm
     with _GlobalRngUnchanged():
@@ -521,7 +518,7 @@ def test_client_fit_with_cached_model_does_not_touch_global_rng():
 
 def test_client_fit_first_build_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
-    program = ClientProgram(family, seed=0)
+    program = Programs(family, seed=0).program_for(0)
     with _GlobalRngUnchanged():
         program.fit(
             _task(0, spec, imap, state),
@@ -534,14 +531,14 @@ def test_client_fit_first_build_does_not_touch_global_rng():
 
 def test_client_fit_private_init_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
-    program = ClientProgram(family, seed=0)
-    program.fit(
+    programs = Programs(family, seed=0)
+    programs.program_for(0).fit(
         _task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
     )
     shared = [e for e in imap if not e.local.startswith("head.")]
     as_client_1 = replace(data.info(), cid=1)
     with _GlobalRngUnchanged():
-        out = program.fit(
+        out = programs.program_for(1).fit(
             _task(1, spec, shared, state), data, {}, torch_generator(0, 1, 1, "t"), info=as_client_1
         )
     assert sorted(out.private) == ["head.bias", "head.weight"]
@@ -549,8 +546,8 @@ def test_client_fit_private_init_does_not_touch_global_rng():
 
 def test_client_fit_refuses_another_clients_info():
     family, spec, imap, state, data = _mlp_setup()
-    with pytest.raises(ValueError, match="info is client 1's, the task is for client 0"):
-        ClientProgram(family).fit(
+    with pytest.raises(ValueError, match="program got a task for client 0 and the info of client 1"):
+        Programs(family).program_for(0).fit(
             _task(0, spec, imap, state),
             data,
             {},
@@ -567,7 +564,7 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
     PyTorch loop, one optimiser); without it the second round restarts the buffers."""
     family, spec, imap, state, data = _mlp_setup()
     config = LocalTraining(lr=0.1, steps=3, batch_size=4, momentum=0.9, keep_momentum=keep)
-    program = ClientProgram(family, seed=0)
+    program = Programs(family, seed=0).program_for(0)
     first = program.fit(
         ClientTask(0, spec, dict(state), imap, config),
         data,
@@ -607,10 +604,10 @@ def test_a_kept_buffer_of_another_shape_starts_afresh():
     task = ClientTask(0, spec, dict(state), imap, config)
     stale = {"momentum/head.weight": torch.ones(2, 2)}
     info = data.info()
-    fresh = ClientProgram(family, seed=0).fit(
+    fresh = Programs(family, seed=0).program_for(0).fit(
         task, data, {}, torch_generator(0, 1, 0, "t"), info=info
     )
-    out = ClientProgram(family, seed=0).fit(
+    out = Programs(family, seed=0).program_for(0).fit(
         task, data, stale, torch_generator(0, 1, 0, "t"), info=info
     )
     for k in fresh.result.tensors:
@@ -746,13 +743,13 @@ class _DropoutFamily:
         return Spec(model="dropout-mlp")
 
 
-def _dropout_round(program, rnd, cids, state, data):
+def _dropout_round(programs, rnd, cids, state, data):
     """Each client's result of one step from `state` in round `rnd`, in the order given."""
-    spec = program.family.global_spec([])
-    imap = program.family.index_map(spec)
+    spec = programs.family.global_spec([])
+    imap = programs.family.index_map(spec)
     config = LocalTraining(lr=0.5, steps=1, batch_size=4)
     return {
-        c: program.fit(
+        c: programs.program_for(c).fit(
             ClientTask(c, spec, state, imap, config),
             data[c],
             {},
@@ -770,8 +767,8 @@ def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
     nothing; MACs of a training pass price the model whatever the masks."""
     family = _DropoutFamily()
     spec = family.global_spec([])
-    program = ClientProgram(family, seed=0)
-    model = program.model_for(spec)
+    programs = Programs(family, seed=0)
+    model = programs.models.model_for(spec)
     state = initialize(family.build(spec), _gen(0)).state_dict()
     g = _gen(1)
     data = {c: ClientData(c, torch.randn(4, 3, 2, 2, generator=g), torch.tensor([0, 1, 2, 0]),
@@ -781,12 +778,12 @@ def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
     for layer in (model.body[1], model.body[4]):
         layer.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
 
-    forward = _dropout_round(program, 1, [0, 1], state, data)
-    backward = _dropout_round(ClientProgram(family, seed=0), 1, [1, 0], state, data)
+    forward = _dropout_round(programs, 1, [0, 1], state, data)
+    backward = _dropout_round(Programs(family, seed=0), 1, [1, 0], state, data)
     for c in (0, 1):
         for k, v in forward[c].tensors.items():
             assert torch.equal(v, backward[c].tensors[k]), (c, k)
-    _dropout_round(program, 2, [0], state, data)
+    _dropout_round(programs, 2, [0], state, data)
     masks = []
     for rnd, cid in ((1, 0), (1, 1), (2, 0)):  # the fits `seen` recorded, in order
         by_hand = sibling_generator(torch_generator(0, rnd, cid, "t"), "dropout")
@@ -798,7 +795,12 @@ def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
     assert not seen and all(not torch.equal(a, b) for a, b in itertools.combinations(masks, 2))
 
     task = EvalTask(0, spec, state, family.index_map(spec))
-    assert program.evaluate(task, data[0], {}) == program.evaluate(task, data[0], {})
+    evaluation = ModelCache(family)
+    program = programs.program_for(0)
+    assert program.evaluate(task, data[0], {}, evaluation) == program.evaluate(
+        task, data[0], {}, evaluation
+    )
+    model = evaluation.model_for(spec)
     x = data[0].x_test
     with torch.no_grad():
         plain = model.head(nn.Sequential(*model.body[:1], *model.body[2:4], *model.body[5:])(x))

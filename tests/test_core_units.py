@@ -546,7 +546,9 @@ def test_client_fit_private_init_does_not_touch_global_rng():
 
 def test_client_fit_refuses_another_clients_info():
     family, spec, imap, state, data = _mlp_setup()
-    with pytest.raises(ValueError, match="program got a task for client 0 and the info of client 1"):
+    with pytest.raises(
+        ValueError, match="program got a task for client 0 and the info of client 1"
+    ):
         Programs(family).program_for(0).fit(
             _task(0, spec, imap, state),
             data,
@@ -604,11 +606,15 @@ def test_a_kept_buffer_of_another_shape_starts_afresh():
     task = ClientTask(0, spec, dict(state), imap, config)
     stale = {"momentum/head.weight": torch.ones(2, 2)}
     info = data.info()
-    fresh = Programs(family, seed=0).program_for(0).fit(
-        task, data, {}, torch_generator(0, 1, 0, "t"), info=info
+    fresh = (
+        Programs(family, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "t"), info=info)
     )
-    out = Programs(family, seed=0).program_for(0).fit(
-        task, data, stale, torch_generator(0, 1, 0, "t"), info=info
+    out = (
+        Programs(family, seed=0)
+        .program_for(0)
+        .fit(task, data, stale, torch_generator(0, 1, 0, "t"), info=info)
     )
     for k in fresh.result.tensors:
         assert torch.equal(out.result.tensors[k], fresh.result.tensors[k])
@@ -749,13 +755,15 @@ def _dropout_round(programs, rnd, cids, state, data):
     imap = programs.family.index_map(spec)
     config = LocalTraining(lr=0.5, steps=1, batch_size=4)
     return {
-        c: programs.program_for(c).fit(
+        c: programs.program_for(c)
+        .fit(
             ClientTask(c, spec, state, imap, config),
             data[c],
             {},
             torch_generator(0, rnd, c, "t"),
             info=data[c].info(),
-        ).result
+        )
+        .result
         for c in cids
     }
 

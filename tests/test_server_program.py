@@ -169,9 +169,7 @@ def _run(tmp_path, strategy, recipe, rounds=2, system=None):
     family = strategy.family
     clients, test = _clients()
     settings = RoundSettings(rounds=rounds, seed=0, system=system)
-    sim = Simulation(
-        strategy, Programs(family, recipe, seed=0), clients, test, settings, tmp_path
-    )
+    sim = Simulation(strategy, Programs(family, recipe, seed=0), clients, test, settings, tmp_path)
     sim.run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return sim, rows

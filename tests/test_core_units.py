@@ -15,11 +15,10 @@ from torch import nn
 
 from hetfl.config import validate
 from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
-from hetfl.core.local.loop import batch_order, train_local
-from hetfl.core.local.parts import LocalRecipe, TrainContext
-from hetfl.core.training import LocalTraining
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
+from hetfl.core.local.loop import batch_order, train_local
+from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.registry import Registry
 from hetfl.core.rng import (
     SERVER,
@@ -31,8 +30,9 @@ from hetfl.core.rng import (
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import uniform_sample
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
-from hetfl.models import PlainFamily
+from hetfl.models import PlainFamily, ScalableFamily
 from hetfl.systems.costs import MacCounter
 
 
@@ -828,3 +828,165 @@ def test_vgg11_classifier_drops_with_p_half_before_both_hidden_layers():
     ]  # fmt: skip
     assert model.body[0].p == model.body[3].p == 0.5
     assert sum(p.numel() for p in model.parameters()) == 9_750_922
+
+
+# -- local optimisers: functional steps equal torch.optim's ---------------------------------------
+@pytest.mark.parametrize("optimizer", ["adam", "amsgrad"])
+def test_adam_local_training_equals_torch_optim_adam_bit_for_bit(optimizer):
+    """Three steps of Adam / AMSGrad with L2 weight decay through the client program equal
+    a plain loop with `torch.optim.Adam` (foreach) on the same batches, bit for bit; with
+    keep_momentum the moments come back under the `adam.*/<param>` names."""
+    family, spec, imap, state, data = _mlp_setup()
+    config = LocalTraining(
+        lr=0.01, steps=3, batch_size=4, optimizer=optimizer, betas=(0.8, 0.99), eps=1e-6,
+        weight_decay=0.1, keep_momentum=True,
+    )  # fmt: skip
+    task = ClientTask(0, spec, dict(state), imap, config)
+    out = (
+        Programs(family, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "t"), info=data.info())
+    )
+    model = family.build(spec)
+    model.load_state_dict(state)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1,
+        amsgrad=optimizer == "amsgrad", foreach=True,
+    )  # fmt: skip
+    for idx in batch_order(8, config, torch_generator(0, 1, 0, "t")):
+        opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(out.result.tensors[k], v), k
+    for k, p in model.named_parameters():
+        assert torch.equal(out.private[f"adam.exp_avg_sq/{k}"], opt.state[p]["exp_avg_sq"])
+        assert float(out.private[f"adam.step/{k}"]) == 3.0
+    assert any(k.startswith("adam.max_exp_avg_sq/") for k in out.private) == (
+        optimizer == "amsgrad"
+    )
+
+
+def test_adam_kept_state_makes_two_rounds_one_run():
+    """With keep_momentum, Adam's moments and step count carry over: two rounds of 2 steps
+    equal one torch.optim.Adam run of 4 steps (bias correction included)."""
+    family, spec, imap, state, data = _mlp_setup()
+    config = LocalTraining(lr=0.01, steps=2, batch_size=4, optimizer="adam", keep_momentum=True)
+    program = Programs(family, seed=0).program_for(0)
+    first = program.fit(
+        ClientTask(0, spec, dict(state), imap, config), data, {}, torch_generator(0, 1, 0, "t"),
+        info=data.info(),
+    )  # fmt: skip
+    second = program.fit(
+        ClientTask(0, spec, first.result.tensors, imap, config), data, first.private,
+        torch_generator(0, 2, 0, "t"), info=data.info(),
+    )  # fmt: skip
+    model = family.build(spec)
+    model.load_state_dict(state)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=True)
+    for rnd in (1, 2):
+        for idx in batch_order(8, config, torch_generator(0, rnd, 0, "t")):
+            opt.zero_grad(set_to_none=False)
+            nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+            opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(second.result.tensors[k], v), k
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"betas": (0.5, 0.9)}, r"betas=\(0\.5, 0\.9\) set for optimizer 'sgd'"),
+        ({"eps": 1e-3}, r"eps=0\.001 set for optimizer 'sgd'"),
+        ({"optimizer": "adam", "momentum": 0.9}, r"momentum=0\.9 set for optimizer 'adam'"),
+        ({"optimizer": "adam", "betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
+        ({"optimizer": "adam", "eps": 0.0}, "eps must be a positive finite number, got 0.0"),
+        ({"optimizer": "rmsprop"}, "optimizer must be 'sgd', 'adam' or 'amsgrad', got 'rmsprop'"),
+    ],
+)
+def test_local_training_refuses_settings_of_another_optimiser(settings, match):
+    with pytest.raises(ValueError, match=match):
+        LocalTraining(**settings)
+
+
+# -- programs: one per client, a shared template cache, wrappers -----------------------------------
+def test_programs_for_many_clients_share_one_model_per_spec():
+    """Programs for 50 clients, each trained once, leave one template per spec in the
+    shared cache, and no client's tensors in it."""
+    family, spec, imap, state, data = _mlp_setup()
+    programs = Programs(family, seed=0)
+    for cid in range(50):
+        client = replace(data, cid=cid)
+        programs.program_for(cid).fit(
+            _task(cid, spec, imap, state), client, {}, torch_generator(0, 1, cid, "t"),
+            info=client.info(),
+        )  # fmt: skip
+    assert len(programs.models) == 1
+    template = programs.models.model_for(spec).state_dict()
+    built = family.build(spec).state_dict()
+    assert all(torch.equal(template[k], built[k]) for k in built)  # untouched by training
+
+
+def test_functional_training_updates_the_clients_batchnorm_statistics():
+    """BatchNorm's running statistics and num_batches_tracked, updated in place on the
+    buffers the loop passes to functional_call, come back in the client's tensors (one
+    step, so that the module forward by hand runs on the same weights)."""
+    fam = ScalableFamily(
+        {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 3, "stages": 1}
+    )
+    spec = fam.global_spec([])
+    state = initialize(fam.build(spec), _gen(0)).state_dict()
+    x = torch.randn(8, 1, 8, 8, generator=_gen(1))
+    data = ClientData(0, x, torch.arange(8) % 3, x[:0], torch.arange(0), 3)
+    config = LocalTraining(lr=0.1, steps=1, batch_size=4)  # one step: the forward's weights
+    task = ClientTask(0, spec, dict(state), fam.index_map(spec), config)
+    out = (
+        Programs(fam, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "t"), info=data.info())
+    )
+    model = fam.build(spec)
+    model.load_state_dict(state)
+    model.train()
+    for idx in batch_order(8, config, torch_generator(0, 1, 0, "t")):
+        model(x[idx])
+    tracked = [k for k in state if k.endswith("num_batches_tracked")]
+    assert tracked and all(int(out.result.tensors[k]) == 1 for k in tracked)
+    for k in state:
+        if "running" in k:
+            assert torch.equal(out.result.tensors[k], model.state_dict()[k]), k
+
+
+def test_a_wrapper_changes_only_its_clients_result():
+    """A wrapper that scales client 1's returned tensors by 3: client 1's result is 3 times
+    the unwrapped one, client 0's equals the unwrapped one exactly."""
+    family, spec, imap, state, data = _mlp_setup()
+
+    class Scaled:
+        def __init__(self, inner):
+            self.inner, self.cid, self.device = inner, inner.cid, inner.device
+
+        def fit(self, task, data, private, generator, **kwargs):
+            out = self.inner.fit(task, data, private, generator, **kwargs)
+            if self.cid == 1:
+                out.result.tensors = {k: 3 * v for k, v in out.result.tensors.items()}
+            return out
+
+        def evaluate(self, *args):
+            return self.inner.evaluate(*args)
+
+    def run(programs):
+        results = {}
+        for cid in (0, 1):
+            client = replace(data, cid=cid)
+            results[cid] = programs.program_for(cid).fit(
+                _task(cid, spec, imap, state), client, {}, torch_generator(0, 1, cid, "t"),
+                info=client.info(),
+            ).result.tensors  # fmt: skip
+        return results
+
+    honest = run(Programs(family, seed=0))
+    wrapped = run(Programs(family, seed=0, wrappers=[Scaled]))
+    for k in honest[0]:
+        assert torch.equal(wrapped[0][k], honest[0][k])
+        assert torch.equal(wrapped[1][k], 3 * honest[1][k])

@@ -23,9 +23,9 @@ from hetfl.core.local.regularisers import (
     partial_svt,
     rademacher_term,
 )
-from hetfl.core.training import LocalTraining
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
 from hetfl.engine.rounds import RoundSettings

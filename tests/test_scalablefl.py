@@ -19,14 +19,14 @@ from hetfl.algorithms.scalablefl import ScalableFL, scaled_depth
 from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import Programs
+from hetfl.core.init import initialize
 from hetfl.core.local.loop import train_local
 from hetfl.core.local.parts import LocalRecipe, TrainContext
-from hetfl.core.training import LocalTraining
-from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import local_names
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images

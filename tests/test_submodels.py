@@ -21,13 +21,13 @@ from hetfl.algorithms.fjord import OrderedDropout
 from hetfl.algorithms.submodels import assign_in_proportion, eval_model_at
 from hetfl.config import ConfigError, validate
 from hetfl.core.client import ModelCache, Programs, evaluate_model, recompute_bn_statistics
+from hetfl.core.init import initialize
 from hetfl.core.local.parts import TrainContext
 from hetfl.core.local.terms import mask_logits
-from hetfl.core.training import LocalTraining
-from hetfl.core.init import initialize
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, group_qualified, prefix_index
 from hetfl.core.state import Accumulator, extract
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, EvalTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
 from hetfl.engine.rounds import RoundSettings

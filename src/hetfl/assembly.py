@@ -1,7 +1,7 @@
 """From a validated config to the parts of a run, for either engine (the face's side).
 
 This is where the config is taken apart into explicit pieces (`hetfl.engine.parts.Parts`):
-the dataset and partition, the model family, the algorithm's strategy and client hooks
+the dataset and partition, the model family, the algorithm's strategy and local recipe
 (from its own options only), the client program and the round settings. The engines never
 see the config. The simulator (`hetfl.runner.build_simulation`), the Flower server and
 each Flower node (`hetfl.flower`) build from the same `build_parts`, so both engines train

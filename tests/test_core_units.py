@@ -14,17 +14,11 @@ import torch
 from torch import nn
 
 from hetfl.config import validate
-from hetfl.core.client import (
-    ClientHooks,
-    ClientProgram,
-    LocalTraining,
-    TrainContext,
-    batch_order,
-    recompute_bn_statistics,
-    train_local,
-)
+from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
+from hetfl.core.local.loop import batch_order, train_local
+from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.registry import Registry
 from hetfl.core.rng import (
     SERVER,
@@ -36,8 +30,9 @@ from hetfl.core.rng import (
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import uniform_sample
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
-from hetfl.models import PlainFamily
+from hetfl.models import PlainFamily, ScalableFamily
 from hetfl.systems.costs import MacCounter
 
 
@@ -316,8 +311,9 @@ def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
     data = ClientData(0, x, y, x[:0], y[:0], 3)
     settings = LocalTraining(lr=lr, steps=1, batch_size=4)
     task = ClientTask(0, Spec(model="lin"), {}, full_map(["weight", "bias"]))
-    ctx = TrainContext(task=task, received={}, generator=_gen(0), settings=settings)
-    stats = train_local(model, data, ClientHooks(), ctx)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    ctx = TrainContext(task=task, received={}, generator=_gen(0), settings=settings, params=params)
+    stats = train_local(model, data, LocalRecipe(), ctx)
 
     # by hand, in float64, without autograd: d(mean CE)/dz = (softmax(z) - onehot(y)) / n
     W = torch.tensor(w0, dtype=torch.float64)
@@ -333,9 +329,10 @@ def test_one_sgd_step_matches_hand_computed_cross_entropy_gradient():
     b_expected = b - lr * G.sum(dim=0)
     loss_expected = float(-torch.log(p[torch.arange(4), torch.tensor(ys)]).mean())
 
-    assert torch.allclose(model.weight.detach().double(), w_expected, atol=1e-6, rtol=0)
-    assert torch.allclose(model.bias.detach().double(), b_expected, atol=1e-6, rtol=0)
-    assert not torch.allclose(model.weight.detach().double(), W, atol=1e-4)
+    assert torch.allclose(params["weight"].detach().double(), w_expected, atol=1e-6, rtol=0)
+    assert torch.allclose(params["bias"].detach().double(), b_expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(params["weight"].detach().double(), W, atol=1e-4)
+    assert torch.equal(model.weight.detach(), torch.tensor(w0))  # the template is untouched
     assert stats.num_steps == 1
     assert stats.samples_seen == 4
     assert stats.default_passes == {4: 1}
@@ -509,7 +506,7 @@ def _task(cid, spec, imap, state):
 
 def test_client_fit_with_cached_model_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
-    program = ClientProgram(family, seed=0)
+    program = Programs(family, seed=0).program_for(0)
     task = _task(0, spec, imap, state)
     first = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())  # warm
     with _GlobalRngUnchanged():
@@ -521,7 +518,7 @@ def test_client_fit_with_cached_model_does_not_touch_global_rng():
 
 def test_client_fit_first_build_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
-    program = ClientProgram(family, seed=0)
+    program = Programs(family, seed=0).program_for(0)
     with _GlobalRngUnchanged():
         program.fit(
             _task(0, spec, imap, state),
@@ -534,14 +531,14 @@ def test_client_fit_first_build_does_not_touch_global_rng():
 
 def test_client_fit_private_init_does_not_touch_global_rng():
     family, spec, imap, state, data = _mlp_setup()
-    program = ClientProgram(family, seed=0)
-    program.fit(
+    programs = Programs(family, seed=0)
+    programs.program_for(0).fit(
         _task(0, spec, imap, state), data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
     )
     shared = [e for e in imap if not e.local.startswith("head.")]
     as_client_1 = replace(data.info(), cid=1)
     with _GlobalRngUnchanged():
-        out = program.fit(
+        out = programs.program_for(1).fit(
             _task(1, spec, shared, state), data, {}, torch_generator(0, 1, 1, "t"), info=as_client_1
         )
     assert sorted(out.private) == ["head.bias", "head.weight"]
@@ -549,8 +546,10 @@ def test_client_fit_private_init_does_not_touch_global_rng():
 
 def test_client_fit_refuses_another_clients_info():
     family, spec, imap, state, data = _mlp_setup()
-    with pytest.raises(ValueError, match="info is client 1's, the task is for client 0"):
-        ClientProgram(family).fit(
+    with pytest.raises(
+        ValueError, match="program got a task for client 0 and the info of client 1"
+    ):
+        Programs(family).program_for(0).fit(
             _task(0, spec, imap, state),
             data,
             {},
@@ -567,7 +566,7 @@ def test_kept_momentum_makes_two_rounds_one_continuous_sgd_run(keep):
     PyTorch loop, one optimiser); without it the second round restarts the buffers."""
     family, spec, imap, state, data = _mlp_setup()
     config = LocalTraining(lr=0.1, steps=3, batch_size=4, momentum=0.9, keep_momentum=keep)
-    program = ClientProgram(family, seed=0)
+    program = Programs(family, seed=0).program_for(0)
     first = program.fit(
         ClientTask(0, spec, dict(state), imap, config),
         data,
@@ -607,11 +606,15 @@ def test_a_kept_buffer_of_another_shape_starts_afresh():
     task = ClientTask(0, spec, dict(state), imap, config)
     stale = {"momentum/head.weight": torch.ones(2, 2)}
     info = data.info()
-    fresh = ClientProgram(family, seed=0).fit(
-        task, data, {}, torch_generator(0, 1, 0, "t"), info=info
+    fresh = (
+        Programs(family, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "t"), info=info)
     )
-    out = ClientProgram(family, seed=0).fit(
-        task, data, stale, torch_generator(0, 1, 0, "t"), info=info
+    out = (
+        Programs(family, seed=0)
+        .program_for(0)
+        .fit(task, data, stale, torch_generator(0, 1, 0, "t"), info=info)
     )
     for k in fresh.result.tensors:
         assert torch.equal(out.result.tensors[k], fresh.result.tensors[k])
@@ -746,19 +749,21 @@ class _DropoutFamily:
         return Spec(model="dropout-mlp")
 
 
-def _dropout_round(program, rnd, cids, state, data):
+def _dropout_round(programs, rnd, cids, state, data):
     """Each client's result of one step from `state` in round `rnd`, in the order given."""
-    spec = program.family.global_spec([])
-    imap = program.family.index_map(spec)
+    spec = programs.family.global_spec([])
+    imap = programs.family.index_map(spec)
     config = LocalTraining(lr=0.5, steps=1, batch_size=4)
     return {
-        c: program.fit(
+        c: programs.program_for(c)
+        .fit(
             ClientTask(c, spec, state, imap, config),
             data[c],
             {},
             torch_generator(0, rnd, c, "t"),
             info=data[c].info(),
-        ).result
+        )
+        .result
         for c in cids
     }
 
@@ -770,8 +775,8 @@ def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
     nothing; MACs of a training pass price the model whatever the masks."""
     family = _DropoutFamily()
     spec = family.global_spec([])
-    program = ClientProgram(family, seed=0)
-    model = program.model_for(spec)
+    programs = Programs(family, seed=0)
+    model = programs.models.model_for(spec)
     state = initialize(family.build(spec), _gen(0)).state_dict()
     g = _gen(1)
     data = {c: ClientData(c, torch.randn(4, 3, 2, 2, generator=g), torch.tensor([0, 1, 2, 0]),
@@ -781,12 +786,12 @@ def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
     for layer in (model.body[1], model.body[4]):
         layer.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
 
-    forward = _dropout_round(program, 1, [0, 1], state, data)
-    backward = _dropout_round(ClientProgram(family, seed=0), 1, [1, 0], state, data)
+    forward = _dropout_round(programs, 1, [0, 1], state, data)
+    backward = _dropout_round(Programs(family, seed=0), 1, [1, 0], state, data)
     for c in (0, 1):
         for k, v in forward[c].tensors.items():
             assert torch.equal(v, backward[c].tensors[k]), (c, k)
-    _dropout_round(program, 2, [0], state, data)
+    _dropout_round(programs, 2, [0], state, data)
     masks = []
     for rnd, cid in ((1, 0), (1, 1), (2, 0)):  # the fits `seen` recorded, in order
         by_hand = sibling_generator(torch_generator(0, rnd, cid, "t"), "dropout")
@@ -798,7 +803,12 @@ def test_dropout_masks_are_per_round_and_client_and_a_round_is_order_free():
     assert not seen and all(not torch.equal(a, b) for a, b in itertools.combinations(masks, 2))
 
     task = EvalTask(0, spec, state, family.index_map(spec))
-    assert program.evaluate(task, data[0], {}) == program.evaluate(task, data[0], {})
+    evaluation = ModelCache(family)
+    program = programs.program_for(0)
+    assert program.evaluate(task, data[0], {}, evaluation) == program.evaluate(
+        task, data[0], {}, evaluation
+    )
+    model = evaluation.model_for(spec)
     x = data[0].x_test
     with torch.no_grad():
         plain = model.head(nn.Sequential(*model.body[:1], *model.body[2:4], *model.body[5:])(x))
@@ -818,3 +828,165 @@ def test_vgg11_classifier_drops_with_p_half_before_both_hidden_layers():
     ]  # fmt: skip
     assert model.body[0].p == model.body[3].p == 0.5
     assert sum(p.numel() for p in model.parameters()) == 9_750_922
+
+
+# -- local optimisers: functional steps equal torch.optim's ---------------------------------------
+@pytest.mark.parametrize("optimizer", ["adam", "amsgrad"])
+def test_adam_local_training_equals_torch_optim_adam_bit_for_bit(optimizer):
+    """Three steps of Adam / AMSGrad with L2 weight decay through the client program equal
+    a plain loop with `torch.optim.Adam` (foreach) on the same batches, bit for bit; with
+    keep_momentum the moments come back under the `adam.*/<param>` names."""
+    family, spec, imap, state, data = _mlp_setup()
+    config = LocalTraining(
+        lr=0.01, steps=3, batch_size=4, optimizer=optimizer, betas=(0.8, 0.99), eps=1e-6,
+        weight_decay=0.1, keep_momentum=True,
+    )  # fmt: skip
+    task = ClientTask(0, spec, dict(state), imap, config)
+    out = (
+        Programs(family, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "t"), info=data.info())
+    )
+    model = family.build(spec)
+    model.load_state_dict(state)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1,
+        amsgrad=optimizer == "amsgrad", foreach=True,
+    )  # fmt: skip
+    for idx in batch_order(8, config, torch_generator(0, 1, 0, "t")):
+        opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(out.result.tensors[k], v), k
+    for k, p in model.named_parameters():
+        assert torch.equal(out.private[f"adam.exp_avg_sq/{k}"], opt.state[p]["exp_avg_sq"])
+        assert float(out.private[f"adam.step/{k}"]) == 3.0
+    assert any(k.startswith("adam.max_exp_avg_sq/") for k in out.private) == (
+        optimizer == "amsgrad"
+    )
+
+
+def test_adam_kept_state_makes_two_rounds_one_run():
+    """With keep_momentum, Adam's moments and step count carry over: two rounds of 2 steps
+    equal one torch.optim.Adam run of 4 steps (bias correction included)."""
+    family, spec, imap, state, data = _mlp_setup()
+    config = LocalTraining(lr=0.01, steps=2, batch_size=4, optimizer="adam", keep_momentum=True)
+    program = Programs(family, seed=0).program_for(0)
+    first = program.fit(
+        ClientTask(0, spec, dict(state), imap, config), data, {}, torch_generator(0, 1, 0, "t"),
+        info=data.info(),
+    )  # fmt: skip
+    second = program.fit(
+        ClientTask(0, spec, first.result.tensors, imap, config), data, first.private,
+        torch_generator(0, 2, 0, "t"), info=data.info(),
+    )  # fmt: skip
+    model = family.build(spec)
+    model.load_state_dict(state)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=True)
+    for rnd in (1, 2):
+        for idx in batch_order(8, config, torch_generator(0, rnd, 0, "t")):
+            opt.zero_grad(set_to_none=False)
+            nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+            opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(second.result.tensors[k], v), k
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"betas": (0.5, 0.9)}, r"betas=\(0\.5, 0\.9\) set for optimizer 'sgd'"),
+        ({"eps": 1e-3}, r"eps=0\.001 set for optimizer 'sgd'"),
+        ({"optimizer": "adam", "momentum": 0.9}, r"momentum=0\.9 set for optimizer 'adam'"),
+        ({"optimizer": "adam", "betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
+        ({"optimizer": "adam", "eps": 0.0}, "eps must be a positive finite number, got 0.0"),
+        ({"optimizer": "rmsprop"}, "optimizer must be 'sgd', 'adam' or 'amsgrad', got 'rmsprop'"),
+    ],
+)
+def test_local_training_refuses_settings_of_another_optimiser(settings, match):
+    with pytest.raises(ValueError, match=match):
+        LocalTraining(**settings)
+
+
+# -- programs: one per client, a shared template cache, wrappers -----------------------------------
+def test_programs_for_many_clients_share_one_model_per_spec():
+    """Programs for 50 clients, each trained once, leave one template per spec in the
+    shared cache, and no client's tensors in it."""
+    family, spec, imap, state, data = _mlp_setup()
+    programs = Programs(family, seed=0)
+    for cid in range(50):
+        client = replace(data, cid=cid)
+        programs.program_for(cid).fit(
+            _task(cid, spec, imap, state), client, {}, torch_generator(0, 1, cid, "t"),
+            info=client.info(),
+        )  # fmt: skip
+    assert len(programs.models) == 1
+    template = programs.models.model_for(spec).state_dict()
+    built = family.build(spec).state_dict()
+    assert all(torch.equal(template[k], built[k]) for k in built)  # untouched by training
+
+
+def test_functional_training_updates_the_clients_batchnorm_statistics():
+    """BatchNorm's running statistics and num_batches_tracked, updated in place on the
+    buffers the loop passes to functional_call, come back in the client's tensors (one
+    step, so that the module forward by hand runs on the same weights)."""
+    fam = ScalableFamily(
+        {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 3, "stages": 1}
+    )
+    spec = fam.global_spec([])
+    state = initialize(fam.build(spec), _gen(0)).state_dict()
+    x = torch.randn(8, 1, 8, 8, generator=_gen(1))
+    data = ClientData(0, x, torch.arange(8) % 3, x[:0], torch.arange(0), 3)
+    config = LocalTraining(lr=0.1, steps=1, batch_size=4)  # one step: the forward's weights
+    task = ClientTask(0, spec, dict(state), fam.index_map(spec), config)
+    out = (
+        Programs(fam, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "t"), info=data.info())
+    )
+    model = fam.build(spec)
+    model.load_state_dict(state)
+    model.train()
+    for idx in batch_order(8, config, torch_generator(0, 1, 0, "t")):
+        model(x[idx])
+    tracked = [k for k in state if k.endswith("num_batches_tracked")]
+    assert tracked and all(int(out.result.tensors[k]) == 1 for k in tracked)
+    for k in state:
+        if "running" in k:
+            assert torch.equal(out.result.tensors[k], model.state_dict()[k]), k
+
+
+def test_a_wrapper_changes_only_its_clients_result():
+    """A wrapper that scales client 1's returned tensors by 3: client 1's result is 3 times
+    the unwrapped one, client 0's equals the unwrapped one exactly."""
+    family, spec, imap, state, data = _mlp_setup()
+
+    class Scaled:
+        def __init__(self, inner):
+            self.inner, self.cid, self.device = inner, inner.cid, inner.device
+
+        def fit(self, task, data, private, generator, **kwargs):
+            out = self.inner.fit(task, data, private, generator, **kwargs)
+            if self.cid == 1:
+                out.result.tensors = {k: 3 * v for k, v in out.result.tensors.items()}
+            return out
+
+        def evaluate(self, *args):
+            return self.inner.evaluate(*args)
+
+    def run(programs):
+        results = {}
+        for cid in (0, 1):
+            client = replace(data, cid=cid)
+            results[cid] = programs.program_for(cid).fit(
+                _task(cid, spec, imap, state), client, {}, torch_generator(0, 1, cid, "t"),
+                info=client.info(),
+            ).result.tensors  # fmt: skip
+        return results
+
+    honest = run(Programs(family, seed=0))
+    wrapped = run(Programs(family, seed=0, wrappers=[Scaled]))
+    for k in honest[0]:
+        assert torch.equal(wrapped[0][k], honest[0][k])
+        assert torch.equal(wrapped[1][k], 3 * honest[1][k])

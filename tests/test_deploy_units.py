@@ -23,7 +23,8 @@ from hetfl.cli import main
 from hetfl.config import ConfigError, validate
 from hetfl.core.client import (
     BNStatistics,
-    ClientProgram,
+    ModelCache,
+    Programs,
     apply_bn_statistics,
     bn_batch_statistics,
     recompute_bn_statistics,
@@ -178,7 +179,9 @@ def make_node(state_dir: Path | None, checkpoint_every: int = 1) -> Node:
     family = PlainFamily("mlp", (1, 8, 8), 10)
     data = None  # PrivateState never reads the node's data
     keep = checkpoint_every + 1
-    return Node(1, 0, {}, data, ClientProgram(family), {}, state_dir, keep)  # type: ignore[arg-type]
+    program = Programs(family).program_for(1)
+    models = ModelCache(family)
+    return Node(1, 0, {}, data, program, models, {}, state_dir, keep)  # type: ignore[arg-type]
 
 
 def context() -> Context:

@@ -11,17 +11,21 @@ import torch
 from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.fedalrc import (
-    FedALRC,
-    RademacherHooks,
-    ThresholdingHooks,
+from hetfl.algorithms.fedalrc import FedALRC
+from hetfl.algorithms.fednova import StepNormaliser
+from hetfl.config import ConfigError, expand_sweep, load_raw, validate
+from hetfl.core.client import Programs
+from hetfl.core.local.loop import batch_order
+from hetfl.core.local.parts import LocalRecipe, TrainContext
+from hetfl.core.local.regularisers import (
+    PartialSVT,
+    RademacherTerm,
     partial_svt,
     rademacher_term,
 )
-from hetfl.config import ConfigError, expand_sweep, load_raw, validate
-from hetfl.core.client import ClientProgram, LocalTraining, TrainContext, batch_order
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
 from hetfl.engine.rounds import RoundSettings
@@ -44,6 +48,11 @@ def _injected(q: int, b: int, c: int, ctx: TrainContext) -> torch.Tensor:
 def _ctx(cid: int = 0, step: int = 0) -> TrainContext:
     task = ClientTask(cid, Spec(model="t"), {}, [], LocalTraining(lr=0.1))
     return TrainContext(task, {}, torch.Generator(), LocalTraining(lr=0.1), step=step)
+
+
+def _deep(term: RademacherTerm) -> LocalRecipe:
+    """FedALRC's deep recipe around `term`: the term, FedNova's counter, the term's count."""
+    return LocalRecipe(loss_terms=(term,), trackers=(StepNormaliser(), term))
 
 
 def _two_class_data(cid: int, n: int, d: int = 3, seed: int = 0) -> ClientData:
@@ -77,7 +86,7 @@ def test_rademacher_term_and_gradient_by_hand():
 
 
 def test_gate_switches_the_term_on_and_off():
-    hooks = RademacherHooks(alpha=0.5, q=2, radius=1.0, signs=_injected)
+    term = RademacherTerm(alpha=0.5, q=2, radius=1.0, signs=_injected)
     out = torch.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
     expected = 0.5 * rademacher_term(out, _signs(0, 0, 2, 2, 2))
     at_radius = torch.tensor([1.0, 1.0])  # mean square 1.0 <= r: on
@@ -85,20 +94,24 @@ def test_gate_switches_the_term_on_and_off():
     above = torch.tensor([0.2, 1.6])  # mean 0.9 but mean square 1.3 > r: off
     ctx = _ctx()
     for losses in (at_radius, one_large):
-        term = hooks.loss(out, torch.tensor([0, 1]), losses, ctx)
-        assert term is not None and torch.equal(term, expected)
-    assert hooks.loss(out, torch.tensor([0, 1]), above, ctx) is None
-    assert ctx.state["regularised_steps"] == 2
-    ungated = RademacherHooks(alpha=0.5, q=2, gated=False, signs=_injected)  # FedALRC-g
-    assert torch.equal(ungated.loss(out, torch.tensor([0, 1]), above * 10, _ctx()), expected)
-    assert RademacherHooks(alpha=0.0).loss(out, torch.tensor([0, 1]), at_radius, _ctx()) is None
+        added = term(out, torch.tensor([0, 1]), losses, ctx)
+        assert added is not None and torch.equal(added, expected)
+    assert term(out, torch.tensor([0, 1]), above, ctx) is None
+    assert term.finish(ctx) == {"regularised_steps": 2}
+    ungated = RademacherTerm(alpha=0.5, q=2, gated=False, signs=_injected)  # FedALRC-g
+    assert torch.equal(ungated(out, torch.tensor([0, 1]), above * 10, _ctx()), expected)
+    assert RademacherTerm(alpha=0.0)(out, torch.tensor([0, 1]), at_radius, _ctx()) is None
 
 
-def _fit(hooks, data: ClientData, payload, config) -> tuple[dict, dict]:
+def _fit(recipe, data: ClientData, payload, config) -> tuple[dict, dict]:
     family = PlainFamily("linear", (3,), 2)
     task = ClientTask(data.cid, family.global_spec([]), payload, full_map(payload), config)
     generator = torch_generator(0, 1, data.cid, "train")
-    out = ClientProgram(family, hooks).fit(task, data, {}, generator, info=data.info())
+    out = (
+        Programs(family, recipe)
+        .program_for(data.cid)
+        .fit(task, data, {}, generator, info=data.info())
+    )
     return out.result.tensors, out.result.extras
 
 
@@ -106,15 +119,15 @@ def test_gate_open_changes_training_and_a_closed_gate_does_not():
     data = _two_class_data(0, 24)
     config = LocalTraining(lr=0.1, epochs=1, batch_size=8)
     small = {"head.weight": torch.zeros(2, 3), "head.bias": torch.zeros(2)}  # loss ln 2: open
-    on, extras = _fit(RademacherHooks(0.5, 5, signs=_injected), data, small, config)
-    off, _ = _fit(RademacherHooks(0.0), data, small, config)
+    on, extras = _fit(_deep(RademacherTerm(0.5, 5, signs=_injected)), data, small, config)
+    off, _ = _fit(_deep(RademacherTerm(0.0)), data, small, config)
     assert extras["regularised_steps"] == 3  # every batch: (ln 2)^2 < 1
     assert not torch.allclose(on["head.weight"], off["head.weight"])
     # weights fitted to the opposite labels: every per-sample loss is large, the gate stays shut
     opposite = torch.tensor([[8.0, 2.4, 0.0], [-8.0, -2.4, 0.0]])
     wrong = {"head.weight": opposite, "head.bias": torch.zeros(2)}
-    shut, extras = _fit(RademacherHooks(0.5, 5, signs=_injected), data, wrong, config)
-    plain, _ = _fit(RademacherHooks(0.0), data, wrong, config)
+    shut, extras = _fit(_deep(RademacherTerm(0.5, 5, signs=_injected)), data, wrong, config)
+    plain, _ = _fit(_deep(RademacherTerm(0.0)), data, wrong, config)
     assert extras["regularised_steps"] == 0
     assert torch.equal(shut["head.weight"], plain["head.weight"])
 
@@ -144,7 +157,7 @@ def test_partial_svt_by_hand(keep, expected):
     assert (torch.linalg.svdvals(out) >= 0).all()
 
 
-def test_thresholding_hooks_after_one_sgd_step_by_hand():
+def test_partial_svt_projection_after_one_sgd_step_by_hand():
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(5, 4, generator=g).double(), torch.tensor([0, 2, 1, 2, 0])
     w0, b0 = torch.randn(3, 4, generator=g).double(), torch.randn(3, generator=g).double()
@@ -154,9 +167,11 @@ def test_thresholding_hooks_after_one_sgd_step_by_hand():
     lr, alpha = 0.5, 0.4
     config = LocalTraining(lr=lr, steps=1, batch_size=5)
     task = ClientTask(0, family.global_spec([]), payload, full_map(payload), config)
-    hooks = ThresholdingHooks("head.weight", (3, 4), alpha=alpha, theta=1)
+    svt = PartialSVT("head.weight", (3, 4), alpha=alpha, theta=1)
+    recipe = LocalRecipe(projections=(svt,), trackers=(StepNormaliser(),))
     generator = torch_generator(0, 1, 0, "train")
-    res = ClientProgram(family, hooks).fit(task, data, {}, generator, info=data.info()).result
+    program = Programs(family, recipe).program_for(0)
+    res = program.fit(task, data, {}, generator, info=data.info()).result
     # one full-batch step of softmax cross-entropy: grad = (softmax - onehot)^T x / B
     p = torch.softmax(x @ w0.T + b0, dim=1)
     err = (p - torch.nn.functional.one_hot(y, 3).double()) / 5
@@ -191,17 +206,17 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     config = LocalTraining(lr=0.2, epochs=2, batch_size=4)
     alpha, q, gamma = 0.8, 3, 1.5
     strategy = FedALRC(family, clients_per_round=2, train=config, gamma=gamma)
-    hooks = RademacherHooks(alpha, q, signs=_injected)
+    recipe = _deep(RademacherTerm(alpha, q, signs=_injected))
     clients = [_two_class_data(0, 6), _two_class_data(1, 3)]  # 4 and 2 local steps
     infos = [c.info() for c in clients]
     strategy.setup(infos, torch_generator(0, 0, -1, "init"))
     w0 = {k: v.double() for k, v in strategy.global_state.items()}
     tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
-    program = ClientProgram(family, hooks)
+    programs = Programs(family, recipe)
     results = [
-        program.fit(
-            t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid]
-        ).result
+        programs.program_for(t.cid)
+        .fit(t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid])
+        .result
         for t in tasks
     ]
     new = strategy.aggregate(1, results, [])
@@ -216,11 +231,11 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
         delta = sum(pk * (w0[name] - ref[i]) / ref[2] for pk, ref in zip(p, refs, strict=True))
         torch.testing.assert_close(new[name].double(), w0[name] - eta * delta, atol=1e-5, rtol=0)
     # and the regulariser mattered: FedNova's step from the unregularised clients differs
-    unregularised = ClientProgram(family, RademacherHooks(0.0))
+    unregularised = Programs(family, _deep(RademacherTerm(0.0)))
     plain = [
-        unregularised.fit(
-            t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid]
-        ).result
+        unregularised.program_for(t.cid)
+        .fit(t, clients[t.cid], {}, torch_generator(0, 1, t.cid, "train"), info=infos[t.cid])
+        .result
         for t in tasks
     ]
     assert not torch.allclose(strategy.aggregate(1, plain, [])["head.weight"], new["head.weight"])
@@ -237,11 +252,11 @@ def _skewed_federation(model: str):
 
 def _final_state(name: str, opts: dict, model: str, train: dict, rounds: int, tmp_path: Path):
     family, clients, test = _skewed_federation(model)
-    strategy, hooks = ALGORITHMS.get(name).build(
+    strategy, recipe = ALGORITHMS.get(name).build(
         family, opts, clients_per_round=len(clients), train=train
     )
     settings = RoundSettings(rounds=rounds, seed=0, local_eval="none", checkpoint_every=10)
-    sim = Simulation(strategy, ClientProgram(family, hooks), clients, test, settings, tmp_path)
+    sim = Simulation(strategy, Programs(family, recipe), clients, test, settings, tmp_path)
     sim.run()
     return sim.strategy.global_state
 
@@ -379,9 +394,9 @@ def test_theta_beyond_the_weight_rank_is_refused_when_built():
     with pytest.warns(UserWarning, match="theta does not apply"):
         build(PlainFamily("mlp", (6,), 3), {"theta": 2}, clients_per_round=1, train=LocalTraining())
     with pytest.raises(ValueError, match="alpha"):
-        RademacherHooks(alpha=-1.0)
+        RademacherTerm(alpha=-1.0)
     with pytest.raises(ValueError, match="Q"):
-        RademacherHooks(alpha=0.1, q=0)
+        RademacherTerm(alpha=0.1, q=0)
 
 
 def test_config_names_the_bad_option():
@@ -495,11 +510,11 @@ def test_vgg11_one_fedalrc_round_on_one_percent(tmp_path):
     )
     clients = build_clients(ds, parts, test_per_client=0, seed=0)
     family = PlainFamily("vgg11", ds.input_shape, ds.num_classes)
-    strategy, hooks = ALGORITHMS.get("fedalrc").build(
+    strategy, recipe = ALGORITHMS.get("fedalrc").build(
         family, {}, clients_per_round=4, train=LocalTraining(lr=0.02, batch_size=32)
     )
     settings = RoundSettings(rounds=1, seed=0, local_eval="none")
-    program = ClientProgram(family, hooks)
+    program = Programs(family, recipe)
     sim = Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
     sim.setup()
     before = {k: v.clone() for k, v in strategy.global_state.items()}
@@ -515,8 +530,8 @@ def test_vgg11_one_fedalrc_round_on_one_percent(tmp_path):
 def test_default_signs_come_from_the_client_generator():
     ctx = _ctx()
     ctx.generator.manual_seed(7)
-    a = RademacherHooks(0.1).signs(5, 64, 10, ctx)
+    a = RademacherTerm(0.1).signs(5, 64, 10, ctx)
     ctx.generator.manual_seed(7)
-    assert torch.equal(a, RademacherHooks(0.1).signs(5, 64, 10, ctx))
+    assert torch.equal(a, RademacherTerm(0.1).signs(5, 64, 10, ctx))
     assert a.shape == (5, 64, 10) and set(a.unique().tolist()) == {-1, 1}
     assert abs(float(a.float().mean())) < 0.1  # 3200 fair signs

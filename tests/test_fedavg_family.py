@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.fednova import NormalisedHooks
-from hetfl.core.client import ClientProgram
+from hetfl.algorithms.fednova import StepNormaliser
+from hetfl.core.client import Programs
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.spec import Spec, full_map
@@ -50,11 +52,11 @@ class _Family:
 
 
 def _strategy(name: str, **opts):
-    strategy, hooks = ALGORITHMS.get(name).build(_Family(), opts, clients_per_round=2, train=TRAIN)
+    strategy, recipe = ALGORITHMS.get(name).build(_Family(), opts, clients_per_round=2, train=TRAIN)
     infos = [ClientInfo(cid, 10, (2,), (0, 1)) for cid in range(2)]
     strategy.setup(infos, torch_generator(0, 0, -1, "init"))
     strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))  # results need a planned task
-    return strategy, hooks
+    return strategy, recipe
 
 
 def _result(cid: int, tensors, n: int, **extras) -> ClientResult:
@@ -126,7 +128,8 @@ def test_client_normaliser_follows_the_recursion(momentum, mu, lr, steps):
     data = ClientData(0, x, y, x[:0], y[:0], 2)
     config = LocalTraining(lr=lr, steps=steps, batch_size=8, momentum=momentum)
     task = ClientTask(0, Spec(model="linear-bn"), {}, full_map(_Family.names), config)
-    program = ClientProgram(_Family(), NormalisedHooks(mu))
+    recipe = LocalRecipe(grad_transforms=(ProximalTerm(mu),), trackers=(StepNormaliser(mu),))
+    program = Programs(_Family(), recipe).program_for(0)
     generator = torch_generator(0, 1, 0, "train")
     extras = program.fit(task, data, {}, generator, info=data.info()).result.extras
     rho, q = momentum, 1 - lr * mu
@@ -146,7 +149,7 @@ def test_client_normaliser_follows_the_recursion(momentum, mu, lr, steps):
 
 def test_fednova_result_without_normaliser_is_a_clear_error():
     strategy, _ = _strategy("fednova")
-    with pytest.raises(KeyError, match="NormalisedHooks"):
+    with pytest.raises(KeyError, match="StepNormaliser tracker"):
         strategy.aggregate(1, [_result(0, dict(strategy.global_state), 10)], [])
 
 
@@ -225,12 +228,12 @@ def test_bad_server_settings_are_refused(settings):
 # -- local-only -----------------------------------------------------------------------------------
 def test_local_only_shares_nothing_and_learns_locally(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
-    strategy, hooks = ALGORITHMS.get("local-only").build(
+    strategy, recipe = ALGORITHMS.get("local-only").build(
         family, None, clients_per_round=len(clients), train=TRAIN
     )
     sim = Simulation(
         strategy,
-        ClientProgram(family, hooks),
+        Programs(family, recipe),
         clients,
         test,
         RoundSettings(rounds=3, seed=0, local_eval="all"),

@@ -18,12 +18,15 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.scalablefl import ScalableFL, scaled_depth
 from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
-from hetfl.core.client import ClientHooks, ClientProgram, LocalTraining, TrainContext, train_local
+from hetfl.core.client import Programs
 from hetfl.core.init import initialize
+from hetfl.core.local.loop import train_local
+from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.rng import torch_generator
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import local_names
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images
@@ -206,7 +209,7 @@ def test_private_parameters_never_leave_the_client() -> None:
     infos = _infos(((32, 4), (16, 2)), channels_in=1)
     strategy = _setup(fam, infos, participation=1.0)
     assert not any(".norm." in k or k.startswith("head.") for k in strategy.global_state)
-    program = ClientProgram(fam, seed=0)
+    programs = Programs(fam, seed=0)
     g = torch.Generator().manual_seed(0)
     tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
     for task, info in zip(tasks, infos, strict=True):
@@ -224,6 +227,7 @@ def test_private_parameters_never_leave_the_client() -> None:
         private = norm_tensor_names(model) | head_tensor_names(model)
         assert not private & set(task.payload)
         assert task.config.decay_norm_and_bias is False
+        program = programs.program_for(info.cid)
         out = program.fit(task, data, {}, torch_generator(0, 1, info.cid, "train"), info=info)
         assert set(out.result.tensors) == set(local_names(task.index_map)) == set(task.payload)
         assert private == set(out.private)  # BN (with running statistics) and head stay
@@ -306,10 +310,9 @@ def test_weight_decay_spares_norms_and_biases_when_asked() -> None:
     fam = _stage_cnn(16)
     spec = fam.normalise({**fam.base, "stages": 1, "input_shape": (1, 16, 16), "num_classes": 3})
 
-    class Zero(ClientHooks):
-        def forward(self, model, x, y, ctx):
-            out = model(x)
-            return out, out.sum(dim=1) * 0.0
+    def zero(model, x, y, ctx):
+        out = model(x)
+        return out, out.sum(dim=1) * 0.0
 
     x, y = torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 0])
     data = ClientData(0, x, y, x, y, num_classes=3)
@@ -322,9 +325,13 @@ def test_weight_decay_spares_norms_and_biases_when_asked() -> None:
             lr=0.5, steps=1, batch_size=4, weight_decay=0.1, decay_norm_and_bias=decay_all
         )
         task = ClientTask(0, spec, {}, [])
-        ctx = TrainContext(task, {}, torch.Generator().manual_seed(0), settings)
-        train_local(model, data, Zero(), ctx)
-        after = model.state_dict()
+        params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+        buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+        ctx = TrainContext(
+            task, {}, torch.Generator().manual_seed(0), settings, params=params, buffers=buffers
+        )
+        train_local(model, data, LocalRecipe(forward=zero), ctx)
+        after = {k: v.detach() for k, v in params.items()}
         shrink = 1 - 0.5 * 0.1
         for name in ("stages.0.conv.weight", "head.weight"):
             assert torch.allclose(after[name], before[name] * shrink)
@@ -446,7 +453,7 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
     views = draw_views(groups, ds.num_classes, seed=0)
     clients = build_clients(ds, parts, test_per_client=40, seed=0, views=views)
     fam = ScalableFamily({"family": "stage-cnn", "input_shape": (1, 16, 16), "num_classes": 10})
-    strategy, hooks = ALGORITHMS.get("scalablefl").build(
+    strategy, recipe = ALGORITHMS.get("scalablefl").build(
         fam,
         {"base_size": 2, "participation": 1.0},
         clients_per_round=6,
@@ -454,7 +461,7 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
     )
     settings = RoundSettings(rounds=4, seed=0, local_eval="all")
     sim = Simulation(
-        strategy, ClientProgram(fam, hooks, seed=0), clients, global_test(ds), settings, tmp_path
+        strategy, Programs(fam, recipe, seed=0), clients, global_test(ds), settings, tmp_path
     )
     summary = sim.run()
     row = sim.metrics.read()[-1]

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetfl.algorithms.fedavg import FedAvg
-from hetfl.core.client import ClientHooks, ClientProgram
+from hetfl.core.client import Programs
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_program import ServerProgram, ServerResult, ServerSession
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import Accumulator, extract
@@ -130,21 +131,27 @@ class _SplitStrategy(FedAvg):
         return acc.result(self.global_state, fill="keep")
 
 
-class _ClientSide(ClientHooks):
-    """The client's half of a split step: body forward, exchange, and either backward with
-    the server's gradient (SplitFed) or a local loss... here none, so DTFL-style clients
-    only send (their own update would need an auxiliary head)."""
+class _ClientSide:
+    """The client's half of a split step: body forward (a forward part), exchange, and
+    either backward with the server's gradient (SplitFed) or a local loss... here none, so
+    DTFL-style clients only send (their own update would need an auxiliary head)."""
 
     def forward(self, model, x, y, ctx):
         z = model(x)
-        ctx.state["z"] = z
+        ctx.scratch(self)["z"] = z
         return z, torch.zeros(y.shape[0])  # the loss is computed on the server
 
     def backward(self, total, ctx):
-        z = ctx.state.pop("z")
+        z = ctx.scratch(self).pop("z")
         grad = ctx.send(z, ctx.batch[1])
         if grad is not None:
             z.backward(grad)
+
+
+def _client_side() -> LocalRecipe:
+    """The split client's recipe: `_ClientSide`'s forward and backward parts."""
+    side = _ClientSide()
+    return LocalRecipe(forward=side.forward, backward=side.backward)
 
 
 def _clients(n_clients=3, n=10):
@@ -158,13 +165,11 @@ def _clients(n_clients=3, n=10):
     return out, (xt, yt)
 
 
-def _run(tmp_path, strategy, hooks, rounds=2, system=None):
+def _run(tmp_path, strategy, recipe, rounds=2, system=None):
     family = strategy.family
     clients, test = _clients()
     settings = RoundSettings(rounds=rounds, seed=0, system=system)
-    sim = Simulation(
-        strategy, ClientProgram(family, hooks, seed=0), clients, test, settings, tmp_path
-    )
+    sim = Simulation(strategy, Programs(family, recipe, seed=0), clients, test, settings, tmp_path)
     sim.run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return sim, rows
@@ -173,9 +178,9 @@ def _run(tmp_path, strategy, hooks, rounds=2, system=None):
 def test_split_training_equals_training_the_joined_model(tmp_path):
     family = _SplitFamily()
     split = _SplitStrategy(family, clients_per_round=3, train=TRAIN)
-    sim, rows = _run(tmp_path / "split", split, _ClientSide())
+    sim, rows = _run(tmp_path / "split", split, _client_side())
     joined = FedAvg(family, clients_per_round=3, train=TRAIN)
-    ref, ref_rows = _run(tmp_path / "joined", joined, ClientHooks())
+    ref, ref_rows = _run(tmp_path / "joined", joined, LocalRecipe())
     assert rows[-1]["clients"] == 3 and rows[-1]["failed"] == 0
     for name in BODY + HEAD:
         torch.testing.assert_close(
@@ -189,7 +194,7 @@ def test_split_training_equals_training_the_joined_model(tmp_path):
 
 def test_channel_bytes_are_counted_both_ways(tmp_path):
     split = _SplitStrategy(_SplitFamily(), clients_per_round=3, train=TRAIN)
-    _, rows = _run(tmp_path, split, _ClientSide(), rounds=1)
+    _, rows = _run(tmp_path, split, _client_side(), rounds=1)
     samples = 10 + 11 + 12
     body = (8 * 4 + 8) * 4  # float32 body weights and biases, down and up
     activations = samples * 8 * 4  # one float32 row of 8 per sample
@@ -198,7 +203,7 @@ def test_channel_bytes_are_counted_both_ways(tmp_path):
     assert rows[0]["bytes_down"] == 3 * body + activations  # the gradients come back
     # DTFL-style: activations go up, nothing comes back
     quiet = _SplitStrategy(_SplitFamily(), parallel=True, clients_per_round=3, train=TRAIN)
-    _, rows = _run(tmp_path / "quiet", quiet, _ClientSide(), rounds=1)
+    _, rows = _run(tmp_path / "quiet", quiet, _client_side(), rounds=1)
     assert rows[0]["bytes_up"] == 3 * body + activations + labels
     assert rows[0]["bytes_down"] == 3 * body
 
@@ -208,7 +213,7 @@ def test_server_side_is_timed_and_declared_parallel_parts_overlap(tmp_path, para
     profile = DeviceProfile("p", rate=1e3, down_mbps=1.0, up_mbps=2.0)
     system = SystemSettings((profile,), server_rate=500.0)
     split = _SplitStrategy(_SplitFamily(), parallel=parallel, clients_per_round=3, train=TRAIN)
-    sim, rows = _run(tmp_path, split, _ClientSide(), rounds=1, system=system)
+    sim, rows = _run(tmp_path, split, _client_side(), rounds=1, system=system)
     body_fwd, head_fwd = 4 * 8, 8 * 3  # MACs per sample
     totals = []
     for cid, n in ((0, 10), (1, 11), (2, 12)):
@@ -238,6 +243,6 @@ def test_split_hooks_without_a_channel_fail_clearly():
     strategy = _SplitStrategy(family, clients_per_round=1, train=TRAIN)
     strategy.setup([c.info() for c in clients], torch.Generator().manual_seed(0))
     task = strategy.plan(1, [clients[0].info()], torch.Generator().manual_seed(0))[0]
-    program = ClientProgram(family, _ClientSide(), seed=0)
+    program = Programs(family, _client_side(), seed=0).program_for(0)
     with pytest.raises(RuntimeError, match="gave no channel"):
         program.fit(task, clients[0], {}, torch.Generator().manual_seed(0), info=clients[0].info())

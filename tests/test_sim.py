@@ -12,9 +12,10 @@ from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fedavg import FedAvg
-from hetfl.algorithms.fedprox import ProximalHooks
-from hetfl.core.client import ClientHooks, ClientProgram
+from hetfl.core.client import Programs
 from hetfl.core.init import initialize
+from hetfl.core.local.parts import CrossEntropy, LocalRecipe
+from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
@@ -52,10 +53,10 @@ def _sim(
     strategy=None,
     **settings,
 ):
-    strat, hooks = ALGORITHMS.get(algo).build(
+    strat, recipe = ALGORITHMS.get(algo).build(
         family, opts, clients_per_round=cpr, train=settings.pop("train", TRAIN)
     )
-    program = program or ClientProgram(family, hooks, seed=0)
+    program = program or Programs(family, recipe, seed=0)
     return Simulation(
         strategy or strat,
         program,
@@ -92,8 +93,11 @@ def test_fedprox_two_steps_match_hand_computation():
         full_map(["weight", "bias"]),
         LocalTraining(lr=lr, steps=2, batch_size=6),
     )
-    out = ClientProgram(_LinearFamily(), ProximalHooks(mu)).fit(
-        task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
+    prox = LocalRecipe(grad_transforms=(ProximalTerm(mu),))
+    out = (
+        Programs(_LinearFamily(), prox)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())
     )
 
     def grad(w):
@@ -106,25 +110,46 @@ def test_fedprox_two_steps_match_hand_computation():
     w2 = {k: w1[k] - lr * (g1[k] + mu * (w1[k] - w0[k])) for k in w0}
     for k in w0:
         torch.testing.assert_close(out.result.tensors[k], w2[k], rtol=1e-6, atol=1e-6)
-    plain = ClientProgram(_LinearFamily()).fit(
-        task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
+    plain = (
+        Programs(_LinearFamily())
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())
     )
     assert not torch.allclose(plain.result.tensors["weight"], w2["weight"], atol=1e-5)
 
 
 # -- one round ------------------------------------------------------------------------------
-class _SendsConstants(ClientProgram):
-    """Trains for real, then sends every tensor filled with its client's value."""
+class _Wrapped:
+    """A program wrapper's base: everything delegated to the honest program `inner`."""
 
-    def __init__(self, family, values):
-        super().__init__(family, ClientHooks(), seed=0)
-        self.values = values
+    def __init__(self, inner):
+        self.inner, self.cid, self.device = inner, inner.cid, inner.device
 
-    def fit(self, task, data, private, generator, *, info, channel=None):
-        out = super().fit(task, data, private, generator, info=info, channel=channel)
-        value = self.values[task.cid]
-        out.result.tensors = {k: torch.full_like(v, value) for k, v in out.result.tensors.items()}
+    def fit(self, task, data, private, generator, **kwargs):
+        return self.inner.fit(task, data, private, generator, **kwargs)
+
+    def evaluate(self, task, data, private, models):
+        return self.inner.evaluate(task, data, private, models)
+
+
+class _SendsConstant(_Wrapped):
+    """Trains for real, then sends every tensor filled with `value`."""
+
+    def __init__(self, inner, value):
+        super().__init__(inner)
+        self.value = value
+
+    def fit(self, task, data, private, generator, **kwargs):
+        out = super().fit(task, data, private, generator, **kwargs)
+        out.result.tensors = {
+            k: torch.full_like(v, self.value) for k, v in out.result.tensors.items()
+        }
         return out
+
+
+def _sends_constants(family, values):
+    """Programs whose client c sends `values[c]` everywhere (a wrapper per client)."""
+    return Programs(family, seed=0, wrappers=[lambda p: _SendsConstant(p, values[p.cid])])
 
 
 @pytest.mark.parametrize(("weighting", "expected"), [("samples", 3.1), ("uniform", 7 / 3)])
@@ -138,7 +163,7 @@ def test_round_is_a_weighted_average_by_hand_and_counts_bytes(
         ClientData(c.cid, c.x_train[:n], c.y_train[:n], c.x_test, c.y_test, c.num_classes)
         for c, n in zip(clients, (10, 30, 60), strict=False)
     ]
-    program = _SendsConstants(family, {0: 1.0, 1: 2.0, 2: 4.0})
+    program = _sends_constants(family, {0: 1.0, 1: 2.0, 2: 4.0})
     sim = _sim(family, sized, test, tmp_path, rounds=1, cpr=3, program=program,
                opts={"weighting": weighting})  # fmt: skip
     sim.setup()
@@ -159,11 +184,13 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
     tasks = sim.strategy.plan(1, [c.info() for c in clients], torch_generator(0, 1, -1, "sample"))
 
     def run(order):
-        program = ClientProgram(family, ClientHooks(), seed=0)
+        programs = Programs(family, seed=0)
         results = {}
         for t in order:
             generator = torch_generator(0, 1, t.cid, "train")
-            out = program.fit(t, sim.clients[t.cid], {}, generator, info=sim.infos[t.cid])
+            out = programs.program_for(t.cid).fit(
+                t, sim.clients[t.cid], {}, generator, info=sim.infos[t.cid]
+            )
             results[t.cid] = out.result
         return sim.strategy.aggregate(1, [results[c] for c in sorted(results)], [])
 
@@ -172,7 +199,7 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
 
 
 # -- failures --------------------------------------------------------------------------------
-class _FaultyProgram(ClientProgram):
+class _Faulty(_Wrapped):
     """Client 1 raises, client 2 returns NaN, client 3 returns a wrong shape."""
 
     def fit(self, task, data, private, generator, **kwargs) -> ClientOutput:
@@ -189,7 +216,7 @@ class _FaultyProgram(ClientProgram):
 
 def test_failing_clients_are_excluded_and_counted(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
-    program = _FaultyProgram(family, ClientHooks(), seed=0)
+    program = Programs(family, seed=0, wrappers=[_Faulty])
     sim = _sim(family, clients, test, tmp_path, rounds=2, cpr=8, program=program)
     sim.run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -263,7 +290,7 @@ def test_a_raised_outcome_becomes_a_failure_charged_only_its_payload(
 
 def test_sequential_executor_turns_a_raising_training_into_a_problem(synthetic_federation):
     family, clients, _ = synthetic_federation
-    program = _FaultyProgram(family, ClientHooks(), seed=0)
+    program = Programs(family, seed=0, wrappers=[_Faulty])
     task = ClientTask(1, Spec(), {}, [], TRAIN)
     job = ClientJob(task, clients[1].info(), {}, torch_generator(0, 1, 1, "train"), {})
     [ran] = SequentialExecutor().run(program, [job], {1: clients[1]}, None)
@@ -291,17 +318,19 @@ NORM.add("stages.0.norm.num_batches_tracked")
 HEAD = {"head.weight", "head.bias"}
 
 
-class _RecordStart(ClientHooks):
-    """Each fit's private tensors as loaded, before the first step, by client."""
+class _RecordStart:
+    """A forward part: each fit's private tensors as loaded, before the first step, by
+    client (in itself: a test's recorder), then plain cross-entropy."""
 
     def __init__(self, private):
         self.private, self.start = private, {}
 
-    def forward(self, model, x, y, ctx):
+    def __call__(self, model, x, y, ctx):
         if ctx.step == 0:
-            loaded = {k: v.clone() for k, v in model.state_dict().items() if k in self.private}
+            own = {**ctx.params, **ctx.buffers}
+            loaded = {k: v.detach().clone() for k, v in own.items() if k in self.private}
             self.start.setdefault(ctx.task.cid, []).append(loaded)
-        return super().forward(model, x, y, ctx)
+        return CrossEntropy()(model, x, y, ctx)
 
 
 class _StoreEachRound(Simulation):
@@ -334,7 +363,7 @@ def test_private_layers_stay_on_their_client_over_rounds(
     strategy, _ = ALGORITHMS.get(algo).build(family, opts, clients_per_round=4, train=TRAIN)
     hooks = _RecordStart(private)
     settings = RoundSettings(rounds=3, seed=0, local_eval="all")
-    program = ClientProgram(family, hooks, seed=0)
+    program = Programs(family, LocalRecipe(forward=hooks), seed=0)
     sim = _StoreEachRound(strategy, program, clients[:4], test, settings, tmp_path)
     sim.kept = []
     sim.run()
@@ -451,22 +480,20 @@ def test_aggregation_uses_the_map_each_client_was_planned_with(synthetic_federat
     assert torch.equal(after[8:], before[8:])
 
 
-class _TwoPasses(ClientHooks):
-    """Runs an extra forward pass per batch and records both, as FjORD's KD would."""
-
-    def forward(self, model, x, y, ctx):
-        with torch.no_grad():
-            model(x)
-        ctx.passes.append(PassRecord(ctx.task.spec, "forward", int(y.shape[0]), 1))
-        ctx.passes.append(PassRecord(ctx.task.spec, "train", int(y.shape[0]), 1))
-        return super().forward(model, x, y, ctx)
+def _two_passes(model, x, y, ctx):
+    """A forward part: an extra forward pass per batch, both recorded, as FjORD's KD would."""
+    with torch.no_grad():
+        model(x)
+    ctx.passes.append(PassRecord(ctx.task.spec, "forward", int(y.shape[0]), 1))
+    ctx.passes.append(PassRecord(ctx.task.spec, "train", int(y.shape[0]), 1))
+    return CrossEntropy()(model, x, y, ctx)
 
 
-def test_passes_recorded_by_hooks_are_what_is_priced(synthetic_federation, tmp_path):
+def test_passes_recorded_by_parts_are_what_is_priced(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
     plain = _sim(family, clients, test, tmp_path / "a", rounds=1, cpr=8)
     two = _sim(family, clients, test, tmp_path / "b", rounds=1, cpr=8,
-               program=ClientProgram(family, _TwoPasses(), seed=0))  # fmt: skip
+               program=Programs(family, LocalRecipe(forward=_two_passes), seed=0))  # fmt: skip
     macs_plain = plain.run()["final"]["macs"]
     macs_two = two.run()["final"]["macs"]
     spec = plain.strategy.global_spec
@@ -488,7 +515,7 @@ class _Observer(FedAvg):
 def test_strategy_sees_rounds_attrs_and_metrics(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
     strategy = _Observer(family, clients_per_round=2, train=TRAIN)
-    program = ClientProgram(family, ClientHooks(), seed=0)
+    program = Programs(family, seed=0)
     attrs = {0: {"capacity": 0.25}}
     settings = RoundSettings(rounds=2, seed=0, eval_every=2)
     sim = Simulation(strategy, program, clients, test, settings, tmp_path, attrs=attrs)

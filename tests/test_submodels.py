@@ -17,21 +17,17 @@ import torch
 from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.fjord import OrderedDropoutHooks
+from hetfl.algorithms.fjord import OrderedDropout
 from hetfl.algorithms.submodels import assign_in_proportion, eval_model_at
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import (
-    ClientProgram,
-    LocalTraining,
-    TrainContext,
-    evaluate_model,
-    mask_logits,
-    recompute_bn_statistics,
-)
+from hetfl.core.client import ModelCache, Programs, evaluate_model, recompute_bn_statistics
 from hetfl.core.init import initialize
+from hetfl.core.local.parts import TrainContext
+from hetfl.core.local.terms import mask_logits
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, group_qualified, prefix_index
 from hetfl.core.state import Accumulator, extract
+from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, EvalTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
 from hetfl.engine.rounds import RoundSettings
@@ -178,12 +174,12 @@ def test_overlapping_sub_models_average_element_wise_with_their_weights() -> Non
 
 
 def _plan(name: str, family, infos, **opts):
-    strategy, hooks = ALGORITHMS.get(name).build(
+    strategy, recipe = ALGORITHMS.get(name).build(
         family, opts, clients_per_round=len(infos), train=TRAIN
     )
     strategy.setup(infos, torch_generator(0, 0, -1, "init"))
     tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
-    return strategy, hooks, tasks
+    return strategy, recipe, tasks
 
 
 def test_label_split_head_rows_come_only_from_clients_holding_the_class() -> None:
@@ -309,14 +305,14 @@ def _digits_sim(algorithm: str, tmp_path, **opts) -> Simulation:
     fam = ScalableFamily(
         {"family": "stage-cnn", "input_shape": ds.input_shape, "num_classes": 10, "stages": 3}
     )
-    strategy, hooks = ALGORITHMS.get(algorithm).build(
+    strategy, recipe = ALGORITHMS.get(algorithm).build(
         fam,
         opts,
         clients_per_round=8,
         train=LocalTraining(lr=0.1, epochs=1, batch_size=16, momentum=0.5),
     )
     settings = RoundSettings(rounds=4, seed=0, stats_samples=500)
-    program = ClientProgram(fam, hooks, seed=0)
+    program = Programs(fam, recipe, seed=0)
     return Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
 
 
@@ -344,7 +340,8 @@ def test_fjord_records_one_pass_per_step_at_the_drawn_width(tmp_path) -> None:
     info = sim.infos[7]  # the last client in id order holds the widest tier
     task = sim.strategy.plan(1, [info], torch_generator(0, 1, -1, "sample"))[0]
     data = sim.clients[7]
-    out = sim.program.fit(task, data, {}, torch_generator(0, 1, 7, "train"), info=info)
+    program = sim.programs.program_for(7)
+    out = program.fit(task, data, {}, torch_generator(0, 1, 7, "train"), info=info)
     widths = {r.width for r in out.result.passes}
     assert widths <= {0.25, 0.5, 1.0} and len(widths) > 1
     assert sum(r.count for r in out.result.passes) == out.result.num_steps
@@ -359,14 +356,14 @@ def _heterofl_digits(tmp_path, **opts) -> Simulation:
     fam = ScalableFamily(
         {"family": "stage-cnn", "input_shape": ds.input_shape, "num_classes": 10, "stages": 2}
     )
-    strategy, hooks = ALGORITHMS.get("heterofl").build(
+    strategy, recipe = ALGORITHMS.get("heterofl").build(
         fam,
         {"levels": (1.0, 0.5), **opts},
         clients_per_round=4,
         train=LocalTraining(lr=0.1, steps=4, batch_size=16),
     )
     settings = RoundSettings(rounds=1, seed=0)
-    program = ClientProgram(fam, hooks, seed=0)
+    program = Programs(fam, recipe, seed=0)
     return Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
 
 
@@ -385,7 +382,7 @@ def test_heterofl_local_acc_is_the_full_rate_model_with_each_clients_label_mask(
     row = sim.metrics.read()[-1]
     full = sim.strategy.eval_models(sim.strategy.global_state)[0]
     assert full.name == "width=1"
-    model = sim.program.family.build(full.spec)
+    model = sim.programs.family.build(full.spec)
     model.load_state_dict(full.tensors)
     sim.stats_pass(1, model, full)
     expected = [_masked_accuracy(model, sim.clients[c]) for c in sorted(sim.clients)]
@@ -405,14 +402,14 @@ def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tm
     for cid, data in sim.clients.items():
         ratio = strategy.level_of[cid]
         em = eval_model_at(
-            sim.program.family,
+            sim.programs.family,
             strategy.eval_spec(ratio),
             strategy.index_map_for(strategy.level_spec(ratio)),
             strategy.global_state,
             name="own",
             stats_pass=True,
         )
-        model = sim.program.family.build(em.spec)
+        model = sim.programs.family.build(em.spec)
         model.load_state_dict(em.tensors)
         recompute_bn_statistics(model, data.x_train)
         by_level.setdefault(ratio, []).append(_masked_accuracy(model, data))
@@ -484,7 +481,7 @@ def test_a_private_tensor_that_misfits_the_model_names_the_client_and_the_tensor
     HeteroFL's dynamic assignment with private layers did): training and local evaluation
     both stop with the client, the tensor and both shapes, not a load_state_dict error."""
     fam = _tiny()
-    program = ClientProgram(fam, seed=0)
+    program = Programs(fam, seed=0).program_for(3)
     wide = fam.normalise({**fam.base, "width": 1.0})
     narrow = fam.normalise({**fam.base, "width": 0.5})
     kept = {k: v for k, v in _global(fam).items() if k.startswith("head.")}  # (4, 32), (4,)
@@ -498,7 +495,7 @@ def test_a_private_tensor_that_misfits_the_model_names_the_client_and_the_tensor
     with pytest.raises(ValueError, match=expected):
         program.fit(task, data, kept, torch_generator(0, 1, 3, "train"), info=data.info())
     with pytest.raises(ValueError, match=expected):
-        program.evaluate(EvalTask(3, narrow, payload, imap), data, kept)
+        program.evaluate(EvalTask(3, narrow, payload, imap), data, kept, ModelCache(fam))
     shared = [e for e in fam.index_map(wide) if not e.local.startswith("head.")]
     same_width = ClientTask(3, wide, extract(_global(fam), shared), shared, task.config)
     out = program.fit(same_width, data, kept, torch_generator(0, 1, 3, "train"), info=data.info())
@@ -533,7 +530,7 @@ def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
     1 / (norm + 1e-6)), then SGD. Written out on a copy of the client's model."""
     fam = _tiny()
     infos = _infos_of([8, 8], labels=(0, 2))
-    _, hooks, tasks = _plan("heterofl", fam, infos, levels=(1.0, 0.5))
+    _, recipe, tasks = _plan("heterofl", fam, infos, levels=(1.0, 0.5))
     task = tasks[0]
     assert task.spec["widths"][0] == 0.5 and task.config.clip_grad_norm == 1.0
     task.config = replace(task.config, steps=1, batch_size=8)
@@ -541,8 +538,10 @@ def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
     x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     y = torch.tensor([0, 2, 2, 0, 2, 0, 0, 2])
     data = ClientData(0, x, y, x[:0], y[:0], 4)
-    out = ClientProgram(fam, hooks, seed=0).fit(
-        task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info()
+    out = (
+        Programs(fam, recipe, seed=0)
+        .program_for(0)
+        .fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())
     )
 
     model = fam.build(task.spec)
@@ -647,7 +646,7 @@ def test_fjord_distillation_loss_and_its_gradients_by_hand() -> None:
     teacher = torch.tensor(t_rows, dtype=torch.float64, requires_grad=True)
     student = torch.tensor(s_rows, dtype=torch.float64, requires_grad=True)
     model = _Logits({1.0: teacher, 0.5: student})
-    hooks = OrderedDropoutHooks((0.5, 1.0), distill=True)
+    forward = OrderedDropout((0.5, 1.0), distill=True)
     spec = Spec(model="stand-in", widths=(1.0,))
     ctx = TrainContext(
         ClientTask(0, spec, {}, []), {}, torch.Generator().manual_seed(0), LocalTraining(lr=0.1)
@@ -655,7 +654,7 @@ def test_fjord_distillation_loss_and_its_gradients_by_hand() -> None:
     x, labels = torch.zeros(2, 1), torch.tensor(y)
     while model.ran[-1:] != [0.5]:  # draw widths until one is below p_max
         model.ran.clear()
-        _, per_sample = hooks.forward(model, x, labels, ctx)
+        _, per_sample = forward(model, x, labels, ctx)
         if model.ran == [1.0]:  # p = p_max: no student pass, plain cross-entropy
             ce = [
                 math.log(sum(math.exp(v) for v in r)) - r[c] for r, c in zip(t_rows, y, strict=True)

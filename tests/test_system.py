@@ -15,7 +15,8 @@ from torch import nn
 
 from hetfl.algorithms.fedavg import FedAvg
 from hetfl.cli import main
-from hetfl.core.client import ClientHooks, ClientProgram
+from hetfl.core.client import Programs
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes
@@ -292,7 +293,7 @@ def _sim(fed, tmp_path, system, *, rounds=1, cpr=8, strategy=None, **settings):
     strategy = strategy or FedAvg(family, clients_per_round=cpr, train=TRAIN)
     return Simulation(
         strategy,
-        ClientProgram(family, ClientHooks(), seed=0),
+        Programs(family, seed=0),
         clients,
         test,
         RoundSettings(rounds=rounds, seed=0, system=system, **settings),
@@ -382,18 +383,22 @@ def test_sim_times_reach_the_next_plan_and_rounds_add_up(synthetic_federation, t
     assert summary["sim_clock"] == {"mode": "simulated", "reproducible": True}
 
 
-class _InfoRecorder(ClientHooks):
-    """Records, per client, the `ClientInfo.attrs` its local training was given."""
+class _InfoRecorder:
+    """A tracker that records, per client, the `ClientInfo.attrs` its local training was
+    given (in itself: a test's recorder, not a part a method would keep state in)."""
 
     def __init__(self) -> None:
         self.attrs: dict[int, list[dict]] = {}
+
+    def after_step(self, ctx):
+        return None
 
     def finish(self, ctx):
         self.attrs.setdefault(ctx.task.cid, []).append(dict(ctx.info.attrs))
         return {}
 
 
-def test_hooks_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
+def test_parts_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
     ds = load_synthetic(n_train=60, n_test=10, num_classes=3, shape=(4,), seed=0)
     parts = PARTITIONERS.get("iid")(ds.y_train, 3, np.random.default_rng(0))
     clients = build_clients(ds, parts, test_per_client=0, seed=0)
@@ -404,9 +409,9 @@ def test_hooks_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
     settings = RoundSettings(
         rounds=2, seed=0, local_eval="none", system=SystemSettings(dtfl_profiles(1e8))
     )
-    program = ClientProgram(family, hooks, seed=0)
+    programs = Programs(family, LocalRecipe(trackers=(hooks,)), seed=0)
     test = global_test(ds, "cpu")
-    sim = Simulation(strategy, program, clients, test, settings, tmp_path, attrs=declared)
+    sim = Simulation(strategy, programs, clients, test, settings, tmp_path, attrs=declared)
     sim.run()
     for cid, (first, second) in hooks.attrs.items():
         assert first == declared[cid]  # round 1: what the client declared, nothing measured

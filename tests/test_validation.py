@@ -17,7 +17,7 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import ClientProgram, evaluate_model
+from hetfl.core.client import Programs, evaluate_model
 from hetfl.core.rng import numpy_generator
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic, validation_split
@@ -102,10 +102,10 @@ def _run(synthetic, tmp_path: Path, algo: str, validation: float | None) -> Simu
     )
     family = PlainFamily("mlp", synthetic.input_shape, synthetic.num_classes)
     train = LocalTraining(lr=0.1, epochs=1, batch_size=16)
-    strategy, hooks = ALGORITHMS.get(algo).build(family, None, clients_per_round=3, train=train)
+    strategy, recipe = ALGORITHMS.get(algo).build(family, None, clients_per_round=3, train=train)
     sim = Simulation(
         strategy,
-        ClientProgram(family, hooks, seed=0),
+        Programs(family, recipe, seed=0),
         clients,
         global_test(synthetic),
         RoundSettings(rounds=1, seed=0, local_eval="all"),
@@ -120,7 +120,7 @@ def test_val_acc_scores_the_global_model_on_the_pooled_validation_samples(synthe
     rows = read_metrics(tmp_path / "val" / "metrics.jsonl")
     assert all(set(r) == set(ROW_KEYS) for r in rows)
     (em,) = sim.strategy.eval_models(sim.strategy.global_state)
-    model = sim.program.model_for(em.spec)
+    model = sim.eval_models.model_for(em.spec)
     model.load_state_dict(em.tensors)
     x = torch.cat([c.x_val for c in sim.clients.values()])
     y = torch.cat([c.y_val for c in sim.clients.values()])
@@ -143,7 +143,7 @@ def test_without_a_global_model_val_acc_is_the_mean_of_clients_own_splits(synthe
     accs, losses = [], []
     for cid, data in sim.clients.items():
         task = sim.strategy.eval_task(sim.infos[cid])
-        model = sim.program.model_for(task.spec)
+        model = sim.eval_models.model_for(task.spec)
         model.load_state_dict({**sim.store.get(cid), **task.payload})
         correct, loss_sum, n = evaluate_model(model, data.x_val, data.y_val)
         accs.append(correct / n)

@@ -1,7 +1,7 @@
 """From a validated config to the parts of a run, for either engine (the face's side).
 
 This is where the config is taken apart into explicit pieces (`hetfl.engine.parts.Parts`):
-the dataset and partition, the model family, the algorithm's strategy and client hooks
+the dataset and partition, the model family, the algorithm's strategy and local recipe
 (from its own options only), the client program and the round settings. The engines never
 see the config. The simulator (`hetfl.runner.build_simulation`), the Flower server and
 each Flower node (`hetfl.flower`) build from the same `build_parts`, so both engines train
@@ -21,7 +21,7 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import RunConfig
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import Programs
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
@@ -137,13 +137,13 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         fed.dataset.num_classes,
         **cfg.model.shape_options(),
     )
-    strategy, hooks = ALGORITHMS.get(cfg.algorithm).build(
+    strategy, recipe = ALGORITHMS.get(cfg.algorithm).build(
         family,
         cfg.algorithm_options(),
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
     )
-    program = ClientProgram(family, hooks, seed=cfg.seed, device=device)
+    programs = Programs(family, recipe, seed=cfg.seed, device=device)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
         seed=cfg.seed,
@@ -157,4 +157,4 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     )
     info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
-    return Parts(strategy, program, fed.clients, fed.test, settings, info, progress)
+    return Parts(strategy, programs, fed.clients, fed.test, settings, info, progress)

@@ -222,7 +222,12 @@ class TrainConfig(_Strict):
     batch_size: int = Field(_local("batch_size"), ge=1)
     lr: float = Field(_local("lr"), gt=0, allow_inf_nan=False)
     lr_schedule: LrScheduleConfig = LrScheduleConfig()
-    momentum: float = Field(_local("momentum"), ge=0, lt=1)
+    optimizer: Literal["sgd", "adam", "amsgrad"] = Field(
+        _local("optimizer"), description="the local optimiser (hetfl.core.local.optim)"
+    )
+    momentum: float = Field(_local("momentum"), ge=0, lt=1, description="SGD's momentum")
+    betas: tuple[float, float] = Field(_local("betas"), description="Adam's betas")
+    eps: float = Field(_local("eps"), gt=0, allow_inf_nan=False, description="Adam's eps")
     keep_momentum: bool = Field(
         _local("keep_momentum"),
         description="momentum buffers persist across rounds as private client state",
@@ -231,9 +236,10 @@ class TrainConfig(_Strict):
     clip_grad_norm: float | None = Field(_local("clip_grad_norm"), gt=0)
 
     @model_validator(mode="after")
-    def _momentum_to_keep(self) -> TrainConfig:
-        if self.keep_momentum and self.momentum == 0:
-            raise ValueError("keep_momentum needs momentum > 0: there is no buffer to keep")
+    def _settings_fit_the_optimizer(self) -> TrainConfig:
+        """The record's own checks (an optimiser's settings set for another, momentum to
+        keep), reported at the config edge."""
+        self.local_training()
         return self
 
     def local_training(self) -> LocalTraining:
@@ -244,7 +250,10 @@ class TrainConfig(_Strict):
             epochs=self.local_epochs,
             steps=self.local_steps,
             batch_size=self.batch_size,
+            optimizer=self.optimizer,
             momentum=self.momentum,
+            betas=self.betas,
+            eps=self.eps,
             keep_momentum=self.keep_momentum,
             weight_decay=self.weight_decay,
             clip_grad_norm=self.clip_grad_norm,

@@ -27,6 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig, load_raw, validate
+from hetfl.core.client import ModelCache
 from hetfl.deploy.node import Node, make_client_app
 from hetfl.deploy.server import Deployment, FlowerServer
 
@@ -78,7 +79,8 @@ def build_node(node_config: Mapping[str, Any], server_config: str) -> Node:
         seed=cfg.seed,
         fingerprint=data_fingerprint(local),
         data=parts.clients[cid],
-        program=parts.program,
+        program=parts.programs.program_for(cid),
+        models=ModelCache(parts.programs.family, parts.programs.device),
         attrs=attrs,
         state_dir=Path(str(state_dir)) / f"client-{cid}" if state_dir else None,
         # A server checkpoint is at most `checkpoint_every` rounds behind the node's latest

@@ -21,7 +21,7 @@ def build_simulation(
 ) -> Simulation:
     p = build_parts(cfg, show_progress=show_progress, label=label)
     return Simulation(
-        p.strategy, p.program, p.clients, p.test, p.settings, run_dir, p.info, p.progress
+        p.strategy, p.programs, p.clients, p.test, p.settings, run_dir, p.info, p.progress
     )
 
 
@@ -38,7 +38,7 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
             f" ({n_params:,} numbers in the global state)",
             f"  clients {len(sizes)} (train samples min {min(sizes)}, max {max(sizes)}), "
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
-            f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.program.device}",
+            f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.programs.device}",
             *devices,
             *_described(sim.info.get("strategy", {})),
             f"  output {run_dir}",

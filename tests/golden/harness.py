@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from hetfl.config import set_dotted, validate
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import Programs
 from hetfl.engine.rounds import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import Simulation
@@ -162,14 +162,14 @@ def _nan_inputs(cid: int) -> Callable[[Simulation], None]:
 def _split_learning(run_dir: Path) -> Simulation:
     """The two-module split strategy of tests/test_server_program.py (a server program
     trains each client's copy of the head), 3 rounds on its own small data."""
-    from test_server_program import TRAIN, _clients, _ClientSide, _SplitFamily, _SplitStrategy
+    from test_server_program import TRAIN, _client_side, _clients, _SplitFamily, _SplitStrategy
 
     family = _SplitFamily()
     strategy = _SplitStrategy(family, clients_per_round=3, train=TRAIN)
     clients, test = _clients()
     settings = RoundSettings(rounds=3, seed=0, checkpoint_every=1, local_eval="all")
-    program = ClientProgram(family, _ClientSide(), seed=0)
-    return Simulation(strategy, program, clients, test, settings, run_dir)
+    programs = Programs(family, _client_side(), seed=0)
+    return Simulation(strategy, programs, clients, test, settings, run_dir)
 
 
 SCENARIOS: tuple[Scenario, ...] = (

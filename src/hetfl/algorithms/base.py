@@ -1,5 +1,6 @@
-"""The algorithm registry: each method module registers its strategy, its client hooks and
-its typed options, so that the CLI, the config validator and the tests can enumerate them.
+"""The algorithm registry: each method module registers its strategy, its local-training
+recipe and its typed options, so that the CLI, the config validator and the tests can
+enumerate them.
 
 A method registers with one decorator per name on its `make` function,
 `@register_algorithm(name, summary, OptionsClass)`; methods that share a `make` (FedAvg,
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from hetfl.core.client import ClientHooks
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.registry import Registry
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
@@ -33,7 +34,7 @@ class Options(BaseModel):
 
 @dataclass(frozen=True)
 class Algorithm:
-    """`make(family, options, clients_per_round=..., train=...)` -> (strategy, client hooks).
+    """`make(family, options, clients_per_round=..., train=...)` -> (strategy, local recipe).
 
     `needs_scalable` marks methods that slice sub-models or keep normalisation private, so
     that a config pairing them with a fixed architecture fails at validation.
@@ -42,7 +43,7 @@ class Algorithm:
     name: str
     summary: str
     options: type[Options]
-    make: Callable[..., tuple[Strategy, ClientHooks]]
+    make: Callable[..., tuple[Strategy, LocalRecipe]]
     needs_scalable: bool = False
 
     def build(
@@ -52,14 +53,14 @@ class Algorithm:
         *,
         clients_per_round: int,
         train: LocalTraining,
-    ) -> tuple[Strategy, ClientHooks]:
+    ) -> tuple[Strategy, LocalRecipe]:
         opts = options if isinstance(options, Options) else self.options(**(options or {}))
         return self.make(family, opts, clients_per_round=clients_per_round, train=train)
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
 
-Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, ClientHooks]])
+Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, LocalRecipe]])
 
 
 def register_algorithm(

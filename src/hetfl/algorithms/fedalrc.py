@@ -60,124 +60,23 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
-import torch
 from pydantic import Field, model_validator
 from torch import nn
 
 from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import Weighting
-from hetfl.algorithms.fednova import FedNova, NormalisedHooks
+from hetfl.algorithms.fednova import FedNova, StepNormaliser, require_sgd
 from hetfl.algorithms.fedopt import FedAdagradOptions
-from hetfl.core.client import TrainContext
 from hetfl.core.init import build_model
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.local.regularisers import PartialSVT, RademacherTerm
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, ModelFamily, State
-
-#: `(Q, B, C, ctx) -> signs` of shape (Q, B, C) in {-1, +1}; tests inject fixed signs.
-SignSource = Callable[[int, int, int, TrainContext], torch.Tensor]
-
-
-# -- the two local regularisers -------------------------------------------------------------
-def rademacher_signs(q: int, b: int, c: int, ctx: TrainContext) -> torch.Tensor:
-    """Q fresh B x C Rademacher matrices from the client's training generator."""
-    return torch.randint(0, 2, (q, b, c), generator=ctx.generator).mul_(2).sub_(1)
-
-
-def rademacher_term(outputs: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """ℜ = (1/Q) Σ_q (1/(BC)) Σ_{i,c} ε^q_ic f_c(x_i) for outputs (B, C), signs (Q, B, C).
-
-    Averaging the signs first is the same sum with one product (the paper's in-place
-    Q-average)."""
-    return (signs.to(outputs).mean(dim=0) * outputs).mean()
-
-
-def partial_svt(matrix: torch.Tensor, keep: int, threshold: float) -> torch.Tensor:
-    """`matrix` with its singular values after the first `keep` soft-thresholded by
-    `threshold` (never below zero): the proximal operator of threshold · Σ_{j>keep} σ_j."""
-    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)  # s descending
-    shrunk = torch.cat([s[:keep], (s[keep:] - threshold).clamp_min(0)])
-    return (u * shrunk) @ vh
-
-
-class RademacherHooks(NormalisedHooks):
-    """Algorithm 2's local objective; counts its steps for FedNova's normaliser.
-
-    `finish` adds `regularised_steps`, the number of steps the term was added on, so that
-    the gate can be observed.
-    """
-
-    def __init__(
-        self,
-        alpha: float,
-        q: int = 5,
-        radius: float = 1.0,
-        gated: bool = True,
-        signs: SignSource = rademacher_signs,
-    ) -> None:
-        super().__init__(mu=0.0)
-        if not (alpha >= 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
-        if q < 1:
-            raise ValueError(f"Q (Rademacher draws per batch) must be >= 1, got {q}")
-        if not radius > 0:
-            raise ValueError(f"r (the locality radius) must be > 0, got {radius}")
-        self.alpha, self.q, self.radius, self.gated, self.signs = alpha, q, radius, gated, signs
-
-    def loss(
-        self,
-        outputs: torch.Tensor,
-        targets: torch.Tensor,
-        per_sample_loss: torch.Tensor,
-        ctx: TrainContext,
-    ) -> torch.Tensor | None:
-        if self.alpha == 0:
-            return None
-        if self.gated and float((per_sample_loss.detach() ** 2).mean()) > self.radius:
-            return None
-        if outputs.dim() != 2:
-            raise ValueError(
-                f"the Rademacher term needs (batch, classes) outputs, got shape "
-                f"{tuple(outputs.shape)}"
-            )
-        b, c = outputs.shape
-        signs = self.signs(self.q, b, c, ctx)
-        ctx.state["regularised_steps"] = ctx.state.get("regularised_steps", 0) + 1
-        return self.alpha * rademacher_term(outputs, signs)
-
-    def finish(self, ctx: TrainContext) -> dict[str, Any]:
-        return {**super().finish(ctx), "regularised_steps": ctx.state.get("regularised_steps", 0)}
-
-
-class ThresholdingHooks(NormalisedHooks):
-    """Algorithm 1's proximal step on the weight `weight` (C x D) after every SGD step, with
-    threshold α·η_l; counts its steps for FedNova's normaliser."""
-
-    def __init__(self, weight: str, shape: Sequence[int], alpha: float, theta: int) -> None:
-        super().__init__(mu=0.0)
-        if not (alpha >= 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
-        if len(shape) != 2:
-            raise ValueError(f"{weight!r} has shape {tuple(shape)}; thresholding needs a matrix")
-        rank = min(shape)
-        if not 0 <= theta <= rank:
-            raise ValueError(
-                f"theta = {theta} is out of range for the {shape[0]}x{shape[1]} weight "
-                f"{weight!r}: allowed 0..{rank} = min(D, C) (0 thresholds every singular "
-                "value)"
-            )
-        self.weight, self.alpha, self.theta = weight, alpha, theta
-
-    @torch.no_grad()
-    def post_step(self, params: Mapping[str, torch.Tensor], ctx: TrainContext) -> None:
-        if self.alpha == 0:
-            return
-        w = params[self.weight]
-        w.copy_(partial_svt(w, self.theta, self.alpha * ctx.settings.lr))
 
 
 def linear_weight(model: nn.Module) -> str | None:
@@ -262,8 +161,9 @@ class AdaFedALRCOptions(FedALRCOptions, FedAdagradOptions):
     )
 
 
-def regulariser_hooks(family: ModelFamily, opts: FedALRCOptions) -> NormalisedHooks:
-    """The local half of FedALRC for the family's model; checks theta against its shape."""
+def regulariser_recipe(family: ModelFamily, opts: FedALRCOptions) -> LocalRecipe:
+    """The local half of FedALRC for the family's model: the regulariser of its form, and
+    FedNova's step counter (ϖ_k); checks theta against the weight's shape."""
     model = build_model(family, family.global_spec([]))
     weight = linear_weight(model)
     form = opts.form if opts.form != "auto" else ("linear" if weight else "deep")
@@ -271,14 +171,16 @@ def regulariser_hooks(family: ModelFamily, opts: FedALRCOptions) -> NormalisedHo
     for key in sorted(set(ignored) & opts.model_fields_set):
         warnings.warn(f"fedalrc option {key} does not apply to the {form} form", stacklevel=3)
     if form == "deep":
-        return RademacherHooks(opts.alpha, opts.Q, opts.r, gated=opts.variant == "l")
+        term = RademacherTerm(opts.alpha, opts.Q, opts.r, gated=opts.variant == "l")
+        return LocalRecipe(loss_terms=(term,), trackers=(StepNormaliser(), term))
     if weight is None:
         raise ValueError(
             f"form 'linear' needs a model whose parameters are one nn.Linear (model: linear); "
             f"{type(model).__name__} has {sum(1 for _ in model.parameters())} parameter tensors"
         )
     theta = 0 if opts.variant == "g" else opts.theta
-    return ThresholdingHooks(weight, model.get_parameter(weight).shape, opts.alpha, theta)
+    svt = PartialSVT(weight, model.get_parameter(weight).shape, opts.alpha, theta)
+    return LocalRecipe(projections=(svt,), trackers=(StepNormaliser(),))
 
 
 @register_algorithm(
@@ -288,8 +190,9 @@ def regulariser_hooks(family: ModelFamily, opts: FedALRCOptions) -> NormalisedHo
 )
 def _make(
     family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, NormalisedHooks]:
-    hooks = regulariser_hooks(family, opts)
+) -> tuple[Strategy, LocalRecipe]:
+    require_sgd("fedalrc", train)
+    recipe = regulariser_recipe(family, opts)
     strategy = FedALRC(
         family,
         clients_per_round=clients_per_round,
@@ -297,7 +200,7 @@ def _make(
         gamma=opts.gamma,
         weighting=opts.weighting,
     )
-    return strategy, hooks
+    return strategy, recipe
 
 
 @register_algorithm(
@@ -307,8 +210,9 @@ def _make(
 )
 def _make_ada(
     family: ModelFamily, opts: AdaFedALRCOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, NormalisedHooks]:
-    hooks = regulariser_hooks(family, opts)
+) -> tuple[Strategy, LocalRecipe]:
+    require_sgd("ada-fedalrc", train)
+    recipe = regulariser_recipe(family, opts)
     server = ServerOptSettings(
         kind="adagrad", lr=opts.server_lr, tau=opts.tau, v0=opts.tau if opts.v0 is None else opts.v0
     )
@@ -320,4 +224,4 @@ def _make_ada(
         server=server,
         weighting=opts.weighting,
     )
-    return strategy, hooks
+    return strategy, recipe

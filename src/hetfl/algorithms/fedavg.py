@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.core.client import ClientHooks
 from hetfl.core.init import build_model
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import Accumulator
@@ -128,6 +128,6 @@ class FedPerOptions(FedAvgOptions):
 @register_algorithm("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions)
 def _make(
     family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
     strategy = FedAvg(family, clients_per_round=clients_per_round, train=train, **dict(opts))
-    return strategy, ClientHooks()
+    return strategy, LocalRecipe()

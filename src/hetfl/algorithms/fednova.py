@@ -26,6 +26,7 @@ direction is (`hetfl.core.server_opt`, used by FedALRC).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -33,8 +34,9 @@ from pydantic import Field
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import Weighting
 from hetfl.algorithms.fedopt import FedOpt
-from hetfl.algorithms.fedprox import FedProxOptions, ProximalHooks
-from hetfl.core.client import ClientHooks, TrainContext
+from hetfl.algorithms.fedprox import FedProxOptions
+from hetfl.core.local.parts import LocalRecipe, TrainContext
+from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.strategy import Strategy
@@ -42,8 +44,12 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, ModelFamily, State
 
 
-class NormalisedHooks(ProximalHooks):
-    """Tracks ‖a‖₁ step by step for SGD with momentum and a proximal term (mu may be 0)."""
+@dataclass(frozen=True, eq=False)
+class StepNormaliser:
+    """A tracker of ‖a‖₁ step by step for SGD with momentum and a proximal term of weight
+    `mu` (0 without one); `finish` gives the result's `a_norm` and `steps` extras."""
+
+    mu: float = 0.0
 
     @staticmethod
     def advance(
@@ -59,16 +65,16 @@ class NormalisedHooks(ProximalHooks):
             a_norm += 1
         return a_norm, counter
 
-    def on_batch(self, ctx: TrainContext) -> None:
-        a_norm, counter = ctx.state.get("a_norm", 0.0), ctx.state.get("counter", 0.0)
+    def after_step(self, ctx: TrainContext) -> None:
+        own = ctx.scratch(self)
+        a_norm, counter = own.get("a_norm", 0.0), own.get("counter", 0.0)
         lr_mu = ctx.settings.lr * self.mu
-        ctx.state["a_norm"], ctx.state["counter"] = self.advance(
-            a_norm, counter, ctx.settings.momentum, lr_mu
-        )
-        ctx.state["steps"] = ctx.state.get("steps", 0) + 1
+        own["a_norm"], own["counter"] = self.advance(a_norm, counter, ctx.settings.momentum, lr_mu)
+        own["steps"] = own.get("steps", 0) + 1
 
     def finish(self, ctx: TrainContext) -> dict[str, Any]:
-        return {"a_norm": ctx.state["a_norm"], "steps": ctx.state["steps"]}
+        own = ctx.scratch(self)
+        return {"a_norm": own["a_norm"], "steps": own["steps"]}
 
 
 class FedNova(FedOpt):
@@ -116,13 +122,23 @@ class FedNova(FedOpt):
         return {k: -tau_eff * normalised[k] for k in params}
 
 
+def require_sgd(name: str, train: LocalTraining) -> None:
+    """FedNova's ‖a‖₁ is SGD's (§4, Eq. 6-7 for SGD, momentum and proximal SGD); refuse
+    another local optimiser rather than normalise by the wrong count."""
+    if train.optimizer != "sgd":
+        raise ValueError(
+            f"{name} normalises by the ‖a‖₁ of local SGD, got train.optimizer = "
+            f"{train.optimizer!r}; use optimizer 'sgd'"
+        )
+
+
 def _normaliser(result: ClientResult) -> tuple[float, int]:
     try:
         a_norm, steps = float(result.extras["a_norm"]), int(result.extras["steps"])
     except KeyError as exc:
         raise KeyError(
             f"client {result.cid} returned no FedNova normaliser {exc}; its program must use "
-            "NormalisedHooks"
+            "the StepNormaliser tracker"
         ) from None
     if not a_norm > 0:
         raise ValueError(f"client {result.cid} returned normaliser {a_norm}; need > 0")
@@ -138,7 +154,8 @@ class FedNovaOptions(FedProxOptions):
 )
 def _make(
     family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
+    require_sgd("fednova", train)
     strategy = FedNova(
         family,
         clients_per_round=clients_per_round,
@@ -146,4 +163,5 @@ def _make(
         mu=opts.mu,
         weighting=opts.weighting,
     )
-    return strategy, NormalisedHooks(opts.mu)
+    prox = (ProximalTerm(opts.mu),) if opts.mu > 0 else ()
+    return strategy, LocalRecipe(grad_transforms=prox, trackers=(StepNormaliser(opts.mu),))

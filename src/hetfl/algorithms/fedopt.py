@@ -25,7 +25,7 @@ from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg, Weighting
-from hetfl.core.client import ClientHooks
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
@@ -105,7 +105,7 @@ def _make(
     *,
     clients_per_round: int,
     train: LocalTraining,
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
     """The server optimiser is the options class's `server_optimizer` (FedAdamOptions: adam)."""
     server = ServerOptSettings(
         kind=opts.server_optimizer,
@@ -123,4 +123,4 @@ def _make(
         weighting=opts.weighting,
     )
     strategy.name = f"fed{opts.server_optimizer}"
-    return strategy, ClientHooks()
+    return strategy, LocalRecipe()

@@ -16,41 +16,20 @@ deadline in `systems` drops slow clients instead). mu = 0 is FedAvg and is warne
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 
-import torch
 from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg, Weighting
-from hetfl.core.client import ClientHooks, TrainContext
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
 
-class ProximalHooks(ClientHooks):
-    """Adds mu (w - w_received) to each shared parameter's gradient."""
-
-    def __init__(self, mu: float) -> None:
-        if mu < 0:
-            raise ValueError(f"mu must be >= 0, got {mu}")
-        self.mu = mu
-
-    @torch.no_grad()
-    def pre_step(
-        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
-    ) -> None:
-        if self.mu == 0:
-            return
-        for name, grad in grads.items():
-            anchor = ctx.received.get(name)
-            if anchor is not None:
-                grad.add_(params[name] - anchor, alpha=self.mu)
-
-
 class FedProx(FedAvg):
-    """The server side of FedProx is FedAvg's; the method lives in `ProximalHooks`."""
+    """The server side of FedProx is FedAvg's; the method is the `ProximalTerm` of its recipe."""
 
     name = "fedprox"
 
@@ -65,10 +44,10 @@ class FedProxOptions(Options):
 )
 def _make(
     family: ModelFamily, opts: FedProxOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
     if opts.mu == 0:
         warnings.warn("fedprox with mu = 0 is FedAvg", stacklevel=2)
     strategy = FedProx(
         family, clients_per_round=clients_per_round, train=train, weighting=opts.weighting
     )
-    return strategy, ProximalHooks(opts.mu)
+    return strategy, LocalRecipe(grad_transforms=(ProximalTerm(opts.mu),))

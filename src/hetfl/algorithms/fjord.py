@@ -29,16 +29,16 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
-from hetfl.core.client import ClientHooks, TrainContext
+from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
@@ -81,15 +81,18 @@ class FjORD(WidthLevels):
         return out
 
 
-class OrderedDropoutHooks(ClientHooks):
-    """A width drawn per mini-batch from the levels at or below the client's tier."""
+@dataclass(frozen=True)
+class OrderedDropout:
+    """A forward: a width drawn per mini-batch from `levels` (ascending) at or below the
+    client's tier, passed to the model as `width=`; with `distill`, the p_max pass's
+    cross-entropy plus the width-p pass's cross-entropy against the detached p_max softmax
+    (§3.2). Outputs (B, C) of the width-p pass, loss (B,); one `PassRecord` per pass."""
 
-    def __init__(self, levels: Sequence[float], distill: bool) -> None:
-        self.levels = sorted(levels)
-        self.distill = distill
+    levels: tuple[float, ...]
+    distill: bool
 
-    def forward(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    def __call__(
+        self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         spec = ctx.task.spec
         p_max = max(spec["widths"])
@@ -123,7 +126,8 @@ class FjORDOptions(FedAvgOptions):
 )
 def _make(
     family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
     kwargs = opts.model_dump(exclude={"distill"})
     strategy = FjORD(family, clients_per_round=clients_per_round, train=train, **kwargs)
-    return strategy, OrderedDropoutHooks(strategy.levels, opts.distill)
+    forward = OrderedDropout(tuple(sorted(strategy.levels)), opts.distill)
+    return strategy, LocalRecipe(forward=forward)

@@ -49,14 +49,13 @@ from dataclasses import replace
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import model_validator
-from torch import nn
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions, Weighting
 from hetfl.algorithms.submodels import WidthLevels, at_width, draw_level, eval_model_at, label_split
-from hetfl.core.client import ClientHooks, TrainContext, mask_logits
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import extract
 from hetfl.core.strategy import Strategy
@@ -219,17 +218,6 @@ def level_name(ratio: float) -> str:
     return f"width={ratio:g}"
 
 
-class MaskedLossHooks(ClientHooks):
-    """Cross-entropy with the logits of the classes the client lacks set to 0."""
-
-    def forward(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = ctx.info.labels if ctx.info is not None else None
-        outputs = mask_logits(model(x), labels)
-        return outputs, F.cross_entropy(outputs, y, reduction="none")
-
-
 class HeteroFLOptions(FedAvgOptions):
     weighting: Weighting = "uniform"
     levels: tuple[float, ...] = DEFAULT_LEVELS
@@ -268,7 +256,8 @@ class HeteroFLOptions(FedAvgOptions):
 )
 def _make(
     family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
     strategy = HeteroFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
-    hooks = MaskedLossHooks() if opts.label_split else ClientHooks()
-    return strategy, hooks
+    return strategy, LocalRecipe(
+        forward=MaskedCrossEntropy()
+    ) if opts.label_split else LocalRecipe()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.core.client import ClientHooks
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
@@ -41,5 +41,5 @@ class LocalOnlyOptions(Options):
 @register_algorithm("local-only", "each client trains alone; nothing is shared", LocalOnlyOptions)
 def _make(
     family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, ClientHooks]:
-    return LocalOnly(family, clients_per_round=clients_per_round, train=train), ClientHooks()
+) -> tuple[Strategy, LocalRecipe]:
+    return LocalOnly(family, clients_per_round=clients_per_round, train=train), LocalRecipe()

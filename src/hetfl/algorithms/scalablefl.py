@@ -76,7 +76,7 @@ from pydantic import Field
 from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.submodels import full_width_base
-from hetfl.core.client import ClientHooks
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.strategy import Strategy, uniform_sample
 from hetfl.core.training import LocalTraining
@@ -333,6 +333,6 @@ def _make(
     *,
     clients_per_round: int,
     train: LocalTraining,
-) -> tuple[Strategy, ClientHooks]:
+) -> tuple[Strategy, LocalRecipe]:
     strategy = ScalableFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
-    return strategy, ClientHooks()
+    return strategy, LocalRecipe()

@@ -1,29 +1,24 @@
-"""The client program: local training with hooks, and local evaluation.
+"""The client program: one client's local training and local evaluation.
 
-A client program is a pure function of (task, data, private state, generator): it builds the
-model for the task's spec (cached per spec, loaded in place), loads the received tensors and
-its private ones, trains, and splits its model into what it sends (the tensors named by the
-task's index map) and what it keeps (everything else). Methods change local training only
-through `ClientHooks`, which see parameter dictionaries, never the engine:
+A client program is a pure function of (task, data, private state, generator): it puts
+together the client's tensors for the task's spec (the payload, its private tensors and,
+for tensors in neither, its seeded initialisation), trains them with the method's
+`LocalRecipe` (`hetfl.core.local`) on the shared per-spec template of a `ModelCache`, and
+splits them into what it sends (the tensors named by the task's index map) and what it
+keeps (everything else, and with `keep_momentum` the optimiser's state).
 
-- `forward(model, x, y, ctx)` returns (outputs, per-sample loss) of a batch (widths,
-  logit masks, auxiliary heads, several passes);
-- `backward(total, ctx)` back-propagates (split learning exchanges with a server here);
-- `loss(outputs, targets, per_sample_loss, ctx)` returns an extra loss term or None;
-- `pre_step(grads, params, ctx)` edits gradients in place (FedProx's proximal term,
-  masks, clipping);
-- `post_step(params, ctx)` edits parameters in place after the step (projections such as
-  singular-value thresholding);
-- `on_batch(ctx)` is called after each step, e.g. to send the batch's activations to a
-  server program without waiting (`ctx.send`, see `hetfl.core.server_program`);
-- `finish(ctx)` returns the declared extras of the result (FedNova's normaliser).
+Engines get one program per client from `Programs.program_for(cid)`. Programs are light:
+they share the factory's training cache, whose models are stateless templates (called
+through `torch.func.functional_call`), so memory does not grow with the number of clients.
+`Programs` applies its wrappers to each honest program, so that a wrapper (an attack, a
+fault) can change what one client does. Evaluation loads tensors into models, so it uses a
+cache of its own, which the engine owns and passes in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +26,12 @@ from torch import nn
 
 from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model, initialize
+from hetfl.core.local.loop import train_local
+from hetfl.core.local.parts import LocalRecipe, TrainContext
+from hetfl.core.local.terms import mask_logits
 from hetfl.core.rng import sibling_generator, torch_generator
-from hetfl.core.roles import norm_tensor_names
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
-from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientData,
     ClientInfo,
@@ -49,195 +45,6 @@ from hetfl.core.types import (
 )
 
 
-@dataclass
-class TrainContext:
-    """What hooks may read and record during local training.
-
-    `received` holds the tensors sent down; `params` the live parameters of `model`;
-    `batch` the current (x, y); `state` is the hooks' own scratch space for this round.
-    A hook that runs its own passes (FjORD's widths, knowledge distillation) appends a
-    `PassRecord` per pass to `passes`; batches for which no hook recorded a pass are
-    counted as one default training pass of the task's spec. `channel` is the link to this
-    client's server program in split learning (None when the strategy has none). `info` is
-    the client's `ClientInfo` as the engine holds it: what it declared in `attrs` and, under
-    device profiles, its `attrs["sim_times"]` from the last round it trained.
-    """
-
-    task: ClientTask
-    received: State
-    generator: torch.Generator
-    settings: LocalTraining
-    info: ClientInfo | None = None
-    model: nn.Module | None = None
-    params: dict[str, nn.Parameter] = field(default_factory=dict)
-    batch: tuple[torch.Tensor, torch.Tensor] | None = None
-    step: int = 0
-    passes: list[PassRecord] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
-    channel: Channel | None = None
-
-    def send(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """Send a batch's activations and labels to the server program; its answer (the
-        gradient with respect to `z`, or None). Bytes both ways are counted by the channel."""
-        if self.channel is None:
-            raise RuntimeError(
-                "this method exchanges activations with a server program every batch, but "
-                "the engine gave no channel (the strategy's server_program returned None, or "
-                "the engine cannot run server programs)"
-            )
-        return self.channel.send(z, y)
-
-
-class ClientHooks:
-    """Default hooks: plain local SGD. Methods subclass and override what they change."""
-
-    def forward(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(outputs, per-sample loss) of one batch; FjORD passes a width, HeteroFL masks
-        logits, DTFL trains an auxiliary head here."""
-        outputs = model(x)
-        return outputs, F.cross_entropy(outputs, y, reduction="none")
-
-    def backward(self, total: torch.Tensor, ctx: TrainContext) -> None:
-        """Back-propagate the batch loss; split learning replaces it with a server exchange."""
-        total.backward()
-
-    def loss(
-        self,
-        outputs: torch.Tensor,
-        targets: torch.Tensor,
-        per_sample_loss: torch.Tensor,
-        ctx: TrainContext,
-    ) -> torch.Tensor | None:
-        return None
-
-    def pre_step(
-        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
-    ) -> None:
-        return None
-
-    def post_step(self, params: Mapping[str, torch.Tensor], ctx: TrainContext) -> None:
-        return None
-
-    def on_batch(self, ctx: TrainContext) -> None:
-        return None
-
-    def finish(self, ctx: TrainContext) -> dict[str, Any]:
-        return {}
-
-
-@dataclass
-class LocalStats:
-    """`samples_seen` counts samples over all steps (epochs x data size), unlike
-    `ClientResult.num_examples`, the client's data size, which aggregation weights use.
-    `default_passes` maps a batch size to the number of steps no hook recorded passes for."""
-
-    num_steps: int
-    samples_seen: int
-    loss: float
-    default_passes: dict[int, int]
-    momentum: State = field(default_factory=dict)
-
-
-def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> list[torch.Tensor]:
-    """Mini-batches of indices: a fresh permutation per epoch; the last batch may be short."""
-    total = settings.num_steps(n)
-    batches: list[torch.Tensor] = []
-    while len(batches) < total:
-        perm = torch.randperm(n, generator=generator)
-        for start in range(0, n, settings.batch_size):
-            batches.append(perm[start : start + settings.batch_size])
-            if len(batches) == total:
-                break
-    return batches
-
-
-def train_local(
-    model: nn.Module,
-    data: ClientData,
-    hooks: ClientHooks,
-    ctx: TrainContext,
-    momentum: Mapping[str, torch.Tensor] | None = None,
-) -> LocalStats:
-    """SGD on the client's training data with the method's hooks.
-
-    With `keep_momentum`, `momentum` holds the buffers the client kept from its previous
-    round (by parameter name); a buffer whose shape no longer fits its parameter (the
-    client got another sub-model) is dropped and that buffer starts afresh. The buffers
-    after training come back in `LocalStats.momentum`."""
-    settings = ctx.settings
-    model.train()
-    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
-    ctx.model, ctx.params = model, params
-    optimizer = torch.optim.SGD(
-        _decay_groups(model, params, settings.decay_norm_and_bias),
-        lr=settings.lr,
-        momentum=settings.momentum,
-        weight_decay=settings.weight_decay,
-        foreach=True,
-    )
-    if settings.keep_momentum:
-        for k, p in params.items():
-            buf = (momentum or {}).get(k)
-            if buf is not None and buf.shape == p.shape:
-                optimizer.state[p]["momentum_buffer"] = buf.to(p.device).clone()
-    device = next(iter(params.values())).device
-    loss_sum, seen = 0.0, 0
-    default_passes: dict[int, int] = {}
-    batches = batch_order(data.n_train, settings, ctx.generator)
-    for step, idx in enumerate(batches):
-        ctx.step = step
-        idx = idx.to(device)
-        x, y = data.x_train[idx], data.y_train[idx]
-        ctx.batch = (x, y)
-        recorded = len(ctx.passes)
-        outputs, per_sample = hooks.forward(model, x, y, ctx)
-        loss = per_sample.mean()
-        extra = hooks.loss(outputs, y, per_sample, ctx)
-        total = loss if extra is None else loss + extra
-        optimizer.zero_grad(set_to_none=False)
-        hooks.backward(total, ctx)
-        grads = {k: p.grad for k, p in params.items() if p.grad is not None}
-        hooks.pre_step(grads, params, ctx)
-        if settings.clip_grad_norm is not None:
-            nn.utils.clip_grad_norm_(list(params.values()), settings.clip_grad_norm)
-        optimizer.step()
-        hooks.post_step(params, ctx)
-        hooks.on_batch(ctx)
-        b = int(y.shape[0])
-        if len(ctx.passes) == recorded:
-            default_passes[b] = default_passes.get(b, 0) + 1
-        loss_sum += float(loss.detach()) * b
-        seen += b
-    ctx.batch = None
-    buffers = {
-        k: buf.detach().clone()
-        for k, p in params.items()
-        if settings.keep_momentum
-        and (buf := optimizer.state.get(p, {}).get("momentum_buffer")) is not None
-    }
-    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), default_passes, buffers)
-
-
-def _decay_groups(
-    model: nn.Module, params: Mapping[str, torch.Tensor], decay_all: bool
-) -> list[torch.Tensor] | list[dict[str, Any]]:
-    """The optimiser's parameters: all in one group, or (without `decay_all`) normalisation
-    tensors and biases in a group of their own with no weight decay. Both are found from the
-    model's structure: norm modules (`hetfl.core.roles`) and each module's own `bias`."""
-    if decay_all:
-        return list(params.values())
-    exempt = norm_tensor_names(model)
-    for prefix, module in model.named_modules():
-        if isinstance(getattr(module, "bias", None), nn.Parameter):
-            exempt.add(f"{prefix}.bias" if prefix else "bias")
-    decayed = [p for k, p in params.items() if k not in exempt]
-    free = [p for k, p in params.items() if k in exempt]
-    groups: list[dict[str, Any]] = [{"params": decayed}, {"params": free, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
-
 def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
     """One record per (spec, kind, batch, width), counts summed, in first-seen order."""
     counts: dict[tuple[Any, ...], int] = {}
@@ -248,17 +55,6 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
         PassRecord(spec, kind, batch, count, width)
         for (spec, kind, batch, width), count in counts.items()
     ]
-
-
-def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.Tensor:
-    """Logits of the classes not in `labels` set to 0 (HeteroFL's and FedFA's masked
-    cross-entropy: HeteroFL, ICLR 2021, §3, and its code `models/resnet.py`; FedFA,
-    arXiv 2406.09877, §5.1; 0, not -inf, which would be a different loss)."""
-    if labels is None:
-        return outputs
-    keep = torch.zeros(outputs.shape[-1], dtype=torch.bool, device=outputs.device)
-    keep[list(labels)] = True
-    return outputs.masked_fill(~keep, 0.0)
 
 
 @torch.no_grad()
@@ -281,30 +77,15 @@ def evaluate_model(
     return correct, loss_sum, int(y.shape[0])
 
 
-#: The prefix of the names under which a client keeps its momentum buffers as private
-#: state (`LocalTraining.keep_momentum`); state-dict names are module paths, never with "/".
-MOMENTUM = "momentum/"
+class ModelCache:
+    """One model per spec of a family, built on first use on `device`.
 
+    The training cache's models are templates: local training calls them on each client's
+    own tensors (`torch.func.functional_call`) and never loads a client's tensors into
+    them. An evaluation cache (the engine's own) loads the evaluated tensors in place."""
 
-class ClientProgram:
-    """The client side of a method: a model family, the method's hooks and a device.
-
-    Models are built once per spec and re-used; received and private tensors are loaded
-    in place. A client's private tensors at first participation come from a fresh
-    initialisation drawn from the (seed, 0, client, "private-init") generator.
-    """
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        hooks: ClientHooks | None = None,
-        *,
-        seed: int = 0,
-        device: torch.device | str = "cpu",
-    ) -> None:
+    def __init__(self, family: ModelFamily, device: torch.device | str = "cpu") -> None:
         self.family = family
-        self.hooks = hooks or ClientHooks()
-        self.seed = seed
         self.device = torch.device(device)
         self._models: dict[Spec, nn.Module] = {}
 
@@ -315,40 +96,97 @@ class ClientProgram:
             self._models[spec] = model
         return model
 
-    def _load(
-        self, cid: int, spec: Spec, payload: State, private: Mapping[str, torch.Tensor]
-    ) -> nn.Module:
-        """The model for `spec` with the payload, the client's private tensors and, for
-        tensors in neither, the client's seeded initialisation. A private tensor that does
-        not fit the model (the client got another sub-model) is an error naming the client
-        and the tensor; kept momentum buffers (`MOMENTUM` names) are not loaded here and
-        start afresh on a shape change (`train_local`)."""
-        model = self.model_for(spec)
-        shapes = {k: v.shape for k, v in model.state_dict().items()}
-        names = set(shapes)
-        missing = names - set(payload) - set(private)
-        unknown = set(payload) - names
+    def __len__(self) -> int:
+        return len(self._models)
+
+
+class Program(Protocol):
+    """What an engine runs for one client: `fit` a task, `evaluate` a model."""
+
+    cid: int
+    device: torch.device
+
+    def fit(
+        self,
+        task: ClientTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        generator: torch.Generator,
+        *,
+        info: ClientInfo,
+        channel: Channel | None = None,
+    ) -> ClientOutput: ...
+
+    def evaluate(
+        self,
+        task: EvalTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        models: ModelCache,
+    ) -> tuple[int, float, int]: ...
+
+
+#: Takes a client's program and returns the one to run instead (an attack, a fault).
+Wrapper = Callable[[Program], Program]
+
+
+class ClientProgram:
+    """The honest client side of a method for client `cid`: a model family, the method's
+    recipe, the run's seed, a device and the shared training cache `models`.
+
+    A client's private tensors at first participation come from a fresh initialisation
+    drawn from the (seed, 0, client, "private-init") generator.
+    """
+
+    def __init__(
+        self,
+        cid: int,
+        family: ModelFamily,
+        recipe: LocalRecipe,
+        *,
+        models: ModelCache,
+        seed: int = 0,
+    ) -> None:
+        if models.family is not family:
+            raise ValueError("the model cache is for another model family than the program's")
+        self.cid = cid
+        self.family = family
+        self.recipe = recipe
+        self.seed = seed
+        self.models = models
+        self.device = models.device
+
+    def _state(
+        self, spec: Spec, template: nn.Module, payload: State, private: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Every state-dict tensor of `spec`'s model for this client: the payload, its
+        private tensors and, for tensors in neither, its seeded initialisation (not
+        copied). A private tensor that does not fit the model (the client got another
+        sub-model) is an error naming the client and the tensor; kept optimiser state is
+        not a model tensor and is not read here."""
+        shapes = {k: v.shape for k, v in template.state_dict().items()}
+        missing = set(shapes) - set(payload) - set(private)
+        unknown = set(payload) - set(shapes)
         if unknown:
             raise KeyError(f"payload names tensors the model for {spec} lacks: {sorted(unknown)}")
-        misfit = sorted(k for k in names & set(private) if private[k].shape != shapes[k])
+        misfit = sorted(k for k in set(shapes) & set(private) if private[k].shape != shapes[k])
         if misfit:
             k = misfit[0]
             raise ValueError(
-                f"client {cid}: its private tensor {k!r} has shape {tuple(private[k].shape)}, "
-                f"but its model for this task ({spec}) needs {tuple(shapes[k])} (misfits: "
-                f"{misfit}); a client keeps its private layers at the sub-model it last "
-                "trained, so a strategy with private layers must not change a client's sub-model"
+                f"client {self.cid}: its private tensor {k!r} has shape "
+                f"{tuple(private[k].shape)}, but its model for this task ({spec}) needs "
+                f"{tuple(shapes[k])} (misfits: {misfit}); a client keeps its private layers "
+                "at the sub-model it last trained, so a strategy with private layers must not "
+                "change a client's sub-model"
             )
-        full: dict[str, torch.Tensor] = {}
+        fresh: Mapping[str, torch.Tensor] = {}
         if missing:
-            fresh = initialize(
-                build_model(self.family, spec), torch_generator(self.seed, 0, cid, "private-init")
-            ).state_dict()
-            full.update({k: fresh[k] for k in missing})
-        full.update({k: v for k, v in private.items() if k in names})
-        full.update(payload)
-        model.load_state_dict(full, strict=True)
-        return model
+            generator = torch_generator(self.seed, 0, self.cid, "private-init")
+            fresh = initialize(build_model(self.family, spec), generator).state_dict()
+        return {
+            k: payload[k] if k in payload else private[k] if k in private else fresh[k]
+            for k in shapes
+        }
 
     def fit(
         self,
@@ -362,31 +200,36 @@ class ClientProgram:
     ) -> ClientOutput:
         """Train on `task`. `info` is the client's `ClientInfo` as the engine holds it (its
         declared attributes and, with device profiles, its `sim_times` from the last round
-        it trained) and reaches the hooks as `ctx.info`; it is required so that no engine
-        can hand the hooks a bare `data.info()`. `channel`, given by engines that run the
-        strategy's server program, reaches the hooks as `ctx.channel`."""
-        if info.cid != task.cid:
-            raise ValueError(f"info is client {info.cid}'s, the task is for client {task.cid}")
-        model = self._load(task.cid, task.spec, task.payload, private)
-        settings = task.config
+        it trained) and reaches the parts as `ctx.info`; it is required so that no engine
+        can hand the parts a bare `data.info()`. `channel`, given by engines that run the
+        strategy's server program, reaches the parts as `ctx.channel`."""
+        if not info.cid == task.cid == self.cid:
+            raise ValueError(
+                f"client {self.cid}'s program got a task for client {task.cid} and the info "
+                f"of client {info.cid}"
+            )
+        template = self.models.model_for(task.spec)
+        state = self._state(task.spec, template, task.payload, private)
+        trainable = {k for k, p in template.named_parameters() if p.requires_grad}
+        own = {k: v.detach().to(self.device, copy=True) for k, v in state.items()}
+        params = {k: v.requires_grad_(True) for k, v in own.items() if k in trainable}
+        buffers = {k: v for k, v in own.items() if k not in trainable}
         ctx = TrainContext(
             task=task,
             received=task.payload,
             generator=generator,
-            settings=settings,
+            settings=task.config,
             info=info,
+            params=params,
+            buffers=buffers,
             channel=channel,
         )
-        kept_momentum = {
-            k.removeprefix(MOMENTUM): v for k, v in private.items() if k.startswith(MOMENTUM)
-        }
-        with dropout_masks(model, sibling_generator(generator, "dropout", self.device)):
-            stats = train_local(model, data, self.hooks, ctx, kept_momentum)
-        state = model.state_dict()
-        sent = set(local_names(task.index_map))
-        tensors = {k: state[k].detach().clone() for k in local_names(task.index_map)}
-        kept = {k: v.detach().clone() for k, v in state.items() if k not in sent}
-        kept.update({MOMENTUM + k: v for k, v in stats.momentum.items()})
+        with dropout_masks(template, sibling_generator(generator, "dropout", self.device)):
+            stats = train_local(template, data, self.recipe, ctx, dict(private))
+        sent = local_names(task.index_map)
+        tensors = {k: own[k].detach() for k in sent}
+        kept = {k: v.detach() for k, v in own.items() if k not in set(sent)}
+        kept.update(stats.optimiser_state)
         passes = [
             PassRecord(spec=task.spec, kind="train", batch=b, count=c)
             for b, c in sorted(stats.default_passes.items())
@@ -398,20 +241,55 @@ class ClientProgram:
             num_steps=stats.num_steps,
             loss=stats.loss,
             passes=passes,
-            extras=self.hooks.finish(ctx),
+            extras=stats.extras,
         )
         return ClientOutput(result=result, private=kept)
 
     def evaluate(
-        self, task: EvalTask, data: ClientData, private: Mapping[str, torch.Tensor]
+        self,
+        task: EvalTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        models: ModelCache,
     ) -> tuple[int, float, int]:
         """(correct, summed loss, count) on the client's split named by `task.split` (its
-        local test split, or its validation split)."""
-        model = self._load(task.cid, task.spec, task.payload, private)
+        local test split, or its validation split), with the model loaded into the
+        evaluation cache `models` (the engine's)."""
+        model = models.model_for(task.spec)
+        model.load_state_dict(self._state(task.spec, model, task.payload, private), strict=True)
         if task.stats_pass:
             recompute_bn_statistics(model, data.x_train)
         x, y = data.split(task.split)
         return evaluate_model(model, x, y, label_mask=task.label_mask)
+
+
+class Programs:
+    """The run's client programs: `program_for(cid)` is client `cid`'s honest
+    `ClientProgram` passed through `wrappers` in order. All share one training cache."""
+
+    def __init__(
+        self,
+        family: ModelFamily,
+        recipe: LocalRecipe | None = None,
+        *,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        wrappers: Sequence[Wrapper] = (),
+    ) -> None:
+        self.family = family
+        self.recipe = recipe or LocalRecipe()
+        self.seed = seed
+        self.models = ModelCache(family, device)
+        self.device = self.models.device
+        self.wrappers = tuple(wrappers)
+
+    def program_for(self, cid: int) -> Program:
+        program: Program = ClientProgram(
+            cid, self.family, self.recipe, models=self.models, seed=self.seed
+        )
+        for wrap in self.wrappers:
+            program = wrap(program)
+        return program
 
 
 #: Per BatchNorm layer (by module name): (sum of per-batch means, sum of per-batch unbiased

@@ -6,7 +6,7 @@ strategy provides (`Strategy.server_program(round, tasks)`) and the engine runs:
 
     engine: program = strategy.server_program(round, tasks)          (None: no server side)
     per task: session = program.open(task, private)   private = that client's kept server state
-              client loop: hooks call ctx.send(z, y) -> gradient or None, every batch
+              client loop: parts call ctx.send(z, y) -> gradient or None, every batch
               result = session.close() -> ServerResult (tensors, passes, kept state)
     engine -> strategy.aggregate(round, results, failures, server_results=[...])
 
@@ -92,8 +92,8 @@ class ChannelCounts:
 class Channel:
     """The client's end of the per-batch exchange with its server session.
 
-    Hooks reach it through `TrainContext.send`, from `ClientHooks.forward`, `backward` or
-    `on_batch`. The bytes of
+    Parts reach it through `TrainContext.send`, from a recipe's forward, backward or
+    trackers. The bytes of
     everything that crosses are counted here; the engine adds them to `bytes_up` and
     `bytes_down` and to the client's communication time.
     """

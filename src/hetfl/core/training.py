@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from hetfl.core.schedule import LrSchedule
 
@@ -27,10 +27,13 @@ from hetfl.core.schedule import LrSchedule
 class LocalTraining:
     """Local optimisation settings, carried in `ClientTask.config`.
 
-    `steps`, when set, is the number of mini-batches and overrides `epochs`. The optimiser
-    is SGD (PyTorch's semantics for momentum and weight decay), created fresh each round;
-    with `keep_momentum` its momentum buffers are kept by the client between its rounds as
-    private state (`hetfl.core.client.MOMENTUM` names): HetFL's flag, since no paper says
+    `steps`, when set, is the number of mini-batches and overrides `epochs`. `optimizer`
+    is SGD (PyTorch's semantics for `momentum` and `weight_decay`), Adam or AMSGrad
+    (`torch.optim.Adam`'s, with `betas`, `eps` and L2 `weight_decay`; DTFL trains with
+    them); `hetfl.core.local.optim` runs them. `momentum` is SGD's and `betas`/`eps` Adam's:
+    setting one for the other optimiser is an error. The optimiser's state is fresh each
+    round; with `keep_momentum` the client keeps it between its rounds as private state
+    (the names of `hetfl.core.local.optim`): HetFL's flag, since no paper says
     whether its local optimiser state survives a round (HeteroFL's, FLANC's and FedNova's
     official code reset it). `decay_norm_and_bias=False`
     exempts normalisation tensors and biases from `weight_decay`, so that in HetFL's models
@@ -45,7 +48,10 @@ class LocalTraining:
     epochs: int = 1
     steps: int | None = None
     batch_size: int = 32
+    optimizer: Literal["sgd", "adam", "amsgrad"] = "sgd"
     momentum: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
     keep_momentum: bool = False
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None
@@ -66,14 +72,43 @@ class LocalTraining:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.keep_momentum and self.momentum == 0:
-            raise ValueError("keep_momentum needs momentum > 0 (there is no buffer to keep)")
+        self._check_optimizer()
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if self.clip_grad_norm is not None and not (
             self.clip_grad_norm > 0 and math.isfinite(self.clip_grad_norm)
         ):
             raise ValueError(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm}")
+
+    def _check_optimizer(self) -> None:
+        """The optimiser is known and given only its own settings."""
+        if self.optimizer not in ("sgd", "adam", "amsgrad"):
+            raise ValueError(
+                f"optimizer must be 'sgd', 'adam' or 'amsgrad', got {self.optimizer!r}"
+            )
+        if self.optimizer == "sgd":
+            adam_set = [
+                f"{k}={getattr(self, k)}"
+                for k in ("betas", "eps")
+                if getattr(self, k) != default_of(LocalTraining, k)
+            ]
+            if adam_set:
+                raise ValueError(
+                    f"{', '.join(adam_set)} set for optimizer 'sgd': betas and eps are Adam's "
+                    "settings; use optimizer 'adam' or 'amsgrad', or leave them unset"
+                )
+            if self.keep_momentum and self.momentum == 0:
+                raise ValueError("keep_momentum needs momentum > 0 (there is no buffer to keep)")
+            return
+        if self.momentum != 0:
+            raise ValueError(
+                f"momentum={self.momentum} set for optimizer {self.optimizer!r}: momentum is "
+                "SGD's setting (Adam's moments follow betas); leave it at 0"
+            )
+        if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps must be a positive finite number, got {self.eps}")
 
     def for_round(self, round: int, rounds: int | None) -> LocalTraining:
         """The settings of round `round` of `rounds`: lr times the schedule's factor, and

@@ -34,7 +34,7 @@ from typing import Any, cast
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import ModelCache, Program
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
@@ -48,8 +48,9 @@ _PRIVATE_ROUND = "hetfl.private-round"
 
 @dataclass
 class Node:
-    """One node's client: its id, seed, data and program, built by the face from the
-    server's config and the node's own (`hetfl.flower.build_node`).
+    """One node's client: its id, seed, data, program and evaluation cache `models`,
+    built by the face from the server's config and the node's own
+    (`hetfl.flower.build_node`).
 
     `fingerprint` is the node's data settings, which must equal the server's; `keep` is
     how many per-round private states its state directory keeps."""
@@ -58,7 +59,8 @@ class Node:
     seed: int
     fingerprint: dict[str, Any]
     data: ClientData
-    program: ClientProgram
+    program: Program
+    models: ModelCache
     attrs: dict[str, Any]
     state_dir: Path | None
     keep: int
@@ -205,7 +207,8 @@ def evaluate(msg: Message, context: Context, build: NodeBuilder) -> Message:
     if node.data.split(task.split)[1].numel() == 0:
         return Message(to_content({"correct": 0, "loss": 0.0, "n": 0}), reply_to=msg)
     task.payload = {k: v.to(node.program.device) for k, v in task.payload.items()}
-    correct, loss_sum, n = node.program.evaluate(task, node.data, PrivateState(context, node).get())
+    private = PrivateState(context, node).get()
+    correct, loss_sum, n = node.program.evaluate(task, node.data, private, node.models)
     return Message(to_content({"correct": correct, "loss": loss_sum, "n": n}), reply_to=msg)
 
 
@@ -216,7 +219,7 @@ def stats(msg: Message, context: Context, build: NodeBuilder) -> Message:
     request = from_content(msg.content)
     node = node_for(context, request["config"], build)
     device = node.program.device
-    model = node.program.model_for(request["spec"])
+    model = node.models.model_for(request["spec"])
     model.load_state_dict({k: v.to(device) for k, v in request["tensors"].items()}, strict=True)
     x_train = node.data.x_train.to(device)
     sums = client_bn_statistics(model, x_train, int(request["share"]), node.seed, node.cid)

@@ -130,7 +130,7 @@ class FlowerServer(RoundLoop):
         refuse_server_program(parts.strategy, deployment.algorithm)
         super().__init__(
             parts.strategy,
-            parts.program,
+            parts.programs,
             parts.test,
             parts.settings,
             run_dir,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import Programs
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientData
 from hetfl.engine.progress import Progress
@@ -26,7 +26,7 @@ class Parts:
     validation splits)."""
 
     strategy: Strategy
-    program: ClientProgram
+    programs: Programs
     clients: list[ClientData]
     test: tuple[torch.Tensor, torch.Tensor]
     settings: RoundSettings

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import ModelCache, Programs
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State
@@ -103,7 +103,7 @@ class RoundLoop(ABC):
     def __init__(
         self,
         strategy: Strategy,
-        program: ClientProgram,
+        programs: Programs,
         test: tuple[torch.Tensor, torch.Tensor],
         settings: RoundSettings,
         run_dir: Path,
@@ -114,7 +114,8 @@ class RoundLoop(ABC):
         """`validation` holds all clients' validation samples (`pooled_validation`; empty
         without `data.validation`)."""
         self.strategy = strategy
-        self.program = program
+        self.programs = programs
+        self.eval_models = ModelCache(programs.family, programs.device)
         self.x_test, self.y_test = test
         self.validation = validation
         self.settings = settings
@@ -122,7 +123,7 @@ class RoundLoop(ABC):
         self.info = dict(info or {})
         self.progress = progress or Progress(settings.rounds, enabled=False)
         self.counters = Counters()
-        self.macs = MacCounter(program.family)
+        self.macs = MacCounter(programs.family)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         system = settings.system
         if system is not None:
@@ -194,7 +195,7 @@ class RoundLoop(ABC):
         """
         scores = evaluate_global(
             self.strategy,
-            self.program,
+            self.eval_models,
             (self.x_test, self.y_test),
             partial(self.stats_pass, rnd),
             self.validation,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from hetfl.core.client import ClientProgram, evaluate_model
+from hetfl.core.client import ModelCache, evaluate_model
 from hetfl.core.server_program import ServerResult
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
@@ -132,7 +132,7 @@ def pooled_validation(clients: Sequence[ClientData]) -> list[tuple[torch.Tensor,
 
 def evaluate_global(
     strategy: Strategy,
-    program: ClientProgram,
+    models: ModelCache,
     test: tuple[torch.Tensor, torch.Tensor],
     stats_pass: Callable[[nn.Module, EvalModel], None] | None,
     validation: Pooled = (),
@@ -143,13 +143,14 @@ def evaluate_global(
     `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
     clients' training data for a model with `em.stats_pass` (`hetfl.engine.statistics`:
     the simulator in process, the Flower adapter by asking the clients); None refuses
-    such a model with an error that says so. Each model's tensors as tested are kept in
+    such a model with an error that says so. `models` is the engine's evaluation cache,
+    into which each model's tensors are loaded. Each model's tensors as tested are kept in
     `GlobalScores.models` for the strategy's local evaluation.
     """
     x_test, y_test = test
     scores = GlobalScores()
     for i, em in enumerate(strategy.eval_models(strategy.global_state)):
-        model = program.model_for(em.spec)
+        model = models.model_for(em.spec)
         model.load_state_dict(em.tensors, strict=True)
         if em.stats_pass:
             if stats_pass is None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetfl.core.client import ClientProgram, apply_bn_statistics
+from hetfl.core.client import Programs, apply_bn_statistics
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
@@ -63,7 +63,7 @@ class Simulation(RoundLoop):
     def __init__(
         self,
         strategy: Strategy,
-        program: ClientProgram,
+        programs: Programs,
         clients: Sequence[ClientData],
         test: tuple[torch.Tensor, torch.Tensor],
         settings: RoundSettings,
@@ -77,7 +77,7 @@ class Simulation(RoundLoop):
         capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
         client trainings (`hetfl.sim.executor`; default: sequentially, in process)."""
         super().__init__(
-            strategy, program, test, settings, run_dir, info, progress, pooled_validation(clients)
+            strategy, programs, test, settings, run_dir, info, progress, pooled_validation(clients)
         )
         self.clients = {c.cid: c for c in clients}
         self.executor: Executor = executor or SequentialExecutor()
@@ -115,7 +115,7 @@ class Simulation(RoundLoop):
         the same order, the charges, checks, clock and store updates."""
         server = self.strategy.server_program(rnd, tasks) if tasks else None
         jobs = [self._job(rnd, task) for task in sorted(tasks, key=lambda t: t.cid)]
-        done = self.executor.run(self.program, jobs, self.clients, server)
+        done = self.executor.run(self.programs, jobs, self.clients, server)
         _check_outcomes(jobs, done)
         outcome = RoundOutcome(server_results=None if server is None else [])
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
@@ -226,7 +226,10 @@ class Simulation(RoundLoop):
             if data.split(split)[1].numel() == 0:
                 continue
             task = replace(self.strategy.eval_task(self.infos[cid], evaluated), split=split)
-            correct, loss_sum, n = self.program.evaluate(task, data, self.store.get(cid))
+            program = self.programs.program_for(cid)
+            correct, loss_sum, n = program.evaluate(
+                task, data, self.store.get(cid), self.eval_models
+            )
             scores.append(LocalScore(correct / n, loss_sum / n, task.group))
         return scores
 

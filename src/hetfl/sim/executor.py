@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-from hetfl.core.client import ClientProgram
+from hetfl.core.client import Programs
 from hetfl.core.server_program import Channel, ChannelCounts, ServerProgram, ServerResult
 from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, Problem, State
 
@@ -69,13 +69,14 @@ class Executor(Protocol):
 
     def run(
         self,
-        program: ClientProgram,
+        programs: Programs,
         jobs: Sequence[ClientJob],
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        """Train every job's client with `program` on its data `clients[cid]`; with a
-        `server` program, each client trains against its own session of it."""
+        """Train every job's client with its program (`programs.program_for(cid)`) on its
+        data `clients[cid]`; with a `server` program, each client trains against its own
+        session of it."""
         ...
 
 
@@ -84,16 +85,16 @@ class SequentialExecutor:
 
     def run(
         self,
-        program: ClientProgram,
+        programs: Programs,
         jobs: Sequence[ClientJob],
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        return [self._run_one(program, job, clients[job.task.cid], server) for job in jobs]
+        return [self._run_one(programs, job, clients[job.task.cid], server) for job in jobs]
 
     def _run_one(
         self,
-        program: ClientProgram,
+        programs: Programs,
         job: ClientJob,
         data: ClientData,
         server: ServerProgram | None,
@@ -105,6 +106,7 @@ class SequentialExecutor:
         linked = {} if channel is None else {"channel": channel}
         started = time.perf_counter()
         try:
+            program = programs.program_for(job.task.cid)
             out = program.fit(job.task, data, job.private, job.generator, info=job.info, **linked)
         except Exception as exc:
             raised = Problem("raised", f"raised {type(exc).__name__}: {exc}")

@@ -1,0 +1,168 @@
+"""The parts of local training, the context they share, and the recipe that chains them.
+
+A method declares its local training as a `LocalRecipe`: a forward variant, loss terms,
+gradient transforms, projections after the step, trackers and a backward. The loop
+(`hetfl.core.local.loop`) runs, per mini-batch (x: (B, ...), y: (B,)):
+
+    outputs, per_sample = recipe.forward(model, x, y, ctx)       # model: a `ModelCall`
+    total = per_sample.mean() + Σ term(outputs, y, per_sample, ctx) for the loss terms
+    recipe.backward(total, ctx)                                   # fills ctx.params' grads
+    transform(grads, ctx.params, ctx) for each gradient transform, then clipping
+    the optimiser's step (`hetfl.core.local.optim`)
+    project(ctx.params, ctx) for each projection
+    tracker.after_step(ctx) for each tracker
+
+and after the last batch merges every tracker's `finish(ctx)` into the result's extras.
+Parts are chained in the order the recipe lists them; none subclasses another. A part is
+shared by every client of a run, so it keeps no state of its own: per-round scratch state
+lives in `ctx.scratch(part)`. Parts never modify `ctx.received` (the payload), the global
+state, the client store or another client's tensors; in-place updates of this client's
+parameters, gradients and optimiser state inside the step are theirs to make.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from hetfl.core.server_program import Channel
+from hetfl.core.training import LocalTraining
+from hetfl.core.types import ClientInfo, ClientTask, PassRecord, State
+
+
+class ModelCall(Protocol):
+    """The client's model as a function of its input: `model(x, **kwargs) -> outputs`,
+    evaluated on the client's own parameters (`torch.func.functional_call` on the shared
+    template); keyword arguments reach the model's forward (FjORD's `width=`)."""
+
+    def __call__(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor: ...
+
+
+@dataclass
+class TrainContext:
+    """What parts may read and record during one client's local training.
+
+    `received` holds the tensors sent down (never modified); `params` the client's live
+    parameters (leaf tensors with `.grad`) and `buffers` its buffers (BatchNorm running
+    statistics, updated in place by the forward); `batch` the current (x, y); `step` its
+    index. A part that runs its own passes (FjORD's widths, distillation) appends a
+    `PassRecord` per pass to `passes`; batches for which no part recorded a pass count as
+    one default training pass of the task's spec. `channel` is the link to this client's
+    server program in split learning (None when the strategy has none). `info` is the
+    client's `ClientInfo` as the engine holds it: what it declared in `attrs` and, under
+    device profiles, its `attrs["sim_times"]` from the last round it trained.
+    """
+
+    task: ClientTask
+    received: State
+    generator: torch.Generator
+    settings: LocalTraining
+    info: ClientInfo | None = None
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    batch: tuple[torch.Tensor, torch.Tensor] | None = None
+    step: int = 0
+    passes: list[PassRecord] = field(default_factory=list)
+    channel: Channel | None = None
+    _scratch: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def scratch(self, part: object) -> dict[str, Any]:
+        """`part`'s own scratch space for this client's round (keyed by the part's
+        identity: equal parts of two recipes do not share it)."""
+        return self._scratch.setdefault(id(part), {})
+
+    def send(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """Send a batch's activations and labels to the server program; its answer (the
+        gradient with respect to `z`, or None). Bytes both ways are counted by the channel."""
+        if self.channel is None:
+            raise RuntimeError(
+                "this method exchanges activations with a server program every batch, but "
+                "the engine gave no channel (the strategy's server_program returned None, or "
+                "the engine cannot run server programs)"
+            )
+        return self.channel.send(z, y)
+
+
+class Forward(Protocol):
+    """`(model, x (B, ...), y (B,), ctx) -> (outputs (B, C), per-sample loss (B,))`."""
+
+    def __call__(
+        self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class LossTerm(Protocol):
+    """`(outputs (B, C), y (B,), per-sample loss (B,), ctx) -> scalar | None`, added to the
+    batch's mean loss (None adds nothing)."""
+
+    def __call__(
+        self, outputs: torch.Tensor, y: torch.Tensor, per_sample: torch.Tensor, ctx: TrainContext
+    ) -> torch.Tensor | None: ...
+
+
+class Backward(Protocol):
+    """`(total loss (scalar), ctx) -> None`: leaves each parameter's gradient of this batch
+    in `ctx.params[name].grad` (which the loop zeroed before)."""
+
+    def __call__(self, total: torch.Tensor, ctx: TrainContext) -> None: ...
+
+
+class GradTransform(Protocol):
+    """`(grads by name, params by name, ctx) -> None`: edits the gradients in place."""
+
+    def __call__(
+        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
+    ) -> None: ...
+
+
+class Projection(Protocol):
+    """`(params by name, ctx) -> None`: edits the parameters in place after the step."""
+
+    def __call__(self, params: Mapping[str, torch.Tensor], ctx: TrainContext) -> None: ...
+
+
+class Tracker(Protocol):
+    """Observes the training: `after_step(ctx)` after each step; `finish(ctx)` returns
+    the extras it adds to the client's result."""
+
+    def after_step(self, ctx: TrainContext) -> None: ...
+
+    def finish(self, ctx: TrainContext) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class CrossEntropy:
+    """The default forward: `model(x)` and its per-sample cross-entropy with `y`."""
+
+    def __call__(
+        self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = model(x)
+        return outputs, F.cross_entropy(outputs, y, reduction="none")
+
+
+@dataclass(frozen=True)
+class Autograd:
+    """The default backward: back-propagation of the total loss through the client's
+    model (split learning replaces it with an exchange with the server program)."""
+
+    def __call__(self, total: torch.Tensor, ctx: TrainContext) -> None:
+        total.backward()
+
+
+@dataclass(frozen=True)
+class LocalRecipe:
+    """A method's local training, as parts run in the order listed (see the module
+    docstring for where each runs in a step). The default recipe is plain local training:
+    cross-entropy, back-propagation and the settings' optimiser."""
+
+    forward: Forward = CrossEntropy()
+    loss_terms: tuple[LossTerm, ...] = ()
+    grad_transforms: tuple[GradTransform, ...] = ()
+    projections: tuple[Projection, ...] = ()
+    trackers: tuple[Tracker, ...] = ()
+    backward: Backward = Autograd()

@@ -1,0 +1,82 @@
+"""Generic parts of local training (`hetfl.core.local.parts`) that several methods use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hetfl.core.local.parts import ModelCall, TrainContext
+
+
+@dataclass(frozen=True)
+class ProximalTerm:
+    """A gradient transform: adds mu (w - w_received) to the gradient of every parameter
+    the client received, the gradient of FedProx's proximal term (mu/2) ||w - w^t||²
+    (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020, Algorithm
+    2). Parameters the client did not receive (private ones) have no anchor and get none.
+    Shapes: each gradient and its parameter and anchor alike; in place on the gradients."""
+
+    mu: float
+
+    def __post_init__(self) -> None:
+        if not self.mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {self.mu}")
+
+    @torch.no_grad()
+    def __call__(
+        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
+    ) -> None:
+        if self.mu == 0:
+            return
+        for name, grad in grads.items():
+            anchor = ctx.received.get(name)
+            if anchor is not None:
+                grad.add_(params[name] - anchor, alpha=self.mu)
+
+
+@dataclass(frozen=True)
+class ClipGradNorm:
+    """A gradient transform: scales all gradients together so that their joint L2 norm is
+    at most `max_norm`, as `torch.nn.utils.clip_grad_norm_` does (coefficient
+    max_norm / (norm + 1e-6), capped at 1). The loop appends it after the recipe's
+    transforms when `LocalTraining.clip_grad_norm` is set."""
+
+    max_norm: float
+
+    @torch.no_grad()
+    def __call__(
+        self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
+    ) -> None:
+        tensors = list(grads.values())
+        if not tensors:
+            return
+        total = torch.nn.utils.get_total_norm(tensors)
+        coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
+        torch._foreach_mul_(tensors, coef)
+
+
+def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.Tensor:
+    """Logits of the classes not in `labels` set to 0 (HeteroFL's and FedFA's masked
+    cross-entropy: HeteroFL, ICLR 2021, §3, and its code `models/resnet.py`; FedFA,
+    arXiv 2406.09877, §5.1; 0, not -inf, which would be a different loss)."""
+    if labels is None:
+        return outputs
+    keep = torch.zeros(outputs.shape[-1], dtype=torch.bool, device=outputs.device)
+    keep[list(labels)] = True
+    return outputs.masked_fill(~keep, 0.0)
+
+
+@dataclass(frozen=True)
+class MaskedCrossEntropy:
+    """A forward: cross-entropy with the logits of the classes the client lacks
+    (`ClientInfo.labels`) set to 0 (`mask_logits`). Outputs (B, C) masked, loss (B,)."""
+
+    def __call__(
+        self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = ctx.info.labels if ctx.info is not None else None
+        outputs = mask_logits(model(x), labels)
+        return outputs, F.cross_entropy(outputs, y, reduction="none")

@@ -14,9 +14,9 @@ Reproduced:
   ℓ* = 0, §V-B; evaluated on detached losses). ℜ has mean zero over ε, so the term acts as
   logit-space gradient noise; it is implemented literally, as the paper specifies.
 - Server, Algorithm 1 and Table IV: Δ_k = (w − w_k) / ϖ_k, Δ = Σ_k p_k Δ_k,
-  w ← w − γ (Σ_k p_k ϖ_k) Δ. This is FedNova's direction scaled by γ, so `FedALRC` extends
-  `FedNova`; with γ = 1 and α = 0 it *is* FedNova with plain SGD (the ablation of §V-D calls
-  (γ = 1, α = 0) FedNova).
+  w ← w − γ (Σ_k p_k ϖ_k) Δ. This is FedNova's direction scaled by γ (`Scaled` around
+  `NormalisedStep`, `hetfl.core.server_update`); with γ = 1 and α = 0 it *is* FedNova
+  with plain SGD (the ablation of §V-D calls (γ = 1, α = 0) FedNova).
 - Ada-FedALRC, Algorithm 3: the same direction −ηΔ (η = γ Σ_k p_k ϖ_k) into the Adagrad
   server optimiser FedAdagrad uses (`hetfl.core.server_opt`, β1 = 0): v ← v + (ηΔ)²,
   w ← w − β_η ηΔ / (√v + eps), with one server step size β_η (line 10 multiplies by β η
@@ -68,15 +68,16 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.fedavg import Weighting
-from hetfl.algorithms.fednova import FedNova, NormalisedHooks
+from hetfl.algorithms.fednova import NormalisedHooks, normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.core.client import TrainContext
 from hetfl.core.init import build_model
 from hetfl.core.server_opt import ServerOptSettings
+from hetfl.core.server_update import NormalisedStep, Scaled
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, ModelFamily, State
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 #: `(Q, B, C, ctx) -> signs` of shape (Q, B, C) in {-1, +1}; tests inject fixed signs.
 SignSource = Callable[[int, int, int, TrainContext], torch.Tensor]
@@ -191,45 +192,6 @@ def linear_weight(model: nn.Module) -> str | None:
     return dot + "weight" if owned == {n for n, _ in model.named_parameters()} else None
 
 
-# -- server side ---------------------------------------------------------------------------
-class FedALRC(FedNova):
-    """FedNova's normalised direction scaled by γ, then the server optimiser (plain steps of
-    size 1 for FedALRC, Adagrad for Ada-FedALRC)."""
-
-    name = "fedalrc"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        gamma: float = 1.5,
-        server: ServerOptSettings | None = None,
-        weighting: Weighting = "samples",
-    ) -> None:
-        if not (gamma > 0 and math.isfinite(gamma)):
-            raise ValueError(f"gamma (server learning-rate scale) must be > 0, got {gamma}")
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            weighting=weighting,
-            server=server,
-        )
-        self.gamma = gamma
-
-    def direction(self, results: Sequence[ClientResult], average: State) -> State:
-        """-γ (Σ p_k ϖ_k) Σ p_k (w - w_k)/ϖ_k on every parameter."""
-        return {k: self.gamma * d for k, d in super().direction(results, average).items()}
-
-
-class AdaFedALRC(FedALRC):
-    """FedALRC's direction into an Adagrad server step (Algorithm 3)."""
-
-    name = "ada-fedalrc"
-
-
 # -- options and registration ---------------------------------------------------------------
 Form = Literal["auto", "linear", "deep"]
 
@@ -244,7 +206,7 @@ class FedALRCOptions(Options):
         "l", description="l: local (gate, tail thresholding); g: global (no gate, theta = 0)"
     )
     form: Form = Field("auto", description="linear (thresholding) or deep (Rademacher term)")
-    weighting: Weighting = "samples"
+    weighting: WeightingName = "samples"
 
     @model_validator(mode="after")
     def _global_variant_keeps_nothing(self) -> FedALRCOptions:
@@ -281,6 +243,27 @@ def regulariser_hooks(family: ModelFamily, opts: FedALRCOptions) -> NormalisedHo
     return ThresholdingHooks(weight, model.get_parameter(weight).shape, opts.alpha, theta)
 
 
+def alrc_strategy(
+    family: ModelFamily,
+    method: str,
+    opts: FedALRCOptions,
+    clients_per_round: int,
+    train: LocalTraining,
+    server: ServerOptSettings,
+) -> Strategy:
+    """FedNova's normalised direction scaled by γ into `server`: plain steps of size 1
+    (FedALRC, Algorithm 1) or Adagrad (Ada-FedALRC, Algorithm 3)."""
+    return normalised_strategy(
+        family,
+        method=method,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=opts.weighting,
+        direction=Scaled(NormalisedStep(prox=False), opts.gamma),
+        server=server,
+    )
+
+
 @register_algorithm(
     "fedalrc",
     "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
@@ -290,12 +273,8 @@ def _make(
     family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, NormalisedHooks]:
     hooks = regulariser_hooks(family, opts)
-    strategy = FedALRC(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        gamma=opts.gamma,
-        weighting=opts.weighting,
+    strategy = alrc_strategy(
+        family, "fedalrc", opts, clients_per_round, train, ServerOptSettings(kind="sgd", lr=1.0)
     )
     return strategy, hooks
 
@@ -312,12 +291,5 @@ def _make_ada(
     server = ServerOptSettings(
         kind="adagrad", lr=opts.server_lr, tau=opts.tau, v0=opts.tau if opts.v0 is None else opts.v0
     )
-    strategy = AdaFedALRC(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        gamma=opts.gamma,
-        server=server,
-        weighting=opts.weighting,
-    )
+    strategy = alrc_strategy(family, "ada-fedalrc", opts, clients_per_round, train, server)
     return strategy, hooks

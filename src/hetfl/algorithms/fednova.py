@@ -25,21 +25,20 @@ direction is (`hetfl.core.server_opt`, used by FedALRC).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
 
 from hetfl.algorithms.base import register_algorithm
-from hetfl.algorithms.fedavg import Weighting
-from hetfl.algorithms.fedopt import FedOpt
+from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.fedprox import FedProxOptions, ProximalHooks
 from hetfl.core.client import ClientHooks, TrainContext
-from hetfl.core.server_opt import ServerOptSettings
-from hetfl.core.state import Accumulator, extract
+from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
+from hetfl.core.server_update import Direction, NormalisedStep, Optimised
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, ModelFamily, State
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 
 class NormalisedHooks(ProximalHooks):
@@ -71,62 +70,30 @@ class NormalisedHooks(ProximalHooks):
         return {"a_norm": ctx.state["a_norm"], "steps": ctx.state["steps"]}
 
 
-class FedNova(FedOpt):
-    name = "fednova"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        mu: float = 0.0,
-        weighting: Weighting = "samples",
-        server: ServerOptSettings | None = None,
-    ) -> None:
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            server=server or ServerOptSettings(kind="sgd", lr=1.0),
-            weighting=weighting,
+def normalised_strategy(
+    family: ModelFamily,
+    *,
+    method: str,
+    clients_per_round: int,
+    train: LocalTraining,
+    weighting_name: WeightingName,
+    direction: Direction,
+    server: ServerOptSettings,
+) -> Strategy:
+    """A server that steps along a normalised direction (FedNova's, FedALRC's), which
+    assumes momentum buffers start at zero each round: `train.keep_momentum` is refused."""
+    if train.keep_momentum:
+        raise ValueError(
+            f"{method} normalises by ‖a‖₁, which assumes momentum buffers start at zero each "
+            "round; train.keep_momentum cannot be used with it"
         )
-        if train.keep_momentum:
-            raise ValueError(
-                f"{self.name} normalises by ‖a‖₁, which assumes momentum buffers start at zero "
-                "each round; train.keep_momentum cannot be used with it"
-            )
-        self.mu = mu
-
-    def direction(self, results: Sequence[ClientResult], average: State) -> State:
-        """-τ_eff Σ p_k g_k / ‖a_k‖₁ on every parameter (zero where no client covers it)."""
-        params = set(self.parameter_names())
-        total = sum(self.client_weight(r) for r in results)
-        acc = Accumulator(self.global_state)
-        tau_eff = 0.0
-        for r in results:
-            a_norm, steps = _normaliser(r)
-            weight = self.client_weight(r)
-            tau_eff += weight / total * (steps if self.mu > 0 else a_norm)
-            imap = [e for e in self.result_map(r) if e.global_name in params]
-            sent = extract(self.global_state, imap)
-            update = {k: sent[k] - r.tensors[k] for k in sent}
-            acc.add(update, imap, weight=weight, scale={e.global_name: 1 / a_norm for e in imap})
-        normalised = acc.result(self.global_state, fill="zero")
-        return {k: -tau_eff * normalised[k] for k in params}
-
-
-def _normaliser(result: ClientResult) -> tuple[float, int]:
-    try:
-        a_norm, steps = float(result.extras["a_norm"]), int(result.extras["steps"])
-    except KeyError as exc:
-        raise KeyError(
-            f"client {result.cid} returned no FedNova normaliser {exc}; its program must use "
-            "NormalisedHooks"
-        ) from None
-    if not a_norm > 0:
-        raise ValueError(f"client {result.cid} returned normaliser {a_norm}; need > 0")
-    return a_norm, steps
+    return one_model_strategy(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=weighting_name,
+        server_update=Optimised(direction, ServerOptimizer(server)),
+    )
 
 
 class FedNovaOptions(FedProxOptions):
@@ -139,11 +106,14 @@ class FedNovaOptions(FedProxOptions):
 def _make(
     family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, ClientHooks]:
-    strategy = FedNova(
+    """The normalised step applied as it is (plain server steps of size 1)."""
+    strategy = normalised_strategy(
         family,
+        method="fednova",
         clients_per_round=clients_per_round,
         train=train,
-        mu=opts.mu,
-        weighting=opts.weighting,
+        weighting_name=opts.weighting,
+        direction=NormalisedStep(prox=opts.mu > 0),
+        server=ServerOptSettings(kind="sgd", lr=1.0),
     )
     return strategy, NormalisedHooks(opts.mu)

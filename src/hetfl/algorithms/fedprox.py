@@ -22,11 +22,13 @@ import torch
 from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.fedavg import FedAvg, Weighting
+from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.client import ClientHooks, TrainContext
+from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 
 class ProximalHooks(ClientHooks):
@@ -49,15 +51,9 @@ class ProximalHooks(ClientHooks):
                 grad.add_(params[name] - anchor, alpha=self.mu)
 
 
-class FedProx(FedAvg):
-    """The server side of FedProx is FedAvg's; the method lives in `ProximalHooks`."""
-
-    name = "fedprox"
-
-
 class FedProxOptions(Options):
     mu: float = Field(0.01, ge=0, description="proximal weight")
-    weighting: Weighting = "samples"
+    weighting: WeightingName = "samples"
 
 
 @register_algorithm(
@@ -68,7 +64,11 @@ def _make(
 ) -> tuple[Strategy, ClientHooks]:
     if opts.mu == 0:
         warnings.warn("fedprox with mu = 0 is FedAvg", stacklevel=2)
-    strategy = FedProx(
-        family, clients_per_round=clients_per_round, train=train, weighting=opts.weighting
+    strategy = one_model_strategy(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=opts.weighting,
+        server_update=Averaged(),
     )
     return strategy, ProximalHooks(opts.mu)

@@ -291,7 +291,7 @@ def test_fjord_sub_models_insecure_by_explicit_flag(tmp_path):
     # Real processes, real network: the same numbers as the simulator, row for row.
     sim = assert_simulator_agrees(rows, config, tmp_path)
     # The half-width client got a sub-model: less than two copies of the global state.
-    assert rows[0]["bytes_down"] < 2 * state_bytes(sim.strategy.global_state)
+    assert rows[0]["bytes_down"] < 2 * state_bytes(sim.state)
 
 
 def test_scalablefl_keeps_private_layers_on_real_nodes(tmp_path):

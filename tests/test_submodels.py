@@ -342,7 +342,7 @@ def test_fjord_records_one_pass_per_step_at_the_drawn_width(tmp_path) -> None:
     sim = _digits_sim("fjord", tmp_path, levels=(0.25, 0.5, 1.0))
     sim.setup()
     info = sim.infos[7]  # the last client in id order holds the widest tier
-    task = sim.strategy.plan(1, [info], torch_generator(0, 1, -1, "sample"))[0]
+    task = sim.strategy.plan(1, sim.state, [info], torch_generator(0, 1, -1, "sample"))[0]
     data = sim.clients[7]
     out = sim.program.fit(task, data, {}, torch_generator(0, 1, 7, "train"), info=info)
     widths = {r.width for r in out.result.passes}
@@ -383,7 +383,7 @@ def test_heterofl_local_acc_is_the_full_rate_model_with_each_clients_label_mask(
     sim = _heterofl_digits(tmp_path)
     sim.run()
     row = sim.metrics.read()[-1]
-    full = sim.strategy.eval_models(sim.strategy.global_state)[0]
+    full = sim.strategy.eval_models(sim.state)[0]
     assert full.name == "width=1"
     model = sim.program.family.build(full.spec)
     model.load_state_dict(full.tensors)
@@ -518,7 +518,9 @@ def test_heterofl_clips_at_1_unless_train_sets_it_and_says_which(clip, runs, tmp
     )
     sim = build_simulation(cfg, tmp_path, show_progress=False)
     sim.setup()
-    tasks = sim.strategy.plan(1, sim.known_clients(), torch_generator(0, 1, -1, "sample"))
+    tasks = sim.strategy.plan(
+        1, sim.state, sim.known_clients(), torch_generator(0, 1, -1, "sample")
+    )
     assert [t.config.clip_grad_norm for t in tasks] == [runs, runs]
     assert f"  clip_grad_norm: {runs}" in start_banner(cfg, sim, tmp_path).splitlines()
     assert sim.info["strategy"]["clip_grad_norm"] == runs  # summary.json's "strategy"

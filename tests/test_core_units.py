@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hetfl.config import validate
+from hetfl.core.assign import uniform_sample
 from hetfl.core.client import (
     ClientHooks,
     ClientProgram,
@@ -35,7 +36,6 @@ from hetfl.core.rng import (
 )
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
-from hetfl.core.strategy import uniform_sample
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
 from hetfl.models import PlainFamily
 from hetfl.systems.costs import MacCounter

@@ -66,7 +66,7 @@ def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, o
 
     def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
         ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
-        return ckpt["strategy"]["global"]
+        return ckpt["global"]
 
     flower, sim = final_state(flower_dir), final_state(sim_dir)
     assert set(flower) == set(sim)

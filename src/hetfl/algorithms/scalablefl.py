@@ -75,7 +75,7 @@ from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
 from hetfl.algorithms.submodels import full_width_base
-from hetfl.core.assign import uniform_sample
+from hetfl.core.assign import GroupQuotas
 from hetfl.core.client import ClientHooks
 from hetfl.core.evaluation import OwnModel
 from hetfl.core.maps import MapTransform, NothingShared, private_layers
@@ -146,42 +146,6 @@ def group_key(info: ClientInfo) -> Group:
             "is 0, so it has no model; give every client at least 2 classes"
         )
     return int(info.input_shape[1]), classes
-
-
-class GroupQuotas:
-    """A sampler: max(1, round(xi * n_group)) clients drawn uniformly within each group
-    (Algorithm 1), halves rounded up; n_group counts the group's clients at set-up, and xi
-    is `participation`, or `clients_per_round` over the number of clients when None."""
-
-    def __init__(self, participation: float | None, clients_per_round: int) -> None:
-        if participation is not None and not 0 < participation <= 1:
-            raise ValueError(f"participation must be in (0, 1], got {participation}")
-        self.participation, self.clients_per_round = participation, clients_per_round
-        self.sizes: Counter[Group] = Counter()
-        self.xi = 1.0
-
-    def setup(self, clients: Sequence[ClientInfo]) -> None:
-        self.sizes = Counter(group_key(c) for c in clients)
-        if self.participation is None:
-            self.xi = min(1.0, self.clients_per_round / len(clients))
-        else:
-            self.xi = self.participation
-
-    def quota(self, group: Group) -> int:
-        return max(1, math.floor(self.xi * self.sizes[group] + 0.5))
-
-    def sample(
-        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
-    ) -> list[ClientInfo]:
-        by_group: dict[Group, list[ClientInfo]] = {}
-        for info in available:
-            by_group.setdefault(group_key(info), []).append(info)
-        chosen = [
-            info
-            for g in sorted(by_group)
-            for info in uniform_sample(by_group[g], self.quota(g), rng)
-        ]
-        return sorted(chosen, key=lambda c: c.cid)
 
 
 class GroupModels:
@@ -335,7 +299,7 @@ def scalablefl_strategy(
     return Strategy(
         family,
         train=replace(train, decay_norm_and_bias=False),
-        sampler=GroupQuotas(opts.participation, clients_per_round),
+        sampler=GroupQuotas(group_key, opts.participation, clients_per_round),
         assignment=groups,
         transforms=transforms,
         weighting=uniform,

@@ -10,6 +10,8 @@ derive there is recomputed on resume (set-up is deterministic), so it is not rou
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -60,6 +62,55 @@ class UniformSampling:
         self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
     ) -> list[ClientInfo]:
         return uniform_sample(available, self.clients_per_round, rng)
+
+
+#: A client group's key (ScalableFL's (input side, classes)); keys are sorted.
+GroupKey = tuple[int, ...]
+
+
+class GroupQuotas:
+    """max(1, round(xi · n_g)) clients drawn uniformly within each group g, halves rounded
+    up (Nitta et al., "Scalable Federated Learning for Clients with Different Input Image
+    Sizes and Numbers of Output Categories", Algorithm 1), groups in key order, one shared
+    generator. n_g counts the group's clients at set-up; xi is `participation`, or
+    `clients_per_round` over the number of clients when None. A group with fewer clients
+    available than its quota trains those available."""
+
+    def __init__(
+        self,
+        group_of: Callable[[ClientInfo], GroupKey],
+        participation: float | None,
+        clients_per_round: int,
+    ) -> None:
+        if participation is not None and not 0 < participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {participation}")
+        self.group_of = group_of
+        self.participation, self.clients_per_round = participation, clients_per_round
+        self.sizes: Counter[GroupKey] = Counter()
+        self.xi = 1.0
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        self.sizes = Counter(self.group_of(c) for c in clients)
+        if self.participation is None:
+            self.xi = min(1.0, self.clients_per_round / len(clients))
+        else:
+            self.xi = self.participation
+
+    def quota(self, group: GroupKey) -> int:
+        return max(1, math.floor(self.xi * self.sizes[group] + 0.5))
+
+    def sample(
+        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[ClientInfo]:
+        by_group: dict[GroupKey, list[ClientInfo]] = {}
+        for info in available:
+            by_group.setdefault(self.group_of(info), []).append(info)
+        chosen = [
+            info
+            for g in sorted(by_group)
+            for info in uniform_sample(by_group[g], self.quota(g), rng)
+        ]
+        return sorted(chosen, key=lambda c: c.cid)
 
 
 class Assignment(Protocol):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hetfl.config import validate
+from hetfl.core.assign import uniform_sample
 from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
@@ -29,7 +30,6 @@ from hetfl.core.rng import (
 )
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
-from hetfl.core.strategy import uniform_sample
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
 from hetfl.models import PlainFamily, ScalableFamily

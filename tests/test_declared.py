@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from hetfl.core.assign import PerClient
 from hetfl.core.declared import DeclaredTensor, build_declared, declared_generator
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.spec import IndexMap, MapEntry, Spec, prefix_index
@@ -18,6 +20,7 @@ from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo
 from hetfl.models import PlainFamily
+from strategies import fedavg
 
 
 def _init_gen() -> torch.Generator:
@@ -116,9 +119,11 @@ class _PerWidthFamily:
         ]
 
 
-class _ByWidth(Strategy):
-    def spec_for(self, info: ClientInfo) -> Spec:
-        return Spec(width=info.attrs["width"])
+def _by_width() -> Strategy:
+    """Each client trains the width its attributes declare."""
+    family = _PerWidthFamily()
+    by_attr = PerClient(lambda info: Spec(width=info.attrs["width"]))
+    return fedavg(family, clients_per_round=1, train=LocalTraining(), assignment=by_attr)
 
 
 def _clients(*widths: float) -> list[ClientInfo]:
@@ -126,12 +131,9 @@ def _clients(*widths: float) -> list[ClientInfo]:
 
 
 def test_a_declared_per_group_tensor_has_the_statistics_of_its_own_shape() -> None:
-    strategy = _ByWidth(_PerWidthFamily(), clients_per_round=1, train=LocalTraining())
-    strategy.setup(_clients(1 / 32, 1.0), _init_gen())
-    small, full = (
-        strategy.global_state["width=0.03125/weight"],
-        strategy.global_state["width=1.0/weight"],
-    )
+    strategy = _by_width()
+    state = strategy.setup(_clients(1 / 32, 1.0), _init_gen())
+    small, full = state["width=0.03125/weight"], state["width=1.0/weight"]
     assert small.shape == (8, FAN_IN) and full.shape == (WIDE, FAN_IN)
     # Kaiming normal, fan out: std = sqrt(2 / rows). A slice of the full-width tensor would
     # have sqrt(2 / 256) = 0.088, not the group's own sqrt(2 / 8) = 0.5.
@@ -140,17 +142,10 @@ def test_a_declared_per_group_tensor_has_the_statistics_of_its_own_shape() -> No
     assert strategy.parameter_names() == ["width=0.03125/weight", "width=1.0/weight"]
 
 
-class _WithExtra(Strategy):
+def _with_extra(declared: list[DeclaredTensor], **parts: Any) -> Strategy:
     """A plain model plus strategy-declared tensors (a per-tier head, a server buffer)."""
-
-    def __init__(self, declared: list[DeclaredTensor]) -> None:
-        super().__init__(
-            PlainFamily("mlp", (1, 2, 2), 3), clients_per_round=1, train=LocalTraining()
-        )
-        self._declared = declared
-
-    def declared_tensors(self) -> list[DeclaredTensor]:
-        return [*super().declared_tensors(), *self._declared]
+    family = PlainFamily("mlp", (1, 2, 2), 3)
+    return fedavg(family, clients_per_round=1, train=LocalTraining(), declared=declared, **parts)
 
 
 HEAD = DeclaredTensor("aux2/head.weight", (3, 5), "kaiming_uniform_default")
@@ -158,37 +153,42 @@ COUNT = DeclaredTensor("aux2/seen", (3,), "zeros", dtype=torch.long, role="buffe
 
 
 def test_declarations_leave_the_global_model_and_each_other_unchanged() -> None:
-    plain, extra, reordered = _WithExtra([]), _WithExtra([HEAD, COUNT]), _WithExtra([COUNT, HEAD])
-    for s in (plain, extra, reordered):
-        s.setup(_clients(1.0), _init_gen())
-    assert list(extra.global_state) == [*plain.global_state, "aux2/head.weight", "aux2/seen"]
-    for name, tensor in plain.global_state.items():
-        assert torch.equal(extra.global_state[name], tensor)
-    assert torch.equal(
-        extra.global_state["aux2/head.weight"], reordered.global_state["aux2/head.weight"]
+    plain, extra, reordered = (
+        _with_extra([]),
+        _with_extra([HEAD, COUNT]),
+        _with_extra([COUNT, HEAD]),
     )
-    assert extra.global_state["aux2/seen"].dtype == torch.long
+    p, e, r = (s.setup(_clients(1.0), _init_gen()) for s in (plain, extra, reordered))
+    assert list(e) == [*p, "aux2/head.weight", "aux2/seen"]
+    for name, tensor in p.items():
+        assert torch.equal(e[name], tensor)
+    assert torch.equal(e["aux2/head.weight"], r["aux2/head.weight"])
+    assert e["aux2/seen"].dtype == torch.long
     assert extra.parameter_names() == [*plain.parameter_names(), "aux2/head.weight"]
 
 
 def test_a_declared_name_of_the_global_model_is_refused() -> None:
-    plain = _WithExtra([])
-    plain.setup(_clients(1.0), _init_gen())
-    name = next(iter(plain.global_state))
-    strategy = _WithExtra([DeclaredTensor(name, (4, 4), "zeros")])
+    name = next(iter(_with_extra([]).setup(_clients(1.0), _init_gen())))
+    strategy = _with_extra([DeclaredTensor(name, (4, 4), "zeros")])
     with pytest.raises(
         ValueError, match=rf"declared tensors \['{name}'\] are tensors of the global"
     ):
         strategy.setup(_clients(1.0), _init_gen())
 
 
-def test_a_map_naming_an_undeclared_foreign_tensor_says_to_declare_it() -> None:
-    class _Foreign(_WithExtra):
-        def index_map_for(self, spec: Spec) -> IndexMap:
-            return [*super().index_map_for(spec), MapEntry("aux.w", "aux3/aux.w")]
+class _Foreign:
+    """A map transform naming a global tensor nobody declared."""
 
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        return [*imap, MapEntry("aux.w", "aux3/aux.w")]
+
+    def for_client(self, imap, spec, client, state):  # type: ignore[no-untyped-def]
+        return self.shared(imap, spec)
+
+
+def test_a_map_naming_an_undeclared_foreign_tensor_says_to_declare_it() -> None:
     with pytest.raises(KeyError, match=r"lacks: \['aux3/aux.w'\]; declare"):
-        _Foreign([]).setup(_clients(1.0), _init_gen())
+        _with_extra([], transforms=[_Foreign()]).setup(_clients(1.0), _init_gen())
 
 
 def test_named_initialisers_by_hand() -> None:

@@ -66,7 +66,7 @@ def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, o
 
     def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
         ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
-        return ckpt["strategy"]["global"]
+        return ckpt["global"]
 
     flower, sim = final_state(flower_dir), final_state(sim_dir)
     assert set(flower) == set(sim)
@@ -75,7 +75,7 @@ def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, o
     # The round moved the model: the states compared are not two untouched copies.
     initial = build_simulation(cfg, tmp_path / "initial", show_progress=False)
     initial.setup()
-    assert any(not torch.equal(sim[k], initial.strategy.global_state[k]) for k in sim)
+    assert any(not torch.equal(sim[k], initial.state[k]) for k in sim)
     row_f = json.loads((flower_dir / "metrics.jsonl").read_text())
     row_s = json.loads((sim_dir / "metrics.jsonl").read_text())
     for row in (row_f, row_s):

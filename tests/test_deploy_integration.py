@@ -291,7 +291,7 @@ def test_fjord_sub_models_insecure_by_explicit_flag(tmp_path):
     # Real processes, real network: the same numbers as the simulator, row for row.
     sim = assert_simulator_agrees(rows, config, tmp_path)
     # The half-width client got a sub-model: less than two copies of the global state.
-    assert rows[0]["bytes_down"] < 2 * state_bytes(sim.strategy.global_state)
+    assert rows[0]["bytes_down"] < 2 * state_bytes(sim.state)
 
 
 def test_scalablefl_keeps_private_layers_on_real_nodes(tmp_path):
@@ -339,7 +339,7 @@ def test_scalablefl_keeps_private_layers_on_real_nodes(tmp_path):
             assert torch.equal(kept[name], tensor), name
     # ... and none in the server's checkpoint.
     server_ckpt = load_checkpoint(tmp_path / "runs" / "fed" / "checkpoints")
-    assert not any(n.startswith("head") or ".norm." in n for n in server_ckpt["strategy"]["global"])
+    assert not any(n.startswith("head") or ".norm." in n for n in server_ckpt["global"])
 
 
 def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):

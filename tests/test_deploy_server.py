@@ -321,7 +321,7 @@ def test_scalablefl_equals_the_simulator_and_keeps_private_layers_on_the_nodes(t
         private |= held
     # ... and none of them was ever sent.
     assert grid.sent and not (grid.sent & private)
-    assert not any(n in server.strategy.global_state for n in private)
+    assert not any(n in server.state for n in private)
 
 
 def test_a_node_with_other_client_groups_is_refused(tmp_path):

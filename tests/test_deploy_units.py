@@ -18,7 +18,6 @@ pytest.importorskip("flwr")
 from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
-from hetfl.algorithms.fedavg import FedAvg
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
 from hetfl.core.client import (
@@ -35,6 +34,7 @@ from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem
 from hetfl.launch import Processes, Security, node_config
 from hetfl.models import PlainFamily
+from strategies import fedavg
 
 CONFIG = """
 name: d
@@ -131,18 +131,19 @@ def test_node_config_parses_back_as_flower_reads_it(tmp_path):
 
 # -- split learning is simulator-only ------------------------------------------------------
 def test_methods_with_a_server_program_are_refused():
-    class Split(FedAvg):
-        def server_program(self, round, tasks):  # a split-learning strategy
+    class SplitSide:  # a split-learning strategy's server side
+        def program(self, round, state, tasks):
             return None
 
+        def index_map(self, served):
+            return []
+
     family = PlainFamily("mlp", (1, 8, 8), 10)
+    train = LocalTraining(lr=0.1)
+    split = fedavg(family, clients_per_round=1, train=train, server_side=SplitSide())
     with pytest.raises(SimulatorOnlyError, match="simulator-only for now"):
-        refuse_server_program(
-            Split(family, clients_per_round=1, train=LocalTraining(lr=0.1)), "split"
-        )
-    refuse_server_program(
-        FedAvg(family, clients_per_round=1, train=LocalTraining(lr=0.1)), "fedavg"
-    )
+        refuse_server_program(split, "split")
+    refuse_server_program(fedavg(family, clients_per_round=1, train=train), "fedavg")
 
 
 def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():

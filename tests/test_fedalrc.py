@@ -11,7 +11,6 @@ import torch
 from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.fedalrc import FedALRC
 from hetfl.algorithms.fednova import StepNormaliser
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import Programs
@@ -205,13 +204,15 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
     family = PlainFamily("linear", (3,), 2)
     config = LocalTraining(lr=0.2, epochs=2, batch_size=4)
     alpha, q, gamma = 0.8, 3, 1.5
-    strategy = FedALRC(family, clients_per_round=2, train=config, gamma=gamma)
+    strategy, _ = ALGORITHMS.get("fedalrc").build(
+        family, {"gamma": gamma, "form": "deep"}, clients_per_round=2, train=config
+    )
     recipe = _deep(RademacherTerm(alpha, q, signs=_injected))
     clients = [_two_class_data(0, 6), _two_class_data(1, 3)]  # 4 and 2 local steps
     infos = [c.info() for c in clients]
-    strategy.setup(infos, torch_generator(0, 0, -1, "init"))
-    w0 = {k: v.double() for k, v in strategy.global_state.items()}
-    tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
+    state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
+    w0 = {k: v.double() for k, v in state.items()}
+    tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))
     programs = Programs(family, recipe)
     results = [
         programs.program_for(t.cid)
@@ -219,7 +220,7 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
         .result
         for t in tasks
     ]
-    new = strategy.aggregate(1, results, [])
+    new = strategy.aggregate(1, state, results, [])
     assert [r.extras["regularised_steps"] for r in results] == [4, 2]  # gate open throughout
     # server: w - gamma * (sum p_k varpi_k) * sum p_k (w - w_k) / varpi_k, p = (6/9, 3/9)
     w, b = w0["head.weight"], w0["head.bias"]
@@ -238,7 +239,9 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
         .result
         for t in tasks
     ]
-    assert not torch.allclose(strategy.aggregate(1, plain, [])["head.weight"], new["head.weight"])
+    assert not torch.allclose(
+        strategy.aggregate(1, state, plain, [])["head.weight"], new["head.weight"]
+    )
 
 
 # -- reductions -------------------------------------------------------------------------------
@@ -258,13 +261,13 @@ def _final_state(name: str, opts: dict, model: str, train: dict, rounds: int, tm
     settings = RoundSettings(rounds=rounds, seed=0, local_eval="none", checkpoint_every=10)
     sim = Simulation(strategy, Programs(family, recipe), clients, test, settings, tmp_path)
     sim.run()
-    return sim.strategy.global_state
+    return sim.state
 
 
-def _hand_made_round(strategy, clients: list[tuple[int, int, int]]) -> tuple[dict, list, list]:
+def _hand_made_round(state, clients: list[tuple[int, int, int]]) -> tuple[dict, list, list]:
     """The global state in float64 and one result per (n_k, steps ϖ_k, seed): the client's
     weights w_k = w - g_k with a seeded g_k, its normaliser ‖a_k‖₁ = ϖ_k (plain SGD)."""
-    w = {k: v.double() for k, v in strategy.global_state.items()}
+    w = {k: v.double() for k, v in state.items()}
     results, updates = [], []
     for cid, (n, steps, seed) in enumerate(clients):
         g = {
@@ -292,10 +295,10 @@ def test_server_step_is_fednovas_formula_times_gamma(name, opts, gamma):
         family, opts, clients_per_round=3, train=LocalTraining()
     )
     infos = [ClientInfo(cid, 10, (8,), tuple(range(6))) for cid in range(3)]
-    strategy.setup(infos, torch_generator(0, 0, -1, "init"))
-    strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))  # all three
-    w, results, updates = _hand_made_round(strategy, [(30, 2, 1), (10, 6, 2), (20, 3, 3)])
-    new = strategy.aggregate(1, results, [])
+    state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
+    strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))  # all three
+    w, results, updates = _hand_made_round(state, [(30, 2, 1), (10, 6, 2), (20, 3, 3)])
+    new = strategy.aggregate(1, state, results, [])
     n_total = sum(n for n, _, _ in updates)
     p = [n / n_total for n, _, _ in updates]
     tau_eff = sum(pk * steps for pk, (_, steps, _) in zip(p, updates, strict=True))
@@ -331,8 +334,8 @@ def test_ada_fedalrc_two_rounds_by_hand():
         train=LocalTraining(),
     )
     infos = [ClientInfo(cid, 10, (2,), (0, 1)) for cid in range(2)]
-    strategy.setup(infos, torch_generator(0, 0, -1, "init"))
-    strategy.global_state["head.bias"] = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
+    state["head.bias"] = torch.tensor([1.0, -1.0], dtype=torch.float64)
     eps, beta, gamma = 1e-3, 0.1, 1.5
     w = [1.0, -1.0]
     v = [eps, eps]  # Algorithm 3: v0 = eps
@@ -342,23 +345,22 @@ def test_ada_fedalrc_two_rounds_by_hand():
         [(30, 4, [-0.1, 0.0]), (10, 1, [0.05, 0.2])],
     ]
     for rnd, clients in enumerate(rounds, start=1):
-        strategy.plan(rnd, infos, torch_generator(0, rnd, -1, "sample"))
-        state = strategy.global_state
+        strategy.plan(rnd, state, infos, torch_generator(0, rnd, -1, "sample"))
         results = []
         for cid, (n, s, g) in enumerate(clients):
             sent = {**state, "head.bias": state["head.bias"] - torch.tensor(g, dtype=torch.float64)}
             results.append(ClientResult(cid, sent, n, s, 0.0, extras={"a_norm": s, "steps": s}))
-        strategy.global_state = strategy.aggregate(rnd, results, [])
+        state = strategy.aggregate(rnd, state, results, [])
         total = sum(n for n, _, _ in clients)
         eta = gamma * sum(n / total * s for n, s, _ in clients)
         for j in range(2):
             step = eta * sum(n / total * g[j] / s for n, s, g in clients)  # eta * Delta
             v[j] += step**2
             w[j] -= beta * step / (math.sqrt(v[j]) + eps)
-        got = strategy.global_state["head.bias"].tolist()
+        got = state["head.bias"].tolist()
         assert got == pytest.approx(w, rel=1e-12, abs=1e-12)
     assert strategy.extra_state()["server_opt"]["v"]["head.bias"].tolist() == pytest.approx(v)
-    assert strategy.aggregate(3, [], []) == strategy.global_state  # no results: no step
+    assert strategy.aggregate(3, state, [], []) == state  # no results: no step
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -517,11 +519,11 @@ def test_vgg11_one_fedalrc_round_on_one_percent(tmp_path):
     program = Programs(family, recipe)
     sim = Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
     sim.setup()
-    before = {k: v.clone() for k, v in strategy.global_state.items()}
+    before = {k: v.clone() for k, v in sim.state.items()}
     summary = sim.run()
     assert summary["final"]["clients"] == 4 and summary["final"]["failed"] == 0
     assert 0.0 <= summary["final"]["global_acc"] <= 1.0
-    after = sim.strategy.global_state
+    after = sim.state
     assert sum(v.numel() for v in after.values()) == 9_750_922
     assert all(torch.isfinite(v).all() for v in after.values())
     assert not torch.equal(after["head.weight"], before["head.weight"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.scalablefl import ScalableFL, scaled_depth
+from hetfl.algorithms.scalablefl import group_key, scaled_depth
 from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import Programs
@@ -26,6 +26,7 @@ from hetfl.core.rng import torch_generator
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import local_names
+from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
@@ -48,10 +49,17 @@ def _infos(groups, per_group: int = 1, channels_in: int = 3) -> list[ClientInfo]
     ]
 
 
-def _setup(family, infos, **opts) -> ScalableFL:
-    strategy = ScalableFL(family, clients_per_round=1, train=TRAIN, **opts)
-    strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=10)
+def _strategy(family, cpr: int = 1, train: LocalTraining = TRAIN, **opts) -> Strategy:
+    strategy, _ = ALGORITHMS.get("scalablefl").build(
+        family, opts, clients_per_round=cpr, train=train
+    )
     return strategy
+
+
+def _setup(family, infos, **opts) -> tuple[Strategy, dict[str, torch.Tensor]]:
+    """ScalableFL set up for `infos`, and its initial global state."""
+    strategy = _strategy(family, **opts)
+    return strategy, strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=10)
 
 
 def _imagenet() -> ScalableFamily:
@@ -80,8 +88,8 @@ def test_depth_is_ceil_log2_of_the_input_over_h0() -> None:
 
 
 def test_imagenet_groups_have_table_iv_widths_and_table_viii_parameters() -> None:
-    strategy = _setup(_imagenet(), _infos(IMAGENET), base_classes=1000)
-    plans = [strategy.plans[g] for g in IMAGENET]
+    strategy, state = _setup(_imagenet(), _infos(IMAGENET), base_classes=1000)
+    plans = [strategy.assignment.plans[g] for g in IMAGENET]
     assert [p.depth for p in plans] == [5, 5, 4, 4]
     assert [round(p.spec["widths"][0], 2) for p in plans] == [1.0, 0.9, 0.77, 0.67]
     # Table IV: stage1 (stem), stage2..5 output channels; 4-stage clients lack stage5.
@@ -101,7 +109,7 @@ def test_imagenet_groups_have_table_iv_widths_and_table_viii_parameters() -> Non
     # Shared slices are the global model's first c_j stages: 4-stage clients never touch stage5.
     shallow = {e.global_name for e in strategy.index_map_for(plans[3].spec)}
     assert not any(n.startswith("stages.3.") for n in shallow)
-    assert any(n.startswith("stages.3.") for n in strategy.global_state)
+    assert any(n.startswith("stages.3.") for n in state)
 
 
 @pytest.mark.parametrize(
@@ -109,8 +117,8 @@ def test_imagenet_groups_have_table_iv_widths_and_table_viii_parameters() -> Non
     [("heterofl-max-1", 4, (2.0, 1.8, 0.77, 0.67)), ("heterofl-max", 5, (1.0, 0.9, 0.38, 0.33))],
 )
 def test_heterofl_widths_solved_for_imagenet_are_table_viii_ratios(variant, depth, paper) -> None:
-    strategy = _setup(_imagenet(), _infos(IMAGENET), base_classes=1000, variant=variant)
-    plans = [strategy.plans[g] for g in IMAGENET]
+    strategy, _ = _setup(_imagenet(), _infos(IMAGENET), base_classes=1000, variant=variant)
+    plans = [strategy.assignment.plans[g] for g in IMAGENET]
     assert {p.depth for p in plans} == {depth}
     for plan, ratio in zip(plans, paper, strict=True):
         assert len(set(plan.spec["widths"])) == 1  # one ratio gets within 1 %: no per-stage
@@ -171,13 +179,13 @@ def test_parameter_matching_is_the_nearest_achievable(stages, classes, target, m
 
 def test_fmnist_groups_report_their_remaining_gap() -> None:
     infos = _infos(((64, 10), (32, 5), (16, 2)), channels_in=1)
-    deep = _setup(_stage_cnn(), infos, variant="heterofl-max")
+    deep, _ = _setup(_stage_cnn(), infos, variant="heterofl-max")
     # A 3-stage model cannot have 132 parameters: the nearest (1, 2, 4 channels) has 123.
-    tiny = deep.plans[(16, 2)]
+    tiny = deep.assignment.plans[(16, 2)]
     assert (tiny.depth, tiny.params, tiny.target) == (3, 123, 132)
     assert tiny.gap == pytest.approx(-9 / 132)
-    assert deep.plans[(64, 10)].gap == 0.0  # c_max is its own depth: the same model
-    assert all(p.depth == 3 for p in deep.plans.values())
+    assert deep.assignment.plans[(64, 10)].gap == 0.0  # c_max is its own depth: the same model
+    assert all(p.depth == 3 for p in deep.assignment.plans.values())
     described = deep.describe()["groups"]["group=16px-2cls"]
     assert (described["params"], described["target"]) == (123, 132)
     assert described["gap"] == round(-9 / 132, 6)
@@ -189,29 +197,29 @@ def test_each_group_samples_max_1_round_xi_n_of_its_clients() -> None:
     groups = ((32, 10), (16, 5), (16, 2))
     kinds = [g for g, n in zip(groups, (20, 16, 2), strict=True) for _ in range(n)]
     infos = [ClientInfo(i, 10, (1, h, h), tuple(range(k))) for i, (h, k) in enumerate(kinds)]
-    strategy = _setup(fam, infos, participation=0.2)
-    assert [strategy.group_quota(g) for g in groups] == [4, 3, 1]  # 4, 3.2 and 0.4
+    strategy, _ = _setup(fam, infos, participation=0.2)
+    assert [strategy.sampler.quota(g) for g in groups] == [4, 3, 1]  # 4, 3.2 and 0.4
     for rnd in (1, 2):
-        chosen = strategy.sample(rnd, infos, torch_generator(0, rnd, -1, "sample"))
-        per_group = [sum(1 for c in chosen if strategy.group_for(c) == g) for g in groups]
+        chosen = strategy.sampler.sample(rnd, infos, torch_generator(0, rnd, -1, "sample"))
+        per_group = [sum(1 for c in chosen if group_key(c) == g) for g in groups]
         assert per_group == [4, 3, 1]
         assert [c.cid for c in chosen] == sorted(c.cid for c in chosen)
-    halves = _setup(fam, infos[:20] + infos[36:], participation=0.125)
-    assert halves.group_quota((32, 10)) == 3 and halves.group_quota((16, 2)) == 1  # 2.5 -> 3
+    halves, _ = _setup(fam, infos[:20] + infos[36:], participation=0.125)
+    assert halves.sampler.quota((32, 10)) == 3 and halves.sampler.quota((16, 2)) == 1  # 2.5 -> 3
     # Without participation, xi = clients_per_round / clients: 19 of 38 -> 10, 8 and 1.
-    by_default = ScalableFL(fam, clients_per_round=19, train=TRAIN)
+    by_default = _strategy(fam, cpr=19)
     by_default.setup(infos, torch_generator(0, 0, -1, "init"))
-    assert [by_default.group_quota(g) for g in groups] == [10, 8, 1]
+    assert [by_default.sampler.quota(g) for g in groups] == [10, 8, 1]
 
 
 def test_private_parameters_never_leave_the_client() -> None:
     fam = _stage_cnn(32)
     infos = _infos(((32, 4), (16, 2)), channels_in=1)
-    strategy = _setup(fam, infos, participation=1.0)
-    assert not any(".norm." in k or k.startswith("head.") for k in strategy.global_state)
+    strategy, state = _setup(fam, infos, participation=1.0)
+    assert not any(".norm." in k or k.startswith("head.") for k in state)
     programs = Programs(fam, seed=0)
     g = torch.Generator().manual_seed(0)
-    tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
+    tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))
     for task, info in zip(tasks, infos, strict=True):
         side = info.input_shape[1]
         data = ClientData(
@@ -242,10 +250,11 @@ def test_aggregation_weighs_each_client_1_per_element_and_keeps_what_no_one_trai
     fam = _stage_cnn(32)
     deep = ClientInfo(0, 10, (1, 32, 32), (0, 1, 2, 3))
     shallow = [ClientInfo(c, 10 * (c + 1), (1, 16, 16), (0, 1)) for c in (1, 2, 3)]
-    strategy = _setup(fam, [deep, *shallow], participation=1.0)
+    strategy, state = _setup(fam, [deep, *shallow], participation=1.0)
 
     def round_of(rnd: int, infos: list[ClientInfo], values: dict[int, float]) -> None:
-        tasks = strategy.plan(rnd, infos, torch_generator(0, rnd, -1, "sample"))
+        nonlocal state
+        tasks = strategy.plan(rnd, state, infos, torch_generator(0, rnd, -1, "sample"))
         assert sorted(t.cid for t in tasks) == sorted(c.cid for c in infos)
         results = [
             ClientResult(
@@ -257,16 +266,16 @@ def test_aggregation_weighs_each_client_1_per_element_and_keeps_what_no_one_trai
             )
             for t in tasks
         ]
-        strategy.global_state = strategy.aggregate(rnd, results, [])
+        state = strategy.aggregate(rnd, state, results, [])
 
     round_of(1, [deep, *shallow], {0: 8.0, 1: 1.0, 2: 2.0, 3: 3.0})
-    stage0 = strategy.global_state["stages.0.conv.weight"]
-    stage1 = strategy.global_state["stages.1.conv.weight"]
+    stage0 = state["stages.0.conv.weight"]
+    stage1 = state["stages.1.conv.weight"]
     assert stage0.shape == (20, 1, 3, 3) and stage1.shape == (39, 20, 3, 3)
     assert torch.all(stage0[:10] == 3.5) and torch.all(stage0[10:] == 8.0)
     assert torch.all(stage1 == 8.0)
     round_of(2, shallow, {1: 5.0, 2: 5.0, 3: 5.0})
-    after = strategy.global_state
+    after = state
     assert torch.all(after["stages.0.conv.weight"][:10] == 5.0)
     assert torch.equal(after["stages.0.conv.weight"][10:], stage0[10:])
     assert torch.equal(after["stages.1.conv.weight"], stage1)  # no shallow client reaches it
@@ -275,11 +284,11 @@ def test_aggregation_weighs_each_client_1_per_element_and_keeps_what_no_one_trai
 def test_individual_training_shares_nothing() -> None:
     fam = _stage_cnn(32)
     infos = _infos(((32, 4), (16, 2)), channels_in=1)
-    strategy = _setup(fam, infos, variant="individual")
-    assert strategy.global_state == {}
-    task = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))[0]
+    strategy, state = _setup(fam, infos, variant="individual")
+    assert state == {}
+    task = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))[0]
     assert task.payload == {} and task.index_map == []
-    assert strategy.eval_task(infos[1]).group == "group=16px-2cls"
+    assert strategy.eval_task(infos[1], state, {}).group == "group=16px-2cls"
 
 
 def test_a_one_class_client_is_refused_by_name() -> None:
@@ -295,14 +304,12 @@ def test_learning_rate_decays_along_a_cosine_over_the_rounds() -> None:
     """Table VIII's schedule through the shared `train.lr_schedule`, with ScalableFL's own
     setting (no decay on norms and biases) still in the task."""
     fam, infos = _stage_cnn(32), _infos(((32, 4),), channels_in=1)
-    strategy = ScalableFL(
-        fam, clients_per_round=1, train=replace(TRAIN, lr_schedule=LrSchedule("cosine"))
-    )
+    strategy = _strategy(fam, train=replace(TRAIN, lr_schedule=LrSchedule("cosine")))
     strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=10)
     configs = [strategy.task_config(r, infos[0]) for r in (1, 6)]  # of 10 rounds
     assert [c.lr for c in configs] == pytest.approx([0.1, 0.05])
     assert all(c.decay_norm_and_bias is False for c in configs)
-    assert _setup(fam, infos).task_config(6, infos[0]).lr == 0.1
+    assert _setup(fam, infos)[0].task_config(6, infos[0]).lr == 0.1
 
 
 def test_weight_decay_spares_norms_and_biases_when_asked() -> None:
@@ -474,7 +481,10 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
     assert models["group=8px-3cls"]["widths"][0] == pytest.approx(math.log10(3))
     assert all(m["params"] == m["target"] and m["gap"] == 0 for m in models.values())
     assert set(row["groups"]) == {"group=16px-10cls", "group=8px-3cls"}
-    assert [p.depth for p in strategy.plans.values()] == [2, 3]  # 8 px: 2, 16 px: 3 stages
+    assert [p.depth for p in strategy.assignment.plans.values()] == [
+        2,
+        3,
+    ]  # 8 px: 2, 16 px: 3 stages
     assert row["groups"]["group=16px-10cls"]["acc"] > 0.5  # chance is 0.1
     assert row["groups"]["group=8px-3cls"]["acc"] > 0.6  # chance is 1/3
     assert row["local_acc"] == pytest.approx(

@@ -82,15 +82,15 @@ def test_every_task_of_a_round_carries_that_rounds_lr():
         family, {"mu": 0.1}, clients_per_round=2, train=train
     )
     infos = [ClientInfo(c, 10, (1, 2, 2), (0, 1, 2)) for c in range(2)]
-    strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=4)
+    state = strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=4)
     lrs = [
-        [t.config.lr for t in strategy.plan(r, infos, torch_generator(0, r, -1, "s"))]
+        [t.config.lr for t in strategy.plan(r, state, infos, torch_generator(0, r, -1, "s"))]
         for r in (2, 3)
     ]
     assert lrs == [[0.2, 0.2], pytest.approx([0.02, 0.02])]
     assert all(
         t.config.lr_schedule == LrSchedule()
-        for t in strategy.plan(3, infos, torch_generator(0, 3, -1, "s"))
+        for t in strategy.plan(3, state, infos, torch_generator(0, 3, -1, "s"))
     )
 
 

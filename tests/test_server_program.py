@@ -11,17 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.algorithms.fedavg import FedAvg
+from hetfl.core.assign import one_spec
 from hetfl.core.client import Programs
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_program import ServerProgram, ServerResult, ServerSession
 from hetfl.core.spec import Spec, full_map
-from hetfl.core.state import Accumulator, extract
+from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, PassRecord
 from hetfl.engine.rounds import RoundSettings
 from hetfl.sim import Simulation
 from hetfl.systems.profiles import DeviceProfile, SystemSettings
+from strategies import fedavg
 
 TRAIN = LocalTraining(lr=0.2, epochs=1, batch_size=4)
 BODY = ["body.0.weight", "body.0.bias"]
@@ -91,44 +92,44 @@ class _Session(ServerSession):
 
 
 class _Program(ServerProgram):
-    def __init__(self, strategy, parallel):
-        self.strategy, self.parallel = strategy, parallel
+    def __init__(self, family, parallel):
+        self.family, self.parallel = family, parallel
         self.kept: dict[int, float] = {}
+        self.state: dict[str, torch.Tensor] = {}
 
     def open(self, task, private):
         self.kept[task.cid] = float(private["batches"]) if private else 0.0
-        payload = extract(self.strategy.global_state, full_map(HEAD))
+        payload = extract(self.state, full_map(HEAD))
         lr = task.config.lr
-        return _Session(self.strategy.family, task.cid, payload, lr, answer=not self.parallel)
+        return _Session(self.family, task.cid, payload, lr, answer=not self.parallel)
 
 
-class _SplitStrategy(FedAvg):
-    """SplitFed-style: the client trains the body, its server copy the head; both are
-    averaged by sample counts, like FedAvg over the joined models."""
+class _SplitSide:
+    """SplitFed-style server side: the program opens each round on the round's global state;
+    a session's head is reduced with its client's body, by sample counts, like FedAvg over
+    the joined models."""
 
-    def __init__(self, family, *, parallel=False, **kw):
-        super().__init__(family, **kw)
-        self.program = _Program(self, parallel)
+    def __init__(self, family, parallel):
+        self.program_ = _Program(family, parallel)
 
-    def spec_for(self, info):
-        return CLIENT
+    def program(self, round, state, tasks):
+        self.program_.state = state
+        return self.program_
 
-    def possible_specs(self):
-        return [CLIENT]
+    def index_map(self, served):
+        return full_map(HEAD)
 
-    def server_program(self, round, tasks):
-        return self.program
 
-    def aggregate(self, round, results, failures, server_results=()):
-        if not results:
-            return dict(self.global_state)
-        served = {s.cid: s for s in server_results}
-        assert sorted(served) == [r.cid for r in results]
-        acc = Accumulator(self.global_state)
-        for r in results:
-            acc.add(r.tensors, self.result_map(r), weight=float(r.num_examples))
-            acc.add(served[r.cid].tensors, full_map(HEAD), weight=float(r.num_examples))
-        return acc.result(self.global_state, fill="keep")
+def _split_strategy(family, *, parallel=False, clients_per_round, train):
+    """The client trains the body, its server copy the head."""
+    side = _SplitSide(family, parallel)
+    return fedavg(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        assignment=one_spec(CLIENT),
+        server_side=side,
+    )
 
 
 class _ClientSide:
@@ -177,23 +178,21 @@ def _run(tmp_path, strategy, recipe, rounds=2, system=None):
 
 def test_split_training_equals_training_the_joined_model(tmp_path):
     family = _SplitFamily()
-    split = _SplitStrategy(family, clients_per_round=3, train=TRAIN)
+    split = _split_strategy(family, clients_per_round=3, train=TRAIN)
     sim, rows = _run(tmp_path / "split", split, _client_side())
-    joined = FedAvg(family, clients_per_round=3, train=TRAIN)
+    joined = fedavg(family, clients_per_round=3, train=TRAIN)
     ref, ref_rows = _run(tmp_path / "joined", joined, LocalRecipe())
     assert rows[-1]["clients"] == 3 and rows[-1]["failed"] == 0
     for name in BODY + HEAD:
-        torch.testing.assert_close(
-            sim.strategy.global_state[name], ref.strategy.global_state[name], rtol=1e-6, atol=1e-7
-        )
+        torch.testing.assert_close(sim.state[name], ref.state[name], rtol=1e-6, atol=1e-7)
     assert rows[-1]["global_acc"] == ref_rows[-1]["global_acc"]
     # the server kept each client's batch count across rounds (per-client server state)
-    assert split.program.kept == {0: 3.0, 1: 3.0, 2: 3.0}
+    assert split.server_side.program_.kept == {0: 3.0, 1: 3.0, 2: 3.0}
     assert sorted(sim.server_store) == [0, 1, 2]
 
 
 def test_channel_bytes_are_counted_both_ways(tmp_path):
-    split = _SplitStrategy(_SplitFamily(), clients_per_round=3, train=TRAIN)
+    split = _split_strategy(_SplitFamily(), clients_per_round=3, train=TRAIN)
     _, rows = _run(tmp_path, split, _client_side(), rounds=1)
     samples = 10 + 11 + 12
     body = (8 * 4 + 8) * 4  # float32 body weights and biases, down and up
@@ -202,7 +201,7 @@ def test_channel_bytes_are_counted_both_ways(tmp_path):
     assert rows[0]["bytes_up"] == 3 * body + activations + labels
     assert rows[0]["bytes_down"] == 3 * body + activations  # the gradients come back
     # DTFL-style: activations go up, nothing comes back
-    quiet = _SplitStrategy(_SplitFamily(), parallel=True, clients_per_round=3, train=TRAIN)
+    quiet = _split_strategy(_SplitFamily(), parallel=True, clients_per_round=3, train=TRAIN)
     _, rows = _run(tmp_path / "quiet", quiet, _client_side(), rounds=1)
     assert rows[0]["bytes_up"] == 3 * body + activations + labels
     assert rows[0]["bytes_down"] == 3 * body
@@ -212,7 +211,7 @@ def test_channel_bytes_are_counted_both_ways(tmp_path):
 def test_server_side_is_timed_and_declared_parallel_parts_overlap(tmp_path, parallel):
     profile = DeviceProfile("p", rate=1e3, down_mbps=1.0, up_mbps=2.0)
     system = SystemSettings((profile,), server_rate=500.0)
-    split = _SplitStrategy(_SplitFamily(), parallel=parallel, clients_per_round=3, train=TRAIN)
+    split = _split_strategy(_SplitFamily(), parallel=parallel, clients_per_round=3, train=TRAIN)
     sim, rows = _run(tmp_path, split, _client_side(), rounds=1, system=system)
     body_fwd, head_fwd = 4 * 8, 8 * 3  # MACs per sample
     totals = []
@@ -233,16 +232,16 @@ def test_server_side_is_timed_and_declared_parallel_parts_overlap(tmp_path, para
 
 def test_strategies_declare_whether_they_need_a_server_program():
     family = _SplitFamily()
-    assert _SplitStrategy(family, clients_per_round=1, train=TRAIN).needs_server_program
-    assert not FedAvg(family, clients_per_round=1, train=TRAIN).needs_server_program
+    assert _split_strategy(family, clients_per_round=1, train=TRAIN).needs_server_program
+    assert not fedavg(family, clients_per_round=1, train=TRAIN).needs_server_program
 
 
 def test_split_hooks_without_a_channel_fail_clearly():
     family = _SplitFamily()
     clients, _ = _clients(1)
-    strategy = _SplitStrategy(family, clients_per_round=1, train=TRAIN)
-    strategy.setup([c.info() for c in clients], torch.Generator().manual_seed(0))
-    task = strategy.plan(1, [clients[0].info()], torch.Generator().manual_seed(0))[0]
+    strategy = _split_strategy(family, clients_per_round=1, train=TRAIN)
+    state = strategy.setup([c.info() for c in clients], torch.Generator().manual_seed(0))
+    task = strategy.plan(1, state, [clients[0].info()], torch.Generator().manual_seed(0))[0]
     program = Programs(family, _client_side(), seed=0).program_for(0)
     with pytest.raises(RuntimeError, match="gave no channel"):
         program.fit(task, clients[0], {}, torch.Generator().manual_seed(0), info=clients[0].info())

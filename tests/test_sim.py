@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.fedavg import FedAvg
 from hetfl.core.client import Programs
 from hetfl.core.init import initialize
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
@@ -35,6 +34,7 @@ from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
 from hetfl.models import ScalableFamily
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation
+from strategies import fedavg
 
 TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 
@@ -167,9 +167,9 @@ def test_round_is_a_weighted_average_by_hand_and_counts_bytes(
     sim = _sim(family, sized, test, tmp_path, rounds=1, cpr=3, program=program,
                opts={"weighting": weighting})  # fmt: skip
     sim.setup()
-    before = copy.deepcopy(sim.strategy.global_state)
+    before = copy.deepcopy(sim.state)
     sim.run()
-    for name, value in sim.strategy.global_state.items():
+    for name, value in sim.state.items():
         assert torch.allclose(value, torch.full_like(value, expected), rtol=0, atol=1e-6), name
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert set(row) == set(ROW_KEYS)
@@ -181,7 +181,9 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
     family, clients, test = synthetic_federation
     sim = _sim(family, clients, test, tmp_path, cpr=5)
     sim.setup()
-    tasks = sim.strategy.plan(1, [c.info() for c in clients], torch_generator(0, 1, -1, "sample"))
+    tasks = sim.strategy.plan(
+        1, sim.state, [c.info() for c in clients], torch_generator(0, 1, -1, "sample")
+    )
 
     def run(order):
         programs = Programs(family, seed=0)
@@ -192,7 +194,7 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
                 t, sim.clients[t.cid], {}, generator, info=sim.infos[t.cid]
             )
             results[t.cid] = out.result
-        return sim.strategy.aggregate(1, [results[c] for c in sorted(results)], [])
+        return sim.strategy.aggregate(1, sim.state, [results[c] for c in sorted(results)], [])
 
     a, b = run(tasks), run(list(reversed(tasks)))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -222,7 +224,7 @@ def test_failing_clients_are_excluded_and_counted(synthetic_federation, tmp_path
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["failed"] for r in rows] == [3, 3]
     assert [r["clients"] for r in rows] == [5, 5]
-    assert all(bool(torch.isfinite(v).all()) for v in sim.strategy.global_state.values())
+    assert all(bool(torch.isfinite(v).all()) for v in sim.state.values())
     assert 1 not in sim.store and 2 not in sim.store and 0 in sim.store
 
 
@@ -258,7 +260,9 @@ def test_executor_gets_each_round_in_client_id_order_and_the_engine_charges_once
     sim.setup()
     for rnd in (1, 2):
         available = sim.available(rnd)
-        sim.train(rnd, sim.strategy.plan(rnd, available, torch_generator(0, rnd, -1, "sample")))
+        sim.train(
+            rnd, sim.strategy.plan(rnd, sim.state, available, torch_generator(0, rnd, -1, "sample"))
+        )
     for rnd, jobs in enumerate(recording.jobs, start=1):
         cids = [job.task.cid for job in jobs]
         assert len(cids) == 4 and cids == sorted(cids)
@@ -279,7 +283,9 @@ def test_a_raised_outcome_becomes_a_failure_charged_only_its_payload(
     sim = _sim(family, clients[:3], test, tmp_path, rounds=1, cpr=3)
     sim.executor = _ClientTwoRaises()
     sim.setup()
-    tasks = sim.strategy.plan(1, sim.known_clients(), torch_generator(0, 1, -1, "sample"))
+    tasks = sim.strategy.plan(
+        1, sim.state, sim.known_clients(), torch_generator(0, 1, -1, "sample")
+    )
     outcome = sim.train(1, tasks)
     assert [(f.cid, f.kind) for f in outcome.failures] == [(2, "raised")]
     assert [r.cid for r in outcome.results] == [0, 1]
@@ -370,7 +376,7 @@ def test_private_layers_stay_on_their_client_over_rounds(
 
     spec = family.global_spec([])
     full = family.build(spec).state_dict()
-    assert set(sim.strategy.global_state) == set(full) - private
+    assert set(sim.state) == set(full) - private
     shared_bytes = sum(v.numel() * v.element_size() for k, v in full.items() if k not in private)
     for rnd, row in enumerate(sim.metrics.read(), start=1):  # bytes add up over the rounds
         assert row["bytes_down"] == row["bytes_up"] == rnd * 4 * shared_bytes
@@ -404,7 +410,7 @@ def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
     sim.setup()
     available = {c.cid for c in sim.available(1)}
     assert 0 < len(available) < 8
-    tasks = sim.strategy.plan(1, sim.available(1), torch_generator(0, 1, -1, "sample"))
+    tasks = sim.strategy.plan(1, sim.state, sim.available(1), torch_generator(0, 1, -1, "sample"))
     assert {t.cid for t in tasks} == available
 
 
@@ -423,8 +429,8 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     part.run()
     resumed = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=3)
     resumed.run(resume=True)
-    for k, v in whole.strategy.global_state.items():
-        assert torch.equal(v, resumed.strategy.global_state[k]), k
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
     for cid in whole.store:
         for k, v in whole.store.get(cid).items():
             assert torch.equal(v, resumed.store.get(cid)[k]), (cid, k)
@@ -440,8 +446,8 @@ def test_kept_momentum_resumes_exactly(synthetic_federation, tmp_path):
     _sim(family, clients, test, tmp_path / "part", rounds=2, train=train).run()
     resumed = _sim(family, clients, test, tmp_path / "part", rounds=3, train=train)
     resumed.run(resume=True)
-    for k, v in whole.strategy.global_state.items():
-        assert torch.equal(v, resumed.strategy.global_state[k]), k
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
     kept = [c for c in whole.store if any(k.startswith("momentum/") for k in whole.store.get(c))]
     assert kept
     for cid in kept:
@@ -450,29 +456,32 @@ def test_kept_momentum_resumes_exactly(synthetic_federation, tmp_path):
 
 
 # -- contract extensions: per-client maps, recorded passes, attributes, feedback ----------------
-class _MaskedHead(FedAvg):
+class _MaskedHead:
     """A label-split head: client c uploads only row c of the head (a per-client mask)."""
 
-    def index_map_in_round(self, round, info, spec):
-        imap = []
-        for e in super().index_map_in_round(round, info, spec):
+    def shared(self, imap, spec):
+        return imap
+
+    def for_client(self, imap, spec, client, state):
+        out = []
+        for e in imap:
             if e.local == "head.bias":
                 mask = torch.zeros(10)
-                mask[info.cid] = 1.0
+                mask[client.cid] = 1.0
                 e = MapEntry(e.local, e.global_name, e.index, mask)
-            imap.append(e)
-        return imap
+            out.append(e)
+        return out
 
 
 def test_aggregation_uses_the_map_each_client_was_planned_with(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
-    strategy = _MaskedHead(family, clients_per_round=8, train=TRAIN)
+    strategy = fedavg(family, clients_per_round=8, train=TRAIN, transforms=[_MaskedHead()])
     sim = _sim(family, clients, test, tmp_path, rounds=1, cpr=8, strategy=strategy)
     sim.setup()
-    before = sim.strategy.global_state["head.bias"].clone()
-    tasks = strategy.plan(1, list(sim.infos.values()), torch_generator(0, 1, -1, "sample"))
+    before = sim.state["head.bias"].clone()
+    tasks = strategy.plan(1, sim.state, list(sim.infos.values()), torch_generator(0, 1, -1, "s"))
     outcome = sim.train(1, tasks)
-    after = strategy.aggregate(1, outcome.results, [])["head.bias"]
+    after = strategy.aggregate(1, sim.state, outcome.results, [])["head.bias"]
     # rows 0..7 each come from exactly one client (its own row); rows 8, 9 nobody uploads
     by_cid = {r.cid: r.tensors["head.bias"] for r in outcome.results}
     for c in range(8):
@@ -503,18 +512,15 @@ def test_passes_recorded_by_parts_are_what_is_priced(synthetic_federation, tmp_p
     assert macs_two - macs_plain == per_sample * sum(c.n_train for c in clients)
 
 
-class _Observer(FedAvg):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.seen = []
-
-    def observe(self, round, row):
-        self.seen.append((round, row["global_acc"]))
-
-
 def test_strategy_sees_rounds_attrs_and_metrics(synthetic_federation, tmp_path):
     family, clients, test = synthetic_federation
-    strategy = _Observer(family, clients_per_round=2, train=TRAIN)
+    seen = []
+    strategy = fedavg(
+        family,
+        clients_per_round=2,
+        train=TRAIN,
+        observer=lambda rnd, row: seen.append((rnd, row["global_acc"])),
+    )
     program = Programs(family, seed=0)
     attrs = {0: {"capacity": 0.25}}
     settings = RoundSettings(rounds=2, seed=0, eval_every=2)
@@ -522,7 +528,7 @@ def test_strategy_sees_rounds_attrs_and_metrics(synthetic_federation, tmp_path):
     sim.run()
     assert strategy.rounds == 2
     assert sim.infos[0].attrs == {"capacity": 0.25} and sim.infos[1].attrs == {}
-    assert [r for r, _ in strategy.seen] == [2] and strategy.seen[0][1] is not None
+    assert [r for r, _ in seen] == [2] and seen[0][1] is not None
     with pytest.raises(ValueError, match="unknown clients"):
         Simulation(strategy, program, clients, test, RoundSettings(rounds=1, seed=0),
                    tmp_path, attrs={99: {}})  # fmt: skip
@@ -600,6 +606,7 @@ def test_stats_subsample_is_each_clients_share_drawn_by_its_own_generator(tmp_pa
     [
         ({}, "format none (written before checkpoints were versioned)"),
         ({"format": 0}, "format 0"),
+        ({"format": 1}, "format 1"),  # the global state inside the strategy's entry
     ],
 )
 def test_a_checkpoint_of_another_format_is_refused_with_the_fix(tmp_path, written, shown):

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fjord import OrderedDropout
-from hetfl.algorithms.submodels import assign_in_proportion, eval_model_at
+from hetfl.algorithms.submodels import OwnLevel, assign_in_proportion, eval_model_at
 from hetfl.config import ConfigError, validate
 from hetfl.core.client import ModelCache, Programs, evaluate_model, recompute_bn_statistics
 from hetfl.core.init import initialize
@@ -177,21 +177,21 @@ def _plan(name: str, family, infos, **opts):
     strategy, recipe = ALGORITHMS.get(name).build(
         family, opts, clients_per_round=len(infos), train=TRAIN
     )
-    strategy.setup(infos, torch_generator(0, 0, -1, "init"))
-    tasks = strategy.plan(1, infos, torch_generator(0, 1, -1, "sample"))
-    return strategy, recipe, tasks
+    state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
+    tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))
+    return strategy, recipe, tasks, state
 
 
 def test_label_split_head_rows_come_only_from_clients_holding_the_class() -> None:
     fam = _family("stage-cnn", stages=1)
     infos = [ClientInfo(0, 50, (3, 16, 16), (0, 1)), ClientInfo(1, 50, (3, 16, 16), (1, 2))]
-    strategy, _, tasks = _plan("heterofl", fam, infos, levels=(1.0,))
-    before = dict(strategy.global_state)
+    strategy, _, tasks, state = _plan("heterofl", fam, infos, levels=(1.0,))
+    before = dict(state)
     results = []
     for task, value in zip(tasks, (1.0, 5.0), strict=True):
         tensors = {k: torch.full_like(v, value) for k, v in task.payload.items()}
         results.append(ClientResult(task.cid, tensors, 50, 1, 0.0))
-    after = strategy.aggregate(1, results, [])
+    after = strategy.aggregate(1, state, results, [])
     head = after["head.weight"]
     assert torch.all(head[0] == 1.0) and torch.all(head[2] == 5.0)  # only their holder
     assert torch.all(head[1] == 3.0)  # both hold class 1: uniform weights
@@ -338,7 +338,7 @@ def test_fjord_records_one_pass_per_step_at_the_drawn_width(tmp_path) -> None:
     sim = _digits_sim("fjord", tmp_path, levels=(0.25, 0.5, 1.0))
     sim.setup()
     info = sim.infos[7]  # the last client in id order holds the widest tier
-    task = sim.strategy.plan(1, [info], torch_generator(0, 1, -1, "sample"))[0]
+    task = sim.strategy.plan(1, sim.state, [info], torch_generator(0, 1, -1, "sample"))[0]
     data = sim.clients[7]
     program = sim.programs.program_for(7)
     out = program.fit(task, data, {}, torch_generator(0, 1, 7, "train"), info=info)
@@ -380,7 +380,7 @@ def test_heterofl_local_acc_is_the_full_rate_model_with_each_clients_label_mask(
     sim = _heterofl_digits(tmp_path)
     sim.run()
     row = sim.metrics.read()[-1]
-    full = sim.strategy.eval_models(sim.strategy.global_state)[0]
+    full = sim.strategy.eval_models(sim.state)[0]
     assert full.name == "width=1"
     model = sim.programs.family.build(full.spec)
     model.load_state_dict(full.tensors)
@@ -400,12 +400,12 @@ def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tm
     strategy = sim.strategy
     by_level: dict[float, list[float]] = {}
     for cid, data in sim.clients.items():
-        ratio = strategy.level_of[cid]
+        ratio = strategy.assignment.level_of[cid]
         em = eval_model_at(
             sim.programs.family,
-            strategy.eval_spec(ratio),
-            strategy.index_map_for(strategy.level_spec(ratio)),
-            strategy.global_state,
+            strategy.local_eval.eval_spec(ratio),
+            strategy.index_map_for(strategy.local_eval.level_spec(ratio)),
+            sim.state,
             name="own",
             stats_pass=True,
         )
@@ -428,15 +428,15 @@ def test_heterofl_with_private_layers_uses_own_level_and_says_so() -> None:
     strategy, _ = ALGORITHMS.get("heterofl").build(
         fam, {"private_norm": True}, clients_per_round=1, train=TRAIN
     )
-    assert strategy.local_eval_model == "own-level"
+    assert isinstance(strategy.local_eval, OwnLevel)
     assert strategy.describe()["local_eval_model"] == (
         "own-level (private layers cannot load into the full-rate global model)"
     )
     default, _ = ALGORITHMS.get("heterofl").build(fam, {}, clients_per_round=1, train=TRAIN)
     info = ClientInfo(0, 10, FAMILIES["stage-cnn"], (0, 1))
-    default.setup([info], torch.Generator().manual_seed(0))
+    state = default.setup([info], torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match=r"evaluated full-rate model 'width=1'.*gave \[\]"):
-        default.eval_task(info, {})
+        default.eval_task(info, state, {})
 
 
 # -- width levels, private layers and clipping at the edge ----------------------------------------
@@ -453,8 +453,8 @@ def _infos_of(sizes, labels=(0, 1, 2, 3)) -> list[ClientInfo]:
 @pytest.mark.parametrize("algorithm", ["heterofl", "fjord"])
 def test_levels_keep_their_proportions_whatever_their_order(algorithm: str) -> None:
     infos = _infos_of([10] * 10)
-    strategy, _, _ = _plan(algorithm, _tiny(), infos, levels=(1.0, 0.5), proportions=(0.7, 0.3))
-    widths = [strategy.specs[c.cid]["widths"][0] for c in infos]
+    strategy, _, _, _ = _plan(algorithm, _tiny(), infos, levels=(1.0, 0.5), proportions=(0.7, 0.3))
+    widths = [strategy.assignment.spec_of(c)["widths"][0] for c in infos]
     assert widths == [0.5] * 3 + [1.0] * 7  # narrowest first, in id order
 
 
@@ -515,7 +515,9 @@ def test_heterofl_clips_at_1_unless_train_sets_it_and_says_which(clip, runs, tmp
     )
     sim = build_simulation(cfg, tmp_path, show_progress=False)
     sim.setup()
-    tasks = sim.strategy.plan(1, sim.known_clients(), torch_generator(0, 1, -1, "sample"))
+    tasks = sim.strategy.plan(
+        1, sim.state, sim.known_clients(), torch_generator(0, 1, -1, "sample")
+    )
     assert [t.config.clip_grad_norm for t in tasks] == [runs, runs]
     assert f"  clip_grad_norm: {runs}" in start_banner(cfg, sim, tmp_path).splitlines()
     assert sim.info["strategy"]["clip_grad_norm"] == runs  # summary.json's "strategy"
@@ -530,7 +532,7 @@ def test_heterofl_step_is_masked_cross_entropy_clipped_at_1_by_hand() -> None:
     1 / (norm + 1e-6)), then SGD. Written out on a copy of the client's model."""
     fam = _tiny()
     infos = _infos_of([8, 8], labels=(0, 2))
-    _, recipe, tasks = _plan("heterofl", fam, infos, levels=(1.0, 0.5))
+    _, recipe, tasks, _ = _plan("heterofl", fam, infos, levels=(1.0, 0.5))
     task = tasks[0]
     assert task.spec["widths"][0] == 0.5 and task.config.clip_grad_norm == 1.0
     task.config = replace(task.config, steps=1, batch_size=8)
@@ -563,19 +565,20 @@ def test_heterofl_dynamic_assignment_redraws_each_clients_width_every_round() ->
     """Each sampled client draws its width in the configured proportions every round, in
     client id order from the round's sampling generator (after the sample itself)."""
     infos = _infos_of([10] * 4)
-    strategy, _, _ = _plan(
+    strategy, _, _, state = _plan(
         "heterofl",
         _tiny(),
         infos,
         levels=(1.0, 0.5),
         proportions=(0.75, 0.25),
         assignment="dynamic",
+        local_eval_model="own-level",
     )
-    assert {s["widths"][0] for s in strategy.possible_specs()} == {0.5, 1.0}
+    assert {s["widths"][0] for s in strategy.assignment.possible_specs()} == {0.5, 1.0}
     drawn: dict[int, list[float]] = {c.cid: [] for c in infos}
     for rnd in range(1, 26):
         g = torch_generator(0, rnd, -1, "sample")
-        tasks = strategy.plan(rnd, infos, torch_generator(0, rnd, -1, "sample"))
+        tasks = strategy.plan(rnd, state, infos, torch_generator(0, rnd, -1, "sample"))
         for t in tasks:
             by_hand = torch.multinomial(
                 torch.tensor([0.25, 0.75], dtype=torch.float64), 1, generator=g
@@ -586,7 +589,7 @@ def test_heterofl_dynamic_assignment_redraws_each_clients_width_every_round() ->
     assert all(set(widths) == {0.5, 1.0} for widths in drawn.values())  # widths change
     share = sum(w == 1.0 for ws in drawn.values() for w in ws) / 100
     assert 0.65 <= share <= 0.85  # 0.75 +- 2.3 standard deviations
-    assert strategy.own_level_task(infos[0]).group == "local width=1"
+    assert strategy.eval_task(infos[0], state, {}).group == "local width=1"  # the widest
 
 
 def test_fjord_averages_bands_by_samples_and_each_widths_statistics_over_its_clients() -> None:
@@ -595,13 +598,15 @@ def test_fjord_averages_bands_by_samples_and_each_widths_statistics_over_its_cli
     channels 16-31 by the width-1 clients: (60 + 240) / 90. Width 0.5's running statistics
     come from all three, width 1's from the width-1 clients only."""
     infos = _infos_of([10, 30, 60])
-    strategy, _, tasks = _plan("fjord", _tiny(), infos, levels=(1.0, 0.5), proportions=(2, 1))
+    strategy, _, tasks, state = _plan(
+        "fjord", _tiny(), infos, levels=(1.0, 0.5), proportions=(2, 1)
+    )
     assert [t.spec["widths"][0] for t in tasks] == [0.5, 1.0, 1.0]
     results = [
         ClientResult(t.cid, {k: torch.full_like(v, value) for k, v in t.payload.items()}, n, 1, 0.0)
         for t, value, n in zip(tasks, (1.0, 2.0, 4.0), (10, 30, 60), strict=True)
     ]
-    after = strategy.aggregate(1, results, [])
+    after = strategy.aggregate(1, state, results, [])
     all_three, wide_only = 3.1, 300 / 90
 
     def equals(t: torch.Tensor, value: float) -> bool:

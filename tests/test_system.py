@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from hetfl.algorithms.fedavg import FedAvg
 from hetfl.cli import main
 from hetfl.core.client import Programs
 from hetfl.core.local.parts import LocalRecipe
@@ -36,6 +35,7 @@ from hetfl.systems.profiles import (
     dtfl_cpu_profiles,
     dtfl_profiles,
 )
+from strategies import fedavg
 
 
 # -- the cost model ---------------------------------------------------------------------------
@@ -290,7 +290,7 @@ MLP_TRAIN_MACS = 3 * (64 * 200 + 200 * 200 + 200 * 10) - 64 * 200
 
 def _sim(fed, tmp_path, system, *, rounds=1, cpr=8, strategy=None, **settings):
     family, clients, test = fed
-    strategy = strategy or FedAvg(family, clients_per_round=cpr, train=TRAIN)
+    strategy = strategy or fedavg(family, clients_per_round=cpr, train=TRAIN)
     return Simulation(
         strategy,
         Programs(family, seed=0),
@@ -330,14 +330,17 @@ def test_deadline_drops_exactly_the_clients_over_it(synthetic_federation, tmp_pa
     assert row["macs"] == MLP_TRAIN_MACS * sum(c.n_train for c in clients)  # work was done
 
 
-class _Recorder(FedAvg):
-    """Samples the clients that were fastest last round (unknown ones first), and records
+class _Recorder:
+    """A sampler: the clients that were fastest last round (unknown ones first); records
     what `plan` was offered."""
 
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
+    def __init__(self, clients_per_round):
+        self.clients_per_round = clients_per_round
         self.offered: list[set[int]] = []
         self.seen_times: list[dict[int, float]] = []
+
+    def setup(self, clients):
+        return None
 
     def sample(self, round, available, rng):
         self.offered.append({c.cid for c in available})
@@ -351,34 +354,34 @@ def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
     family = synthetic_federation[0]
     profiles = (DeviceProfile("on", 1e9, 10, 10), DeviceProfile("flaky", 1e9, 10, 10, 0.3))
     system = SystemSettings(profiles, assignment=("on", "flaky") * 4)
-    strategy = _Recorder(family, clients_per_round=8, train=TRAIN)
+    strategy = fedavg(family, clients_per_round=8, train=TRAIN, sampler=_Recorder(8))
     sim = _sim(synthetic_federation, tmp_path, system, rounds=5, strategy=strategy)
     sim.run()
-    for rnd, offered in enumerate(strategy.offered, start=1):
+    for rnd, offered in enumerate(strategy.sampler.offered, start=1):
         draws = {
             c: float(torch.rand(1, generator=torch_generator(0, rnd, c, "availability")))
             for c in range(8)
         }
         # always-on clients are always offered, the flaky ones when their draw is below 0.3
         assert offered == {c for c in range(8) if c % 2 == 0 or draws[c] < 0.3}
-    assert any(len(o) < 8 for o in strategy.offered)
+    assert any(len(o) < 8 for o in strategy.sampler.offered)
     rows = _rows(tmp_path)
-    assert [r["clients"] for r in rows] == [len(o) for o in strategy.offered]
+    assert [r["clients"] for r in rows] == [len(o) for o in strategy.sampler.offered]
 
 
 def test_sim_times_reach_the_next_plan_and_rounds_add_up(synthetic_federation, tmp_path):
     family = synthetic_federation[0]
     system = SystemSettings(dtfl_profiles(1e8), switch_every=1, switch_fraction=0.5)
-    strategy = _Recorder(family, clients_per_round=4, train=TRAIN)
+    strategy = fedavg(family, clients_per_round=4, train=TRAIN, sampler=_Recorder(4))
     sim = _sim(synthetic_federation, tmp_path, system, rounds=3, cpr=4, strategy=strategy)
     summary = sim.run()
-    assert strategy.seen_times[0] == {}  # nothing measured before round 1
-    assert sorted(strategy.seen_times[1]) == [0, 1, 2, 3]  # round 1's clients
+    assert strategy.sampler.seen_times[0] == {}  # nothing measured before round 1
+    assert sorted(strategy.sampler.seen_times[1]) == [0, 1, 2, 3]  # round 1's clients
     rows = _rows(tmp_path)
     per_round = [rows[0]["sim_time_s"]] + [
         b["sim_time_s"] - a["sim_time_s"] for a, b in itertools.pairwise(rows)
     ]
-    assert per_round[0] == pytest.approx(max(strategy.seen_times[1].values()))
+    assert per_round[0] == pytest.approx(max(strategy.sampler.seen_times[1].values()))
     assert all(t > 0 for t in per_round)
     assert summary["sim_clock"] == {"mode": "simulated", "reproducible": True}
 
@@ -403,7 +406,7 @@ def test_parts_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
     parts = PARTITIONERS.get("iid")(ds.y_train, 3, np.random.default_rng(0))
     clients = build_clients(ds, parts, test_per_client=0, seed=0)
     family = PlainFamily("linear", ds.input_shape, ds.num_classes)
-    strategy = _Recorder(family, clients_per_round=3, train=TRAIN)
+    strategy = fedavg(family, clients_per_round=3, train=TRAIN, sampler=_Recorder(3))
     hooks = _InfoRecorder()
     declared = {c.cid: {"tier": c.cid % 2} for c in clients}
     settings = RoundSettings(
@@ -417,7 +420,7 @@ def test_parts_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
         assert first == declared[cid]  # round 1: what the client declared, nothing measured
         assert second["tier"] == declared[cid]["tier"]
         assert second["sim_times"].round == 1  # round 2: the times of round 1, as plan saw them
-        assert second["sim_times"].total_s == strategy.seen_times[1][cid]
+        assert second["sim_times"].total_s == strategy.sampler.seen_times[1][cid]
     assert sorted(hooks.attrs) == [c.cid for c in clients]
 
 
@@ -428,7 +431,7 @@ def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, 
     )
 
     def make(path, rounds):
-        strategy = _Recorder(family, clients_per_round=4, train=TRAIN)
+        strategy = fedavg(family, clients_per_round=4, train=TRAIN, sampler=_Recorder(4))
         return _sim(synthetic_federation, path, system, rounds=rounds, cpr=4, strategy=strategy)
 
     whole = make(tmp_path / "whole", 4)
@@ -436,10 +439,11 @@ def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, 
     make(tmp_path / "part", 2).run()
     resumed = make(tmp_path / "part", 4)
     resumed.run(resume=True)
-    for k, v in whole.strategy.global_state.items():
-        assert torch.equal(v, resumed.strategy.global_state[k]), k
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
     assert whole.sim_times == resumed.sim_times
-    assert resumed.strategy.seen_times == whole.strategy.seen_times[2:]  # plans saw the same
+    # the plans saw the same times
+    assert resumed.strategy.sampler.seen_times == whole.strategy.sampler.seen_times[2:]
     strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
     assert strip == [
         {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")

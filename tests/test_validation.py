@@ -119,7 +119,7 @@ def test_val_acc_scores_the_global_model_on_the_pooled_validation_samples(synthe
     sim = _run(synthetic, tmp_path / "val", "fedavg", FRACTION)
     rows = read_metrics(tmp_path / "val" / "metrics.jsonl")
     assert all(set(r) == set(ROW_KEYS) for r in rows)
-    (em,) = sim.strategy.eval_models(sim.strategy.global_state)
+    (em,) = sim.strategy.eval_models(sim.state)
     model = sim.eval_models.model_for(em.spec)
     model.load_state_dict(em.tensors)
     x = torch.cat([c.x_val for c in sim.clients.values()])
@@ -142,7 +142,7 @@ def test_without_a_global_model_val_acc_is_the_mean_of_clients_own_splits(synthe
     assert row["global_acc"] is None
     accs, losses = [], []
     for cid, data in sim.clients.items():
-        task = sim.strategy.eval_task(sim.infos[cid])
+        task = sim.strategy.eval_task(sim.infos[cid], sim.state, {})
         model = sim.eval_models.model_for(task.spec)
         model.load_state_dict({**sim.store.get(cid), **task.payload})
         correct, loss_sum, n = evaluate_model(model, data.x_val, data.y_val)

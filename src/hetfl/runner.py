@@ -29,7 +29,7 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
     """The one-screen summary printed before a run starts (after `sim.setup()`, which puts
     what the strategy decided into `sim.info`)."""
     sizes = [c.n_train for c in sim.clients.values()]
-    n_params = sum(v.numel() for v in sim.strategy.global_state.values())
+    n_params = sum(v.numel() for v in sim.state.values())
     system = sim.settings.system
     devices = [] if system is None else [f"  devices: {system.describe()}"]
     return "\n".join(

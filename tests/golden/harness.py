@@ -162,10 +162,10 @@ def _nan_inputs(cid: int) -> Callable[[Simulation], None]:
 def _split_learning(run_dir: Path) -> Simulation:
     """The two-module split strategy of tests/test_server_program.py (a server program
     trains each client's copy of the head), 3 rounds on its own small data."""
-    from test_server_program import TRAIN, _client_side, _clients, _SplitFamily, _SplitStrategy
+    from test_server_program import TRAIN, _client_side, _clients, _split_strategy, _SplitFamily
 
     family = _SplitFamily()
-    strategy = _SplitStrategy(family, clients_per_round=3, train=TRAIN)
+    strategy = _split_strategy(family, clients_per_round=3, train=TRAIN)
     clients, test = _clients()
     settings = RoundSettings(rounds=3, seed=0, checkpoint_every=1, local_eval="all")
     programs = Programs(family, _client_side(), seed=0)
@@ -408,10 +408,9 @@ def _plain(value: Any) -> Any:
 
 def state_record(sim: Simulation, extras: Mapping[str, Any]) -> dict[str, Any]:
     """One round's checkpointed state: each tensor's record, and other values as they are."""
-    state = sim.strategy.state_dict()
     parts = {
-        "global": state["global"],
-        "extra": state["extra"],
+        "global": sim.state,
+        "extra": sim.strategy.extra_state(),
         "store": extras.get("store", {}),
         "server_store": extras.get("server_store", {}),
         "sim_times": extras.get("sim_times", {}),

@@ -14,9 +14,9 @@ Reproduced:
   ℓ* = 0, §V-B; evaluated on detached losses). ℜ has mean zero over ε, so the term acts as
   logit-space gradient noise; it is implemented literally, as the paper specifies.
 - Server, Algorithm 1 and Table IV: Δ_k = (w − w_k) / ϖ_k, Δ = Σ_k p_k Δ_k,
-  w ← w − γ (Σ_k p_k ϖ_k) Δ. This is FedNova's direction scaled by γ, so `FedALRC` extends
-  `FedNova`; with γ = 1 and α = 0 it *is* FedNova with plain SGD (the ablation of §V-D calls
-  (γ = 1, α = 0) FedNova).
+  w ← w − γ (Σ_k p_k ϖ_k) Δ. This is FedNova's direction scaled by γ (`Scaled` around
+  `NormalisedStep`, `hetfl.core.server_update`); with γ = 1 and α = 0 it *is* FedNova
+  with plain SGD (the ablation of §V-D calls (γ = 1, α = 0) FedNova).
 - Ada-FedALRC, Algorithm 3: the same direction −ηΔ (η = γ Σ_k p_k ϖ_k) into the Adagrad
   server optimiser FedAdagrad uses (`hetfl.core.server_opt`, β1 = 0): v ← v + (ηΔ)²,
   w ← w − β_η ηΔ / (√v + eps), with one server step size β_η (line 10 multiplies by β η
@@ -58,25 +58,24 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
 from torch import nn
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.fedavg import Weighting
-from hetfl.algorithms.fednova import FedNova, StepNormaliser, require_sgd
+from hetfl.algorithms.fednova import StepNormaliser, normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.core.init import build_model
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.regularisers import PartialSVT, RademacherTerm
 from hetfl.core.server_opt import ServerOptSettings
+from hetfl.core.server_update import NormalisedStep, Scaled
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, ModelFamily, State
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 
 def linear_weight(model: nn.Module) -> str | None:
@@ -88,45 +87,6 @@ def linear_weight(model: nn.Module) -> str | None:
     dot = f"{prefix}." if prefix else ""
     owned = {dot + n for n, _ in layer.named_parameters()}
     return dot + "weight" if owned == {n for n, _ in model.named_parameters()} else None
-
-
-# -- server side ---------------------------------------------------------------------------
-class FedALRC(FedNova):
-    """FedNova's normalised direction scaled by γ, then the server optimiser (plain steps of
-    size 1 for FedALRC, Adagrad for Ada-FedALRC)."""
-
-    name = "fedalrc"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        gamma: float = 1.5,
-        server: ServerOptSettings | None = None,
-        weighting: Weighting = "samples",
-    ) -> None:
-        if not (gamma > 0 and math.isfinite(gamma)):
-            raise ValueError(f"gamma (server learning-rate scale) must be > 0, got {gamma}")
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            weighting=weighting,
-            server=server,
-        )
-        self.gamma = gamma
-
-    def direction(self, results: Sequence[ClientResult], average: State) -> State:
-        """-γ (Σ p_k ϖ_k) Σ p_k (w - w_k)/ϖ_k on every parameter."""
-        return {k: self.gamma * d for k, d in super().direction(results, average).items()}
-
-
-class AdaFedALRC(FedALRC):
-    """FedALRC's direction into an Adagrad server step (Algorithm 3)."""
-
-    name = "ada-fedalrc"
 
 
 # -- options and registration ---------------------------------------------------------------
@@ -143,7 +103,7 @@ class FedALRCOptions(Options):
         "l", description="l: local (gate, tail thresholding); g: global (no gate, theta = 0)"
     )
     form: Form = Field("auto", description="linear (thresholding) or deep (Rademacher term)")
-    weighting: Weighting = "samples"
+    weighting: WeightingName = "samples"
 
     @model_validator(mode="after")
     def _global_variant_keeps_nothing(self) -> FedALRCOptions:
@@ -183,6 +143,27 @@ def regulariser_recipe(family: ModelFamily, opts: FedALRCOptions) -> LocalRecipe
     return LocalRecipe(projections=(svt,), trackers=(StepNormaliser(),))
 
 
+def alrc_strategy(
+    family: ModelFamily,
+    method: str,
+    opts: FedALRCOptions,
+    clients_per_round: int,
+    train: LocalTraining,
+    server: ServerOptSettings,
+) -> Strategy:
+    """FedNova's normalised direction scaled by γ into `server`: plain steps of size 1
+    (FedALRC, Algorithm 1) or Adagrad (Ada-FedALRC, Algorithm 3)."""
+    return normalised_strategy(
+        family,
+        method=method,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=opts.weighting,
+        direction=Scaled(NormalisedStep(prox=False), opts.gamma),
+        server=server,
+    )
+
+
 @register_algorithm(
     "fedalrc",
     "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
@@ -191,14 +172,9 @@ def regulariser_recipe(family: ModelFamily, opts: FedALRCOptions) -> LocalRecipe
 def _make(
     family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    require_sgd("fedalrc", train)
     recipe = regulariser_recipe(family, opts)
-    strategy = FedALRC(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        gamma=opts.gamma,
-        weighting=opts.weighting,
+    strategy = alrc_strategy(
+        family, "fedalrc", opts, clients_per_round, train, ServerOptSettings(kind="sgd", lr=1.0)
     )
     return strategy, recipe
 
@@ -211,17 +187,9 @@ def _make(
 def _make_ada(
     family: ModelFamily, opts: AdaFedALRCOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    require_sgd("ada-fedalrc", train)
     recipe = regulariser_recipe(family, opts)
     server = ServerOptSettings(
         kind="adagrad", lr=opts.server_lr, tau=opts.tau, v0=opts.tau if opts.v0 is None else opts.v0
     )
-    strategy = AdaFedALRC(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        gamma=opts.gamma,
-        server=server,
-        weighting=opts.weighting,
-    )
+    strategy = alrc_strategy(family, "ada-fedalrc", opts, clients_per_round, train, server)
     return strategy, recipe

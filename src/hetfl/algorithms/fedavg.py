@@ -28,82 +28,20 @@ judged by `local_acc` (each client's model with its private layers on its local 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
-
-import torch
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.core.init import build_model
+from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.roles import head_tensor_names, norm_tensor_names
-from hetfl.core.spec import IndexMap, Spec
-from hetfl.core.state import Accumulator
+from hetfl.core.maps import MapTransform, private_layers
+from hetfl.core.server_update import Averaged, ServerUpdate
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, Failure, ModelFamily, State
-
-Weighting = Literal["samples", "uniform"]
-
-
-class FedAvg(Strategy):
-    name = "fedavg"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        weighting: Weighting = "samples",
-        private_norm: bool = False,
-        private_head: bool = False,
-    ) -> None:
-        super().__init__(family, clients_per_round=clients_per_round, train=train)
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        self.weighting = weighting
-        self.private_norm, self.private_head = private_norm, private_head
-        self._private: dict[Spec, set[str]] = {}
-
-    def index_map_for(self, spec: Spec) -> IndexMap:
-        """The family's map without the private layers."""
-        imap = super().index_map_for(spec)
-        if not (self.private_norm or self.private_head):
-            return imap
-        private = self._private.get(spec)
-        if private is None:
-            with torch.device("meta"):
-                model = build_model(self.family, spec)
-            private = set()
-            if self.private_norm:
-                norms = norm_tensor_names(model)
-                if not norms:
-                    raise ValueError(
-                        f"private_norm (FedBN) needs normalisation layers; the model for "
-                        f"{spec} has none"
-                    )
-                private |= norms
-            if self.private_head:
-                private |= head_tensor_names(model)
-            self._private[spec] = private
-        return [e for e in imap if e.local not in private]
-
-    def client_weight(self, result: ClientResult) -> float:
-        return float(result.num_examples) if self.weighting == "samples" else 1.0
-
-    def aggregate(
-        self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
-    ) -> State:
-        if not results:
-            return dict(self.global_state)
-        acc = Accumulator(self.global_state)
-        for r in results:
-            acc.add(r.tensors, self.result_map(r), weight=self.client_weight(r))
-        return acc.result(self.global_state, fill="keep")
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName, weighting
 
 
 class FedAvgOptions(Options):
-    weighting: Weighting = "samples"
+    weighting: WeightingName = "samples"
     private_norm: bool = False
     private_head: bool = False
 
@@ -114,6 +52,29 @@ class FedBNOptions(FedAvgOptions):
 
 class FedPerOptions(FedAvgOptions):
     private_head: bool = True
+
+
+def one_model_strategy(
+    family: ModelFamily,
+    *,
+    clients_per_round: int,
+    train: LocalTraining,
+    weighting_name: WeightingName,
+    server_update: ServerUpdate,
+    transforms: Sequence[MapTransform] = (),
+) -> Strategy:
+    """The server of FedAvg and the methods that change only its update (FedOpt, FedNova,
+    FedALRC) or local training (FedProx): uniform sampling, the family's one spec, the
+    weighted average, then `server_update`."""
+    return Strategy(
+        family,
+        train=train,
+        sampler=UniformSampling(clients_per_round),
+        assignment=one_spec(family.global_spec([])),
+        transforms=transforms,
+        weighting=weighting(weighting_name),
+        server_update=server_update,
+    )
 
 
 @register_algorithm(
@@ -129,5 +90,12 @@ class FedPerOptions(FedAvgOptions):
 def _make(
     family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    strategy = FedAvg(family, clients_per_round=clients_per_round, train=train, **dict(opts))
+    strategy = one_model_strategy(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=opts.weighting,
+        server_update=Averaged(),
+        transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
+    )
     return strategy, LocalRecipe()

@@ -25,23 +25,22 @@ direction is (`hetfl.core.server_opt`, used by FedALRC).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
 
 from hetfl.algorithms.base import register_algorithm
-from hetfl.algorithms.fedavg import Weighting
-from hetfl.algorithms.fedopt import FedOpt
+from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.fedprox import FedProxOptions
 from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.local.terms import ProximalTerm
-from hetfl.core.server_opt import ServerOptSettings
-from hetfl.core.state import Accumulator, extract
+from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
+from hetfl.core.server_update import Direction, NormalisedStep, Optimised
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, ModelFamily, State
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,72 +76,37 @@ class StepNormaliser:
         return {"a_norm": own["a_norm"], "steps": own["steps"]}
 
 
-class FedNova(FedOpt):
-    name = "fednova"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        mu: float = 0.0,
-        weighting: Weighting = "samples",
-        server: ServerOptSettings | None = None,
-    ) -> None:
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            server=server or ServerOptSettings(kind="sgd", lr=1.0),
-            weighting=weighting,
-        )
-        if train.keep_momentum:
-            raise ValueError(
-                f"{self.name} normalises by ‖a‖₁, which assumes momentum buffers start at zero "
-                "each round; train.keep_momentum cannot be used with it"
-            )
-        self.mu = mu
-
-    def direction(self, results: Sequence[ClientResult], average: State) -> State:
-        """-τ_eff Σ p_k g_k / ‖a_k‖₁ on every parameter (zero where no client covers it)."""
-        params = set(self.parameter_names())
-        total = sum(self.client_weight(r) for r in results)
-        acc = Accumulator(self.global_state)
-        tau_eff = 0.0
-        for r in results:
-            a_norm, steps = _normaliser(r)
-            weight = self.client_weight(r)
-            tau_eff += weight / total * (steps if self.mu > 0 else a_norm)
-            imap = [e for e in self.result_map(r) if e.global_name in params]
-            sent = extract(self.global_state, imap)
-            update = {k: sent[k] - r.tensors[k] for k in sent}
-            acc.add(update, imap, weight=weight, scale={e.global_name: 1 / a_norm for e in imap})
-        normalised = acc.result(self.global_state, fill="zero")
-        return {k: -tau_eff * normalised[k] for k in params}
-
-
-def require_sgd(name: str, train: LocalTraining) -> None:
-    """FedNova's ‖a‖₁ is SGD's (§4, Eq. 6-7 for SGD, momentum and proximal SGD); refuse
-    another local optimiser rather than normalise by the wrong count."""
+def normalised_strategy(
+    family: ModelFamily,
+    *,
+    method: str,
+    clients_per_round: int,
+    train: LocalTraining,
+    weighting_name: WeightingName,
+    direction: Direction,
+    server: ServerOptSettings,
+) -> Strategy:
+    """A server that steps along a normalised direction (FedNova's, FedALRC's). ‖a‖₁ is
+    local SGD's (§4, Eq. 6-7, for SGD, momentum and proximal SGD) and assumes momentum
+    buffers start at zero each round: another local optimiser and `train.keep_momentum` are
+    refused rather than normalised by the wrong count."""
     if train.optimizer != "sgd":
         raise ValueError(
-            f"{name} normalises by the ‖a‖₁ of local SGD, got train.optimizer = "
+            f"{method} normalises by the ‖a‖₁ of local SGD, got train.optimizer = "
             f"{train.optimizer!r}; use optimizer 'sgd'"
         )
-
-
-def _normaliser(result: ClientResult) -> tuple[float, int]:
-    try:
-        a_norm, steps = float(result.extras["a_norm"]), int(result.extras["steps"])
-    except KeyError as exc:
-        raise KeyError(
-            f"client {result.cid} returned no FedNova normaliser {exc}; its program must use "
-            "the StepNormaliser tracker"
-        ) from None
-    if not a_norm > 0:
-        raise ValueError(f"client {result.cid} returned normaliser {a_norm}; need > 0")
-    return a_norm, steps
+    if train.keep_momentum:
+        raise ValueError(
+            f"{method} normalises by ‖a‖₁, which assumes momentum buffers start at zero each "
+            "round; train.keep_momentum cannot be used with it"
+        )
+    return one_model_strategy(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=weighting_name,
+        server_update=Optimised(direction, ServerOptimizer(server)),
+    )
 
 
 class FedNovaOptions(FedProxOptions):
@@ -155,13 +119,15 @@ class FedNovaOptions(FedProxOptions):
 def _make(
     family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    require_sgd("fednova", train)
-    strategy = FedNova(
+    """The normalised step applied as it is (plain server steps of size 1)."""
+    strategy = normalised_strategy(
         family,
+        method="fednova",
         clients_per_round=clients_per_round,
         train=train,
-        mu=opts.mu,
-        weighting=opts.weighting,
+        weighting_name=opts.weighting,
+        direction=NormalisedStep(prox=opts.mu > 0),
+        server=ServerOptSettings(kind="sgd", lr=1.0),
     )
     prox = (ProximalTerm(opts.mu),) if opts.mu > 0 else ()
     return strategy, LocalRecipe(grad_transforms=prox, trackers=(StepNormaliser(opts.mu),))

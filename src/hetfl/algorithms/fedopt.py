@@ -18,59 +18,19 @@ the state and the moments unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.fedavg import FedAvg, Weighting
+from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
+from hetfl.core.server_update import Optimised, pseudo_gradient
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, Failure, ModelFamily, State
-
-
-class FedOpt(FedAvg):
-    """A server optimiser on a direction computed from the results (FedNova and FedALRC
-    override `direction`); buffers take FedAvg's average."""
-
-    name = "fedopt"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        server: ServerOptSettings,
-        weighting: Weighting = "samples",
-    ) -> None:
-        super().__init__(
-            family, clients_per_round=clients_per_round, train=train, weighting=weighting
-        )
-        self.optimizer = ServerOptimizer(server)
-
-    def direction(self, results: Sequence[ClientResult], average: State) -> State:
-        """Where the optimiser moves each parameter: here the pseudo-gradient."""
-        return {k: average[k] - self.global_state[k] for k in self.parameter_names()}
-
-    def aggregate(
-        self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
-    ) -> State:
-        average = super().aggregate(round, results, failures)
-        if not results:
-            return average
-        direction = self.direction(results, average)
-        moved = self.optimizer.step(self.global_state, direction)
-        return {k: moved[k] if k in direction else average[k] for k in average}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"server_opt": self.optimizer.state_dict()}
-
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state.get("server_opt", {}))
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 
 class FedAdagradOptions(Options):
@@ -78,7 +38,7 @@ class FedAdagradOptions(Options):
     server_lr: float = Field(0.1, gt=0, description="server learning rate eta")
     tau: float = Field(1e-3, gt=0, description="adaptivity tau")
     v0: float | None = Field(None, ge=0, description="initial second moment (default tau^2)")
-    weighting: Weighting = "samples"
+    weighting: WeightingName = "samples"
 
 
 class FedAdamOptions(FedAdagradOptions):
@@ -106,21 +66,17 @@ def _make(
     clients_per_round: int,
     train: LocalTraining,
 ) -> tuple[Strategy, LocalRecipe]:
-    """The server optimiser is the options class's `server_optimizer` (FedAdamOptions: adam)."""
+    """The server optimiser is the options class's `server_optimizer` (FedAdamOptions: adam)
+    on the pseudo-gradient; buffers take FedAvg's average."""
+    moments = {"beta1": opts.beta1, "beta2": opts.beta2} if isinstance(opts, FedAdamOptions) else {}
     server = ServerOptSettings(
-        kind=opts.server_optimizer,
-        lr=opts.server_lr,
-        beta1=getattr(opts, "beta1", 0.0),
-        beta2=getattr(opts, "beta2", 0.99),
-        tau=opts.tau,
-        v0=opts.v0,
+        kind=opts.server_optimizer, lr=opts.server_lr, tau=opts.tau, v0=opts.v0, **moments
     )
-    strategy = FedOpt(
+    strategy = one_model_strategy(
         family,
         clients_per_round=clients_per_round,
         train=train,
-        server=server,
-        weighting=opts.weighting,
+        weighting_name=opts.weighting,
+        server_update=Optimised(pseudo_gradient, ServerOptimizer(server)),
     )
-    strategy.name = f"fed{opts.server_optimizer}"
     return strategy, LocalRecipe()

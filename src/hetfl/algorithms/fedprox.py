@@ -20,23 +20,19 @@ import warnings
 from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.fedavg import FedAvg, Weighting
+from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import ProximalTerm
+from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-
-
-class FedProx(FedAvg):
-    """The server side of FedProx is FedAvg's; the method is the `ProximalTerm` of its recipe."""
-
-    name = "fedprox"
+from hetfl.core.weighting import WeightingName
 
 
 class FedProxOptions(Options):
     mu: float = Field(0.01, ge=0, description="proximal weight")
-    weighting: Weighting = "samples"
+    weighting: WeightingName = "samples"
 
 
 @register_algorithm(
@@ -47,7 +43,11 @@ def _make(
 ) -> tuple[Strategy, LocalRecipe]:
     if opts.mu == 0:
         warnings.warn("fedprox with mu = 0 is FedAvg", stacklevel=2)
-    strategy = FedProx(
-        family, clients_per_round=clients_per_round, train=train, weighting=opts.weighting
+    strategy = one_model_strategy(
+        family,
+        clients_per_round=clients_per_round,
+        train=train,
+        weighting_name=opts.weighting,
+        server_update=Averaged(),
     )
     return strategy, LocalRecipe(grad_transforms=(ProximalTerm(opts.mu),))

@@ -28,57 +28,32 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.submodels import WidthLevels, at_width, eval_model_at
+from hetfl.algorithms.submodels import (
+    LevelModels,
+    WidthAssignment,
+    at_width,
+    check_levels,
+    full_width_base,
+)
+from hetfl.core.assign import UniformSampling
+from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
+from hetfl.core.maps import private_layers
+from hetfl.core.server_update import Averaged
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import EvalModel, ModelFamily, PassRecord
+from hetfl.core.types import ModelFamily, PassRecord
+from hetfl.core.weighting import weighting
 
 DEFAULT_LEVELS = (0.2, 0.4, 0.6, 0.8, 1.0)
-
-
-class FjORD(WidthLevels):
-    name = "fjord"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        levels: Sequence[float] = DEFAULT_LEVELS,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            family, clients_per_round=clients_per_round, train=train, levels=levels, **options
-        )
-
-    def level_spec(self, ratio: float) -> Spec:
-        return at_width(self.base, ratio, bn="per-width", levels=tuple(self.levels))
-
-    def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
-        if self.private_norm or self.private_head:
-            return []
-        out = []
-        for p in sorted(self.levels, reverse=True):
-            spec = self.level_spec(p)
-            imap = self.index_map_for(spec)
-            out.append(
-                eval_model_at(
-                    self.family, spec, imap, dict(state), name=f"width={p:g}", stats_pass=False
-                )
-            )
-        return out
 
 
 @dataclass(frozen=True)
@@ -118,6 +93,33 @@ class FjORDOptions(FedAvgOptions):
     distill: bool = False
 
 
+def fjord_strategy(
+    family: ModelFamily, opts: FjORDOptions, clients_per_round: int, train: LocalTraining
+) -> Strategy:
+    """Tiers by proportion, each level with one set of running statistics per width; every
+    level evaluated (no statistics pass) unless private layers leave no complete model."""
+    levels, proportions = check_levels(opts.levels, opts.proportions)
+    base = full_width_base(family, "fjord")
+
+    def level_spec(ratio: float) -> Spec:
+        return at_width(base, ratio, bn="per-width", levels=tuple(levels))
+
+    private = opts.private_norm or opts.private_head
+    global_eval: GlobalEval = (
+        WholeModel() if private else LevelModels(levels, level_spec, level_spec, stats_pass=False)
+    )
+    return Strategy(
+        family,
+        train=train,
+        sampler=UniformSampling(clients_per_round),
+        assignment=WidthAssignment(levels, proportions, level_spec, dynamic=False),
+        transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
+        weighting=weighting(opts.weighting),
+        server_update=Averaged(),
+        global_eval=global_eval,
+    )
+
+
 @register_algorithm(
     "fjord",
     "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
@@ -127,7 +129,6 @@ class FjORDOptions(FedAvgOptions):
 def _make(
     family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    kwargs = opts.model_dump(exclude={"distill"})
-    strategy = FjORD(family, clients_per_round=clients_per_round, train=train, **kwargs)
-    forward = OrderedDropout(tuple(sorted(strategy.levels)), opts.distill)
+    strategy = fjord_strategy(family, opts, clients_per_round, train)
+    forward = OrderedDropout(tuple(sorted(opts.levels)), opts.distill)
     return strategy, LocalRecipe(forward=forward)

@@ -44,23 +44,35 @@ Choices where the paper is silent or the code differs from the text:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
-import torch
 from pydantic import model_validator
 
 from hetfl.algorithms.base import register_algorithm
-from hetfl.algorithms.fedavg import FedAvgOptions, Weighting
-from hetfl.algorithms.submodels import WidthLevels, at_width, draw_level, eval_model_at, label_split
+from hetfl.algorithms.fedavg import FedAvgOptions
+from hetfl.algorithms.submodels import (
+    FullRateMasked,
+    LabelSplit,
+    LevelModels,
+    OwnLevel,
+    WidthAssignment,
+    at_width,
+    check_levels,
+    full_width_base,
+)
+from hetfl.core.assign import UniformSampling
+from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.spec import IndexMap, Spec
-from hetfl.core.state import extract
+from hetfl.core.maps import MapTransform, private_layers
+from hetfl.core.server_update import Averaged
+from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily, State
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName, weighting
 
 Assignment = Literal["fixed", "dynamic"]
 #: How local accuracy is measured: the full-rate global model (after the global statistics
@@ -72,154 +84,8 @@ DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 DEFAULT_CLIP = 1.0
 
 
-class HeteroFL(WidthLevels):
-    name = "heterofl"
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
-        levels: Sequence[float] = DEFAULT_LEVELS,
-        proportions: Sequence[float] | None = None,
-        assignment: Assignment = "fixed",
-        label_split: bool = True,
-        weighting: Weighting = "uniform",
-        private_norm: bool = False,
-        private_head: bool = False,
-        local_eval_model: LocalEvalModel = "global-masked",
-    ) -> None:
-        """`train.clip_grad_norm` runs when set; unset (None), HeteroFL clips at
-        `DEFAULT_CLIP`."""
-        if train.clip_grad_norm is None:
-            train = replace(train, clip_grad_norm=DEFAULT_CLIP)
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            levels=levels,
-            proportions=proportions,
-            weighting=weighting,
-            private_norm=private_norm,
-            private_head=private_head,
-        )
-        if assignment not in ("fixed", "dynamic"):
-            raise ValueError(f"assignment must be 'fixed' or 'dynamic', got {assignment!r}")
-        if local_eval_model not in ("global-masked", "own-level"):
-            raise ValueError(
-                f"local_eval_model must be 'global-masked' or 'own-level', got {local_eval_model!r}"
-            )
-        self.assignment = assignment
-        self.split_labels = label_split
-        # A full-rate global model cannot hold private layers: those clients are judged
-        # with their own level.
-        self.local_eval_model: LocalEvalModel = (
-            "own-level" if private_norm or private_head else local_eval_model
-        )
-
-    def level_spec(self, ratio: float) -> Spec:
-        """The training spec of a level: static BN with the scaler."""
-        return at_width(self.base, ratio, bn="static", scaler=True)
-
-    def eval_spec(self, ratio: float) -> Spec:
-        """The same model with running statistics, for evaluation after a stats pass."""
-        return at_width(self.base, ratio, bn="batch", scaler=False)
-
-    # -- planning ------------------------------------------------------------------------
-    def possible_specs(self) -> list[Spec]:
-        if self.assignment == "dynamic":
-            return [self.level_spec(r) for r in self.levels]
-        return list(self.specs.values())
-
-    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
-        if self.assignment == "dynamic":
-            return self.level_spec(draw_level(self.levels, self.proportions, rng))
-        return super().spec_in_round(round, info, rng)
-
-    def index_map_in_round(self, round: int, info: ClientInfo, spec: Spec) -> IndexMap:
-        imap = self.index_map_for(spec)
-        if not self.split_labels or self.private_head:
-            return imap
-        return label_split(self.family, spec, imap, self.global_state, info.labels)
-
-    # -- evaluation ----------------------------------------------------------------------
-    def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
-        """Every level after a statistics pass, widest first; none with private layers
-        (there is then no complete global model: clients are judged locally)."""
-        if self.private_norm or self.private_head:
-            return []
-        return [
-            eval_model_at(
-                self.family,
-                self.eval_spec(r),
-                self.index_map_for(self.level_spec(r)),
-                dict(state),
-                name=level_name(r),
-                stats_pass=True,
-            )
-            for r in sorted(self.levels, reverse=True)
-        ]
-
-    def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
-        """The client's local accuracy task, as `local_eval_model` says."""
-        if self.local_eval_model == "own-level":
-            return self.own_level_task(info)
-        return self.global_masked_task(info, evaluated or {})
-
-    def global_masked_task(self, info: ClientInfo, evaluated: Mapping[str, State]) -> EvalTask:
-        """The full-rate model exactly as the global evaluation tested it (its BatchNorm
-        statistics from the server-side pass), with the client's label mask: the client
-        runs no statistics pass of its own."""
-        ratio = max(self.levels)
-        name = level_name(ratio)
-        if name not in evaluated:
-            raise RuntimeError(
-                f"HeteroFL's local_eval_model 'global-masked' judges clients with the evaluated "
-                f"full-rate model {name!r}, which this round's evaluation did not give "
-                f"(it gave {sorted(evaluated)}); the engine passes eval_task the models it tested"
-            )
-        return EvalTask(
-            cid=info.cid,
-            spec=self.eval_spec(ratio),
-            payload=dict(evaluated[name]),
-            index_map=self.index_map_for(self.level_spec(ratio)),
-            label_mask=info.labels if self.split_labels else None,
-        )
-
-    def own_level_task(self, info: ClientInfo) -> EvalTask:
-        """The client's own level (the widest under `dynamic` assignment) after a
-        statistics pass over the client's own training data, with its label mask."""
-        ratio = self.level_of.get(info.cid, max(self.levels))
-        if self.assignment == "dynamic":
-            ratio = max(self.levels)
-        imap = self.index_map_for(self.level_spec(ratio))
-        return EvalTask(
-            cid=info.cid,
-            spec=self.eval_spec(ratio),
-            payload=extract(self.global_state, imap),
-            index_map=imap,
-            group=f"local width={ratio:g}",
-            stats_pass=True,
-            label_mask=info.labels if self.split_labels else None,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        """The clipping that runs (the user's `train.clip_grad_norm` or `DEFAULT_CLIP`) and
-        how local accuracy is measured, with why when private layers decided it."""
-        local: str = self.local_eval_model
-        if self.private_norm or self.private_head:
-            local = "own-level (private layers cannot load into the full-rate global model)"
-        return {"clip_grad_norm": self.train.clip_grad_norm, "local_eval_model": local}
-
-
-def level_name(ratio: float) -> str:
-    """The name (and group) of a level's evaluated model: `width=r`."""
-    return f"width={ratio:g}"
-
-
 class HeteroFLOptions(FedAvgOptions):
-    weighting: Weighting = "uniform"
+    weighting: WeightingName = "uniform"
     levels: tuple[float, ...] = DEFAULT_LEVELS
     proportions: tuple[float, ...] | None = None
     assignment: Assignment = "fixed"
@@ -248,6 +114,66 @@ class HeteroFLOptions(FedAvgOptions):
         return self
 
 
+def heterofl_strategy(
+    family: ModelFamily, opts: HeteroFLOptions, clients_per_round: int, train: LocalTraining
+) -> Strategy:
+    """Width levels with static BN and the scaler; label-split masks (not with a private
+    head); every level evaluated after a statistics pass unless private layers leave no
+    complete global model; local accuracy as `local_eval_model` says (`own-level` with
+    private layers, which the full-rate global model cannot hold)."""
+    levels, proportions = check_levels(opts.levels, opts.proportions)
+    base = full_width_base(family, "heterofl")
+
+    def level_spec(ratio: float) -> Spec:
+        return at_width(base, ratio, bn="static", scaler=True)
+
+    def eval_spec(ratio: float) -> Spec:
+        return at_width(base, ratio, bn="batch", scaler=False)
+
+    dynamic = opts.assignment == "dynamic"
+    assignment = WidthAssignment(levels, proportions, level_spec, dynamic=dynamic)
+    private = opts.private_norm or opts.private_head
+    transforms: list[MapTransform] = private_layers(
+        family, norm=opts.private_norm, head=opts.private_head
+    )
+    if opts.label_split and not opts.private_head:
+        transforms.append(LabelSplit(family))
+    widest = max(levels)
+    global_eval: GlobalEval = (
+        WholeModel() if private else LevelModels(levels, level_spec, eval_spec, stats_pass=True)
+    )
+    local_eval: LocalEval = (
+        OwnLevel(
+            (lambda info: widest) if dynamic else assignment.level,
+            level_spec,
+            eval_spec,
+            label_mask=opts.label_split,
+        )
+        if private or opts.local_eval_model == "own-level"
+        else FullRateMasked(widest, level_spec, eval_spec, label_mask=opts.label_split)
+    )
+    if train.clip_grad_norm is None:
+        train = replace(train, clip_grad_norm=DEFAULT_CLIP)
+    local = (
+        "own-level (private layers cannot load into the full-rate global model)"
+        if private
+        else opts.local_eval_model
+    )
+    described = {"clip_grad_norm": train.clip_grad_norm, "local_eval_model": local}
+    return Strategy(
+        family,
+        train=train,
+        sampler=UniformSampling(clients_per_round),
+        assignment=assignment,
+        transforms=transforms,
+        weighting=weighting(opts.weighting),
+        server_update=Averaged(),
+        global_eval=global_eval,
+        local_eval=local_eval,
+        describe=lambda: dict(described),
+    )
+
+
 @register_algorithm(
     "heterofl",
     "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
@@ -257,7 +183,7 @@ class HeteroFLOptions(FedAvgOptions):
 def _make(
     family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    strategy = HeteroFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
+    strategy = heterofl_strategy(family, opts, clients_per_round, train)
     return strategy, LocalRecipe(
         forward=MaskedCrossEntropy()
     ) if opts.label_split else LocalRecipe()

@@ -12,26 +12,15 @@ gives every client the same number of local steps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.maps import NothingShared
+from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientResult, Failure, ModelFamily, State
-
-
-class LocalOnly(Strategy):
-    name = "local-only"
-
-    def index_map_for(self, spec: Spec) -> IndexMap:
-        return []
-
-    def aggregate(
-        self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
-    ) -> State:
-        return dict(self.global_state)
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import uniform
 
 
 class LocalOnlyOptions(Options):
@@ -42,4 +31,13 @@ class LocalOnlyOptions(Options):
 def _make(
     family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    return LocalOnly(family, clients_per_round=clients_per_round, train=train), LocalRecipe()
+    strategy = Strategy(
+        family,
+        train=train,
+        sampler=UniformSampling(clients_per_round),
+        assignment=one_spec(family.global_spec([])),
+        transforms=[NothingShared()],
+        weighting=uniform,
+        server_update=Averaged(),
+    )
+    return strategy, LocalRecipe()

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -74,13 +74,17 @@ import torch
 from pydantic import Field
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.fedavg import FedAvg
 from hetfl.algorithms.submodels import full_width_base
+from hetfl.core.assign import GroupQuotas
+from hetfl.core.evaluation import OwnModel
 from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.spec import IndexMap, Spec
-from hetfl.core.strategy import Strategy, uniform_sample
+from hetfl.core.maps import MapTransform, NothingShared, private_layers
+from hetfl.core.server_update import Averaged
+from hetfl.core.spec import Spec
+from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, EvalTask, ModelFamily, State
+from hetfl.core.types import ClientInfo, ModelFamily
+from hetfl.core.weighting import uniform
 from hetfl.models.matching import match_parameters, parameter_count
 from hetfl.models.scalable import family_stages, input_reductions
 
@@ -128,47 +132,46 @@ class GroupPlan:
         return (self.params - self.target) / self.target
 
 
-class ScalableFL(FedAvg):
-    name = "scalablefl"
+def group_key(info: ClientInfo) -> Group:
+    """(H, K) of a client, checked: labels 0..K-1, K >= 2."""
+    classes = len(info.labels)
+    if info.labels != tuple(range(classes)):
+        raise ValueError(
+            f"client {info.cid}: scalablefl needs labels 0..K-1 (a K-way private head), "
+            f"got {info.labels}; give clients class subsets with data.groups"
+        )
+    if classes < 2:
+        raise ValueError(
+            f"client {info.cid} has {classes} class: its width ratio log10(K) / log10(K0) "
+            "is 0, so it has no model; give every client at least 2 classes"
+        )
+    return int(info.input_shape[1]), classes
+
+
+class GroupModels:
+    """An assignment: each client group's model (`GroupPlan`), ScalableFL's from §III-A or,
+    for §V's HeteroFL comparison (`variant` heterofl-max, heterofl-max-1), the fixed depth
+    c_max (- 1) with widths matched to the ScalableFL parameter count."""
 
     def __init__(
         self,
         family: ModelFamily,
         *,
-        clients_per_round: int,
-        train: LocalTraining,
-        base_size: int = 8,
-        base_classes: int = 10,
-        participation: float | None = None,
-        variant: Variant = "scalablefl",
-        match_tolerance: float = 0.01,
-        max_ratio: float = 4.0,
-        max_spread: float = 1.5,
+        base_size: int,
+        base_classes: int,
+        variant: Variant,
+        match_tolerance: float,
+        max_ratio: float,
+        max_spread: float,
     ) -> None:
-        """Each group samples `participation` of its clients; None takes
-        `clients_per_round` over the number of clients. Weight decay applies to
-        convolution and linear weights only (Table VIII), whatever `train` says."""
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=replace(train, decay_norm_and_bias=False),
-            weighting="uniform",
-            private_norm=True,
-            private_head=True,
-        )
         if base_size < 1 or base_classes < 2:
             raise ValueError(
                 f"base_size must be >= 1 and base_classes >= 2, got {base_size}, {base_classes}"
             )
-        if participation is not None and not 0 < participation <= 1:
-            raise ValueError(f"participation must be in (0, 1], got {participation}")
-        if variant not in ("scalablefl", "heterofl-max", "heterofl-max-1", "individual"):
-            raise ValueError(f"unknown variant {variant!r}")
-        self.base_size, self.base_classes = base_size, base_classes
-        self.participation, self.variant = participation, variant
-        self.match_tolerance, self.max_ratio = match_tolerance, max_ratio
-        self.max_spread = max_spread
-        self.base = full_width_base(family, self.name).replace(bn="batch", scaler=False)
+        self.family, self.base_size, self.base_classes = family, base_size, base_classes
+        self.variant, self.match_tolerance = variant, match_tolerance
+        self.max_ratio, self.max_spread = max_ratio, max_spread
+        self.base = full_width_base(family, "scalablefl").replace(bn="batch", scaler=False)
         reductions = input_reductions(self.base)
         if len(set(reductions)) < len(reductions):
             raise ValueError(
@@ -176,36 +179,12 @@ class ScalableFL(FedAvg):
                 "depth; use stage-cnn, resnet18 or preresnet"
             )
         self.plans: dict[Group, GroupPlan] = {}
-        self.group_of: dict[int, Group] = {}
-        self.xi = 1.0 if participation is None else participation  # set in `setup` if None
+        self._clients: list[ClientInfo] = []
 
-    # -- groups and their models --------------------------------------------------------------
-    def group_key(self, info: ClientInfo) -> Group:
-        """(H, K) of a client, checked: labels 0..K-1, K >= 2."""
-        classes = len(info.labels)
-        if info.labels != tuple(range(classes)):
-            raise ValueError(
-                f"client {info.cid}: scalablefl needs labels 0..K-1 (a K-way private head), "
-                f"got {info.labels}; give clients class subsets with data.groups"
-            )
-        if classes < 2:
-            raise ValueError(
-                f"client {info.cid} has {classes} class: its width ratio log10(K) / log10(K0) "
-                "is 0, so it has no model; give every client at least 2 classes"
-            )
-        return int(info.input_shape[1]), classes
-
-    def setup(
-        self,
-        clients: Sequence[ClientInfo],
-        generator: torch.Generator,
-        rounds: int | None = None,
-    ) -> None:
-        self.group_of = {c.cid: self.group_key(c) for c in clients}
-        if self.participation is None:
-            self.xi = min(1.0, self.clients_per_round / len(clients))
-        sizes = Counter(self.group_of.values())
-        shapes = {self.group_of[c.cid]: tuple(c.input_shape) for c in clients}
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        group_of = {c.cid: group_key(c) for c in clients}
+        sizes = Counter(group_of.values())
+        shapes = {group_of[c.cid]: tuple(c.input_shape) for c in clients}
         plans = {g: self.scaled_plan(g, shapes[g], sizes[g]) for g in sorted(sizes)}
         fixed = {"heterofl-max": 0, "heterofl-max-1": 1}.get(self.variant)
         if fixed is not None:
@@ -214,7 +193,7 @@ class ScalableFL(FedAvg):
                 raise ValueError(f"{self.variant} needs a depth >= 1; c_max is {c_max}")
             plans = {g: self.matched_plan(plan, c_max - fixed) for g, plan in plans.items()}
         self.plans = plans
-        super().setup(clients, generator, rounds)
+        self._clients = list(clients)
 
     def scaled_plan(self, group: Group, shape: tuple[int, ...], clients: int) -> GroupPlan:
         """A group's ScalableFL model (§III-A): depth from the input size, width from the
@@ -263,11 +242,8 @@ class ScalableFL(FedAvg):
             },
         }
 
-    def group_for(self, info: ClientInfo) -> Group:
-        return self.group_of.get(info.cid) or self.group_key(info)
-
     def plan_of(self, info: ClientInfo) -> GroupPlan:
-        group = self.group_for(info)
+        group = group_key(info)
         if group not in self.plans:
             raise KeyError(
                 f"client {info.cid} is in group {group}, which no client had at set-up; the "
@@ -275,35 +251,14 @@ class ScalableFL(FedAvg):
             )
         return self.plans[group]
 
-    def spec_for(self, info: ClientInfo) -> Spec:
+    def spec_of(self, info: ClientInfo) -> Spec:
         return self.plan_of(info).spec
 
-    def index_map_for(self, spec: Spec) -> IndexMap:
-        """The shared slices (private BN and head removed); nothing for individual training."""
-        return [] if self.variant == "individual" else super().index_map_for(spec)
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        return self.spec_of(info)
 
-    # -- round verbs ------------------------------------------------------------------------------
-    def group_quota(self, group: Group) -> int:
-        """max(1, round(xi * n_group)), halves rounded up."""
-        return max(1, math.floor(self.xi * self.plans[group].clients + 0.5))
-
-    def sample(
-        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
-    ) -> list[ClientInfo]:
-        by_group: dict[Group, list[ClientInfo]] = {}
-        for info in available:
-            by_group.setdefault(self.group_for(info), []).append(info)
-        chosen = [
-            info
-            for g in sorted(by_group)
-            for info in uniform_sample(by_group[g], self.group_quota(g), rng)
-        ]
-        return sorted(chosen, key=lambda c: c.cid)
-
-    def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
-        """The default task (its own spec, private layers), reported under its group."""
-        task = super().eval_task(info, evaluated)
-        return replace(task, group=self.plan_of(info).name)
+    def possible_specs(self) -> list[Spec]:
+        return [self.spec_of(c) for c in self._clients]
 
 
 class ScalableFLOptions(Options):
@@ -317,6 +272,40 @@ class ScalableFLOptions(Options):
     max_ratio: float = Field(4.0, gt=0, description="heterofl: widest ratio considered")
     max_spread: float = Field(
         1.5, ge=1, description="heterofl: per-stage ratios within this factor"
+    )
+
+
+def scalablefl_strategy(
+    family: ModelFamily, opts: ScalableFLOptions, clients_per_round: int, train: LocalTraining
+) -> Strategy:
+    """Per-group quotas, per-group models, private BN and heads (nothing shared for
+    individual training), weight 1 per client; clients judged under their group. Weight
+    decay applies to convolution and linear weights only (Table VIII), whatever `train`
+    says."""
+    groups = GroupModels(
+        family,
+        base_size=opts.base_size,
+        base_classes=opts.base_classes,
+        variant=opts.variant,
+        match_tolerance=opts.match_tolerance,
+        max_ratio=opts.max_ratio,
+        max_spread=opts.max_spread,
+    )
+    transforms: list[MapTransform] = (
+        [NothingShared()]
+        if opts.variant == "individual"
+        else private_layers(family, norm=True, head=True)
+    )
+    return Strategy(
+        family,
+        train=replace(train, decay_norm_and_bias=False),
+        sampler=GroupQuotas(group_key, opts.participation, clients_per_round),
+        assignment=groups,
+        transforms=transforms,
+        weighting=uniform,
+        server_update=Averaged(),
+        local_eval=OwnModel(group=lambda info: groups.plan_of(info).name),
+        describe=groups.describe,
     )
 
 
@@ -334,5 +323,5 @@ def _make(
     clients_per_round: int,
     train: LocalTraining,
 ) -> tuple[Strategy, LocalRecipe]:
-    strategy = ScalableFL(family, clients_per_round=clients_per_round, train=train, **dict(opts))
+    strategy = scalablefl_strategy(family, opts, clients_per_round, train)
     return strategy, LocalRecipe()

@@ -1,25 +1,24 @@
 """Shared pieces of the width-sliced methods (HeteroFL, FjORD, and later FLANC, FedFA):
-width levels and their assignment to clients (`WidthLevels`, a FedAvg with levels),
-label-split head masks and evaluation models.
+width levels and their assignment to clients (`WidthAssignment`), label-split head masks
+(`LabelSplit`) and evaluation parts (`LevelModels`, `FullRateMasked`, `OwnLevel`).
 
-The functions work over a scalable family's specs; each method module composes the ones
-it needs.
+The functions and parts work over a scalable family's specs; each method module composes
+the ones it needs into a `Strategy` (`hetfl.core.strategy`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from hetfl.algorithms.fedavg import FedAvg, Weighting
+from hetfl.core.evaluation import Layout
 from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names
 from hetfl.core.spec import IndexMap, MapEntry, Spec
 from hetfl.core.state import State, extract
-from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, EvalModel, ModelFamily
+from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily
 
 
 def check_levels(
@@ -106,7 +105,11 @@ def at_width(base: Spec, ratio: float, **changes: object) -> Spec:
 
 
 def label_split(
-    family: ModelFamily, spec: Spec, imap: IndexMap, state: State, labels: Sequence[int]
+    family: ModelFamily,
+    spec: Spec,
+    imap: IndexMap,
+    state: Mapping[str, torch.Tensor],
+    labels: Sequence[int],
 ) -> IndexMap:
     """The map with the head's entries masked to the rows of `labels` (HeteroFL's
     label-split aggregation: a client contributes only its own classes' output rows)."""
@@ -141,49 +144,170 @@ def eval_model_at(
     return EvalModel(name=name, spec=eval_spec, tensors=tensors, stats_pass=stats_pass, group=name)
 
 
-class WidthLevels(FedAvg):
-    """FedAvg over width levels of the configured (full-width) model: each client gets a
-    level in fixed proportions at set-up (`level_of`: in client id order, narrowest level
-    first); subclasses say what a level's spec is (`level_spec`) and how it trains and is
-    evaluated. `levels` and `proportions` are kept sorted together (`check_levels`)."""
+# -- strategy parts ------------------------------------------------------------------------
+#: A level's spec: the width ratio r -> the spec of the model at that width.
+LevelSpec = Callable[[float], Spec]
+
+
+class WidthAssignment:
+    """Width levels of the configured (full-width) model: each client gets a level in fixed
+    proportions at set-up (`assign_in_proportion`: in client id order, narrowest first);
+    with `dynamic`, a sampled client trains a level redrawn every round in those
+    proportions instead (HeteroFL's dynamic assignment: Diao et al., "HeteroFL", §3).
+    `levels` and `proportions` as `check_levels` returns them."""
 
     def __init__(
         self,
-        family: ModelFamily,
-        *,
-        clients_per_round: int,
-        train: LocalTraining,
         levels: Sequence[float],
-        proportions: Sequence[float] | None = None,
-        weighting: Weighting = "samples",
-        private_norm: bool = False,
-        private_head: bool = False,
+        proportions: Sequence[float] | None,
+        level_spec: LevelSpec,
+        *,
+        dynamic: bool,
     ) -> None:
-        super().__init__(
-            family,
-            clients_per_round=clients_per_round,
-            train=train,
-            weighting=weighting,
-            private_norm=private_norm,
-            private_head=private_head,
-        )
-        self.levels, self.proportions = check_levels(levels, proportions)
-        self.base = full_width_base(family, self.name)
+        self.levels, self.proportions = list(levels), proportions
+        self.level_spec, self.dynamic = level_spec, dynamic
         self.level_of: dict[int, float] = {}
+        self._clients: list[int] = []
 
-    def level_spec(self, ratio: float) -> Spec:
-        raise NotImplementedError(f"{type(self).__name__} must say what a level's spec is")
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        self._clients = [c.cid for c in clients]
+        self.level_of = assign_in_proportion(self._clients, self.levels, self.proportions)
 
-    def setup(
+    def level(self, info: ClientInfo) -> float:
+        """A client's fixed level (the widest for a client unknown at set-up)."""
+        return self.level_of.get(info.cid, max(self.levels))
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        return self.level_spec(self.level(info))
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        if self.dynamic:
+            return self.level_spec(draw_level(self.levels, self.proportions, rng))
+        return self.spec_of(info)
+
+    def possible_specs(self) -> list[Spec]:
+        if self.dynamic:
+            return [self.level_spec(r) for r in self.levels]
+        return [self.level_spec(self.level_of[cid]) for cid in self._clients]
+
+
+class LabelSplit:
+    """A map transform: a sampled client's head entries masked to its own classes (`label_split`);
+    without a client (initialisation, evaluation) the map is unchanged."""
+
+    def __init__(self, family: ModelFamily) -> None:
+        self.family = family
+
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        return imap
+
+    def for_client(
+        self, imap: IndexMap, spec: Spec, client: ClientInfo, state: Mapping[str, torch.Tensor]
+    ) -> IndexMap:
+        return label_split(self.family, spec, imap, state, client.labels)
+
+
+def level_name(ratio: float) -> str:
+    """The name (and group) of a level's evaluated model: `width=r`."""
+    return f"width={ratio:g}"
+
+
+class LevelModels:
+    """Every level's model on the global test set, widest first (`width=r`; the widest is
+    `global_acc`): the global tensors of the level's training spec, loaded into its
+    evaluation spec, after a statistics pass when `stats_pass` (static BatchNorm)."""
+
+    def __init__(
         self,
-        clients: Sequence[ClientInfo],
-        generator: torch.Generator,
-        rounds: int | None = None,
+        levels: Sequence[float],
+        level_spec: LevelSpec,
+        eval_spec: LevelSpec,
+        *,
+        stats_pass: bool,
     ) -> None:
-        self.level_of = assign_in_proportion(
-            [c.cid for c in clients], self.levels, self.proportions
-        )
-        super().setup(clients, generator, rounds)
+        self.levels, self.level_spec, self.eval_spec = list(levels), level_spec, eval_spec
+        self.stats_pass = stats_pass
 
-    def spec_for(self, info: ClientInfo) -> Spec:
-        return self.level_spec(self.level_of.get(info.cid, max(self.levels)))
+    def eval_models(self, layout: Layout, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
+        return [
+            eval_model_at(
+                layout.family,
+                self.eval_spec(r),
+                layout.shared_map(self.level_spec(r)),
+                dict(state),
+                name=level_name(r),
+                stats_pass=self.stats_pass,
+            )
+            for r in sorted(self.levels, reverse=True)
+        ]
+
+
+class FullRateMasked:
+    """A client judged by the full-rate model exactly as the global evaluation tested it
+    (its BatchNorm statistics from the server-side pass), its logits masked to the client's
+    classes when `label_mask` (HeteroFL's code: `train_classifier_fed.py`, `stats` then
+    `test` with each client's label split): the client runs no statistics pass."""
+
+    def __init__(
+        self, widest: float, level_spec: LevelSpec, eval_spec: LevelSpec, *, label_mask: bool
+    ) -> None:
+        self.widest, self.level_spec, self.eval_spec = widest, level_spec, eval_spec
+        self.label_mask = label_mask
+
+    def eval_task(
+        self,
+        layout: Layout,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        name = level_name(self.widest)
+        if name not in evaluated:
+            raise RuntimeError(
+                f"HeteroFL's local_eval_model 'global-masked' judges clients with the evaluated "
+                f"full-rate model {name!r}, which this round's evaluation did not give "
+                f"(it gave {sorted(evaluated)}); the engine passes eval_task the models it tested"
+            )
+        return EvalTask(
+            cid=info.cid,
+            spec=self.eval_spec(self.widest),
+            payload=dict(evaluated[name]),
+            index_map=layout.shared_map(self.level_spec(self.widest)),
+            label_mask=info.labels if self.label_mask else None,
+        )
+
+
+class OwnLevel:
+    """A client judged by its own level (`level_of(info)`) after a statistics pass over its
+    own training data, its logits masked to its classes when `label_mask`; reported under
+    `local width=r`."""
+
+    def __init__(
+        self,
+        level_of: Callable[[ClientInfo], float],
+        level_spec: LevelSpec,
+        eval_spec: LevelSpec,
+        *,
+        label_mask: bool,
+    ) -> None:
+        self.level_of, self.level_spec, self.eval_spec = level_of, level_spec, eval_spec
+        self.label_mask = label_mask
+
+    def eval_task(
+        self,
+        layout: Layout,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        ratio = self.level_of(info)
+        imap = layout.shared_map(self.level_spec(ratio))
+        return EvalTask(
+            cid=info.cid,
+            spec=self.eval_spec(ratio),
+            payload=extract(state, imap),
+            index_map=imap,
+            group=f"local width={ratio:g}",
+            stats_pass=True,
+            label_mask=info.labels if self.label_mask else None,
+        )

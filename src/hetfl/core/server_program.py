@@ -2,13 +2,14 @@
 
 SplitFed returns a gradient to the client every batch; DTFL trains a server-side copy per
 client on the client's activations without answering. Both are a *server program* that the
-strategy provides (`Strategy.server_program(round, tasks)`) and the engine runs:
+strategy provides (`Strategy.server_program(round, state, tasks)`, from its server side)
+and the engine runs:
 
-    engine: program = strategy.server_program(round, tasks)          (None: no server side)
+    engine: program = strategy.server_program(round, state, tasks)   (None: no server side)
     per task: session = program.open(task, private)   private = that client's kept server state
               client loop: parts call ctx.send(z, y) -> gradient or None, every batch
               result = session.close() -> ServerResult (tensors, passes, kept state)
-    engine -> strategy.aggregate(round, results, failures, server_results=[...])
+    engine -> strategy.aggregate(round, state, results, failures, server_results=[...])
 
 The `Channel` is the client's end of that exchange. It copies what crosses it (the server
 never shares autograd graphs or storage with the client, as over a network), counts the

@@ -1,43 +1,69 @@
-"""The strategy protocol: whom to ask, what to send, how to combine, what to evaluate.
+"""The strategy: whom to ask, what to send, how to combine, what to evaluate — one final
+class composed from parts.
 
-A method is a `Strategy` subclass (server side) plus, when it changes local training,
-`ClientHooks` (client side, `hetfl.core.client`). Engines (the simulator, the Flower
-adapter) call only these verbs, in this order, every round:
+A method is a `Strategy` built from parts (server side) plus, when it changes local
+training, `ClientHooks` (client side, `hetfl.core.client`). The parts:
 
-1. `plan(round, available, rng)` -> tasks. `available` holds the clients the engine can
-   reach this round, sorted by id; an empty list of tasks skips the round's training.
+- a `Sampler` and an `Assignment` (`hetfl.core.assign`): which clients a round asks, and
+  which spec each trains (at set-up and this round), with every spec a client may train;
+- map transforms (`hetfl.core.maps`), chained: private layers, label-split masks;
+- a weighting and an optional scaling per result (`hetfl.core.weighting`);
+- a reducer (`hetfl.core.server_update`; `Accumulator`'s weighted mean by default), through
+  which every reduction of a round goes;
+- a server update (`hetfl.core.server_update`): the reduced weights, or a server optimiser
+  on a direction (FedOpt's pseudo-gradient, FedNova's normalised step);
+- evaluation parts (`hetfl.core.evaluation`): the models tested globally, each client's
+  local task;
+- optionally a server side for split learning (`ServerSide`), declared global tensors,
+  a description for the run summary and an observer of metrics rows.
+
+The global state flows through the round; the engine holds it and writes no attribute of
+the strategy. Engines (the simulator, the Flower adapter) call these verbs:
+
+0. `setup(clients, generator, rounds)` -> the initial global state.
+1. `plan(round, state, available, rng)` -> tasks. `available` holds the clients the engine
+   can reach this round, sorted by id; an empty list of tasks skips the round's training.
 2. the engine runs each task's client program and validates its result against the task's
    index map (names, shapes, finiteness); invalid results and clients that raised become
    `Failure`s.
-3. `aggregate(round, results, failures)` -> the new global state, which the engine stores in
-   `global_state`. `results` holds every valid result at once, sorted by client id, so
-   norms across clients and robust rules are possible. With no results, a strategy
-   should return the state unchanged. In rounds where `server_program(round, tasks)`
-   returned a program (split learning, `hetfl.core.server_program`), the engine ran one
-   server session per client alongside its training and adds the keyword
-   `server_results=` (the valid clients' `ServerResult`s, sorted by client id).
+3. `aggregate(round, state, results, failures)` -> the new global state. `results` holds
+   every valid result at once, sorted by client id, so norms across clients and robust
+   rules are possible; without results the state comes back unchanged. In rounds where
+   `server_program(round, state, tasks)` returned a program (split learning,
+   `hetfl.core.server_program`), the engine ran one server session per client alongside
+   its training and adds the keyword `server_results=` (the valid clients'
+   `ServerResult`s, sorted by client id).
 4. every k rounds, `eval_models(state)` names the models to test on the global test set,
-   and `eval_task(info, evaluated)` the client-side evaluation of a client's model with its
-   private layers on its local test split (`evaluated`: the models just tested, as tested,
-   that is after any statistics pass, by name).
+   and `eval_task(info, state, evaluated)` the client-side evaluation of a client's model
+   with its private layers on its local test split (`evaluated`: the models just tested,
+   as tested, that is after any statistics pass, by name).
 
-`state_dict` / `load_state_dict` carry the global state and whatever the strategy keeps
-across rounds (server optimiser moments, tier histories), for checkpoints. A strategy takes
-explicit constructor arguments and never sees the whole config or the engine.
+`extra_state` / `load_extra_state` carry what the parts keep across rounds (server
+optimiser moments), for checkpoints; the engine checkpoints the global state itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, final, runtime_checkable
 
 import torch
 
+from hetfl.core.assign import Assignment, Sampler
 from hetfl.core.declared import DeclaredTensor, build_declared
+from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
-from hetfl.core.server_program import ServerProgram
-from hetfl.core.spec import IndexMap, Spec, local_names, ungrouped
-from hetfl.core.state import extract
+from hetfl.core.maps import MapTransform
+from hetfl.core.server_program import ServerProgram, ServerResult
+from hetfl.core.server_update import (
+    Contribution,
+    ReducerFactory,
+    RoundResults,
+    ServerUpdate,
+    reduce,
+)
+from hetfl.core.spec import IndexMap, Spec, ungrouped
+from hetfl.core.state import Accumulator, extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientInfo,
@@ -49,54 +75,75 @@ from hetfl.core.types import (
     ModelFamily,
     State,
 )
+from hetfl.core.weighting import Scaling, Weighting
 
 
-def uniform_sample(
-    available: Sequence[ClientInfo], k: int, rng: torch.Generator
-) -> list[ClientInfo]:
-    """`min(k, len(available))` clients drawn uniformly without replacement, sorted by id."""
-    pool = sorted(available, key=lambda c: c.cid)
-    if k >= len(pool):
-        return pool
-    chosen = torch.randperm(len(pool), generator=rng)[:k].tolist()
-    return [pool[i] for i in sorted(chosen)]
+class ServerSide(Protocol):
+    """The server half of split learning: a program for the round's sessions, and where a
+    session's returned tensors sit in the global state (they are reduced with their
+    client's result and weight)."""
+
+    def program(
+        self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
+    ) -> ServerProgram | None: ...
+
+    def index_map(self, served: ServerResult) -> IndexMap: ...
 
 
+@runtime_checkable
+class Stateful(Protocol):
+    """A part that keeps something across rounds; it is the strategy's `extra_state`."""
+
+    def extra_state(self) -> dict[str, Any]: ...
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+@final
 class Strategy:
-    """Base strategy: uniform sampling, one spec for everyone, identity index maps.
-
-    Subclasses implement `aggregate` and override what their method changes: `spec_for`
-    (heterogeneous sub-models), `index_map_for` (private layers, slicing), `task_config`
-    (per-client settings), `eval_models`, `eval_task`, `extra_state`.
-    """
-
-    #: Registry name; set by each method module.
-    name: str = "base"
+    """A federated method's server side, composed from parts (see the module docstring).
+    Takes explicit parts and settings; never sees the whole config or the engine."""
 
     def __init__(
         self,
         family: ModelFamily,
         *,
-        clients_per_round: int,
         train: LocalTraining,
+        sampler: Sampler,
+        assignment: Assignment,
+        weighting: Weighting,
+        server_update: ServerUpdate,
+        transforms: Sequence[MapTransform] = (),
+        scaling: Scaling | None = None,
+        reducer: ReducerFactory = Accumulator,
+        global_eval: GlobalEval | None = None,
+        local_eval: LocalEval | None = None,
+        declared: Sequence[DeclaredTensor] = (),
+        server_side: ServerSide | None = None,
+        describe: Callable[[], dict[str, Any]] | None = None,
+        observer: Callable[[int, Mapping[str, Any]], None] | None = None,
     ) -> None:
         """`train`: the run's local-training settings, with their lr schedule."""
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         if not isinstance(train, LocalTraining):
             raise TypeError(
                 f"train must be a LocalTraining record (hetfl.core.training), got "
                 f"{type(train).__name__}"
             )
-        self.family = family
-        self.clients_per_round = clients_per_round
-        self.train = train
-        self.global_state: State = {}
-        self.specs: dict[int, Spec] = {}
-        self._global_spec: Spec | None = None
-        self._parameter_names: list[str] | None = None
+        self.family, self.train = family, train
+        self.sampler, self.assignment = sampler, assignment
+        self.transforms = tuple(transforms)
+        self.weighting, self.scaling, self.reducer = weighting, scaling, reducer
+        self.server_update = server_update
+        self.global_eval = global_eval or WholeModel()
+        self.local_eval = local_eval or OwnModel()
+        self.declared = tuple(declared)
+        self.server_side = server_side
+        self._describe, self._observer = describe, observer
         self.rounds: int | None = None
-        self.planned: dict[int, ClientTask] = {}
+        self._layout: Layout | None = None
+        self._parameter_names: list[str] | None = None
+        self._state_names: list[str] = []
+        self._planned: dict[int, ClientTask] = {}
 
     # -- set-up -----------------------------------------------------------------------
     def setup(
@@ -104,28 +151,41 @@ class Strategy:
         clients: Sequence[ClientInfo],
         generator: torch.Generator,
         rounds: int | None = None,
-    ) -> None:
-        """Assign specs to all clients, derive the global spec, initialise the global state.
-
-        `rounds` is the planned length of the run, for schedules by fraction of training.
-        """
+    ) -> State:
+        """Assign specs to all clients, derive the global spec; returns the initial global
+        state. `rounds` is the planned length of the run, for schedules by fraction of
+        training."""
         self.rounds = rounds
-        self.specs = {c.cid: self.spec_for(c) for c in clients}
-        self._global_spec = self.family.global_spec(self.possible_specs())
-        self.global_state = self.init_global_state(generator)
+        self.sampler.setup(clients)
+        self.assignment.setup(clients)
+        self._layout = Layout(
+            self.family,
+            self.family.global_spec(self.assignment.possible_specs()),
+            self.assignment.spec_of,
+            self.index_map_for,
+        )
+        self._parameter_names = None
+        state = self.init_global_state(generator)
+        self._state_names = list(state)
+        return state
 
-    def possible_specs(self) -> list[Spec]:
-        """Every spec a client may train in some round (the global spec is derived from
-        them). Default: the static assignment; per-round assignments override it."""
-        return list(self.specs.values())
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            raise RuntimeError("strategy.setup(...) has not been called")
+        return self._layout
+
+    @property
+    def global_spec(self) -> Spec:
+        return self.layout.global_spec
 
     def declared_tensors(self) -> list[DeclaredTensor]:
         """Global tensors that are not slices of the global model, built at their own shape
-        (`hetfl.core.declared`). Default: the family's, from `family.declared_tensors(specs)`
-        over `possible_specs()` when the family has that method; a strategy that adds its own
-        (per-tier heads) extends this list."""
+        (`hetfl.core.declared`): the family's (`family.declared_tensors(specs)` over the
+        possible specs, when the family has that method), then the strategy's own."""
         declare = getattr(self.family, "declared_tensors", None)
-        return list(declare(self.possible_specs())) if declare is not None else []
+        specs = self.assignment.possible_specs()
+        return [*(declare(specs) if declare is not None else []), *self.declared]
 
     def init_global_state(self, generator: torch.Generator) -> State:
         """The initial global state: the global model's tensors that some index map shares,
@@ -147,11 +207,7 @@ class Strategy:
                 f"declared tensors {clash[:5]} are tensors of the global model already; "
                 "declare only new names (e.g. group-qualified '<group>/<name>')"
             )
-        shared = {
-            e.global_name
-            for spec in {*self.possible_specs(), self.global_spec}
-            for e in self.index_map_for(spec)
-        }
+        shared = {e.global_name for spec in self._all_specs() for e in self.index_map_for(spec)}
         copied = shared - set(declared)
         missing = sorted(n for n in copied if ungrouped(n) not in tensors)
         if missing:
@@ -164,147 +220,161 @@ class Strategy:
         state.update(declared)
         return state
 
-    @property
-    def global_spec(self) -> Spec:
-        if self._global_spec is None:
-            raise RuntimeError("strategy.setup(...) has not been called")
-        return self._global_spec
+    def _all_specs(self) -> set[Spec]:
+        return {*self.assignment.possible_specs(), self.global_spec}
 
     def parameter_names(self) -> list[str]:
         """Global tensors that are trainable parameters, as opposed to buffers (BatchNorm's
         running statistics and counters), which server optimisers leave to plain averaging.
-        A declared tensor is what its `role` says."""
+        A declared tensor is what its `role` says. In the global state's order."""
         if self._parameter_names is None:
             found: set[str] = set()
-            for spec in {*self.specs.values(), self.global_spec}:
+            for spec in self._all_specs():
                 params = dict(build_model(self.family, spec).named_parameters())
                 found.update(e.global_name for e in self.index_map_for(spec) if e.local in params)
             roles = {d.name: d.role for d in self.declared_tensors()}
             found = {n for n in found if n not in roles}
             found.update(n for n, role in roles.items() if role == "parameter")
-            self._parameter_names = [k for k in self.global_state if k in found]
+            self._parameter_names = [k for k in self._state_names if k in found]
         return self._parameter_names
 
-    def spec_for(self, info: ClientInfo) -> Spec:
-        """The spec of a client's local model. Default: the family's one spec."""
-        return self.family.global_spec([])
-
     def index_map_for(self, spec: Spec) -> IndexMap:
-        """Which local tensors are shared, and where they sit in the global state."""
-        return self.family.index_map(spec)
+        """Which local tensors of a `spec` model are shared, and where they sit in the global
+        state, where no client is given (each transform's `shared`)."""
+        imap = self.family.index_map(spec)
+        for t in self.transforms:
+            imap = t.shared(imap, spec)
+        return imap
+
+    def index_map_in_round(
+        self, info: ClientInfo, spec: Spec, state: Mapping[str, torch.Tensor]
+    ) -> IndexMap:
+        """The map of one client's task (each transform's `for_client`)."""
+        imap = self.family.index_map(spec)
+        for t in self.transforms:
+            imap = t.for_client(imap, spec, info, state)
+        return imap
 
     # -- round verbs --------------------------------------------------------------------
-    def sample(
-        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
-    ) -> list[ClientInfo]:
-        return uniform_sample(available, self.clients_per_round, rng)
-
     def task_config(self, round: int, info: ClientInfo) -> LocalTraining:
         """Local training settings sent with the task, with this round's lr from the run's
         schedule (`LocalTraining.for_round`)."""
         return self.train.for_round(round, self.rounds)
 
-    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
-        """The spec a sampled client trains this round. Default: its static spec; FLANC's
-        capacities, HeteroFL's dynamic rates and DTFL's tiers are drawn here."""
-        return self.specs.get(info.cid) or self.spec_for(info)
-
-    def index_map_in_round(self, round: int, info: ClientInfo, spec: Spec) -> IndexMap:
-        """The map of one client's task: the spec's map, plus anything client-specific
-        (HeteroFL's and FedFA's label-split masks)."""
-        return self.index_map_for(spec)
-
     def plan(
-        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
+        self,
+        round: int,
+        state: Mapping[str, torch.Tensor],
+        available: Sequence[ClientInfo],
+        rng: torch.Generator,
     ) -> list[ClientTask]:
         """Tasks for the sampled clients; each is remembered so that `aggregate` writes a
         result through exactly the map its client was given."""
         tasks = []
-        for info in self.sample(round, available, rng):
-            spec = self.spec_in_round(round, info, rng)
-            imap = self.index_map_in_round(round, info, spec)
+        for info in self.sampler.sample(round, available, rng):
+            spec = self.assignment.spec_in_round(round, info, rng)
+            imap = self.index_map_in_round(info, spec, state)
             tasks.append(
                 ClientTask(
                     cid=info.cid,
                     spec=spec,
-                    payload=extract(self.global_state, imap),
+                    payload=extract(state, imap),
                     index_map=imap,
                     config=self.task_config(round, info),
                 )
             )
-        self.planned = {t.cid: t for t in tasks}
+        self._planned = {t.cid: t for t in tasks}
         return tasks
 
     def result_map(self, result: ClientResult) -> IndexMap:
         """The map a result is written through: the one its task was planned with."""
-        task = self.planned.get(result.cid)
+        task = self._planned.get(result.cid)
         if task is None:
             raise KeyError(f"client {result.cid} returned a result but was not planned this round")
         return task.index_map
 
     def aggregate(
-        self, round: int, results: Sequence[ClientResult], failures: Sequence[Failure]
+        self,
+        round: int,
+        state: State,
+        results: Sequence[ClientResult],
+        failures: Sequence[Failure],
+        server_results: Sequence[ServerResult] = (),
     ) -> State:
-        raise NotImplementedError(f"{type(self).__name__} must implement aggregate")
+        """The new global state: the results reduced through their maps with their weights
+        (fill "keep"), then the server update. Unchanged without results."""
+        if not results:
+            return dict(state)
+        maps = [self.result_map(r) for r in results]
+        weights = [self.weighting(r) for r in results]
+        served = {s.cid: s for s in server_results}
+        contributions = []
+        for r, imap, w in zip(results, maps, weights, strict=True):
+            scale = None if self.scaling is None else self.scaling(r, imap)
+            contributions.append(Contribution(r.tensors, imap, w, scale))
+            if r.cid in served and self.server_side is not None:
+                s = served[r.cid]
+                contributions.append(Contribution(s.tensors, self.server_side.index_map(s), w))
+        average = reduce(self.reducer, state, contributions, fill="keep")
+        done = RoundResults(results, maps, weights, self.parameter_names(), self.reducer)
+        return self.server_update.step(state, average, done)
 
-    def server_program(self, round: int, tasks: Sequence[ClientTask]) -> ServerProgram | None:
-        """The server side of this round's split learning, or None (no per-batch exchange).
-
-        A strategy that overrides this needs an engine that runs server programs: see
-        `needs_server_program`.
-        """
-        return None
+    def server_program(
+        self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
+    ) -> ServerProgram | None:
+        """The server side of this round's split learning, or None (no per-batch exchange)."""
+        return None if self.server_side is None else self.server_side.program(round, state, tasks)
 
     @property
     def needs_server_program(self) -> bool:
-        """Whether this strategy has a server program, so engines that cannot run one (the
+        """Whether this strategy has a server side, so engines that cannot run one (the
         Flower adapter) can refuse it up front rather than fail in the first batch."""
-        return type(self).server_program is not Strategy.server_program
+        return self.server_side is not None
 
     # -- evaluation ---------------------------------------------------------------------
-    def eval_models(self, state: State) -> list[EvalModel]:
-        """The global model, when the shared state is a complete model; else nothing."""
-        spec = self.global_spec
-        imap = self.index_map_for(spec)
-        names = set(build_model(self.family, spec).state_dict())
-        if set(local_names(imap)) != names:
-            return []
-        return [EvalModel(name="global", spec=spec, tensors=extract(state, imap))]
+    def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
+        """The models to test on the global test set (the `global_eval` part)."""
+        return self.global_eval.eval_models(self.layout, state)
 
-    def eval_task(self, info: ClientInfo, evaluated: Mapping[str, State] | None = None) -> EvalTask:
-        """How client `info` is judged on its local test split. `evaluated` holds this
-        round's `eval_models` as the engine tested them (complete tensors after any
-        statistics pass), by name; engines always pass it, so a method may judge clients
-        with one of them (HeteroFL's full-rate model). Default: the client's own spec
-        with the global tensors and its private layers."""
-        spec = self.specs.get(info.cid) or self.spec_for(info)
-        imap = self.index_map_for(spec)
-        return EvalTask(
-            cid=info.cid, spec=spec, payload=extract(self.global_state, imap), index_map=imap
-        )
+    def eval_task(
+        self,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        """How client `info` is judged on its local test split (the `local_eval` part).
+        `evaluated` holds this round's `eval_models` as the engine tested them (complete
+        tensors after any statistics pass), by name."""
+        return self.local_eval.eval_task(self.layout, info, state, evaluated)
 
     def describe(self) -> dict[str, Any]:
         """What set-up decided that a reader of the run should see (JSON-serialisable),
         written to `summary.json` under "strategy": ScalableFL's per-group models and the
         parameter gap of its HeteroFL comparison. Default: nothing."""
-        return {}
+        return {} if self._describe is None else self._describe()
 
     def observe(self, round: int, row: Mapping[str, Any]) -> None:
         """Called after each evaluation with the metrics row (DTFL's plateau schedule);
-        anything changed here must be part of `extra_state`."""
-        return None
+        anything an observer changes must be part of a part's `extra_state`."""
+        if self._observer is not None:
+            self._observer(round, row)
 
     # -- checkpoints --------------------------------------------------------------------
+    def _stateful_parts(self) -> list[Stateful]:
+        parts = (self.sampler, self.assignment, self.server_update)
+        return [p for p in parts if isinstance(p, Stateful)]
+
     def extra_state(self) -> dict[str, Any]:
-        """Strategy-specific state kept across rounds (override with `load_extra_state`)."""
-        return {}
+        """What the parts keep across rounds (server optimiser moments), by part entry."""
+        out: dict[str, Any] = {}
+        for part in self._stateful_parts():
+            entries = part.extra_state()
+            clash = sorted(set(entries) & set(out))
+            if clash:
+                raise ValueError(f"two strategy parts keep extra state under {clash}")
+            out.update(entries)
+        return out
 
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"global": dict(self.global_state), "extra": self.extra_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.global_state = dict(state["global"])
-        self.load_extra_state(state.get("extra", {}))
+        for part in self._stateful_parts():
+            part.load_extra_state(state)

@@ -16,8 +16,9 @@ What differs from the simulator, and why:
 - A round's training exchange waits at most `deploy.round_timeout_s`; a client that did not
   answer by then, or whose node failed, becomes a `Failure` and the round aggregates the
   others. Local evaluation is a second exchange with the same bound.
-- Private state lives on the nodes, so checkpoints hold the strategy state, the counters
-  and which clients have participated, but no client store (see `node.PrivateState`).
+- Private state lives on the nodes, so checkpoints hold the global state, the strategy's
+  extra state, the counters and which clients have participated, but no client store (see
+  `node.PrivateState`).
 - Static BatchNorm (HeteroFL, `EvalModel.stats_pass`): before global evaluation the
   server sends each such model to every connected registered client (`query.stats`) with
   the client's share of `RoundSettings.stats_samples` (its whole training size by
@@ -396,7 +397,8 @@ class FlowerServer(RoundLoop):
         connected = set(self.grid.get_node_ids())
         timeout = self.deploy.round_timeout_s
         tasks = {
-            c: replace(self.strategy.eval_task(self.infos[c], evaluated), split=split) for c in cids
+            c: replace(self.strategy.eval_task(self.infos[c], self.state, evaluated), split=split)
+            for c in cids
         }
         messages = {
             c: Message(

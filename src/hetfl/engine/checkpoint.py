@@ -1,9 +1,10 @@
 """Atomic checkpoints: a run can be killed at any moment and resumed to the same result.
 
-A checkpoint holds the round, the strategy's state (global state included), the cumulative
-counters, the base seed and what the engine adds (the simulator's client store). No
-generator state needs saving: every generator is derived from (seed, round, client,
-purpose), so the seed is the whole RNG state. The file is written to a temporary name,
+A checkpoint holds the round, the global state (`global`), what the strategy's parts keep
+across rounds (`strategy`: server optimiser moments), the cumulative counters, the base
+seed and what the engine adds (the simulator's client store). No generator state needs
+saving: every generator is derived from (seed, round, client, purpose), so the seed is
+the whole RNG state. The file is written to a temporary name,
 flushed and renamed, so a crash never leaves a half-written checkpoint behind.
 
 Every checkpoint carries `format`, the version of its layout. A resumed run must equal an
@@ -22,7 +23,7 @@ import torch
 LATEST = "latest.pt"
 #: The layout of what `save_checkpoint` writes; bump it whenever a checkpoint's entries
 #: change, so that older checkpoints are refused with a message instead of misread.
-FORMAT = 1
+FORMAT = 2
 
 
 class CheckpointFormatError(ValueError):

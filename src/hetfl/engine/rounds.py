@@ -90,9 +90,9 @@ class RoundSettings:
         return rnd % self.checkpoint_every == 0 or rnd == self.rounds
 
 
-def setup_strategy(strategy: Strategy, clients: list[ClientInfo], settings: RoundSettings) -> None:
-    """Assign specs and initialise the global state, from the run's "init" generator."""
-    strategy.setup(
+def setup_strategy(strategy: Strategy, clients: list[ClientInfo], settings: RoundSettings) -> State:
+    """Assign specs; the initial global state, from the run's "init" generator."""
+    return strategy.setup(
         clients, torch_generator(settings.seed, 0, SERVER, "init"), rounds=settings.rounds
     )
 
@@ -125,6 +125,8 @@ class RoundLoop(ABC):
         self.counters = Counters()
         self.macs = MacCounter(programs.family)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        #: The global state: the engine holds it and passes it through the strategy's verbs.
+        self.state: State = {}
         system = settings.system
         if system is not None:
             self.info["sim_clock"] = {"mode": system.clock, "reproducible": system.reproducible}
@@ -133,7 +135,7 @@ class RoundLoop(ABC):
     def setup(self) -> None:
         """Assign specs and initialise the global state (once; `run` calls it if needed)."""
         if not self._ready:
-            setup_strategy(self.strategy, self.known_clients(), self.settings)
+            self.state = setup_strategy(self.strategy, self.known_clients(), self.settings)
             described = self.strategy.describe()
             if described:
                 self.info["strategy"] = described
@@ -149,7 +151,7 @@ class RoundLoop(ABC):
             started = time.perf_counter()
             # Step 1: plan -- whom to ask and what to send.
             available = self.available(rnd)
-            tasks = self.strategy.plan(rnd, available, self._rng(rnd, "sample"))
+            tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
             # Step 2: local work -- results validated, in client id order.
             outcome = self.train(rnd, tasks)
             self.counters.count_round(outcome)
@@ -159,8 +161,8 @@ class RoundLoop(ABC):
             split = (
                 {} if outcome.server_results is None else {"server_results": outcome.server_results}
             )
-            self.strategy.global_state = self.strategy.aggregate(
-                rnd, outcome.results, outcome.failures, **split
+            self.state = self.strategy.aggregate(
+                rnd, self.state, outcome.results, outcome.failures, **split
             )
             self.after_training(outcome)
             # Step 4: evaluate and record.
@@ -195,6 +197,7 @@ class RoundLoop(ABC):
         """
         scores = evaluate_global(
             self.strategy,
+            self.state,
             self.eval_models,
             (self.x_test, self.y_test),
             partial(self.stats_pass, rnd),
@@ -237,7 +240,7 @@ class RoundLoop(ABC):
     ) -> list[LocalScore]:
         """The score of each client evaluated on its own `split` (its local test split or
         its validation split), as `settings.local_eval` ("sampled" or "all") asks, each by
-        the task `strategy.eval_task(info, evaluated)` gives (`evaluated`: the round's
+        the task `strategy.eval_task(info, self.state, evaluated)` gives (`evaluated`: the round's
         globally evaluated models, as tested, by name)."""
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
@@ -272,7 +275,8 @@ class RoundLoop(ABC):
             {
                 "round": rnd,
                 "seed": self.settings.seed,
-                "strategy": self.strategy.state_dict(),
+                "global": self.state,
+                "strategy": self.strategy.extra_state(),
                 **self.checkpoint_extras(),
                 "counters": vars(self.counters).copy(),
             },
@@ -285,7 +289,8 @@ class RoundLoop(ABC):
             raise ValueError(
                 f"checkpoint was written with seed {ckpt['seed']}, config has {self.settings.seed}"
             )
-        self.strategy.load_state_dict(ckpt["strategy"])
+        self.state = dict(ckpt["global"])
+        self.strategy.load_extra_state(ckpt["strategy"])
         self.restore_extras(ckpt)
         self.counters = Counters(**ckpt["counters"])
         self.metrics.truncate(ckpt["round"])

@@ -100,7 +100,7 @@ class GlobalScores:
     """The strategy's evaluated models on the global test set: the first one's accuracy and
     loss (None when the method has no global model), each grouped model's accuracy, each
     model's tensors as tested (after its statistics pass), by name, for the strategy's
-    local evaluation (`Strategy.eval_task(info, evaluated)`); `val_acc`/`val_loss` are the
+    local evaluation (`Strategy.eval_task(info, state, evaluated)`); `val_acc`/`val_loss` are the
     main model's on the validation splits (None without)."""
 
     global_acc: float | None = None
@@ -132,12 +132,13 @@ def pooled_validation(clients: Sequence[ClientData]) -> list[tuple[torch.Tensor,
 
 def evaluate_global(
     strategy: Strategy,
+    state: State,
     models: ModelCache,
     test: tuple[torch.Tensor, torch.Tensor],
     stats_pass: Callable[[nn.Module, EvalModel], None] | None,
     validation: Pooled = (),
 ) -> GlobalScores:
-    """Test every model `strategy.eval_models` names on the global test set, and the main
+    """Test every model `strategy.eval_models(state)` names on the global test set, and the main
     one (after its statistics pass, if it has one) also on the pooled `validation` samples.
 
     `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
@@ -149,7 +150,7 @@ def evaluate_global(
     """
     x_test, y_test = test
     scores = GlobalScores()
-    for i, em in enumerate(strategy.eval_models(strategy.global_state)):
+    for i, em in enumerate(strategy.eval_models(state)):
         model = models.model_for(em.spec)
         model.load_state_dict(em.tensors, strict=True)
         if em.stats_pass:

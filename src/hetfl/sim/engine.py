@@ -113,7 +113,7 @@ class Simulation(RoundLoop):
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
         """Every client in id order through the executor; then, once per outcome and in
         the same order, the charges, checks, clock and store updates."""
-        server = self.strategy.server_program(rnd, tasks) if tasks else None
+        server = self.strategy.server_program(rnd, self.state, tasks) if tasks else None
         jobs = [self._job(rnd, task) for task in sorted(tasks, key=lambda t: t.cid)]
         done = self.executor.run(self.programs, jobs, self.clients, server)
         _check_outcomes(jobs, done)
@@ -225,7 +225,9 @@ class Simulation(RoundLoop):
             data = self.clients[cid]
             if data.split(split)[1].numel() == 0:
                 continue
-            task = replace(self.strategy.eval_task(self.infos[cid], evaluated), split=split)
+            task = replace(
+                self.strategy.eval_task(self.infos[cid], self.state, evaluated), split=split
+            )
             program = self.programs.program_for(cid)
             correct, loss_sum, n = program.evaluate(
                 task, data, self.store.get(cid), self.eval_models

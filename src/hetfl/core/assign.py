@@ -1,0 +1,159 @@
+"""Which clients a round asks (sampling) and which model spec each one trains (assignment):
+two of the parts a `Strategy` is composed from (`hetfl.core.strategy`).
+
+A sampler picks the round's clients from those the engine can reach; an assignment gives
+every client known at set-up its spec, says which spec a sampled client trains this round
+(a fixed spec, a width redrawn per round) and lists every spec a client may train, from
+which the global spec is derived. Both are set up once with the known clients; what they
+derive there is recomputed on resume (set-up is deterministic), so it is not round state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from hetfl.core.spec import Spec
+from hetfl.core.types import ClientInfo
+
+
+def uniform_sample(
+    available: Sequence[ClientInfo], k: int, rng: torch.Generator
+) -> list[ClientInfo]:
+    """`min(k, len(available))` clients drawn uniformly without replacement, sorted by id."""
+    pool = sorted(available, key=lambda c: c.cid)
+    if k >= len(pool):
+        return pool
+    chosen = torch.randperm(len(pool), generator=rng)[:k].tolist()
+    return [pool[i] for i in sorted(chosen)]
+
+
+class Sampler(Protocol):
+    """Whom a round asks."""
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        """Called once with every client the run knows (per-group counts, shares)."""
+
+    def sample(
+        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[ClientInfo]:
+        """The round's clients among `available` (sorted by id), sorted by id."""
+        ...
+
+
+class UniformSampling:
+    """`clients_per_round` clients drawn uniformly without replacement (McMahan et al.,
+    "Communication-Efficient Learning of Deep Networks from Decentralized Data", Alg. 1:
+    a random set of max(C·K, 1) clients)."""
+
+    def __init__(self, clients_per_round: int) -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        self.clients_per_round = clients_per_round
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        return None
+
+    def sample(
+        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[ClientInfo]:
+        return uniform_sample(available, self.clients_per_round, rng)
+
+
+#: A client group's key (ScalableFL's (input side, classes)); keys are sorted.
+GroupKey = tuple[int, ...]
+
+
+class GroupQuotas:
+    """max(1, round(xi · n_g)) clients drawn uniformly within each group g, halves rounded
+    up (Nitta et al., "Scalable Federated Learning for Clients with Different Input Image
+    Sizes and Numbers of Output Categories", Algorithm 1), groups in key order, one shared
+    generator. n_g counts the group's clients at set-up; xi is `participation`, or
+    `clients_per_round` over the number of clients when None. A group with fewer clients
+    available than its quota trains those available."""
+
+    def __init__(
+        self,
+        group_of: Callable[[ClientInfo], GroupKey],
+        participation: float | None,
+        clients_per_round: int,
+    ) -> None:
+        if participation is not None and not 0 < participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {participation}")
+        self.group_of = group_of
+        self.participation, self.clients_per_round = participation, clients_per_round
+        self.sizes: Counter[GroupKey] = Counter()
+        self.xi = 1.0
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        self.sizes = Counter(self.group_of(c) for c in clients)
+        if self.participation is None:
+            self.xi = min(1.0, self.clients_per_round / len(clients))
+        else:
+            self.xi = self.participation
+
+    def quota(self, group: GroupKey) -> int:
+        return max(1, math.floor(self.xi * self.sizes[group] + 0.5))
+
+    def sample(
+        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[ClientInfo]:
+        by_group: dict[GroupKey, list[ClientInfo]] = {}
+        for info in available:
+            by_group.setdefault(self.group_of(info), []).append(info)
+        chosen = [
+            info
+            for g in sorted(by_group)
+            for info in uniform_sample(by_group[g], self.quota(g), rng)
+        ]
+        return sorted(chosen, key=lambda c: c.cid)
+
+
+class Assignment(Protocol):
+    """Which spec each client trains."""
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        """Assign every known client its spec."""
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        """A client's own spec (the one it is evaluated with)."""
+        ...
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        """The spec a sampled client trains in `round` (drawn from `rng` when it varies)."""
+        ...
+
+    def possible_specs(self) -> list[Spec]:
+        """Every spec a client may train in some round; the global spec is derived from
+        them (`ModelFamily.global_spec`)."""
+        ...
+
+
+class PerClient:
+    """A spec per client from a rule on its `ClientInfo` (the family's one spec, a spec
+    the client declares in its attributes), fixed for the whole run."""
+
+    def __init__(self, rule: Callable[[ClientInfo], Spec]) -> None:
+        self.rule = rule
+        self.specs: dict[int, Spec] = {}
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        self.specs = {c.cid: self.rule(c) for c in clients}
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        return self.specs.get(info.cid) or self.rule(info)
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        return self.spec_of(info)
+
+    def possible_specs(self) -> list[Spec]:
+        return list(self.specs.values())
+
+
+def one_spec(spec: Spec) -> PerClient:
+    """Every client trains `spec` (the family's one model)."""
+    return PerClient(lambda info: spec)

@@ -1,0 +1,105 @@
+"""Map transforms: the chained steps that turn a spec's index map (`ModelFamily.index_map`)
+into the map a client's task is planned with — a part of a `Strategy`
+(`hetfl.core.strategy`).
+
+Each transform says how it acts with and without a client. `shared` runs where no client
+is given (initialising the global state, naming the parameters, building evaluation
+models): private layers leave the map there too, a client's label mask does not apply.
+`for_client` runs when a sampled client's task is planned (and its result aggregated
+through the same map); it may read the client's `ClientInfo` and the global state's shapes.
+Transforms are applied in the order given, each to the previous one's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+
+from hetfl.core.init import build_model
+from hetfl.core.roles import head_tensor_names, norm_tensor_names
+from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.types import ClientInfo, ModelFamily
+
+
+class MapTransform(Protocol):
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        """The map where no client is given (initialisation, parameters, evaluation)."""
+        ...
+
+    def for_client(
+        self,
+        imap: IndexMap,
+        spec: Spec,
+        client: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+    ) -> IndexMap:
+        """A sampled client's map; `state` is the global state the task is cut from."""
+        ...
+
+
+class PrivateLayers:
+    """Leaves a client's normalisation tensors (FedBN: Li et al., "FedBN: Federated Learning
+    on Non-IID Features via Local Batch Normalization", ICLR 2021, §3) and/or its classifier
+    head (FedPer: Arivazhagan et al., "Federated Learning with Personalization Layers",
+    2019, §3) out of the map, so they stay on the client. Found from the model's structure
+    (`hetfl.core.roles`), with or without a client."""
+
+    def __init__(self, family: ModelFamily, *, norm: bool, head: bool) -> None:
+        self.family, self.norm, self.head = family, norm, head
+        self._private: dict[Spec, set[str]] = {}
+
+    def private(self, spec: Spec) -> set[str]:
+        """The local names kept on the client for a model of `spec`."""
+        found = self._private.get(spec)
+        if found is None:
+            with torch.device("meta"):
+                model = build_model(self.family, spec)
+            found = set()
+            if self.norm:
+                norms = norm_tensor_names(model)
+                if not norms:
+                    raise ValueError(
+                        f"private_norm (FedBN) needs normalisation layers; the model for "
+                        f"{spec} has none"
+                    )
+                found |= norms
+            if self.head:
+                found |= head_tensor_names(model)
+            self._private[spec] = found
+        return found
+
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        private = self.private(spec)
+        return [e for e in imap if e.local not in private]
+
+    def for_client(
+        self,
+        imap: IndexMap,
+        spec: Spec,
+        client: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+    ) -> IndexMap:
+        return self.shared(imap, spec)
+
+
+def private_layers(family: ModelFamily, *, norm: bool, head: bool) -> list[MapTransform]:
+    """The `PrivateLayers` transform when either option is on, else none."""
+    return [PrivateLayers(family, norm=norm, head=head)] if norm or head else []
+
+
+class NothingShared:
+    """An empty map: the whole local model stays on its client (local-only training)."""
+
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        return []
+
+    def for_client(
+        self,
+        imap: IndexMap,
+        spec: Spec,
+        client: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+    ) -> IndexMap:
+        return []

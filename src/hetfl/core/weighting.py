@@ -1,0 +1,41 @@
+"""Weighting and scaling: how much each result counts in aggregation — parts of a
+`Strategy` (`hetfl.core.strategy`).
+
+A weighting gives a result its weight `p_k` (a float, or a mapping from global tensor name
+to float, for per-tensor weights); the reducer normalises the weights over the clients
+covering each element. A scaling, optional, multiplies a result's tensors per global
+tensor before the reduction (FedNova's 1/‖a_k‖₁, FedFA's rescaling); it does not enter the
+normaliser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from hetfl.core.spec import IndexMap
+from hetfl.core.types import ClientResult
+
+Weighting = Callable[[ClientResult], float | Mapping[str, float]]
+Scaling = Callable[[ClientResult, IndexMap], Mapping[str, float]]
+WeightingName = Literal["samples", "uniform"]
+
+
+def by_samples(result: ClientResult) -> float:
+    """p_k ∝ n_k, the client's training-sample count (McMahan et al., "Communication-
+    Efficient Learning of Deep Networks from Decentralized Data", Alg. 1)."""
+    return float(result.num_examples)
+
+
+def uniform(result: ClientResult) -> float:
+    """Weight 1 per client on each element it covers (HeteroFL's and ScalableFL's average)."""
+    return 1.0
+
+
+def weighting(name: WeightingName) -> Weighting:
+    """The weighting a config names: `samples` or `uniform`."""
+    if name == "samples":
+        return by_samples
+    if name == "uniform":
+        return uniform
+    raise ValueError(f"weighting must be 'samples' or 'uniform', got {name!r}")

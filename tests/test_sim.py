@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
@@ -175,6 +176,59 @@ def test_round_is_a_weighted_average_by_hand_and_counts_bytes(
     assert set(row) == set(ROW_KEYS)
     assert row["bytes_down"] == row["bytes_up"] == 3 * state_bytes(before)
     assert row["macs"] > 0 and row["clients"] == 3 and row["failed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("algo", "opts", "expected"),
+    [
+        ("fedavg", {"weighting": "uniform"}, 23.0),  # (1 + 2 + 4 + 8 + 100) / 5
+        ("fedavg", {"reducer": "median"}, 4.0),
+        ("fedavg", {"reducer": "trimmed-mean", "trim": 0.2}, 14 / 3),  # t = 1: (2 + 4 + 8) / 3
+        ("fedprox", {"reducer": "median", "mu": 0.1}, 4.0),
+        (
+            "fedadam",
+            {"reducer": "median", "server_lr": 1.0, "beta1": 0.0, "beta2": 0.0, "v0": 0.0},
+            None,
+        ),
+    ],
+)
+def test_the_configured_reducer_is_what_a_round_reduces_with(
+    algo, opts, expected, synthetic_federation, tmp_path
+):
+    """Five clients send 1, 2, 4, 8 and 100 in every element: the uniform mean is 23, the
+    median 4 and the 0.2-trimmed mean (one value dropped at each end) 14 / 3, whatever the
+    sample weights. FedAdam's pseudo-gradient is formed from the median too: its first step
+    with beta1 = beta2 = 0 moves each parameter by server_lr * d / (|d| + tau), d = 4 - w;
+    buffers take the median."""
+    family, clients, test = synthetic_federation
+    program = _sends_constants(family, dict(enumerate((1.0, 2.0, 4.0, 8.0, 100.0))))
+    sim = _sim(family, clients[:5], test, tmp_path, algo=algo, opts=opts, rounds=1, cpr=5,
+               program=program, local_eval="none")  # fmt: skip
+    sim.setup()
+    before = copy.deepcopy(sim.state)
+    sim.run()
+    params = set(sim.strategy.parameter_names())
+    for name, value in sim.state.items():
+        want = torch.full_like(value, expected) if expected is not None else None
+        if want is None:
+            d = 4.0 - before[name]
+            want = (
+                before[name] + d / (d.abs() + 1e-3)
+                if name in params
+                else torch.full_like(value, 4.0)
+            )
+        torch.testing.assert_close(value, want, rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_bad_reducer_setting_names_the_field():
+    for opts, match in [
+        ({"reducer": "trimmed-mean"}, "needs a trim fraction"),
+        ({"reducer": "median", "trim": 0.1}, "trim applies only to reducer 'trimmed-mean'"),
+        ({"reducer": "trimmed-mean", "trim": 0.7}, r"trim must be a fraction in \[0, 0.5\]"),
+        ({"reducer": "mode"}, "reducer"),
+    ]:
+        with pytest.raises(ValidationError, match=match):
+            ALGORITHMS.get("fedavg").options(**opts)
 
 
 def test_permuting_client_execution_order_is_bit_identical(synthetic_federation, tmp_path):

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.registry import Registry
+from hetfl.core.robust import ReducerKind, ReducerSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -30,6 +31,24 @@ class Options(BaseModel):
     """Base of every algorithm's options: frozen, unknown keys refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReducerOptions(Options):
+    """How a method that averages client tensors reduces them (`hetfl.core.robust`):
+    `mean`, the weighted mean (default), or the unweighted coordinate-wise `median` or
+    `trimmed-mean` with its `trim` fraction, over the clients covering each element. Every
+    reduction of a round uses it, FedNova's normalised deltas included."""
+
+    reducer: ReducerKind = "mean"
+    trim: float | None = Field(None, description="trimmed-mean: fraction dropped at each end")
+
+    @model_validator(mode="after")
+    def _reducer_settings_check(self) -> ReducerOptions:
+        self.reducer_settings()  # raises, naming the field, on a bad combination
+        return self
+
+    def reducer_settings(self) -> ReducerSettings:
+        return ReducerSettings(self.reducer, self.trim)
 
 
 @dataclass(frozen=True)

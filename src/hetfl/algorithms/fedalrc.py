@@ -64,7 +64,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from torch import nn
 
-from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.algorithms.base import ReducerOptions, register_algorithm
 from hetfl.algorithms.fednova import StepNormaliser, normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.core.init import build_model
@@ -93,7 +93,7 @@ def linear_weight(model: nn.Module) -> str | None:
 Form = Literal["auto", "linear", "deep"]
 
 
-class FedALRCOptions(Options):
+class FedALRCOptions(ReducerOptions):
     alpha: float = Field(0.1, ge=0, allow_inf_nan=False, description="regulariser weight")
     gamma: float = Field(1.5, gt=0, allow_inf_nan=False, description="server lr scale")
     Q: int = Field(5, ge=1, description="Rademacher draws per batch (deep models)")
@@ -161,6 +161,7 @@ def alrc_strategy(
         weighting_name=opts.weighting,
         direction=Scaled(NormalisedStep(prox=False), opts.gamma),
         server=server,
+        reducer=opts.reducer_settings().factory(),
     )
 
 

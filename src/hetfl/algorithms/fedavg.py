@@ -29,18 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.algorithms.base import ReducerOptions, register_algorithm
 from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import MapTransform, private_layers
 from hetfl.core.server_update import Averaged, ServerUpdate
+from hetfl.core.state import ReducerFactory
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName, weighting
 
 
-class FedAvgOptions(Options):
+class FedAvgOptions(ReducerOptions):
     weighting: WeightingName = "samples"
     private_norm: bool = False
     private_head: bool = False
@@ -61,6 +62,7 @@ def one_model_strategy(
     train: LocalTraining,
     weighting_name: WeightingName,
     server_update: ServerUpdate,
+    reducer: ReducerFactory,
     transforms: Sequence[MapTransform] = (),
 ) -> Strategy:
     """The server of FedAvg and the methods that change only its update (FedOpt, FedNova,
@@ -73,6 +75,7 @@ def one_model_strategy(
         assignment=one_spec(family.global_spec([])),
         transforms=transforms,
         weighting=weighting(weighting_name),
+        reducer=reducer,
         server_update=server_update,
     )
 
@@ -96,6 +99,7 @@ def _make(
         train=train,
         weighting_name=opts.weighting,
         server_update=Averaged(),
+        reducer=opts.reducer_settings().factory(),
         transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
     )
     return strategy, LocalRecipe()

@@ -37,6 +37,7 @@ from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.server_update import Direction, NormalisedStep, Optimised
+from hetfl.core.state import ReducerFactory
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -85,6 +86,7 @@ def normalised_strategy(
     weighting_name: WeightingName,
     direction: Direction,
     server: ServerOptSettings,
+    reducer: ReducerFactory,
 ) -> Strategy:
     """A server that steps along a normalised direction (FedNova's, FedALRC's). ‖a‖₁ is
     local SGD's (§4, Eq. 6-7, for SGD, momentum and proximal SGD) and assumes momentum
@@ -106,6 +108,7 @@ def normalised_strategy(
         train=train,
         weighting_name=weighting_name,
         server_update=Optimised(direction, ServerOptimizer(server)),
+        reducer=reducer,
     )
 
 
@@ -128,6 +131,7 @@ def _make(
         weighting_name=opts.weighting,
         direction=NormalisedStep(prox=opts.mu > 0),
         server=ServerOptSettings(kind="sgd", lr=1.0),
+        reducer=opts.reducer_settings().factory(),
     )
     prox = (ProximalTerm(opts.mu),) if opts.mu > 0 else ()
     return strategy, LocalRecipe(grad_transforms=prox, trackers=(StepNormaliser(opts.mu),))

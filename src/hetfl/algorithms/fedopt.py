@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.algorithms.base import ReducerOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
@@ -33,7 +33,7 @@ from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName
 
 
-class FedAdagradOptions(Options):
+class FedAdagradOptions(ReducerOptions):
     server_optimizer: ClassVar[ServerOptKind] = "adagrad"
     server_lr: float = Field(0.1, gt=0, description="server learning rate eta")
     tau: float = Field(1e-3, gt=0, description="adaptivity tau")
@@ -78,5 +78,6 @@ def _make(
         train=train,
         weighting_name=opts.weighting,
         server_update=Optimised(pseudo_gradient, ServerOptimizer(server)),
+        reducer=opts.reducer_settings().factory(),
     )
     return strategy, LocalRecipe()

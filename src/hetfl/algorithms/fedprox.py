@@ -19,7 +19,7 @@ import warnings
 
 from pydantic import Field
 
-from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.algorithms.base import ReducerOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import ProximalTerm
@@ -30,7 +30,7 @@ from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName
 
 
-class FedProxOptions(Options):
+class FedProxOptions(ReducerOptions):
     mu: float = Field(0.01, ge=0, description="proximal weight")
     weighting: WeightingName = "samples"
 
@@ -49,5 +49,6 @@ def _make(
         train=train,
         weighting_name=opts.weighting,
         server_update=Averaged(),
+        reducer=opts.reducer_settings().factory(),
     )
     return strategy, LocalRecipe(grad_transforms=(ProximalTerm(opts.mu),))

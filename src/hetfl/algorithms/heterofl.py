@@ -171,6 +171,7 @@ def heterofl_strategy(
         global_eval=global_eval,
         local_eval=local_eval,
         describe=lambda: dict(described),
+        reducer=opts.reducer_settings().factory(),
     )
 
 

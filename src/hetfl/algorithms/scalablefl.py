@@ -73,7 +73,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.algorithms.base import ReducerOptions, register_algorithm
 from hetfl.algorithms.submodels import full_width_base
 from hetfl.core.assign import GroupQuotas
 from hetfl.core.evaluation import OwnModel
@@ -261,7 +261,7 @@ class GroupModels:
         return [self.spec_of(c) for c in self._clients]
 
 
-class ScalableFLOptions(Options):
+class ScalableFLOptions(ReducerOptions):
     base_size: int = Field(8, ge=1, description="H0: the side of the last feature map")
     base_classes: int = Field(10, ge=2, description="K0: the classes of width ratio 1")
     participation: float | None = Field(
@@ -306,6 +306,7 @@ def scalablefl_strategy(
         server_update=Averaged(),
         local_eval=OwnModel(group=lambda info: groups.plan_of(info).name),
         describe=groups.describe,
+        reducer=opts.reducer_settings().factory(),
     )
 
 

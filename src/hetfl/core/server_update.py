@@ -2,11 +2,11 @@
 of a `Strategy` (`hetfl.core.strategy`).
 
 A *reducer* combines client tensors written through their index maps, element by element:
-any factory `reference -> object with add(local, index_map, weight, scale)` and
-`result(previous, fill)`, `hetfl.core.state.Accumulator`'s interface (its weighted mean is
-the default). Every reduction of a round goes through it: the weights (fill "keep": an
-element no client covers keeps its value) and the deltas a direction is made of (fill
-"zero").
+any `hetfl.core.state.ReducerFactory`, `reference -> Reducer` with `add(local, index_map,
+weight, scale)` and `result(previous, fill)` (the `Accumulator`'s weighted mean is the
+default; `hetfl.core.robust` has the coordinate-wise median and trimmed mean). Every
+reduction of a round goes through it: the weights (fill "keep": an element no client covers
+keeps its value) and the deltas a direction is made of (fill "zero").
 
 A *server update* takes the global state and the reduced weights and returns the new
 state: `Averaged` keeps the reduced weights (FedAvg); `Optimised` moves the trainable
@@ -26,23 +26,8 @@ import torch
 
 from hetfl.core.server_opt import ServerOptimizer
 from hetfl.core.spec import IndexMap
-from hetfl.core.state import Fill, State, extract
+from hetfl.core.state import Fill, ReducerFactory, State, extract
 from hetfl.core.types import ClientResult
-
-
-class Reducer(Protocol):
-    def add(
-        self,
-        local: Mapping[str, torch.Tensor],
-        index_map: IndexMap,
-        weight: float | Mapping[str, float],
-        scale: Mapping[str, float] | None,
-    ) -> None: ...
-
-    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill) -> State: ...
-
-
-ReducerFactory = Callable[[Mapping[str, torch.Tensor]], Reducer]
 
 
 class Contribution(NamedTuple):

@@ -57,13 +57,12 @@ from hetfl.core.maps import MapTransform
 from hetfl.core.server_program import ServerProgram, ServerResult
 from hetfl.core.server_update import (
     Contribution,
-    ReducerFactory,
     RoundResults,
     ServerUpdate,
     reduce,
 )
 from hetfl.core.spec import IndexMap, Spec, ungrouped
-from hetfl.core.state import Accumulator, extract
+from hetfl.core.state import Accumulator, ReducerFactory, extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientInfo,

@@ -1,4 +1,4 @@
-"""FedALRC and Ada-FedALRC against hand computations; the LIBSVM reader; VGG-11 smoke test."""
+"""FedALRC and Ada-FedALRC against hand computations; the LIBSVM reader."""
 
 from __future__ import annotations
 
@@ -501,32 +501,6 @@ def test_linear_model_weight_is_classes_by_features():
     family = PlainFamily("linear", (1, 8, 8), 10)
     model = family.build(family.global_spec([]))
     assert [tuple(p.shape) for p in model.parameters()] == [(10, 64), (10,)]
-
-
-def test_vgg11_one_fedalrc_round_on_one_percent(tmp_path):
-    # CIFAR-10-shaped stand-in at 1% scale (500 train, 100 test), 16 clients, Dir(0.1);
-    # 4 of them train (about 125 samples), to keep the test quick
-    ds = load_synthetic(n_train=500, n_test=100, num_classes=10, shape=(3, 32, 32), seed=0)
-    parts = PARTITIONERS.get("dirichlet")(
-        ds.y_train, 16, np.random.default_rng(0), alpha=0.1, min_size=10
-    )
-    clients = build_clients(ds, parts, test_per_client=0, seed=0)
-    family = PlainFamily("vgg11", ds.input_shape, ds.num_classes)
-    strategy, recipe = ALGORITHMS.get("fedalrc").build(
-        family, {}, clients_per_round=4, train=LocalTraining(lr=0.02, batch_size=32)
-    )
-    settings = RoundSettings(rounds=1, seed=0, local_eval="none")
-    program = Programs(family, recipe)
-    sim = Simulation(strategy, program, clients, global_test(ds, "cpu"), settings, tmp_path)
-    sim.setup()
-    before = {k: v.clone() for k, v in sim.state.items()}
-    summary = sim.run()
-    assert summary["final"]["clients"] == 4 and summary["final"]["failed"] == 0
-    assert 0.0 <= summary["final"]["global_acc"] <= 1.0
-    after = sim.state
-    assert sum(v.numel() for v in after.values()) == 9_750_922
-    assert all(torch.isfinite(v).all() for v in after.values())
-    assert not torch.equal(after["head.weight"], before["head.weight"])
 
 
 def test_default_signs_come_from_the_client_generator():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.scalablefl import group_key, scaled_depth
+from hetfl.algorithms.scalablefl import group_key
 from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import Programs
@@ -34,6 +34,7 @@ from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, re
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.matching import ParameterCount, match_parameters, parameter_count
+from hetfl.models.scaling import scaled_depth
 from hetfl.models.slim import channels
 from hetfl.sim import Simulation
 

@@ -35,13 +35,8 @@ import torch.nn.functional as F
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.submodels import (
-    LevelModels,
-    WidthAssignment,
-    at_width,
-    check_levels,
-    full_width_base,
-)
+from hetfl.algorithms.width_eval import LevelModels
+from hetfl.algorithms.widths import WidthAssignment, at_width, check_levels, full_width_base
 from hetfl.core.assign import UniformSampling
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext

@@ -52,21 +52,13 @@ from pydantic import model_validator
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.submodels import (
-    FullRateMasked,
-    LabelSplit,
-    LevelModels,
-    OwnLevel,
-    WidthAssignment,
-    at_width,
-    check_levels,
-    full_width_base,
-)
+from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, OwnLevel
+from hetfl.algorithms.widths import WidthAssignment, at_width, check_levels, full_width_base
 from hetfl.core.assign import UniformSampling
 from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.maps import MapTransform, private_layers
+from hetfl.core.maps import LabelSplit, MapTransform, private_layers
 from hetfl.core.server_update import Averaged
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy

@@ -1,6 +1,6 @@
 """Width levels of a scalable model, shared by the width-sliced methods (HeteroFL, FjORD,
 and later FLANC, FedFA): levels checked and paired with their proportions, the full-width
-base spec a level is cut from (`full_width_base`, `at_width`) and the assignment of levels
+base spec a level is cut from (`full_width_base`, `level_specs`) and the assignment of levels
 to clients (`WidthAssignment`, a `hetfl.core.assign.Assignment`).
 """
 
@@ -93,13 +93,18 @@ def full_width_base(family: ModelFamily, method: str) -> Spec:
     return base
 
 
-def at_width(base: Spec, ratio: float, **changes: object) -> Spec:
-    """`base` with every slot at `ratio`."""
-    return base.replace(widths=(ratio,) * len(base["widths"]), **changes)
-
-
 #: A level's spec: the width ratio r -> the spec of the model at that width.
 LevelSpec = Callable[[float], Spec]
+
+
+def level_specs(base: Spec, **changes: object) -> LevelSpec:
+    """The level spec of `base`: r -> `base` with every width slot at r and `changes`
+    (a method's normalisation and scaler)."""
+
+    def at(ratio: float) -> Spec:
+        return base.replace(widths=(ratio,) * len(base["widths"]), **changes)
+
+    return at
 
 
 class WidthAssignment:

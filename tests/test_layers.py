@@ -170,3 +170,33 @@ def test_code_and_docs_cite_papers_not_a_file_the_repository_lacks():
     ]
     assert len(cited_files()) > 50  # the scan sees the trees, not an empty checkout
     assert offenders == [], f"cite the paper instead of {dead} at: {', '.join(offenders)}"
+
+
+# -- method module size ----------------------------------------------------------------------------
+#: Modules of hetfl.algorithms that hold no method: the registry and the parts the
+#: width-sliced methods share.
+SHARED_ALGORITHM_MODULES = ("__init__.py", "base.py", "widths.py", "width_eval.py")
+MAX_METHOD_LINES = 160
+
+
+def long_method_modules(folder: Path, limit: int = MAX_METHOD_LINES) -> dict[str, int]:
+    """The method modules in `folder` longer than `limit` lines, with their line counts."""
+    counts = {
+        p.name: len(p.read_text().splitlines())
+        for p in sorted(folder.glob("*.py"))
+        if p.name not in SHARED_ALGORITHM_MODULES
+    }
+    return {name: n for name, n in counts.items() if n > limit}
+
+
+def test_method_modules_stay_short(tmp_path):
+    """A method composes parts; one that grows past about 150 lines holds a part that
+    belongs in core, models or a shared module (or discussion that belongs in
+    docs/methods.md)."""
+    folder = SRC / "algorithms"
+    assert {"fedavg.py", "scalablefl.py", "heterofl.py"} <= {p.name for p in folder.glob("*.py")}
+    assert long_method_modules(folder) == {}
+    (tmp_path / "big.py").write_text("x = 1\n" * 161)
+    (tmp_path / "fits.py").write_text("x = 1\n" * 160)
+    (tmp_path / "widths.py").write_text("x = 1\n" * 400)
+    assert long_method_modules(tmp_path) == {"big.py": 161}

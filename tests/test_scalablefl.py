@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.scalablefl import group_key, scaled_depth
+from hetfl.algorithms.scalablefl import group_key
 from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
 from hetfl.core.client import Programs
@@ -34,6 +34,7 @@ from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, re
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.matching import ParameterCount, match_parameters, parameter_count
+from hetfl.models.scaling import scaled_depth
 from hetfl.models.slim import channels
 from hetfl.sim import Simulation
 
@@ -491,3 +492,11 @@ def test_scalablefl_learns_digits_through_client_views(tmp_path) -> None:
         sum(g["acc"] * g["n"] for g in row["groups"].values()) / 6
     )
     assert math.isfinite(row["loss"])
+
+
+def test_heterofl_below_c_max_needs_a_depth_left() -> None:
+    infos = _infos(((8, 10), (8, 5)), channels_in=1)  # every group at c = 1
+    with pytest.raises(ValueError, match=r"c_max - 1 needs c_max > 1, got c_max = 1"):
+        _setup(_stage_cnn(16), infos, variant="heterofl-max-1")
+    shallow, _ = _setup(_stage_cnn(16), infos, variant="heterofl-max")
+    assert [p.depth for p in shallow.assignment.plans.values()] == [1, 1]

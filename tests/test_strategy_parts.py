@@ -3,13 +3,17 @@ extra state round-trips and cannot collide, and the engine holds the global stat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
+from hetfl.core.assign import PerGroup
 from hetfl.core.client import Programs
 from hetfl.core.rng import torch_generator
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.server_update import NormalisedStep, Optimised, pseudo_gradient
+from hetfl.core.spec import Spec
 from hetfl.core.state import Accumulator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult
@@ -163,3 +167,35 @@ def test_the_engine_holds_the_global_state_and_writes_no_strategy_attribute(tmp_
     assert all(torch.equal(ckpt["global"][k], v) for k, v in sim.state.items())
     assert not torch.equal(sim.state["head.bias"], initial["head.bias"])
     assert set(ckpt["strategy"]) == {"server_opt"}
+
+
+# -- assignment by group -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _SidePlan:
+    spec: Spec
+    members: tuple[int, ...]
+
+
+def test_per_group_plans_every_group_once_from_its_members_in_key_order() -> None:
+    sides = {0: 16, 1: 8, 2: 16, 3: 8, 4: 32}
+    infos = [ClientInfo(cid, 10, (1, side, side), (0, 1)) for cid, side in sides.items()]
+    calls = []
+
+    def plan(members):
+        calls.append(list(members))
+        return {g: _SidePlan(Spec(side=g[0]), tuple(c.cid for c in m)) for g, m in members.items()}
+
+    groups = PerGroup(lambda info: (info.input_shape[1],), plan)
+    groups.setup(infos)
+    assert calls == [[(8,), (16,), (32,)]]  # one call, keys sorted
+    assert {g: p.members for g, p in groups.plans.items()} == {
+        (8,): (1, 3),
+        (16,): (0, 2),
+        (32,): (4,),
+    }
+    assert [groups.spec_of(c)["side"] for c in infos] == [16, 8, 16, 8, 32]
+    rng = torch_generator(0, 1, -1, "sample")
+    assert groups.spec_in_round(1, infos[4], rng) == Spec(side=32)
+    assert [s["side"] for s in groups.possible_specs()] == [16, 8, 16, 8, 32]  # per client
+    with pytest.raises(KeyError, match=r"client 9 is in group \(64,\), which no client had"):
+        groups.spec_of(ClientInfo(9, 10, (1, 64, 64), (0, 1)))

@@ -1,59 +1,40 @@
 """FedALRC and Ada-FedALRC: Wei, Li, Liu and Wang, "Non-IID Federated Learning With Sharper
-Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algorithms 1-3, Tables IV-V, §V.
+Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algorithms 1-3, Tables IV-V, §V. Readings of the
+printed algorithms and notes on tuning: docs/methods.md, "FedALRC".
 
 Reproduced:
-- Shallow (linear) models, Algorithm 1: plain local SGD with learning rate η_l and, after
-  every step, partial singular-value thresholding of the weight matrix W (C x D): keep
-  σ_1..σ_ϑ and set σ_j ← max(0, σ_j − α η_l) for j > ϑ. This is the proximal step of
-  α Σ_{j>ϑ} σ_j, the tail that the local objective (§IV-A) and Theorem 2 penalise; the rule
-  as printed in Algorithm 1 shrinks the leading ϑ instead, and thresholds by the server η
-  where the text says η_l. The bias takes the plain gradient step.
-- Deep models, Algorithm 2: the batch loss is (1/B) Σ_i ℓ_i + α ℜ with
-  ℜ = (1/Q) Σ_q (1/(BC)) Σ_{i,c} ε^q_ic f_c(x_i), fresh Rademacher signs ε^q ∈ {±1}^{B x C}
-  per draw and batch, added only while the locality gate (1/B) Σ_i ℓ_i² ≤ r holds (r = 1 and
-  ℓ* = 0, §V-B; evaluated on detached losses). ℜ has mean zero over ε, so the term acts as
-  logit-space gradient noise; it is implemented literally, as the paper specifies.
+- Linear models, Algorithm 1: plain local SGD and, after every step, partial singular-value
+  thresholding of W (C x D): keep σ_1..σ_ϑ, σ_j ← max(0, σ_j − α η_l) for j > ϑ, the
+  proximal step of the tail α Σ_{j>ϑ} σ_j that §IV-A and Theorem 2 penalise (Algorithm 1
+  as printed shrinks the leading ϑ, by the server η); the bias takes the plain step.
+- Deep models, Algorithm 2: the batch loss (1/B) Σ_i ℓ_i + α ℜ, ℜ = (1/Q) Σ_q (1/(BC))
+  Σ_{i,c} ε^q_ic f_c(x_i), fresh Rademacher signs ε^q ∈ {±1}^{B x C} per draw and batch,
+  added while the locality gate (1/B) Σ_i ℓ_i² ≤ r holds (r = 1, ℓ* = 0, §V-B; on
+  detached losses); ℜ has mean zero over ε and is implemented literally.
 - Server, Algorithm 1 and Table IV: Δ_k = (w − w_k) / ϖ_k, Δ = Σ_k p_k Δ_k,
-  w ← w − γ (Σ_k p_k ϖ_k) Δ. This is FedNova's direction scaled by γ (`Scaled` around
-  `NormalisedStep`, `hetfl.core.server_update`); with γ = 1 and α = 0 it *is* FedNova
-  with plain SGD (the ablation of §V-D calls (γ = 1, α = 0) FedNova).
-- Ada-FedALRC, Algorithm 3: the same direction −ηΔ (η = γ Σ_k p_k ϖ_k) into the Adagrad
-  server optimiser FedAdagrad uses (`hetfl.core.server_opt`, β1 = 0): v ← v + (ηΔ)²,
-  w ← w − β_η ηΔ / (√v + eps), with one server step size β_η (line 10 multiplies by β η
-  although Δ already carries η; §V-B tunes the single symbol β_η), eps = 1e-3 (option
-  `tau`, FedAdagrad's name for it) and v⁰ = eps (line 1; FedAdagrad's own default is eps²,
-  set its `v0` to match).
-- The local lr decays as in FedNova (§V-A): x0.1 after 50 % and x0.01 after 75 % of the
-  rounds (FedNova's official code, `update_learning_rate`). HetFL applies it to every
-  method through the run's `train.lr_schedule: {kind: step, milestones: [0.5, 0.75],
-  gamma: 0.1}` (`hetfl.core.schedule`), which every configs/fedalrc_*.yaml sets,
-  comparators included; the threshold α η_l of the linear form follows the decayed η_l.
-- FedALRC-g, Table V (`variant: g`): linear models threshold every singular value (ϑ = 0,
-  the trace norm the paper calls Tr(W)); deep models add the Rademacher term without the gate.
-
-Ada-FedALRC's server step: with v⁰ = eps = 1e-3, the first Adagrad step on an update
-u = ηΔ, β_η u / (√(v⁰ + u²) + eps), is invariant to the scale of u only where |u| ≫ √eps ≈
-0.03; below that it is about β_η u / (√eps + eps) ≈ 31 β_η u, and so are later steps while
-the summed u² stays below eps. There γ, FedNova's effective step Σ_k p_k ϖ_k and β_η
-multiply, and no default fits every setting: the paper tunes β_η over {0.001, 0.005,
-0.01, 0.05, 0.1, 0.2, 0.5} (§V-B), and so does configs/fedalrc_server_lr_fmnist.yaml, for
-FedAdagrad and Ada-FedALRC separately. The option's default, 0.1, is FedAdagrad's.
+  w ← w − γ (Σ_k p_k ϖ_k) Δ: FedNova's direction scaled by γ (with γ = 1 and α = 0 it is
+  FedNova with plain SGD, as §V-D's ablation says).
+- Ada-FedALRC, Algorithm 3: that direction −ηΔ into FedAdagrad's server optimiser
+  (β1 = 0): v ← v + (ηΔ)², w ← w − β_η ηΔ / (√v + eps), one step size β_η (`server_lr`),
+  eps = 1e-3 (`tau`) and v⁰ = eps (line 1; `v0`).
+- The local lr decays as in FedNova (§V-A; FedNova's code, `update_learning_rate`): x0.1
+  after 50 % and x0.01 after 75 % of the rounds, `train.lr_schedule: {kind: step,
+  milestones: [0.5, 0.75], gamma: 0.1}` in every configs/fedalrc_*.yaml, comparators
+  included; the threshold α η_l follows the decayed η_l.
+- FedALRC-g, Table V (`variant: g`): linear models threshold every singular value (ϑ = 0),
+  deep models add the Rademacher term without the gate.
 
 Choices where the paper is silent:
-- Q = 5 draws (the paper does not give Q). ϑ = 5 by default (the value the project's
-  linear experiments fix); α = 0.1 and γ = 1.5 by default (the only deep-model values
-  printed, Fig. 2).
-- Which form applies is read from the model (`form: auto`): thresholding when the model's
-  parameters are exactly one `nn.Linear` (the `linear` model), the Rademacher term
-  otherwise. `form` forces either.
-- Signs are drawn only on batches whose gate is open (Algorithm 2 samples them inside the
-  `if`), from the client's training generator after its batch order, so a client's round
-  depends only on (seed, round, client).
-- HetFL clients send weights; the server forms (w − w_k)/ϖ_k, the same numbers as Algorithm
-  1's Δ_k. ϖ_k is the client's count of SGD steps (FedNova's normaliser ‖a‖₁ for plain SGD;
-  with momentum, which the paper does not use, FedNova's ‖a‖₁ generalises it).
-- BatchNorm statistics take the FedAvg average; p_k ∝ n_k over the clients that answered; a
-  round without results leaves the state and v unchanged.
+- Q = 5 draws; ϑ = 5 (the project's linear experiments); α = 0.1 and γ = 1.5 (the only
+  deep-model values printed, Fig. 2);
+- `form: auto` thresholds when the model's parameters are exactly one `nn.Linear` (the
+  `linear` model) and adds the Rademacher term otherwise; `form` forces either;
+- signs are drawn only on batches whose gate is open, from the client's training
+  generator after its batch order, so a client's round depends on (seed, round, client);
+- clients send weights and the server forms (w − w_k)/ϖ_k, ϖ_k the client's count of SGD
+  steps (FedNova's ‖a‖₁, which also covers momentum);
+- BatchNorm statistics take the FedAvg average; p_k ∝ n_k over the clients that answered;
+  a round without results leaves the state and v unchanged.
 """
 
 from __future__ import annotations
@@ -62,7 +43,6 @@ import warnings
 from typing import Literal
 
 from pydantic import Field, model_validator
-from torch import nn
 
 from hetfl.algorithms.base import ReducerOptions, register_algorithm
 from hetfl.algorithms.fednova import StepNormaliser, normalised_strategy
@@ -70,6 +50,7 @@ from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.core.init import build_model
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.regularisers import PartialSVT, RademacherTerm
+from hetfl.core.roles import linear_weight
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.server_update import NormalisedStep, Scaled
 from hetfl.core.strategy import Strategy
@@ -77,19 +58,6 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName
 
-
-def linear_weight(model: nn.Module) -> str | None:
-    """The weight's name when every parameter of `model` belongs to one `nn.Linear`."""
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if len(linears) != 1:
-        return None
-    prefix, layer = linears[0]
-    dot = f"{prefix}." if prefix else ""
-    owned = {dot + n for n, _ in layer.named_parameters()}
-    return dot + "weight" if owned == {n for n, _ in model.named_parameters()} else None
-
-
-# -- options and registration ---------------------------------------------------------------
 Form = Literal["auto", "linear", "deep"]
 
 
@@ -143,17 +111,33 @@ def regulariser_recipe(family: ModelFamily, opts: FedALRCOptions) -> LocalRecipe
     return LocalRecipe(projections=(svt,), trackers=(StepNormaliser(),))
 
 
-def alrc_strategy(
-    family: ModelFamily,
-    method: str,
-    opts: FedALRCOptions,
-    clients_per_round: int,
-    train: LocalTraining,
-    server: ServerOptSettings,
-) -> Strategy:
-    """FedNova's normalised direction scaled by γ into `server`: plain steps of size 1
-    (FedALRC, Algorithm 1) or Adagrad (Ada-FedALRC, Algorithm 3)."""
-    return normalised_strategy(
+def server_of(opts: FedALRCOptions) -> tuple[str, ServerOptSettings]:
+    """The method's name and server optimiser: plain steps of size 1 (FedALRC, Algorithm 1)
+    or Adagrad (Ada-FedALRC, Algorithm 3)."""
+    if isinstance(opts, AdaFedALRCOptions):
+        v0 = opts.tau if opts.v0 is None else opts.v0
+        return "ada-fedalrc", ServerOptSettings("adagrad", lr=opts.server_lr, tau=opts.tau, v0=v0)
+    return "fedalrc", ServerOptSettings(kind="sgd", lr=1.0)
+
+
+@register_algorithm(
+    "fedalrc",
+    "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
+    FedALRCOptions,
+)
+@register_algorithm(
+    "ada-fedalrc",
+    "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
+    AdaFedALRCOptions,
+)
+def _make(
+    family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: LocalTraining
+) -> tuple[Strategy, LocalRecipe]:
+    """The regulariser of the model's form; FedNova's normalised direction scaled by γ into
+    the method's server optimiser."""
+    recipe = regulariser_recipe(family, opts)
+    method, server = server_of(opts)
+    strategy = normalised_strategy(
         family,
         method=method,
         clients_per_round=clients_per_round,
@@ -163,34 +147,4 @@ def alrc_strategy(
         server=server,
         reducer=opts.reducer_settings().factory(),
     )
-
-
-@register_algorithm(
-    "fedalrc",
-    "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
-    FedALRCOptions,
-)
-def _make(
-    family: ModelFamily, opts: FedALRCOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, LocalRecipe]:
-    recipe = regulariser_recipe(family, opts)
-    strategy = alrc_strategy(
-        family, "fedalrc", opts, clients_per_round, train, ServerOptSettings(kind="sgd", lr=1.0)
-    )
-    return strategy, recipe
-
-
-@register_algorithm(
-    "ada-fedalrc",
-    "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
-    AdaFedALRCOptions,
-)
-def _make_ada(
-    family: ModelFamily, opts: AdaFedALRCOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, LocalRecipe]:
-    recipe = regulariser_recipe(family, opts)
-    server = ServerOptSettings(
-        kind="adagrad", lr=opts.server_lr, tau=opts.tau, v0=opts.tau if opts.v0 is None else opts.v0
-    )
-    strategy = alrc_strategy(family, "ada-fedalrc", opts, clients_per_round, train, server)
     return strategy, recipe

@@ -35,19 +35,13 @@ import torch.nn.functional as F
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.submodels import (
-    LevelModels,
-    WidthAssignment,
-    at_width,
-    check_levels,
-    full_width_base,
-)
+from hetfl.algorithms.width_eval import LevelModels
+from hetfl.algorithms.widths import WidthAssignment, check_levels, full_width_base, level_specs
 from hetfl.core.assign import UniformSampling
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.maps import private_layers
 from hetfl.core.server_update import Averaged
-from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily, PassRecord
@@ -100,10 +94,7 @@ def fjord_strategy(
     level evaluated (no statistics pass) unless private layers leave no complete model."""
     levels, proportions = check_levels(opts.levels, opts.proportions)
     base = full_width_base(family, "fjord")
-
-    def level_spec(ratio: float) -> Spec:
-        return at_width(base, ratio, bn="per-width", levels=tuple(levels))
-
+    level_spec = level_specs(base, bn="per-width", levels=tuple(levels))
     private = opts.private_norm or opts.private_head
     global_eval: GlobalEval = (
         WholeModel() if private else LevelModels(levels, level_spec, level_spec, stats_pass=False)

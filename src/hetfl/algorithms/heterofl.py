@@ -2,44 +2,30 @@
 Federated Learning for Heterogeneous Clients" (ICLR 2021), §3, and the authors' code
 (diaoenmao/HeteroFL-Computation-and-Communication-Efficient-Federated-Learning-for-
 Heterogeneous-Clients: `fed.py`, `train_classifier_fed.py`, `modules/modules.py`), which
-settles what the text leaves open (named per point below).
+settles what the text leaves open. Notes on the choices: docs/methods.md, "HeteroFL".
 
-Reproduced: width levels (default 1, 1/2, 1/4, 1/8, 1/16) of one global model, each client
-training the nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer (input
-channels and output classes full); assignment `fixed` (by proportion) or `dynamic` (every
-sampled client redraws its level every round); static BatchNorm (batch statistics in
-training, nothing but the affine aggregated) with the scaler (activations divided by r in
-training only); masked cross-entropy (logits of the classes a client lacks set to 0) and
-label-split aggregation of the head rows; gradient-norm clipping at 1 (the authors' code;
-`train.clip_grad_norm`, when set, runs instead, and the run's start banner and
-`summary.json` say which value ran); aggregation with
-weight 1 per client on each element it covers (not sample counts), uncovered elements kept;
-evaluation of every level on the global test set after a statistics pass over the
-clients' training data (`hetfl.engine.statistics`), reported under `groups` as `width=r`
-(the widest level is `global_acc`); local accuracy as the authors' code measures it
-(train_classifier_fed.py: `stats`, then `test` with each client's label split): the
-full-rate model with those same statistics, its logits masked to the client's classes
-(`local_eval_model: global-masked`).
+Reproduced: width levels (`DEFAULT_LEVELS`) of one global model, a client training the
+nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer; assignment `fixed`
+(by proportion) or `dynamic` (redrawn per sampled client and round); static BatchNorm
+(batch statistics in training, only the affine aggregated) with the scaler (activations
+/ r in training only); masked cross-entropy (absent classes' logits set to 0) and
+label-split aggregation of the head rows; gradient-norm clipping at 1 (the code's; a set
+`train.clip_grad_norm` runs instead); weight 1 per client on each element it covers,
+uncovered ones kept; every level evaluated on the global test set after a statistics
+pass over the clients' training data (`width=r`; the widest is `global_acc`); local
+accuracy as `train_classifier_fed.py` measures it (`stats`, then `test` with each
+client's label split): the full-rate model, logits masked to the client's classes.
 
 Choices where the paper is silent or the code differs from the text:
-
-- `fixed` assignment gives the levels to clients in id order, narrowest first, in exact
-  proportions (the code draws them with replacement, so the realised proportions vary
-  with the seed);
-- the masked loss and the label split use the classes in the client's *training* data,
-  which is what "the client's label set" is in every partition HetFL has; with IID data
-  both are no-ops, so they are on by default;
-- `local_eval_model: own-level` evaluates each client's own level instead (the widest
-  level under `dynamic` assignment) with its label mask, after a statistics pass over the
-  client's own training data: how well a client's sub-model serves it, a different
-  number from the paper's. It is what runs with private layers (`private_norm`,
-  `private_head`), which the full-rate global model cannot hold; `describe()` (the start
-  banner, `summary.json`) says so;
-- `weighting: samples` is available (recorded in the resolved config) for comparisons
-  with FjORD's sample-count weighting;
-- `dynamic` assignment is refused with private layers (`private_norm`, `private_head`):
-  a client keeps them at the width it last trained, which a width redrawn every round
-  does not fit.
+- `fixed` gives the levels to clients in id order, narrowest first, in exact proportions
+  (the code draws them with replacement);
+- the masked loss and the label split use the client's training classes (no-ops on IID
+  data, so on by default);
+- `local_eval_model: own-level` judges each client by its own level (the widest under
+  `dynamic`) after a statistics pass over its own training data; it runs whenever there
+  are private layers, which the full-rate global model cannot hold;
+- `weighting: samples` is available for comparisons with FjORD;
+- `dynamic` is refused with private layers: they stay at the width last trained.
 """
 
 from __future__ import annotations
@@ -52,32 +38,27 @@ from pydantic import model_validator
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.submodels import (
-    FullRateMasked,
-    LabelSplit,
-    LevelModels,
-    OwnLevel,
+from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, OwnLevel
+from hetfl.algorithms.widths import (
+    LevelSpec,
     WidthAssignment,
-    at_width,
     check_levels,
     full_width_base,
+    level_specs,
 )
 from hetfl.core.assign import UniformSampling
 from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
-from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.maps import MapTransform, private_layers
+from hetfl.core.maps import LabelSplit, MapTransform, private_layers
 from hetfl.core.server_update import Averaged
-from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName, weighting
 
 Assignment = Literal["fixed", "dynamic"]
-#: How local accuracy is measured: the full-rate global model (after the global statistics
-#: pass) with the client's label mask, or the client's own level with statistics from its
-#: own training data.
+#: How local accuracy is measured (`evaluation`).
 LocalEvalModel = Literal["global-masked", "own-level"]
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 #: The gradient-norm clipping of the authors' code, used when `train.clip_grad_norm` is unset.
@@ -114,53 +95,54 @@ class HeteroFLOptions(FedAvgOptions):
         return self
 
 
-def heterofl_strategy(
-    family: ModelFamily, opts: HeteroFLOptions, clients_per_round: int, train: LocalTraining
-) -> Strategy:
-    """Width levels with static BN and the scaler; label-split masks (not with a private
-    head); every level evaluated after a statistics pass unless private layers leave no
-    complete global model; local accuracy as `local_eval_model` says (`own-level` with
-    private layers, which the full-rate global model cannot hold)."""
+def evaluation(
+    opts: HeteroFLOptions, assignment: WidthAssignment, eval_spec: LevelSpec
+) -> tuple[GlobalEval, LocalEval]:
+    """Every level after a statistics pass, unless private layers leave no complete global
+    model. Local accuracy as `local_eval_model` says: the full-rate model as the global
+    evaluation tested it, with the client's label mask (`global-masked`), or the client's
+    own level after a statistics pass over its own training data (`own-level`, the one
+    that runs with private layers)."""
+    widest, mask, level_spec = max(assignment.levels), opts.label_split, assignment.level_spec
+    level_of = (lambda info: widest) if assignment.dynamic else assignment.level
+    own = OwnLevel(level_of, level_spec, eval_spec, label_mask=mask)
+    if opts.private_norm or opts.private_head:
+        return WholeModel(), own
+    levels = LevelModels(assignment.levels, level_spec, eval_spec, stats_pass=True)
+    if opts.local_eval_model == "own-level":
+        return levels, own
+    return levels, FullRateMasked(widest, level_spec, eval_spec, label_mask=mask)
+
+
+@register_algorithm(
+    "heterofl",
+    "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
+    HeteroFLOptions,
+    needs_scalable=True,
+)
+def _make(
+    family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
+) -> tuple[Strategy, LocalRecipe]:
+    """Width levels with static BN and the scaler, label-split masks (not with a private
+    head) and the masked loss, the authors' clipping unless `train` sets its own."""
     levels, proportions = check_levels(opts.levels, opts.proportions)
     base = full_width_base(family, "heterofl")
-
-    def level_spec(ratio: float) -> Spec:
-        return at_width(base, ratio, bn="static", scaler=True)
-
-    def eval_spec(ratio: float) -> Spec:
-        return at_width(base, ratio, bn="batch", scaler=False)
-
+    level_spec = level_specs(base, bn="static", scaler=True)
+    eval_spec = level_specs(base, bn="batch", scaler=False)
     dynamic = opts.assignment == "dynamic"
     assignment = WidthAssignment(levels, proportions, level_spec, dynamic=dynamic)
-    private = opts.private_norm or opts.private_head
     transforms: list[MapTransform] = private_layers(
         family, norm=opts.private_norm, head=opts.private_head
     )
     if opts.label_split and not opts.private_head:
         transforms.append(LabelSplit(family))
-    widest = max(levels)
-    global_eval: GlobalEval = (
-        WholeModel() if private else LevelModels(levels, level_spec, eval_spec, stats_pass=True)
-    )
-    local_eval: LocalEval = (
-        OwnLevel(
-            (lambda info: widest) if dynamic else assignment.level,
-            level_spec,
-            eval_spec,
-            label_mask=opts.label_split,
-        )
-        if private or opts.local_eval_model == "own-level"
-        else FullRateMasked(widest, level_spec, eval_spec, label_mask=opts.label_split)
-    )
+    global_eval, local_eval = evaluation(opts, assignment, eval_spec)
     if train.clip_grad_norm is None:
         train = replace(train, clip_grad_norm=DEFAULT_CLIP)
-    local = (
-        "own-level (private layers cannot load into the full-rate global model)"
-        if private
-        else opts.local_eval_model
-    )
+    private = "own-level (private layers cannot load into the full-rate global model)"
+    local = private if opts.private_norm or opts.private_head else opts.local_eval_model
     described = {"clip_grad_norm": train.clip_grad_norm, "local_eval_model": local}
-    return Strategy(
+    strategy = Strategy(
         family,
         train=train,
         sampler=UniformSampling(clients_per_round),
@@ -173,18 +155,5 @@ def heterofl_strategy(
         describe=lambda: dict(described),
         reducer=opts.reducer_settings().factory(),
     )
-
-
-@register_algorithm(
-    "heterofl",
-    "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
-    HeteroFLOptions,
-    needs_scalable=True,
-)
-def _make(
-    family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
-) -> tuple[Strategy, LocalRecipe]:
-    strategy = heterofl_strategy(family, opts, clients_per_round, train)
-    return strategy, LocalRecipe(
-        forward=MaskedCrossEntropy()
-    ) if opts.label_split else LocalRecipe()
+    forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
+    return strategy, LocalRecipe(forward=forward)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -157,3 +157,57 @@ class PerClient:
 def one_spec(spec: Spec) -> PerClient:
     """Every client trains `spec` (the family's one model)."""
     return PerClient(lambda info: spec)
+
+
+class GroupPlan(Protocol):
+    """What a method decides for one client group; the group's members train its `spec`."""
+
+    @property
+    def spec(self) -> Spec: ...
+
+
+Plan = TypeVar("Plan", bound=GroupPlan)
+#: Plans every group at set-up: the groups (key -> members, keys sorted) -> key -> plan.
+GroupPlanner = Callable[[Mapping[GroupKey, Sequence[ClientInfo]]], dict[GroupKey, Plan]]
+
+
+class PerGroup(Generic[Plan]):
+    """A spec per group of clients: at set-up the clients are grouped by a key on their
+    `ClientInfo` (ScalableFL's (input side, classes); a capacity, a tier) and `plan` gives
+    every group its plan, which holds the group's spec and whatever else the method
+    reports about it; a client trains its group's spec for the whole run. A client whose
+    key no client had at set-up is refused: the global model was sized for those groups."""
+
+    def __init__(
+        self, group_of: Callable[[ClientInfo], GroupKey], plan: GroupPlanner[Plan]
+    ) -> None:
+        self.group_of, self.plan = group_of, plan
+        self.members: dict[GroupKey, list[ClientInfo]] = {}
+        self.plans: dict[GroupKey, Plan] = {}
+        self._clients: list[ClientInfo] = []
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        members: dict[GroupKey, list[ClientInfo]] = {}
+        for info in clients:
+            members.setdefault(self.group_of(info), []).append(info)
+        self.members = {g: members[g] for g in sorted(members)}
+        self.plans = self.plan(self.members)
+        self._clients = list(clients)
+
+    def plan_of(self, info: ClientInfo) -> Plan:
+        group = self.group_of(info)
+        if group not in self.plans:
+            raise KeyError(
+                f"client {info.cid} is in group {group}, which no client had at set-up; the "
+                "global model was sized for the groups known then"
+            )
+        return self.plans[group]
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        return self.plan_of(info).spec
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        return self.spec_of(info)
+
+    def possible_specs(self) -> list[Spec]:
+        return [self.spec_of(c) for c in self._clients]

@@ -12,14 +12,14 @@ Transforms are applied in the order given, each to the previous one's output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import torch
 
 from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
-from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.spec import IndexMap, MapEntry, Spec
 from hetfl.core.types import ClientInfo, ModelFamily
 
 
@@ -103,3 +103,44 @@ class NothingShared:
         state: Mapping[str, torch.Tensor],
     ) -> IndexMap:
         return []
+
+
+def label_split(
+    family: ModelFamily,
+    spec: Spec,
+    imap: IndexMap,
+    state: Mapping[str, torch.Tensor],
+    labels: Sequence[int],
+) -> IndexMap:
+    """The map with the head's entries masked to the rows of `labels`: label-split
+    aggregation (Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient
+    Federated Learning for Heterogeneous Clients", ICLR 2021, §3: a client contributes only
+    its own classes' output rows)."""
+    with torch.device("meta"):
+        head = head_tensor_names(build_model(family, spec))
+    out: IndexMap = []
+    for e in imap:
+        if e.local in head:
+            shape = e.global_shape_of(state[e.global_name].shape)
+            mask = torch.zeros(shape, dtype=torch.bool)
+            rows = [c for c in labels if c < shape[0]]
+            mask[rows] = True
+            e = MapEntry(e.local, e.global_name, e.index, mask)
+        out.append(e)
+    return out
+
+
+class LabelSplit:
+    """A sampled client's head entries masked to its own classes (`label_split`); without
+    a client (initialisation, evaluation) the map is unchanged."""
+
+    def __init__(self, family: ModelFamily) -> None:
+        self.family = family
+
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        return imap
+
+    def for_client(
+        self, imap: IndexMap, spec: Spec, client: ClientInfo, state: Mapping[str, torch.Tensor]
+    ) -> IndexMap:
+        return label_split(self.family, spec, imap, state, client.labels)

@@ -1,9 +1,11 @@
-"""Which tensors of a model are normalisation and which are the classifier head, found from
-the model's structure, never from parameter names (STYLE.md, point 6).
+"""Which tensors of a model are normalisation, which are the classifier head and which is
+a linear model's weight matrix, found from the model's structure, never from parameter
+names (STYLE.md, point 6).
 
 Private-layer options (FedBN keeps normalisation private, FedPer the head, ScalableFL both)
-and label-split aggregation (HeteroFL's head rows) need these sets. A normalisation layer
-is any PyTorch norm module or a module declaring `hetfl_role = "norm"`; the head is the
+and label-split aggregation (HeteroFL's head rows) need the first two sets; FedALRC's
+singular-value thresholding needs the third (`linear_weight`). A normalisation layer is
+any PyTorch norm module or a module declaring `hetfl_role = "norm"`; the head is the
 module a model exposes as `model.head` (every HetFL model does).
 """
 
@@ -33,6 +35,18 @@ def head_tensor_names(model: nn.Module) -> set[str]:
     if not isinstance(head, nn.Module):
         raise ValueError(f"{type(model).__name__} does not mark its classifier as `self.head`")
     return {f"head.{k}" for k in head.state_dict()}
+
+
+def linear_weight(model: nn.Module) -> str | None:
+    """The weight's name when every parameter of `model` belongs to one `nn.Linear` (a
+    linear model, whose weight matrix a method may treat as such), else None."""
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if len(linears) != 1:
+        return None
+    prefix, layer = linears[0]
+    dot = f"{prefix}." if prefix else ""
+    owned = {dot + n for n, _ in layer.named_parameters()}
+    return dot + "weight" if owned == {n for n, _ in model.named_parameters()} else None
 
 
 def _own_state_names(prefix: str, module: nn.Module) -> set[str]:

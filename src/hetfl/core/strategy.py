@@ -1,15 +1,18 @@
 """The strategy: whom to ask, what to send, how to combine, what to evaluate — one final
 class composed from parts.
 
-A method is a `Strategy` built from parts (server side) plus, when it changes local
-training, `ClientHooks` (client side, `hetfl.core.client`). The parts:
+A method is a `Strategy` built from parts (the server's half) plus a `LocalRecipe` (the
+clients' half, `hetfl.core.local.parts`: forward, loss terms, gradient transforms,
+projections, trackers, backward; the optimiser comes from the `LocalTraining` settings).
+The strategy's parts:
 
 - a `Sampler` and an `Assignment` (`hetfl.core.assign`): which clients a round asks, and
   which spec each trains (at set-up and this round), with every spec a client may train;
 - map transforms (`hetfl.core.maps`), chained: private layers, label-split masks;
 - a weighting and an optional scaling per result (`hetfl.core.weighting`);
-- a reducer (`hetfl.core.server_update`; `Accumulator`'s weighted mean by default), through
-  which every reduction of a round goes;
+- a reducer factory (`hetfl.core.state`: the `Accumulator`'s weighted mean by default;
+  `hetfl.core.robust`: coordinate-wise median and trimmed mean), through which every
+  reduction of a round goes;
 - a server update (`hetfl.core.server_update`): the reduced weights, or a server optimiser
   on a direction (FedOpt's pseudo-gradient, FedNova's normalised step);
 - evaluation parts (`hetfl.core.evaluation`): the models tested globally, each client's

@@ -1,0 +1,140 @@
+"""Evaluation parts of the width-sliced methods (`hetfl.core.evaluation`): every level's
+model on the global test set (`LevelModels`), and a client judged by the full-rate model
+(`FullRateMasked`, HeteroFL's local accuracy) or by its own level (`OwnLevel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from hetfl.algorithms.widths import LevelSpec
+from hetfl.core.evaluation import Layout
+from hetfl.core.init import build_model
+from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.state import State, extract
+from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily
+
+
+def eval_model_at(
+    family: ModelFamily,
+    eval_spec: Spec,
+    imap: IndexMap,
+    state: State,
+    *,
+    name: str,
+    stats_pass: bool,
+) -> EvalModel:
+    """An evaluation model built for `eval_spec` from the global tensors `imap` selects;
+    tensors the map does not cover (running statistics of a static-BN model)
+    start at their defaults and are re-estimated by the stats pass."""
+    tensors = dict(build_model(family, eval_spec).state_dict())
+    tensors.update(extract(state, imap))
+    return EvalModel(name=name, spec=eval_spec, tensors=tensors, stats_pass=stats_pass, group=name)
+
+
+def level_name(ratio: float) -> str:
+    """The name (and group) of a level's evaluated model: `width=r`."""
+    return f"width={ratio:g}"
+
+
+class LevelModels:
+    """Every level's model on the global test set, widest first (`width=r`; the widest is
+    `global_acc`): the global tensors of the level's training spec, loaded into its
+    evaluation spec, after a statistics pass when `stats_pass` (static BatchNorm)."""
+
+    def __init__(
+        self,
+        levels: Sequence[float],
+        level_spec: LevelSpec,
+        eval_spec: LevelSpec,
+        *,
+        stats_pass: bool,
+    ) -> None:
+        self.levels, self.level_spec, self.eval_spec = list(levels), level_spec, eval_spec
+        self.stats_pass = stats_pass
+
+    def eval_models(self, layout: Layout, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
+        return [
+            eval_model_at(
+                layout.family,
+                self.eval_spec(r),
+                layout.shared_map(self.level_spec(r)),
+                dict(state),
+                name=level_name(r),
+                stats_pass=self.stats_pass,
+            )
+            for r in sorted(self.levels, reverse=True)
+        ]
+
+
+class FullRateMasked:
+    """A client judged by the full-rate model exactly as the global evaluation tested it
+    (its BatchNorm statistics from the server-side pass), its logits masked to the client's
+    classes when `label_mask` (HeteroFL's code: `train_classifier_fed.py`, `stats` then
+    `test` with each client's label split): the client runs no statistics pass."""
+
+    def __init__(
+        self, widest: float, level_spec: LevelSpec, eval_spec: LevelSpec, *, label_mask: bool
+    ) -> None:
+        self.widest, self.level_spec, self.eval_spec = widest, level_spec, eval_spec
+        self.label_mask = label_mask
+
+    def eval_task(
+        self,
+        layout: Layout,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        name = level_name(self.widest)
+        if name not in evaluated:
+            raise RuntimeError(
+                f"HeteroFL's local_eval_model 'global-masked' judges clients with the evaluated "
+                f"full-rate model {name!r}, which this round's evaluation did not give "
+                f"(it gave {sorted(evaluated)}); the engine passes eval_task the models it tested"
+            )
+        return EvalTask(
+            cid=info.cid,
+            spec=self.eval_spec(self.widest),
+            payload=dict(evaluated[name]),
+            index_map=layout.shared_map(self.level_spec(self.widest)),
+            label_mask=info.labels if self.label_mask else None,
+        )
+
+
+class OwnLevel:
+    """A client judged by its own level (`level_of(info)`) after a statistics pass over its
+    own training data, its logits masked to its classes when `label_mask`; reported under
+    `local width=r`."""
+
+    def __init__(
+        self,
+        level_of: Callable[[ClientInfo], float],
+        level_spec: LevelSpec,
+        eval_spec: LevelSpec,
+        *,
+        label_mask: bool,
+    ) -> None:
+        self.level_of, self.level_spec, self.eval_spec = level_of, level_spec, eval_spec
+        self.label_mask = label_mask
+
+    def eval_task(
+        self,
+        layout: Layout,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        ratio = self.level_of(info)
+        imap = layout.shared_map(self.level_spec(ratio))
+        return EvalTask(
+            cid=info.cid,
+            spec=self.eval_spec(ratio),
+            payload=extract(state, imap),
+            index_map=imap,
+            group=f"local width={ratio:g}",
+            stats_pass=True,
+            label_mask=info.labels if self.label_mask else None,
+        )

@@ -54,7 +54,7 @@ bench: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
-	$(VENV)/bin/mypy src/hetfl
+	$(VENV)/bin/mypy src/hetfl benchmarks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

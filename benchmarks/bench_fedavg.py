@@ -101,7 +101,7 @@ def run_hetfl(args: argparse.Namespace) -> dict[str, Any]:
     clock = RoundClock(cfg.train.rounds)
     sim.progress = clock
     sim.setup()  # initial global state, as `run_one` does before the run starts
-    n_params = sum(v.numel() for v in sim.strategy.global_state.values())
+    n_params = sum(v.numel() for v in sim.state.values())
     assert torch.get_num_threads() == THREADS, torch.get_num_threads()
 
     monitor = CpuMonitor()
@@ -114,7 +114,7 @@ def run_hetfl(args: argparse.Namespace) -> dict[str, Any]:
 
     marks = [start, *clock.marks[:-1], end]  # the last round ends when `run` returns
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    torch.save(dict(sim.strategy.global_state), args.weights)
+    torch.save(dict(sim.state), args.weights)
     return {
         "n_params": n_params,
         "total_s": end - start,

@@ -25,6 +25,7 @@ from hetfl.core.robust import ReducerKind, ReducerSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import WeightingName
 
 
 class Options(BaseModel):
@@ -49,6 +50,13 @@ class ReducerOptions(Options):
 
     def reducer_settings(self) -> ReducerSettings:
         return ReducerSettings(self.reducer, self.trim)
+
+
+class AggregationOptions(ReducerOptions):
+    """The reducer and the clients' weights (`hetfl.core.weighting`): by training-sample
+    count (FedAvg's p_k, the default) or `uniform`."""
+
+    weighting: WeightingName = "samples"
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.base import ReducerOptions, register_algorithm
+from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fednova import StepNormaliser, normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.core.init import build_model
@@ -56,12 +56,11 @@ from hetfl.core.server_update import NormalisedStep, Scaled
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName
 
 Form = Literal["auto", "linear", "deep"]
 
 
-class FedALRCOptions(ReducerOptions):
+class FedALRCOptions(AggregationOptions):
     alpha: float = Field(0.1, ge=0, allow_inf_nan=False, description="regulariser weight")
     gamma: float = Field(1.5, gt=0, allow_inf_nan=False, description="server lr scale")
     Q: int = Field(5, ge=1, description="Rademacher draws per batch (deep models)")
@@ -71,7 +70,6 @@ class FedALRCOptions(ReducerOptions):
         "l", description="l: local (gate, tail thresholding); g: global (no gate, theta = 0)"
     )
     form: Form = Field("auto", description="linear (thresholding) or deep (Rademacher term)")
-    weighting: WeightingName = "samples"
 
     @model_validator(mode="after")
     def _global_variant_keeps_nothing(self) -> FedALRCOptions:
@@ -139,12 +137,11 @@ def _make(
     method, server = server_of(opts)
     strategy = normalised_strategy(
         family,
+        opts,
         method=method,
         clients_per_round=clients_per_round,
         train=train,
-        weighting_name=opts.weighting,
         direction=Scaled(NormalisedStep(prox=False), opts.gamma),
         server=server,
-        reducer=opts.reducer_settings().factory(),
     )
     return strategy, recipe

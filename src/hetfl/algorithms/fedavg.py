@@ -29,20 +29,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetfl.algorithms.base import ReducerOptions, register_algorithm
+from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import MapTransform, private_layers
 from hetfl.core.server_update import Averaged, ServerUpdate
-from hetfl.core.state import ReducerFactory
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName, weighting
+from hetfl.core.weighting import weighting
 
 
-class FedAvgOptions(ReducerOptions):
-    weighting: WeightingName = "samples"
+class FedAvgOptions(AggregationOptions):
     private_norm: bool = False
     private_head: bool = False
 
@@ -57,25 +55,24 @@ class FedPerOptions(FedAvgOptions):
 
 def one_model_strategy(
     family: ModelFamily,
+    opts: AggregationOptions,
     *,
     clients_per_round: int,
     train: LocalTraining,
-    weighting_name: WeightingName,
     server_update: ServerUpdate,
-    reducer: ReducerFactory,
     transforms: Sequence[MapTransform] = (),
 ) -> Strategy:
     """The server of FedAvg and the methods that change only its update (FedOpt, FedNova,
     FedALRC) or local training (FedProx): uniform sampling, the family's one spec, the
-    weighted average, then `server_update`."""
+    options' weighting and reducer, then `server_update`."""
     return Strategy(
         family,
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=one_spec(family.global_spec([])),
         transforms=transforms,
-        weighting=weighting(weighting_name),
-        reducer=reducer,
+        weighting=weighting(opts.weighting),
+        reducer=opts.reducer_settings().factory(),
         server_update=server_update,
     )
 
@@ -95,11 +92,10 @@ def _make(
 ) -> tuple[Strategy, LocalRecipe]:
     strategy = one_model_strategy(
         family,
+        opts,
         clients_per_round=clients_per_round,
         train=train,
-        weighting_name=opts.weighting,
         server_update=Averaged(),
-        reducer=opts.reducer_settings().factory(),
         transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
     )
     return strategy, LocalRecipe()

@@ -30,18 +30,16 @@ from typing import Any
 
 from pydantic import Field
 
-from hetfl.algorithms.base import register_algorithm
+from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.fedprox import FedProxOptions
 from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.server_update import Direction, NormalisedStep, Optimised
-from hetfl.core.state import ReducerFactory
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,14 +77,13 @@ class StepNormaliser:
 
 def normalised_strategy(
     family: ModelFamily,
+    opts: AggregationOptions,
     *,
     method: str,
     clients_per_round: int,
     train: LocalTraining,
-    weighting_name: WeightingName,
     direction: Direction,
     server: ServerOptSettings,
-    reducer: ReducerFactory,
 ) -> Strategy:
     """A server that steps along a normalised direction (FedNova's, FedALRC's). ‖a‖₁ is
     local SGD's (§4, Eq. 6-7, for SGD, momentum and proximal SGD) and assumes momentum
@@ -102,13 +99,9 @@ def normalised_strategy(
             f"{method} normalises by ‖a‖₁, which assumes momentum buffers start at zero each "
             "round; train.keep_momentum cannot be used with it"
         )
+    update = Optimised(direction, ServerOptimizer(server))
     return one_model_strategy(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        weighting_name=weighting_name,
-        server_update=Optimised(direction, ServerOptimizer(server)),
-        reducer=reducer,
+        family, opts, clients_per_round=clients_per_round, train=train, server_update=update
     )
 
 
@@ -125,13 +118,12 @@ def _make(
     """The normalised step applied as it is (plain server steps of size 1)."""
     strategy = normalised_strategy(
         family,
+        opts,
         method="fednova",
         clients_per_round=clients_per_round,
         train=train,
-        weighting_name=opts.weighting,
         direction=NormalisedStep(prox=opts.mu > 0),
         server=ServerOptSettings(kind="sgd", lr=1.0),
-        reducer=opts.reducer_settings().factory(),
     )
     prox = (ProximalTerm(opts.mu),) if opts.mu > 0 else ()
     return strategy, LocalRecipe(grad_transforms=prox, trackers=(StepNormaliser(opts.mu),))

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ReducerOptions, register_algorithm
+from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
@@ -30,15 +30,13 @@ from hetfl.core.server_update import Optimised, pseudo_gradient
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName
 
 
-class FedAdagradOptions(ReducerOptions):
+class FedAdagradOptions(AggregationOptions):
     server_optimizer: ClassVar[ServerOptKind] = "adagrad"
     server_lr: float = Field(0.1, gt=0, description="server learning rate eta")
     tau: float = Field(1e-3, gt=0, description="adaptivity tau")
     v0: float | None = Field(None, ge=0, description="initial second moment (default tau^2)")
-    weighting: WeightingName = "samples"
 
 
 class FedAdamOptions(FedAdagradOptions):
@@ -72,12 +70,8 @@ def _make(
     server = ServerOptSettings(
         kind=opts.server_optimizer, lr=opts.server_lr, tau=opts.tau, v0=opts.v0, **moments
     )
+    update = Optimised(pseudo_gradient, ServerOptimizer(server))
     strategy = one_model_strategy(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        weighting_name=opts.weighting,
-        server_update=Optimised(pseudo_gradient, ServerOptimizer(server)),
-        reducer=opts.reducer_settings().factory(),
+        family, opts, clients_per_round=clients_per_round, train=train, server_update=update
     )
     return strategy, LocalRecipe()

@@ -19,7 +19,7 @@ import warnings
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ReducerOptions, register_algorithm
+from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import ProximalTerm
@@ -27,12 +27,10 @@ from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName
 
 
-class FedProxOptions(ReducerOptions):
+class FedProxOptions(AggregationOptions):
     mu: float = Field(0.01, ge=0, description="proximal weight")
-    weighting: WeightingName = "samples"
 
 
 @register_algorithm(
@@ -44,11 +42,6 @@ def _make(
     if opts.mu == 0:
         warnings.warn("fedprox with mu = 0 is FedAvg", stacklevel=2)
     strategy = one_model_strategy(
-        family,
-        clients_per_round=clients_per_round,
-        train=train,
-        weighting_name=opts.weighting,
-        server_update=Averaged(),
-        reducer=opts.reducer_settings().factory(),
+        family, opts, clients_per_round=clients_per_round, train=train, server_update=Averaged()
     )
     return strategy, LocalRecipe(grad_transforms=(ProximalTerm(opts.mu),))

@@ -135,13 +135,6 @@ def test_overrides_parse_yaml_values():
     }
 
 
-def test_list_shows_registries(capsys):
-    code, out, _ = _run(capsys, "list")
-    assert code == 0
-    for name in ("fedavg", "fedprox", "small-cnn", "fashion-mnist", "dirichlet"):
-        assert name in out
-
-
 def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     text = (
         BASE.replace("algorithm: fedavg", "algorithm: fedprox").replace("rounds: 2", "rounds: 7")

@@ -5,6 +5,10 @@ with a message and exit status 2, without a traceback; set HETFL_DEBUG=1 to see 
 that reaches its end without aggregating any client's result in any round (every client
 failed every round) exits with status 3, and so does a sweep in which any point did; Ctrl-C
 exits with 130.
+
+`hetfl --help` and `hetfl list` import neither torch, Flower nor matplotlib (start-up in a
+fraction of a second): this module imports the config, the engines and the report only
+inside the commands that use them, and `list` reads `hetfl.catalogue`.
 """
 
 from __future__ import annotations
@@ -15,21 +19,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hetfl.config import (
-    ConfigError,
-    RunConfig,
-    default_config_path,
-    expand_sweep,
-    load_raw,
-    parse_overrides,
-    set_dotted,
-    validate,
-)
-from hetfl.data.download import DownloadError
 from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
 
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError, DownloadError)
+if TYPE_CHECKING:
+    from hetfl.config import RunConfig
 
 EXIT_STATUSES = f"""exit status (run, resume, serve):
   0    every run aggregated clients' results in at least one round
@@ -144,12 +139,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    except USER_ERRORS as exc:
+    except _user_errors() as exc:
         if os.environ.get("HETFL_DEBUG"):
             raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {message}", file=sys.stderr)
         return 2
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors that end with a message and exit status 2. A function, not a constant,
+    because `DownloadError` lives in `hetfl.data`, which imports torch: an `except` clause
+    evaluates it only when an exception reaches it."""
+    from hetfl.config import ConfigError
+    from hetfl.data.download import DownloadError
+
+    return (ConfigError, FileNotFoundError, ValueError, KeyError, DownloadError)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -181,6 +186,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _raw_config(config: str | None, overrides: Sequence[str]) -> dict:
     """The config as loaded (the built-in default when none is named), overrides applied."""
+    from hetfl.config import default_config_path, load_raw, parse_overrides, set_dotted
+
     if config is not None and "=" in config and not Path(config).exists():
         overrides, config = [config, *overrides], None
     raw = load_raw(config if config is not None else default_config_path())
@@ -190,6 +197,7 @@ def _raw_config(config: str | None, overrides: Sequence[str]) -> dict:
 
 
 def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet: bool) -> int:
+    from hetfl.config import ConfigError, expand_sweep, validate
     from hetfl.runner import run_one
 
     raw = _raw_config(config, overrides)
@@ -243,6 +251,7 @@ def _print_comparison(base: Path, dirs: Sequence[Path]) -> None:
 
 
 def cmd_resume(run_dir: Path, quiet: bool) -> int:
+    from hetfl.config import ConfigError
     from hetfl.runner import run_one
 
     if (run_dir / "deploy.json").exists():
@@ -280,6 +289,8 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
 
 
 def _saved_config(run_dir: Path) -> RunConfig:
+    from hetfl.config import load_raw, validate
+
     return validate(load_raw(run_dir / "config.yaml"))
 
 
@@ -291,19 +302,22 @@ def _finished(run_dir: Path, cfg: RunConfig) -> bool:
 
 
 def cmd_list() -> int:
-    from hetfl.algorithms import ALGORITHMS
-    from hetfl.data import DATASETS, PARTITIONERS
-    from hetfl.models import ARCHITECTURES, MODELS
+    """The registries' names and summaries, from the torch-free catalogue (which the tests
+    hold equal to the registries)."""
+    from hetfl import catalogue
 
     print("algorithms:")
-    for name in ALGORITHMS:
-        print(f"  {name:<12} {ALGORITHMS.get(name).summary}")
-    print(f"models: {', '.join(MODELS.names())}")
+    for name, summary in sorted(catalogue.ALGORITHMS.items()):
+        print(f"  {name:<12} {summary}")
+    print(f"models: {', '.join(sorted(catalogue.MODELS))}")
     print("scalable models (model.width, stages, blocks, bn, stem):")
-    for name in ARCHITECTURES:
-        print(f"  {name:<12} {ARCHITECTURES.get(name).summary}")
-    for title, reg in (("datasets", DATASETS), ("partitioners", PARTITIONERS)):
-        print(f"{title}: {', '.join(reg.names())}")
+    for name, summary in sorted(catalogue.ARCHITECTURES.items()):
+        print(f"  {name:<12} {summary}")
+    for title, names in (
+        ("datasets", catalogue.DATASETS),
+        ("partitioners", catalogue.PARTITIONERS),
+    ):
+        print(f"{title}: {', '.join(sorted(names))}")
     return 0
 
 
@@ -311,6 +325,7 @@ def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
     """The class counts of every client, as the run with this config would partition them
     (the first sweep point's seed, when the config is a sweep)."""
     from hetfl.assembly import load_dataset, partition
+    from hetfl.config import expand_sweep, validate
     from hetfl.data import class_counts, format_class_table
 
     raw = _raw_config(config, overrides)

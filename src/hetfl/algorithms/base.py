@@ -4,7 +4,9 @@ enumerate them.
 
 A method registers with one decorator per name on its `make` function,
 `@register_algorithm(name, summary, OptionsClass)`; methods that share a `make` (FedAvg,
-FedBN, FedPer) stack one decorator per name. Registering a name twice is an error.
+FedBN, FedPer) stack one decorator per name. Registering a name twice is an error. The
+name and summary are copied into `hetfl.catalogue` (what `hetfl list` prints without
+importing torch); tests/test_startup.py holds the two equal.
 
 An algorithm's options are a pydantic model (validated at the config edge, unknown keys
 refused); `make` turns them into explicit constructor arguments — a method never sees the

@@ -1,6 +1,7 @@
 """Datasets, partitioners and the clients' tensors.
 
-`DATASETS` and `PARTITIONERS` are the registries behind config validation and `hetfl list`;
+`DATASETS` and `PARTITIONERS` are the registries behind config validation (and, through
+the torch-free copy in `hetfl.catalogue`, `hetfl list`);
 `build_clients` turns a dataset and a partition into the `ClientData` the engines use.
 The data layer knows no model.
 """

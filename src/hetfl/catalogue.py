@@ -1,0 +1,48 @@
+"""What `hetfl list` prints: every registered name, with its one-line summary where the
+registry has one, in a module that imports nothing.
+
+The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS` and `ARCHITECTURES`,
+`hetfl.data.DATASETS` and `PARTITIONERS`) are filled by importing the modules that build
+each entry, and those import torch: seconds of start-up for a command that only names
+things. This catalogue is a copy of their names and summaries that costs nothing to import.
+It is not a second source of truth: the registries remain what runs and validates, and
+tests/test_startup.py asserts that this catalogue equals them entry for entry, so a method
+registered without being listed here, or a summary edited in one place only, fails the tests.
+"""
+
+from __future__ import annotations
+
+ALGORITHMS: dict[str, str] = {
+    "ada-fedalrc": "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
+    "fedadagrad": "FedAdagrad (Reddi et al. 2021): Adagrad server step",
+    "fedadam": "FedAdam (Reddi et al. 2021): Adam server step, no bias correction",
+    "fedalrc": (
+        "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma"
+    ),
+    "fedavg": "FedAvg (McMahan et al. 2017): sample-weighted averaging",
+    "fedbn": "FedBN (Li et al. 2021): private normalisation layers",
+    "fednova": "FedNova (Wang et al. 2020): normalised averaging of local updates",
+    "fedper": "FedPer (Arivazhagan et al. 2019): a private head",
+    "fedprox": "FedProx (Li et al. 2020): FedAvg with a proximal term",
+    "fedyogi": "FedYogi (Reddi et al. 2021): Yogi server step",
+    "fjord": "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
+    "heterofl": "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
+    "local-only": "each client trains alone; nothing is shared",
+    "scalablefl": (
+        "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
+        "private BN and heads"
+    ),
+}
+
+MODELS: tuple[str, ...] = ("lenet5", "linear", "mlp", "small-cnn", "vgg11")
+
+ARCHITECTURES: dict[str, str] = {
+    "flanc-cnn": "FLANC's Fashion-MNIST CNN (64, 128, 128)",
+    "preresnet": "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",
+    "resnet18": "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)",
+    "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",
+}
+
+DATASETS: tuple[str, ...] = ("digits", "fashion-mnist", "libsvm", "npz", "synthetic")
+
+PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "quantity")

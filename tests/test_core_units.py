@@ -447,16 +447,19 @@ def test_register_algorithm_stacks_one_decorator_per_name_and_refuses_duplicates
     def make(*args, **kwargs):  # never called: registration only stores it
         raise AssertionError
 
-    decorated = base.register_algorithm("a", "first", FedAvgOptions)(
-        base.register_algorithm("b", "second", FedBNOptions, needs_scalable=True)(make)
+    summaries = {"a": "first", "b": "second"}
+    decorated = base.register_algorithm("a", FedAvgOptions, summaries=summaries)(
+        base.register_algorithm("b", FedBNOptions, needs_scalable=True, summaries=summaries)(make)
     )
     assert decorated is make
     assert registry.names() == ["a", "b"]
     assert registry.get("a") == base.Algorithm("a", "first", FedAvgOptions, make, False)
     assert registry.get("b") == base.Algorithm("b", "second", FedBNOptions, make, True)
     with pytest.raises(ValueError, match="algorithm 'a' is already registered"):
-        base.register_algorithm("a", "again", FedBNOptions)(make)
+        base.register_algorithm("a", FedBNOptions, summaries={"a": "again"})(make)
     assert registry.get("a").summary == "first"
+    with pytest.raises(KeyError, match=r"no summary in hetfl\.catalogue\.ALGORITHMS"):
+        base.register_algorithm("c", FedAvgOptions, summaries=summaries)
 
 
 def test_methods_sharing_a_make_register_one_name_per_decorator():

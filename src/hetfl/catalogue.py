@@ -4,10 +4,11 @@ registry has one, in a module that imports nothing.
 The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS` and `ARCHITECTURES`,
 `hetfl.data.DATASETS` and `PARTITIONERS`) are filled by importing the modules that build
 each entry, and those import torch: seconds of start-up for a command that only names
-things. This catalogue is a copy of their names and summaries that costs nothing to import.
-It is not a second source of truth: the registries remain what runs and validates, and
-tests/test_startup.py asserts that this catalogue equals them entry for entry, so a method
-registered without being listed here, or a summary edited in one place only, fails the tests.
+things. This catalogue names them at no import cost. An algorithm's summary is written only here
+(`register_algorithm` reads it, and refuses a name missing here); the other registries
+remain what runs and validates, and tests/test_startup.py asserts that this catalogue
+equals them entry for entry, so an entry added or renamed in one place only fails the
+tests.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ recipe and its typed options, so that the CLI, the config validator and the test
 enumerate them.
 
 A method registers with one decorator per name on its `make` function,
-`@register_algorithm(name, summary, OptionsClass)`; methods that share a `make` (FedAvg,
-FedBN, FedPer) stack one decorator per name. Registering a name twice is an error. The
-name and summary are copied into `hetfl.catalogue` (what `hetfl list` prints without
-importing torch); tests/test_startup.py holds the two equal.
+`@register_algorithm(name, OptionsClass)`; methods that share a `make` (FedAvg, FedBN,
+FedPer) stack one decorator per name. Registering a name twice is an error. A method's
+one-line summary is written once, in `hetfl.catalogue` (what `hetfl list` prints without
+importing torch), and read from there at registration: a name missing from the catalogue
+cannot register.
 
 An algorithm's options are a pydantic model (validated at the config edge, unknown keys
 refused); `make` turns them into explicit constructor arguments — a method never sees the
@@ -15,12 +16,13 @@ whole config.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetfl import catalogue
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.registry import Registry
 from hetfl.core.robust import ReducerKind, ReducerSettings
@@ -93,10 +95,22 @@ Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, LocalRecipe]])
 
 
 def register_algorithm(
-    name: str, summary: str, options: type[Options], *, needs_scalable: bool = False
+    name: str,
+    options: type[Options],
+    *,
+    needs_scalable: bool = False,
+    summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
-    """Registers the decorated `make` in `ALGORITHMS` as `name` and returns it unchanged,
-    so decorators stack: one per name that `make` builds. A taken name raises ValueError."""
+    """Registers the decorated `make` in `ALGORITHMS` as `name`, with its summary from
+    `summaries` (the catalogue), and returns it unchanged, so decorators stack: one per
+    name that `make` builds. A taken name raises ValueError; a name without a summary,
+    KeyError."""
+    if name not in summaries:
+        raise KeyError(
+            f"algorithm {name!r} has no summary in hetfl.catalogue.ALGORITHMS; add its "
+            "one-line summary there (what `hetfl list` prints)"
+        )
+    summary = summaries[name]
 
     def register(make: Make) -> Make:
         ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs_scalable))

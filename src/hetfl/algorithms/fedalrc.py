@@ -120,12 +120,10 @@ def server_of(opts: FedALRCOptions) -> tuple[str, ServerOptSettings]:
 
 @register_algorithm(
     "fedalrc",
-    "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma",
     FedALRCOptions,
 )
 @register_algorithm(
     "ada-fedalrc",
-    "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
     AdaFedALRCOptions,
 )
 def _make(

@@ -77,16 +77,13 @@ def one_model_strategy(
     )
 
 
-@register_algorithm(
-    "fedavg", "FedAvg (McMahan et al. 2017): sample-weighted averaging", FedAvgOptions
-)
+@register_algorithm("fedavg", FedAvgOptions)
 @register_algorithm(
     "fedbn",
-    "FedBN (Li et al. 2021): private normalisation layers",
     FedBNOptions,
     needs_scalable=True,
 )
-@register_algorithm("fedper", "FedPer (Arivazhagan et al. 2019): a private head", FedPerOptions)
+@register_algorithm("fedper", FedPerOptions)
 def _make(
     family: ModelFamily, opts: FedAvgOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

@@ -109,9 +109,7 @@ class FedNovaOptions(FedProxOptions):
     mu: float = Field(0.0, ge=0, description="proximal weight (FedNova-Prox when > 0)")
 
 
-@register_algorithm(
-    "fednova", "FedNova (Wang et al. 2020): normalised averaging of local updates", FedNovaOptions
-)
+@register_algorithm("fednova", FedNovaOptions)
 def _make(
     family: ModelFamily, opts: FedNovaOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

@@ -50,13 +50,9 @@ class FedYogiOptions(FedAdamOptions):
     server_lr: float = Field(0.01, gt=0, description="server learning rate eta")
 
 
-@register_algorithm(
-    "fedadagrad", "FedAdagrad (Reddi et al. 2021): Adagrad server step", FedAdagradOptions
-)
-@register_algorithm(
-    "fedadam", "FedAdam (Reddi et al. 2021): Adam server step, no bias correction", FedAdamOptions
-)
-@register_algorithm("fedyogi", "FedYogi (Reddi et al. 2021): Yogi server step", FedYogiOptions)
+@register_algorithm("fedadagrad", FedAdagradOptions)
+@register_algorithm("fedadam", FedAdamOptions)
+@register_algorithm("fedyogi", FedYogiOptions)
 def _make(
     family: ModelFamily,
     opts: FedAdagradOptions,

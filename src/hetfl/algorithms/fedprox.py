@@ -33,9 +33,7 @@ class FedProxOptions(AggregationOptions):
     mu: float = Field(0.01, ge=0, description="proximal weight")
 
 
-@register_algorithm(
-    "fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term", FedProxOptions
-)
+@register_algorithm("fedprox", FedProxOptions)
 def _make(
     family: ModelFamily, opts: FedProxOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

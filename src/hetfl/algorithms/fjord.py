@@ -114,7 +114,6 @@ def fjord_strategy(
 
 @register_algorithm(
     "fjord",
-    "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
     FjORDOptions,
     needs_scalable=True,
 )

@@ -116,7 +116,6 @@ def evaluation(
 
 @register_algorithm(
     "heterofl",
-    "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
     HeteroFLOptions,
     needs_scalable=True,
 )

@@ -27,7 +27,7 @@ class LocalOnlyOptions(Options):
     pass
 
 
-@register_algorithm("local-only", "each client trains alone; nothing is shared", LocalOnlyOptions)
+@register_algorithm("local-only", LocalOnlyOptions)
 def _make(
     family: ModelFamily, opts: LocalOnlyOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

@@ -122,8 +122,6 @@ def describe(variant: Variant, groups: PerGroup[ScaledModel]) -> dict[str, Any]:
 
 @register_algorithm(
     "scalablefl",
-    "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
-    "private BN and heads",
     ScalableFLOptions,
     needs_scalable=True,
 )

@@ -228,7 +228,7 @@ class ClientProgram:
             stats = train_local(template, data, self.recipe, ctx, dict(private))
         sent = local_names(task.index_map)
         tensors = {k: own[k].detach() for k in sent}
-        kept = {k: v.detach() for k, v in own.items() if k not in set(sent)}
+        kept = {k: v.detach() for k, v in own.items() if k not in tensors}
         kept.update(stats.optimiser_state)
         passes = [
             PassRecord(spec=task.spec, kind="train", batch=b, count=c)

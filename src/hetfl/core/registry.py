@@ -1,8 +1,8 @@
 """Named registries of algorithms, models, datasets and partitioners.
 
 They drive config validation ("allowed: ...") and the tests parameterised over every
-entry; `hetfl list` prints `hetfl.catalogue`, a torch-free copy the tests hold equal to
-them. Registering a name twice is an error, not a silent override.
+entry; `hetfl list` prints `hetfl.catalogue`, a torch-free module of their names (and of
+the algorithms' summaries, written only there) that the tests hold equal to them. Registering a name twice is an error, not a silent override.
 """
 
 from __future__ import annotations

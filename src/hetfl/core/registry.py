@@ -2,7 +2,8 @@
 
 They drive config validation ("allowed: ...") and the tests parameterised over every
 entry; `hetfl list` prints `hetfl.catalogue`, a torch-free module of their names (and of
-the algorithms' summaries, written only there) that the tests hold equal to them. Registering a name twice is an error, not a silent override.
+the algorithms' summaries, written only there) that the tests hold equal to them.
+Registering a name twice is an error, not a silent override.
 """
 
 from __future__ import annotations

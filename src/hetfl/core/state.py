@@ -39,10 +39,6 @@ def state_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def is_finite_state(tensors: Mapping[str, torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point())
-
-
 def _broadcast_indices(index: Index, shape: torch.Size) -> tuple[torch.Tensor, ...]:
     """Turn a per-dimension index into broadcastable index tensors (an open mesh)."""
     ndim = len(shape)
@@ -172,16 +168,6 @@ def place(
         count = acc.covered(name)  # None only if no entry reached the accumulator
         covered[name] = torch.zeros_like(ref, dtype=torch.bool) if count is None else count > 0
     return Placement(acc.result(touched, fill="zero"), covered)
-
-
-def expected_local_shapes(
-    global_state: Mapping[str, torch.Tensor], index_map: IndexMap
-) -> dict[str, tuple[int, ...]]:
-    """The shape every local tensor must have, from its first entry."""
-    return {
-        local: selected_shape(global_state[e.global_name].shape, e.index)
-        for local, e in first_entries(index_map).items()
-    }
 
 
 def entry_weight(

@@ -22,7 +22,7 @@ p.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -457,7 +457,3 @@ def check_spec(spec: Spec) -> None:
         )
     if not (isinstance(spec["num_classes"], int) and spec["num_classes"] >= 1):
         raise SpecError(f"{name}: num_classes must be an integer >= 1, got {spec['num_classes']}")
-
-
-def scalable_names() -> Sequence[str]:
-    return ARCHITECTURES.names()

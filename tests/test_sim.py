@@ -70,8 +70,10 @@ def _sim(
 
 # -- FedProx ---------------------------------------------------------------------------------
 class _LinearFamily:
+    """A linear model; for `Spec(model="bn")` a lone BatchNorm layer (the stats pass tests)."""
+
     def build(self, spec: Spec) -> nn.Module:
-        return nn.Linear(3, 2)
+        return nn.Sequential(nn.BatchNorm1d(3)) if spec == Spec(model="bn") else nn.Linear(3, 2)
 
     def index_map(self, spec: Spec):
         return full_map(["weight", "bias"])
@@ -287,6 +289,7 @@ class _Recording(SequentialExecutor):
     """Runs jobs as the default executor does, and keeps every round's jobs and outcomes."""
 
     def __init__(self):
+        super().__init__()
         self.jobs, self.outcomes = [], []
 
     def run(self, program, jobs, clients, server):
@@ -613,9 +616,10 @@ def _stats_sim(tmp_path, sizes: list[int], samples: int | None) -> Simulation:
 
 
 def _bn_after_stats_pass(sim: Simulation) -> nn.BatchNorm1d:
-    bn = nn.BatchNorm1d(3)
-    sim.stats_pass(1, nn.Sequential(bn), EvalModel("bn", Spec(model="bn"), {}, stats_pass=True))
-    return bn
+    spec = Spec(model="bn")
+    model = sim.eval_models.model_for(spec)
+    sim.stats_pass(1, model, EvalModel("bn", spec, {}, stats_pass=True))
+    return model[0]
 
 
 def _expected(batches: list[torch.Tensor], bn: nn.BatchNorm1d) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import RunConfig
 from hetfl.core.client import Programs
+from hetfl.core.device import make_deterministic, resolve_device
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
@@ -32,43 +32,6 @@ from hetfl.engine.parts import Parts
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import make_family
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` takes a GPU where one is present, else the CPU."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but no CUDA device is available")
-    return torch.device(name)
-
-
-#: The cuBLAS workspace setting that makes its results reproducible (NVIDIA's cuBLAS guide,
-#: "Results reproducibility"); PyTorch's deterministic mode refuses cuBLAS calls without it.
-CUBLAS_WORKSPACE_CONFIG = ":4096:8"
-
-
-def make_deterministic(device: torch.device, deterministic: bool) -> None:
-    """Deterministic kernels, or not, for a run on a CUDA `device`, as the config key
-    `deterministic` says; nothing for other devices.
-
-    With it: PyTorch's deterministic algorithms, cuDNN's deterministic mode without its
-    benchmark (which picks kernels by timing), and `CUBLAS_WORKSPACE_CONFIG` unless the user
-    set it. cuBLAS reads that variable when it creates its handle, so every process that
-    runs part of a run calls this before its first CUDA tensor: `build_parts` does, for the
-    simulator, the Flower server and each Flower node, and a worker process must do the same.
-    Without it, deterministic algorithms and cuDNN's deterministic mode are switched off
-    (a sweep runs its points in one process, so a point's own setting must hold): faster,
-    and not bit-reproducible. Never at import."""
-    if device.type != "cuda":
-        return
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
-        torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(deterministic)
-    torch.backends.cudnn.deterministic = deterministic
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
@@ -126,8 +89,7 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     make_deterministic(device, cfg.deterministic)
     fed = build_federation(cfg, device)

@@ -215,7 +215,7 @@ def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet
             )
     for i, ((name, cfg), run_dir) in enumerate(zip(points, dirs, strict=True)):
         label = f"[{i + 1}/{len(points)} {name}] " if is_sweep else ""
-        summary = run_one(cfg, run_dir, show_progress=not quiet, label=label)
+        summary = run_one(cfg, run_dir, show_progress=not quiet, label=label, executor="auto")
         if not is_sweep:
             _print_summary(summary, run_dir)
     if is_sweep:
@@ -262,7 +262,11 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
     if (run_dir / "config.yaml").exists():
         cfg = _saved_config(run_dir)
         summary = run_one(
-            cfg, run_dir, resume=(run_dir / "checkpoints").exists(), show_progress=not quiet
+            cfg,
+            run_dir,
+            resume=(run_dir / "checkpoints").exists(),
+            show_progress=not quiet,
+            executor="auto",
         )
         _print_summary(summary, run_dir)
         return _exit_status([run_dir])
@@ -283,6 +287,7 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
             resume=(d / "checkpoints").exists(),
             show_progress=not quiet,
             label=f"[{d.name}] ",
+            executor="auto",
         )
     _print_comparison(run_dir, points)
     return _exit_status(points)

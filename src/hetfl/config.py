@@ -331,7 +331,22 @@ class RunConfig(_Strict):
         True,
         description="on CUDA, deterministic kernels (false is faster and not bit-reproducible)",
     )
-    threads: int | None = Field(None, ge=1)
+    threads: int = Field(
+        1,
+        ge=1,
+        description="intra-op threads of every unit of work (a client's training, an "
+        "evaluation batch) in every executor; results depend on it, the executor does not",
+    )
+    executor: Literal["sequential", "processes", "auto"] | None = Field(
+        None,
+        description="where clients train and evaluation batches run: sequential (in "
+        "process), processes (worker processes on the CPU), auto (processes with more than "
+        "one core and one client per round); unset: auto from the CLI, sequential from the "
+        "library",
+    )
+    workers: int | None = Field(
+        None, ge=1, description="worker processes of executor processes (default: cores / threads)"
+    )
     output_dir: str = "runs"
     deploy: DeployConfig = DeployConfig()
     sweep: dict[str, list[Any]] | None = None
@@ -374,12 +389,30 @@ class RunConfig(_Strict):
                 f"train.clients_per_round = {self.train.clients_per_round} is more than "
                 f"data.num_clients = {self.data.num_clients}"
             )
+        if self.workers is not None and self.executor == "sequential":
+            raise ValueError(
+                f"workers = {self.workers} is for executor 'processes' (or 'auto'), "
+                "but executor is 'sequential'"
+            )
+        if self.executor == "processes" and self.measured_clock:
+            raise ValueError(
+                "executor 'processes' with system.clock 'measured': clients training at the "
+                "same time contend for the cores, so their measured times would not be "
+                "theirs; use executor 'sequential' or the simulated clock"
+            )
         if self.deploy.min_clients is not None and self.deploy.min_clients > self.data.num_clients:
             raise ValueError(
                 f"deploy.min_clients = {self.deploy.min_clients} is more than "
                 f"data.num_clients = {self.data.num_clients}"
             )
         return self
+
+    @property
+    def measured_clock(self) -> bool:
+        """Whether clients are clocked by their measured wall time (device profiles on,
+        `system.clock: measured`)."""
+        system = self.system.settings()
+        return system is not None and system.clock == "measured"
 
     def algorithm_options(self) -> dict[str, Any]:
         return dict(self.options.get(self.algorithm, {}))

@@ -13,15 +13,42 @@ from typing import Any
 
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
-from hetfl.sim import Simulation
+from hetfl.sim import Simulation, make_executor
+from hetfl.sim.executor import ExecutorName
 
 
 def build_simulation(
-    cfg: RunConfig, run_dir: Path, *, show_progress: bool = True, label: str = ""
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    show_progress: bool = True,
+    label: str = "",
+    executor: ExecutorName = "sequential",
 ) -> Simulation:
+    """The configured run as a `Simulation`. Its executor is the config's `executor`, or
+    `executor` when the config does not say (the library's default is sequential; the CLI
+    passes auto). A process executor's workers live until `sim.executor.close()`."""
     p = build_parts(cfg, show_progress=show_progress, label=label)
+    chosen, described = make_executor(
+        cfg.executor or executor,
+        workers=cfg.workers,
+        threads=cfg.threads,
+        device=str(p.programs.device),
+        deterministic=cfg.deterministic,
+        clients_per_round=cfg.train.clients_per_round,
+        measured_clock=cfg.measured_clock,
+    )
+    info = {**p.info, "executor": described}
     return Simulation(
-        p.strategy, p.programs, p.clients, p.test, p.settings, run_dir, p.info, p.progress
+        p.strategy,
+        p.programs,
+        p.clients,
+        p.test,
+        p.settings,
+        run_dir,
+        info,
+        p.progress,
+        executor=chosen,
     )
 
 
@@ -39,6 +66,8 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
             f"  clients {len(sizes)} (train samples min {min(sizes)}, max {max(sizes)}), "
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.programs.device}",
+            f"  executor: {sim.info['executor']}, {cfg.threads} thread(s) per unit; results "
+            "do not depend on the executor",
             *devices,
             *_described(sim.info.get("strategy", {})),
             f"  output {run_dir}",
@@ -68,17 +97,24 @@ def run_one(
     resume: bool = False,
     show_progress: bool = True,
     label: str = "",
+    executor: ExecutorName = "sequential",
 ) -> dict[str, Any]:
-    """Run (or resume) one configured experiment into `run_dir`; returns its summary."""
+    """Run (or resume) one configured experiment into `run_dir`; returns its summary.
+    `executor` is used when the config does not name one."""
     from hetfl.report import plot_run  # matplotlib only when a run is actually written
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    sim = build_simulation(cfg, run_dir, show_progress=show_progress, label=label)
-    sim.setup()
-    if show_progress:
-        print(start_banner(cfg, sim, run_dir), file=sys.stderr, flush=True)
-    summary = sim.run(resume=resume)
+    sim = build_simulation(
+        cfg, run_dir, show_progress=show_progress, label=label, executor=executor
+    )
+    try:
+        sim.setup()
+        if show_progress:
+            print(start_banner(cfg, sim, run_dir), file=sys.stderr, flush=True)
+        summary = sim.run(resume=resume)
+    finally:
+        sim.executor.close()
     plot_run(run_dir)
     return summary

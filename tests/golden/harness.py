@@ -41,7 +41,7 @@ from hetfl.config import set_dotted, validate
 from hetfl.core.client import Programs
 from hetfl.engine.rounds import RoundSettings
 from hetfl.runner import build_simulation
-from hetfl.sim import Simulation
+from hetfl.sim import Executor, Simulation
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 RTOL = ATOL = 1e-6
@@ -426,9 +426,14 @@ def state_record(sim: Simulation, extras: Mapping[str, Any]) -> dict[str, Any]:
     return {"tensors": dict(sorted(tensors.items())), "values": dict(sorted(values.items()))}
 
 
-def run_scenario(scenario: Scenario, run_dir: Path) -> dict[str, Any]:
-    """Run `scenario` into `run_dir` and return its fixture."""
+def run_scenario(
+    scenario: Scenario, run_dir: Path, executor: Executor | None = None
+) -> dict[str, Any]:
+    """Run `scenario` into `run_dir` (with `executor` instead of the sequential one when
+    given) and return its fixture."""
     sim = scenario.simulation(run_dir)
+    if executor is not None:
+        sim.executor = executor
     if sim.settings.checkpoint_every != 1:
         raise ValueError(f"scenario {scenario.name!r} must checkpoint every round")
     rounds: list[dict[str, Any]] = []

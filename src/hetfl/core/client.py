@@ -57,23 +57,37 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
     ]
 
 
+#: Samples per batch of an evaluation; a parallel executor's unit of global evaluation.
+EVAL_BATCH = 1000
+
+
 @torch.no_grad()
+def score_batch_of(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, label_mask: tuple[int, ...] | None = None
+) -> tuple[int, float]:
+    """(correct, summed loss) of `model` on one batch, in eval mode, with the logits of
+    classes outside `label_mask` zeroed when it is given."""
+    model.eval()
+    out = mask_logits(model(x), label_mask)
+    return int((out.argmax(dim=1) == y).sum()), float(F.cross_entropy(out, y, reduction="sum"))
+
+
 def evaluate_model(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    batch_size: int = 1000,
+    batch_size: int = EVAL_BATCH,
     label_mask: tuple[int, ...] | None = None,
 ) -> tuple[int, float, int]:
-    """(correct, summed loss, count) of `model` on (x, y), in eval mode, with the logits of
-    classes outside `label_mask` zeroed when it is given."""
-    model.eval()
+    """(correct, summed loss, count) of `model` on (x, y) in consecutive batches, the
+    losses added in batch order (a parallel executor adds its batches' the same way)."""
     correct, loss_sum = 0, 0.0
     for start in range(0, int(y.shape[0]), batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        out = mask_logits(model(xb), label_mask)
-        loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
-        correct += int((out.argmax(dim=1) == yb).sum())
+        c, loss = score_batch_of(
+            model, x[start : start + batch_size], y[start : start + batch_size], label_mask
+        )
+        correct += c
+        loss_sum += loss
     return correct, loss_sum, int(y.shape[0])
 
 
@@ -98,6 +112,10 @@ class ModelCache:
 
     def __len__(self) -> int:
         return len(self._models)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A cache pickles empty: a process that receives it (a worker) builds its own."""
+        return {**self.__dict__, "_models": {}}
 
 
 class Program(Protocol):

@@ -33,8 +33,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from hetfl.core.client import ModelCache, Programs
+from hetfl.core.client import ModelCache, Programs, evaluate_model
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
@@ -202,6 +203,7 @@ class RoundLoop(ABC):
             (self.x_test, self.y_test),
             partial(self.stats_pass, rnd),
             self.validation,
+            self.score,
         )
         local_acc = None
         if self.settings.local_eval != "none":
@@ -229,6 +231,13 @@ class RoundLoop(ABC):
     @abstractmethod
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Set `model`'s BatchNorm statistics from clients' training data."""
+
+    def score(
+        self, model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[int, float, int]:
+        """(correct, summed loss, count) of the loaded global `model` of `spec` on (x, y);
+        an engine may spread the batches over processes (default: here, `evaluate_model`)."""
+        return evaluate_model(model, x, y)
 
     @abstractmethod
     def local_scores(

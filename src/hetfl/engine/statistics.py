@@ -99,16 +99,3 @@ def add_bn_statistics(total: BNStatistics, part: Mapping[str, Any]) -> None:
             total[k] = (m0 + mean, v0 + var, n0 + n)
         else:
             total[k] = (mean.clone(), var.clone(), n)
-
-
-def pooled_bn_statistics(
-    model: nn.Module, clients: Mapping[int, torch.Tensor], samples: int | None, seed: int
-) -> BNStatistics:
-    """The whole pass in one process (the simulator's): every client's part, by id, from its
-    training inputs `clients[cid]`, added in client-id order."""
-    shares = stats_shares({c: int(x.shape[0]) for c, x in clients.items()}, samples)
-    total: BNStatistics = {}
-    for cid, share in shares.items():
-        if share:
-            add_bn_statistics(total, client_bn_statistics(model, clients[cid], share, seed, cid))
-    return total

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 
 from hetfl.core.client import ModelCache, evaluate_model
 from hetfl.core.server_program import ServerResult
+from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
@@ -34,6 +36,8 @@ from hetfl.engine.outputs import make_row
 from hetfl.systems.costs import MacCounter
 
 Groups = dict[str, dict[str, float | int]]
+#: Scores a loaded model of a spec on (x, y): (correct, summed loss, count).
+Scorer = Callable[[nn.Module, Spec, torch.Tensor, torch.Tensor], tuple[int, float, int]]
 
 
 @dataclass
@@ -137,6 +141,7 @@ def evaluate_global(
     test: tuple[torch.Tensor, torch.Tensor],
     stats_pass: Callable[[nn.Module, EvalModel], None] | None,
     validation: Pooled = (),
+    score: Scorer | None = None,
 ) -> GlobalScores:
     """Test every model `strategy.eval_models(state)` names on the global test set, and the main
     one (after its statistics pass, if it has one) also on the pooled `validation` samples.
@@ -146,8 +151,11 @@ def evaluate_global(
     the simulator in process, the Flower adapter by asking the clients); None refuses
     such a model with an error that says so. `models` is the engine's evaluation cache,
     into which each model's tensors are loaded. Each model's tensors as tested are kept in
-    `GlobalScores.models` for the strategy's local evaluation.
+    `GlobalScores.models` for the strategy's local evaluation. `score(model, spec, x, y)`
+    scores the loaded model on (x, y) (default: `evaluate_model` in this process; the
+    simulator hands the batches to its executor).
     """
+    score = score or _score_here
     x_test, y_test = test
     scores = GlobalScores()
     for i, em in enumerate(strategy.eval_models(state)):
@@ -160,20 +168,30 @@ def evaluate_global(
                     "clients' training data, which this engine was not given"
                 )
             stats_pass(model, em)
-        correct, loss_sum, n = evaluate_model(model, x_test, y_test)
+        correct, loss_sum, n = score(model, em.spec, x_test, y_test)
         scores.models[em.name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if i == 0:
             scores.global_acc, scores.test_loss = correct / n, loss_sum / n
             if validation:
-                scores.val_acc, scores.val_loss = _pooled_scores(model, validation)
+                scores.val_acc, scores.val_loss = _pooled_scores(
+                    partial(score, model, em.spec), validation
+                )
         if em.group is not None:
             scores.groups[em.group] = {"acc": correct / n, "n": n}
     return scores
 
 
-def _pooled_scores(model: nn.Module, pooled: Pooled) -> tuple[float, float]:
-    """(accuracy, mean loss) of `model` over every sample of `pooled`."""
-    totals = [evaluate_model(model, x, y) for x, y in pooled]
+def _score_here(
+    model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
+) -> tuple[int, float, int]:
+    return evaluate_model(model, x, y)
+
+
+def _pooled_scores(
+    score: Callable[[torch.Tensor, torch.Tensor], tuple[int, float, int]], pooled: Pooled
+) -> tuple[float, float]:
+    """(accuracy, mean loss) of a model (`score` scores it) over every sample of `pooled`."""
+    totals = [score(x, y) for x, y in pooled]
     n = sum(t[2] for t in totals)
     return sum(t[0] for t in totals) / n, sum(t[1] for t in totals) / n
 

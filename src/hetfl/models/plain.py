@@ -8,6 +8,7 @@ it by structure rather than by parameter names.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -99,17 +100,27 @@ class Linear(nn.Module):
         return self.head(x.flatten(1))  # (B, C)
 
 
-def _image(min_side: int) -> tuple:
-    return (
-        lambda s: len(s) == 3 and s[1] >= min_side and s[2] >= min_side,
-        f"needs images shaped (C, H, W) with H, W >= {min_side}",
-    )
+@dataclass(frozen=True)
+class _Images:
+    """Accepts (C, H, W) shapes with H, W >= `min_side` (a class, not a closure, so that a
+    model family pickles into worker processes)."""
+
+    min_side: int
+
+    def __call__(self, s: tuple[int, ...]) -> bool:
+        return len(s) == 3 and s[1] >= self.min_side and s[2] >= self.min_side
+
+
+def _non_empty(s: tuple[int, ...]) -> bool:
+    return len(s) >= 1
+
+
+def _image(min_side: int) -> tuple[_Images, str]:
+    return _Images(min_side), f"needs images shaped (C, H, W) with H, W >= {min_side}"
 
 
 MODELS.register("small-cnn", ModelBuilder(SmallCNN, *_image(4)))
 MODELS.register("lenet5", ModelBuilder(LeNet5, *_image(16)))
-MODELS.register("mlp", ModelBuilder(MLP, lambda s: len(s) >= 1, "needs a non-empty input shape"))
-MODELS.register(
-    "linear", ModelBuilder(Linear, lambda s: len(s) >= 1, "needs a non-empty input shape")
-)
+MODELS.register("mlp", ModelBuilder(MLP, _non_empty, "needs a non-empty input shape"))
+MODELS.register("linear", ModelBuilder(Linear, _non_empty, "needs a non-empty input shape"))
 MODELS.register("vgg11", ModelBuilder(VGG11, *_image(32)))

@@ -1,6 +1,16 @@
-"""The in-process engine: the simulator and the executors that run its clients."""
+"""The in-process engine: the simulator and the executors that run its units of work."""
 
 from hetfl.sim.engine import Simulation
-from hetfl.sim.executor import ClientJob, Executor, SequentialExecutor, TaskOutcome
+from hetfl.sim.executor import Executor, SequentialExecutor, make_executor
+from hetfl.sim.processes import ProcessExecutor
+from hetfl.sim.tasks import ClientJob, TaskOutcome
 
-__all__ = ["ClientJob", "Executor", "SequentialExecutor", "Simulation", "TaskOutcome"]
+__all__ = [
+    "ClientJob",
+    "Executor",
+    "ProcessExecutor",
+    "SequentialExecutor",
+    "Simulation",
+    "TaskOutcome",
+    "make_executor",
+]

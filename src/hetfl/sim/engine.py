@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetfl.core.client import Programs, apply_bn_statistics
+from hetfl.core.client import EVAL_BATCH, BNStatistics, Programs, apply_bn_statistics
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
+from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
@@ -45,14 +46,25 @@ from hetfl.core.types import (
     EvalModel,
     EvalSplit,
     Failure,
+    PassRecord,
     Problem,
     State,
 )
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
-from hetfl.engine.statistics import pooled_bn_statistics
+from hetfl.engine.statistics import add_bn_statistics, stats_shares
 from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
-from hetfl.sim.executor import ClientJob, Executor, SequentialExecutor, TaskOutcome
+from hetfl.sim.executor import Executor, SequentialExecutor
+from hetfl.sim.tasks import (
+    ClientJob,
+    LocalScoreItem,
+    ScoreItem,
+    StatisticsItem,
+    TaskOutcome,
+    client_statistics,
+    score_batch,
+    score_client,
+)
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
 
@@ -95,6 +107,15 @@ class Simulation(RoundLoop):
         self.clock = None if system is None else Clock(system)
         self.sim_times: dict[int, ClientTimes] = {}
 
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        """Run (or continue) the experiment, with the run's data placed where the
+        executor's units read it (shared memory under the process executor)."""
+        self.clients, test, self.validation = self.executor.share(
+            (self.clients, (self.x_test, self.y_test), self.validation)
+        )
+        self.x_test, self.y_test = test
+        return super().run(resume)
+
     # -- the engine's hooks -------------------------------------------------------------
     def known_clients(self) -> list[ClientInfo]:
         return list(self.infos.values())
@@ -127,12 +148,15 @@ class Simulation(RoundLoop):
 
     def _job(self, rnd: int, task: ClientTask) -> ClientJob:
         """What the executor needs to train `task`'s client: plain values, no engine."""
+        data = self.clients[task.cid]
+        forward = PassRecord(task.spec, "forward", 1, 1)
         return ClientJob(
             task,
             self.infos[task.cid],
             self.store.get(task.cid),
             self._rng(rnd, "train", task.cid),
             self.server_store.get(task.cid),
+            cost=float(data.n_train * self.macs.pass_macs(forward, self._input_shape(task.cid))),
         )
 
     def _settle(
@@ -220,27 +244,55 @@ class Simulation(RoundLoop):
         private state."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        scores: list[LocalScore] = []
-        for cid in cids:
-            data = self.clients[cid]
-            if data.split(split)[1].numel() == 0:
-                continue
-            task = replace(
-                self.strategy.eval_task(self.infos[cid], self.state, evaluated), split=split
+        items = [
+            LocalScoreItem(
+                replace(
+                    self.strategy.eval_task(self.infos[cid], self.state, evaluated), split=split
+                ),
+                self.clients[cid],
+                self.store.get(cid),
             )
-            program = self.programs.program_for(cid)
-            correct, loss_sum, n = program.evaluate(
-                task, data, self.store.get(cid), self.eval_models
-            )
-            scores.append(LocalScore(correct / n, loss_sum / n, task.group))
-        return scores
+            for cid in cids
+            if self.clients[cid].split(split)[1].numel()
+        ]
+        answers = self.executor.map(self.programs, score_client, items)
+        return [
+            LocalScore(correct / n, loss_sum / n, item.task.group)
+            for item, (correct, loss_sum, n) in zip(items, answers, strict=True)
+        ]
+
+    def score(
+        self, model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[int, float, int]:
+        """The loaded global model on (x, y) in fixed batches of `EVAL_BATCH` through the
+        executor, the batches' losses added in batch order (as `evaluate_model` adds them)."""
+        tensors = model.state_dict()
+        items = [
+            ScoreItem(spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH])
+            for s in range(0, int(y.shape[0]), EVAL_BATCH)
+        ]
+        correct, loss_sum = 0, 0.0
+        for batch in self.executor.map(self.programs, score_batch, items):
+            correct += batch.correct
+            loss_sum += batch.loss_sum
+        return correct, loss_sum, int(y.shape[0])
 
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Static-BN statistics from every client's training data (or its share of
-        `settings.stats_samples`), as `hetfl.engine.statistics` defines the pass."""
-        inputs = {cid: data.x_train for cid, data in self.clients.items()}
-        stats = pooled_bn_statistics(model, inputs, self.settings.stats_samples, self.settings.seed)
-        apply_bn_statistics(model, stats)
+        `settings.stats_samples`), as `hetfl.engine.statistics` defines the pass: each
+        client's part through the executor, the parts added in client-id order."""
+        sizes = {cid: data.n_train for cid, data in self.clients.items()}
+        shares = stats_shares(sizes, self.settings.stats_samples)
+        tensors, seed = model.state_dict(), self.settings.seed
+        items = [
+            StatisticsItem(em.spec, tensors, self.clients[cid].x_train, share, seed, cid)
+            for cid, share in shares.items()
+            if share
+        ]
+        total: BNStatistics = {}
+        for part in self.executor.map(self.programs, client_statistics, items):
+            add_bn_statistics(total, part)
+        apply_bn_statistics(model, total)
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint_extras(self) -> dict[str, Any]:

@@ -1,71 +1,50 @@
-"""Executors: how the simulator runs a round's client trainings.
+"""Executors: where the simulator's units of work run.
 
-`Simulation.train` hands the round's jobs to an `Executor` and gets one `TaskOutcome` per
-job back, in the jobs' order (client-id order); everything with an effect on the run, the
-byte and MAC counters, the result checks, the simulated clock and the client stores, is
-done afterwards, once, by the engine. An executor therefore only computes: it never
-touches counters, the clock or a store, and what it receives is plain (the task, the
-client's `ClientInfo`, its private state, its training generator, what the server program
-kept for it) so that an executor in other processes can run the same jobs.
+The engine hands an `Executor` its round's client trainings (`run`) and the units of its
+evaluations (`map`: fixed batches of a global evaluation, clients' parts of a statistics
+pass, clients' local evaluations; `hetfl.sim.tasks`), and gets the answers back in the
+order it gave them (client-id order, batch order). Everything with an effect on the run,
+the byte and MAC counters, the result checks, the simulated clock, the client stores and
+the sums of the batches, is done afterwards, once, by the engine. An executor therefore
+only computes: it never touches counters, the clock or a store, and what it receives is
+plain and picklable, so that an executor in other processes runs the same units.
 
-`SequentialExecutor` runs the jobs one after another in this process, in order. It also
-runs split learning: a server program's sessions are opened, fed per batch through a
-`Channel` and closed in the job order, interleaved with the clients' training, as the
-server program expects. An executor that runs clients in parallel may refuse server
-programs and leave split learning to the sequential one.
+- `SequentialExecutor` runs every unit in this process, in order (the library's default).
+  It also runs split learning: a server program's sessions are opened, fed per batch
+  through a `Channel` and closed in job order, interleaved with the clients' training.
+- `ProcessExecutor` (`hetfl.sim.processes`) runs units in worker processes, on the CPU.
 
-Results do not depend on the executor: each job's generator is derived from (seed, round,
-client, "train") and each client's private state is its own, so the outcomes are the same
-whatever order or place the jobs run in.
+Results do not depend on the executor: every unit runs with the run's intra-op thread
+count (`threads`), each client's generator is derived from (seed, round, client, purpose)
+and each client's private state is its own, so a unit computes the same bits wherever it
+runs, and the engine combines answers in the same order whichever executor ran them.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
-
-import torch
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 from hetfl.core.client import Programs
-from hetfl.core.server_program import Channel, ChannelCounts, ServerProgram, ServerResult
-from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, Problem, State
+from hetfl.core.server_program import Channel, ServerProgram
+from hetfl.core.types import ClientData, Problem
+from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, train_client
 
+T = TypeVar("T")
+R = TypeVar("R")
 
-@dataclass(frozen=True)
-class ClientJob:
-    """One client's training this round, as an executor receives it.
-
-    `private` is the client's kept state (empty before its first valid round),
-    `generator` its (seed, round, client, "train") generator, `server_private` what the
-    round's server program kept for it (empty without a server program)."""
-
-    task: ClientTask
-    info: ClientInfo
-    private: State
-    generator: torch.Generator
-    server_private: State
-
-
-@dataclass(frozen=True)
-class TaskOutcome:
-    """What running one job produced, for the engine to charge, check, clock and store.
-
-    `output` is the client's answer, or a `Problem` of kind "raised" when its training
-    raised. `wall_s` is the measured seconds of its training (0 when it raised);
-    `served` its server session's result and `channel` what crossed its channel (None
-    without a server program; `served` is also None when the client raised)."""
-
-    task: ClientTask
-    output: ClientOutput | Problem
-    wall_s: float = 0.0
-    served: ServerResult | None = None
-    channel: ChannelCounts | None = None
+ExecutorName = Literal["sequential", "processes", "auto"]
 
 
 class Executor(Protocol):
-    """Runs a round's jobs and returns their outcomes, one per job, in the jobs' order."""
+    """Runs units of work and returns their answers in the order they were given."""
+
+    def share(self, data: T) -> T:
+        """The run's data as this executor's units will read it (the process executor
+        places it in shared memory): the engine keeps and uses the returned copy."""
+        ...
 
     def run(
         self,
@@ -76,12 +55,37 @@ class Executor(Protocol):
     ) -> list[TaskOutcome]:
         """Train every job's client with its program (`programs.program_for(cid)`) on its
         data `clients[cid]`; with a `server` program, each client trains against its own
-        session of it."""
+        session of it. One outcome per job, in the jobs' order."""
+        ...
+
+    def map(
+        self,
+        programs: Programs,
+        unit: Callable[[Any, T], R],
+        items: Sequence[T],
+        costs: Sequence[float] | None = None,
+    ) -> list[R]:
+        """`unit(ctx, item)` for every item (`ctx`: a `WorkerContext` of `programs`), the
+        answers in the items' order; `costs` may order the work, never the answers."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (worker processes)."""
+        ...
+
+    def describe(self) -> str:
+        """What the start banner says about it."""
         ...
 
 
 class SequentialExecutor:
-    """Every job in order, in this process (the simulator's default)."""
+    """Every unit in order, in this process."""
+
+    def __init__(self) -> None:
+        self._ctx: WorkerContext | None = None
+
+    def share(self, data: T) -> T:
+        return data
 
     def run(
         self,
@@ -90,31 +94,93 @@ class SequentialExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        return [self._run_one(programs, job, clients[job.task.cid], server) for job in jobs]
+        if server is None:
+            ctx = self._context(programs)
+            return [train_client(ctx, (job, clients[job.task.cid])) for job in jobs]
+        return [_train_with_server(programs, job, clients[job.task.cid], server) for job in jobs]
 
-    def _run_one(
+    def map(
         self,
         programs: Programs,
-        job: ClientJob,
-        data: ClientData,
-        server: ServerProgram | None,
-    ) -> TaskOutcome:
-        """One client's training; an exception becomes a "raised" outcome, since a failing
-        client must not stop the run."""
-        session = None if server is None else server.open(job.task, job.server_private)
-        channel = None if session is None else Channel(session)
-        linked = {} if channel is None else {"channel": channel}
-        started = time.perf_counter()
-        try:
-            program = programs.program_for(job.task.cid)
-            out = program.fit(job.task, data, job.private, job.generator, info=job.info, **linked)
-        except Exception as exc:
-            raised = Problem("raised", f"raised {type(exc).__name__}: {exc}")
-            return TaskOutcome(job.task, raised, channel=_counts(channel))
-        wall_s = time.perf_counter() - started
-        served = None if session is None else session.close()
-        return TaskOutcome(job.task, out, wall_s, served, _counts(channel))
+        unit: Callable[[Any, T], R],
+        items: Sequence[T],
+        costs: Sequence[float] | None = None,
+    ) -> list[R]:
+        ctx = self._context(programs)
+        return [unit(ctx, item) for item in items]
+
+    def close(self) -> None:
+        self._ctx = None
+
+    def describe(self) -> str:
+        return "sequential (in process)"
+
+    def _context(self, programs: Programs) -> WorkerContext:
+        if self._ctx is None or self._ctx.programs is not programs:
+            self._ctx = WorkerContext(programs)
+        return self._ctx
 
 
-def _counts(channel: Channel | None) -> ChannelCounts | None:
-    return None if channel is None else channel.counts()
+def _train_with_server(
+    programs: Programs, job: ClientJob, data: ClientData, server: ServerProgram
+) -> TaskOutcome:
+    """One client's training against its own session of the round's server program; an
+    exception becomes a "raised" outcome, since a failing client must not stop the run."""
+    session = server.open(job.task, job.server_private)
+    channel = Channel(session)
+    started = time.perf_counter()
+    try:
+        program = programs.program_for(job.task.cid)
+        out = program.fit(
+            job.task, data, job.private, job.generator, info=job.info, channel=channel
+        )
+    except Exception as exc:
+        raised = Problem("raised", f"raised {type(exc).__name__}: {exc}")
+        return TaskOutcome(job.task, raised, channel=channel.counts())
+    wall_s = time.perf_counter() - started
+    return TaskOutcome(job.task, out, wall_s, session.close(), channel.counts())
+
+
+def make_executor(
+    name: ExecutorName,
+    *,
+    workers: int | None,
+    threads: int,
+    device: str,
+    deterministic: bool,
+    clients_per_round: int,
+    measured_clock: bool,
+) -> tuple[Executor, str]:
+    """The executor a run asked for, and why it was chosen (for the start banner).
+
+    `auto` takes processes when there is more than one core and more than one client per
+    round, on the CPU, with a simulated clock; else sequential. `workers` defaults to the
+    usable cores divided by `threads`."""
+    cores = len(os.sched_getaffinity(0))
+    count = workers or max(1, cores // threads)
+    if name == "auto":
+        reasons = []
+        if device != "cpu":
+            reasons.append(f"device {device}")
+        if cores < 2:
+            reasons.append("one core")
+        if clients_per_round < 2:
+            reasons.append("one client per round")
+        if measured_clock:
+            reasons.append("clock measured (parallel clients would contend)")
+        if reasons or count < 2:
+            why = ", ".join(reasons) or f"{count} worker"
+            return SequentialExecutor(), f"sequential (auto: {why})"
+        name = "processes"
+    if name == "processes":
+        if measured_clock:
+            raise ValueError(
+                "executor 'processes' with system.clock 'measured': clients training at "
+                "the same time contend for the cores, so their measured times would not be "
+                "theirs; use executor 'sequential' or the simulated clock"
+            )
+        from hetfl.sim.processes import ProcessExecutor
+
+        chosen = ProcessExecutor(count, threads, device=device, deterministic=deterministic)
+        return chosen, chosen.describe() + (" (auto)" if workers is None else "")
+    return SequentialExecutor(), "sequential (in process)"

@@ -1,0 +1,146 @@
+"""The units of work an executor runs, the same functions in process and in a worker.
+
+Every executor runs these and only these, so that where a unit runs changes nothing in
+what it computes. Each takes a `WorkerContext` (the run's programs and an evaluation model
+cache of the process that runs it) and one plain, picklable item; data travels inside the
+item as tensors (views of the run's shared data block under the process executor).
+
+- `train_client`: one client's local training (`ClientProgram.fit`);
+- `score_batch`: one fixed batch of a global evaluation (`EVAL_BATCH` samples,
+  `hetfl.core.client`): the
+  engine adds the batches' losses in batch order, as `evaluate_model` does in one process;
+- `client_statistics`: one client's part of the static-BN statistics pass
+  (`hetfl.engine.statistics`); the engine adds the parts in client-id order;
+- `score_client`: one client's local evaluation (`ClientProgram.evaluate`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from hetfl.core.client import BNStatistics, ModelCache, Programs, score_batch_of
+from hetfl.core.server_program import ChannelCounts, ServerResult
+from hetfl.core.spec import Spec
+from hetfl.core.types import (
+    ClientData,
+    ClientInfo,
+    ClientOutput,
+    ClientTask,
+    EvalTask,
+    Problem,
+    State,
+)
+from hetfl.engine.statistics import client_bn_statistics
+
+
+@dataclass
+class WorkerContext:
+    """What a process that runs units holds for the whole run: the programs and its own
+    evaluation models (loaded per unit, never shared with the engine's)."""
+
+    programs: Programs
+    eval_models: ModelCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.eval_models = ModelCache(self.programs.family, self.programs.device)
+
+    def loaded(self, spec: Spec, tensors: State) -> torch.nn.Module:
+        model = self.eval_models.model_for(spec)
+        model.load_state_dict(tensors, strict=True)
+        return model
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One client's training this round, as an executor receives it.
+
+    `private` is the client's kept state (empty before its first valid round),
+    `generator` its (seed, round, client, "train") generator, `server_private` what the
+    round's server program kept for it (empty without a server program), `cost` its
+    expected work (training samples x MACs of one forward pass of its spec), by which a
+    parallel executor orders the round's jobs, largest first."""
+
+    task: ClientTask
+    info: ClientInfo
+    private: State
+    generator: torch.Generator
+    server_private: State
+    cost: float = 0.0
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """What running one job produced, for the engine to charge, check, clock and store.
+
+    `output` is the client's answer, or a `Problem` of kind "raised" when its training
+    raised (or its worker process died). `wall_s` is the measured seconds of its training
+    (0 when it raised); `served` its server session's result and `channel` what crossed
+    its channel (None without a server program; `served` is also None when the client
+    raised)."""
+
+    task: ClientTask
+    output: ClientOutput | Problem
+    wall_s: float = 0.0
+    served: ServerResult | None = None
+    channel: ChannelCounts | None = None
+
+
+def train_client(ctx: WorkerContext, item: tuple[ClientJob, ClientData]) -> TaskOutcome:
+    """One client's training without a server program; an exception becomes a "raised"
+    outcome, since a failing client must not stop the run."""
+    job, data = item
+    started = time.perf_counter()
+    try:
+        program = ctx.programs.program_for(job.task.cid)
+        out = program.fit(job.task, data, job.private, job.generator, info=job.info)
+    except Exception as exc:
+        return TaskOutcome(job.task, Problem("raised", f"raised {type(exc).__name__}: {exc}"))
+    return TaskOutcome(job.task, out, time.perf_counter() - started)
+
+
+class BatchScore(NamedTuple):
+    correct: int
+    loss_sum: float
+
+
+class ScoreItem(NamedTuple):
+    spec: Spec
+    tensors: State
+    x: torch.Tensor
+    y: torch.Tensor
+    label_mask: tuple[int, ...] | None = None
+
+
+def score_batch(ctx: WorkerContext, item: ScoreItem) -> BatchScore:
+    return BatchScore(
+        *score_batch_of(ctx.loaded(item.spec, item.tensors), item.x, item.y, item.label_mask)
+    )
+
+
+class StatisticsItem(NamedTuple):
+    spec: Spec
+    tensors: State
+    x_train: torch.Tensor
+    share: int
+    seed: int
+    cid: int
+
+
+def client_statistics(ctx: WorkerContext, item: StatisticsItem) -> BNStatistics:
+    model = ctx.loaded(item.spec, item.tensors)
+    return client_bn_statistics(model, item.x_train, item.share, item.seed, item.cid)
+
+
+class LocalScoreItem(NamedTuple):
+    task: EvalTask
+    data: ClientData
+    private: State
+
+
+def score_client(ctx: WorkerContext, item: LocalScoreItem) -> tuple[int, float, int]:
+    program = ctx.programs.program_for(item.data.cid)
+    return program.evaluate(item.task, item.data, item.private, ctx.eval_models)

@@ -1,0 +1,261 @@
+"""The process executor: results equal the sequential executor's bit for bit, faults fail
+only their clients, and no process outlives a run.
+
+The tests share one pool of two workers (`pool`); each simulation hands it its own data
+and programs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from golden.harness import BY_NAME, compare, fixture_path, read_fixture, run_scenario
+from hetfl.config import validate
+from hetfl.core.client import Program
+from hetfl.core.types import ClientData, ClientOutput, ClientTask
+from hetfl.runner import build_simulation
+from hetfl.sim import ProcessExecutor, SequentialExecutor, make_executor
+
+#: Golden scenarios that must also hold under two worker processes: every kind of local
+#: training, a stats pass, kept state, private layers, failures and the simulated clock.
+UNDER_PROCESSES = [
+    "fedavg",
+    "fednova-momentum",
+    "heterofl-dynamic",
+    "fjord-distill",
+    "fedalrc-deep",
+    "fedavg-failing-client",
+    "fedavg-deadline",
+    "fedbn",
+    "fedper-local-eval-all",
+]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessExecutor(2) as executor:
+        yield executor
+
+
+@pytest.mark.parametrize("name", UNDER_PROCESSES)
+def test_golden_scenario_under_two_worker_processes_is_bit_for_bit(name, pool, tmp_path):
+    got = run_scenario(BY_NAME[name], tmp_path, pool)
+    expected = read_fixture(fixture_path(name))
+    assert expected["fingerprint"] == got["fingerprint"], "not the fixtures' machine"
+    assert not compare(expected, got)
+
+
+# -- faults ------------------------------------------------------------------------------------
+class KillsItsWorker:
+    """A client program wrapper: client `cid`'s training kills the process it runs in."""
+
+    def __init__(self, cid: int) -> None:
+        self.cid = cid
+
+    def __call__(self, program: Program) -> Program:
+        return _Killing(program, self.cid)
+
+
+class _Killing:
+    def __init__(self, program: Program, cid: int) -> None:
+        self.program, self.cid = program, cid
+
+    def fit(self, task: ClientTask, data: ClientData, *args, **kwargs) -> ClientOutput:
+        if task.cid == self.cid:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.program.fit(task, data, *args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        return self.program.evaluate(*args, **kwargs)
+
+
+def _config(**extra) -> dict:
+    raw = copy.deepcopy(BY_NAME["fedavg"].config)
+    raw["train"]["clients_per_round"] = 6
+    raw["train"]["rounds"] = 2
+    raw.update(extra)
+    return raw
+
+
+def test_a_worker_killed_mid_round_fails_only_its_client_and_is_replaced(pool, tmp_path):
+    sim = build_simulation(validate(_config()), tmp_path, show_progress=False)
+    sim.programs.wrappers = (KillsItsWorker(3),)
+    sim.executor = pool
+    restarts = pool.restarts
+    sim.run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients"] for r in rows] == [5, 5]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failures"] == {"raised": 2}
+    assert pool.restarts == restarts + 2
+    assert 3 not in sim.store and all(c in sim.store for c in (0, 1, 2, 4, 5))
+    # the others trained as they do when client 3 is absent in process
+    ref = build_simulation(validate(_config()), tmp_path / "ref", show_progress=False)
+    ref.programs.wrappers = (_Raises(3),)
+    ref.run()
+    for cid in (0, 1, 2, 4, 5):
+        for k, v in ref.store.get(cid).items():
+            assert torch.equal(v, sim.store.get(cid)[k])
+
+
+class _Raises:
+    def __init__(self, cid: int) -> None:
+        self.cid = cid
+
+    def __call__(self, program: Program) -> Program:
+        return _RaisingAt(program, self.cid)
+
+
+class _RaisingAt(_Killing):
+    def fit(self, task: ClientTask, data: ClientData, *args, **kwargs) -> ClientOutput:
+        if task.cid == self.cid:
+            raise RuntimeError("gone")
+        return self.program.fit(task, data, *args, **kwargs)
+
+
+def _fails(ctx, item: int) -> int:
+    if item == 2:
+        raise ValueError("unit 2 is broken")
+    return item * 10
+
+
+def test_a_unit_that_raises_in_a_worker_stops_the_exchange_with_its_traceback(pool):
+    programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
+    with pytest.raises(RuntimeError, match=r"(?s)failed in a worker process.*unit 2 is broken"):
+        pool.map(programs, _fails, [0, 1, 2, 3])
+    assert pool.map(programs, _fails, [0, 1, 3]) == [0, 10, 30]  # the pool recovers
+
+
+def test_answers_come_in_the_items_order_whatever_the_costs(pool):
+    programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
+    items = list(range(7))
+    assert pool.map(programs, _times_ten, items, costs=[1, 9, 3, 7, 5, 0, 2]) == [
+        i * 10 for i in items
+    ]
+
+
+def _times_ten(ctx, item: int) -> int:
+    return item * 10
+
+
+def test_resume_under_another_number_of_workers_equals_an_uninterrupted_run(pool, tmp_path):
+    whole = build_simulation(validate(_config()), tmp_path / "whole", show_progress=False)
+    whole.executor = pool
+    whole.run()
+    first = validate({**_config(), "train": {**_config()["train"], "rounds": 1}})
+    part = build_simulation(first, tmp_path / "part", show_progress=False)
+    part.executor = pool
+    part.run()
+    with ProcessExecutor(1) as one:
+        rest = build_simulation(validate(_config()), tmp_path / "part", show_progress=False)
+        rest.executor = one
+        rest.run(resume=True)
+    strip = [
+        {k: v for k, v in json.loads(line).items() if k != "wall_time_s"}
+        for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+    ]
+    again = [
+        {k: v for k, v in json.loads(line).items() if k != "wall_time_s"}
+        for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert strip == again
+    for k, v in whole.state.items():
+        assert torch.equal(v, rest.state[k])
+
+
+# -- choosing an executor ---------------------------------------------------------------------
+def _choose(name, monkeypatch, cores=2, **kw):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    args = dict(
+        workers=None,
+        threads=1,
+        device="cpu",
+        deterministic=True,
+        clients_per_round=4,
+        measured_clock=False,
+    )
+    return make_executor(name, **{**args, **kw})
+
+
+def test_auto_takes_processes_only_where_they_can_help(monkeypatch):
+    chosen, why = _choose("auto", monkeypatch)
+    assert isinstance(chosen, ProcessExecutor) and chosen.workers == 2
+    assert why == "processes (2 workers x 1 thread(s)) (auto)"
+    for kw, reason in [
+        ({"cores": 1}, "one core"),
+        ({"clients_per_round": 1}, "one client per round"),
+        ({"device": "cuda"}, "device cuda"),
+        ({"measured_clock": True}, "clock measured"),
+        ({"threads": 2}, "1 worker"),
+    ]:
+        chosen, why = _choose("auto", monkeypatch, **kw)
+        assert isinstance(chosen, SequentialExecutor), kw
+        assert reason in why
+    chosen, why = _choose("processes", monkeypatch, workers=3)
+    assert isinstance(chosen, ProcessExecutor) and chosen.workers == 3
+
+
+def test_bad_executor_settings_are_refused_with_the_field():
+    with pytest.raises(ValueError, match=r"workers = 2 is for executor 'processes'"):
+        validate(_config(executor="sequential", workers=2))
+    with pytest.raises(ValueError, match=r"Input should be 'sequential', 'processes' or 'auto'"):
+        validate(_config(executor="threads"))
+    measured = {
+        "preset": "dtfl",
+        "clock": "measured",
+    }
+    with pytest.raises(ValueError, match=r"executor 'processes' with system.clock 'measured'"):
+        validate(_config(executor="processes", system=measured))
+    with pytest.raises(ValueError, match=r"runs on the CPU, got device 'cuda'"):
+        ProcessExecutor(2, device="cuda")
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+def _session_processes(sid: int) -> list[int]:
+    """Every process of session `sid` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path):
+    """`hetfl run` with two workers, interrupted once its workers run: the run stops and
+    every process it started (workers, the fork server) is gone."""
+    raw = _config(executor="processes", workers=2, output_dir=str(tmp_path), name="ctrl-c")
+    raw["train"]["rounds"] = 50
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "hetfl.cli", "run", str(tmp_path / "c.json"), "--quiet"],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
+    metrics = tmp_path / raw["name"] / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert run.poll() is None, run.stderr.read().decode() if run.stderr else ""
+        time.sleep(0.05)
+    assert len(_session_processes(run.pid)) >= 4  # the run, the fork server, two workers
+    os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+    run.wait()
+    assert run.returncode != 0
+    for _ in range(100):  # the fork server leaves once it sees the run's pipe close
+        if not _session_processes(run.pid):
+            break
+        time.sleep(0.05)
+    assert _session_processes(run.pid) == []

@@ -64,9 +64,17 @@ def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.
     arXiv 2406.09877, §5.1; 0, not -inf, which would be a different loss)."""
     if labels is None:
         return outputs
-    keep = torch.zeros(outputs.shape[-1], dtype=torch.bool, device=outputs.device)
+    return outputs.masked_fill(~kept_classes(labels, outputs.shape[-1], outputs.device), 0.0)
+
+
+def kept_classes(
+    labels: tuple[int, ...], num_classes: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """(num_classes,) bool, True for the classes in `labels`: the logits `mask_logits`
+    keeps."""
+    keep = torch.zeros(num_classes, dtype=torch.bool, device=device)
     keep[list(labels)] = True
-    return outputs.masked_fill(~keep, 0.0)
+    return keep
 
 
 @dataclass(frozen=True)

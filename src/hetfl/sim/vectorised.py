@@ -126,6 +126,9 @@ class VectorisedExecutor:
 
     def __init__(self) -> None:
         self.sequential = SequentialExecutor()
+        #: The client ids trained together in the last `run`, one tuple per group (a group
+        #: that fell back to the sequential executor is not listed).
+        self.grouped: list[tuple[int, ...]] = []
 
     def run(
         self,
@@ -137,6 +140,7 @@ class VectorisedExecutor:
         if server is not None:
             return self.sequential.run(programs, jobs, clients, server)
         groups, alone = _groups(programs, jobs, clients)
+        self.grouped = []
         done: dict[int, TaskOutcome] = {}
         for group in groups:
             done.update(self._run_group(programs, group, clients))
@@ -166,6 +170,7 @@ class VectorisedExecutor:
                 for i, m in group.items()
             }
         wall_s = (time.perf_counter() - started) / len(members)
+        self.grouped.append(tuple(m.job.task.cid for m in members))
         return {
             i: TaskOutcome(m.job.task, out, wall_s)
             for (i, m), out in zip(group.items(), outputs, strict=True)
@@ -305,11 +310,18 @@ class _GroupTraining:
         self.names = [k for k in self.owns[0] if k in trainable]
         self.device = self.owns[0][self.names[0]].device
         self.generators = [_copy_generator(m.job.generator) for m in members]
+        # All members' data in one tensor, so that a step gathers its batches at once;
+        # row k's batches index it past the data of rows before k.
+        self.x = torch.cat([m.data.x_train for m in members])
+        self.y = torch.cat([m.data.y_train for m in members])
+        starts = [0]
+        for m in members[:-1]:
+            starts.append(starts[-1] + m.data.n_train)
         self.batches = [
-            [idx.to(self.device) for idx in batch_order(m.data.n_train, self.settings, g)]
-            for m, g in zip(members, self.generators, strict=True)
+            [start + idx.to(self.device) for idx in batch_order(m.data.n_train, self.settings, g)]
+            for m, g, start in zip(members, self.generators, starts, strict=True)
         ]
-        first_x = first.data.x_train[self.batches[0][0]]
+        first_x = self.x[self.batches[0][0]]
         self.used, classes = _used_parameters(template, self.owns[0], self.names, first_x)
         self.optimiser = optimiser_for(self.settings)
         self.groups = param_groups(template, self.names, self.settings)
@@ -370,10 +382,8 @@ class _GroupTraining:
         idx = torch.tensor(ks, device=self.device)
         whole = len(ks) == len(members)
         rows = self.stack if whole else self.stack.rows(idx)
-        x = torch.stack(
-            [members[k].data.x_train[self.batches[k][step]] for k in ks]
-        )  # (K', B, ...)
-        y = torch.stack([members[k].data.y_train[self.batches[k][step]] for k in ks])  # (K', B)
+        batch = torch.stack([self.batches[k][step] for k in ks])  # (K', B)
+        x, y = self.x[batch], self.y[batch]  # (K', B, ...), (K', B)
         keep = None if self.keep is None else self.keep[idx]
         g, (loss, rows.buffers) = self.vmapped(rows.params, rows.buffers, x, y, keep)
         grads = {k: g[k] for k in self.names if k in self.used}

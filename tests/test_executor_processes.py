@@ -207,7 +207,9 @@ def test_auto_takes_processes_only_where_they_can_help(monkeypatch):
 def test_bad_executor_settings_are_refused_with_the_field():
     with pytest.raises(ValueError, match=r"workers = 2 is for executor 'processes'"):
         validate(_config(executor="sequential", workers=2))
-    with pytest.raises(ValueError, match=r"Input should be 'sequential', 'processes' or 'auto'"):
+    with pytest.raises(
+        ValueError, match=r"Input should be 'sequential', 'processes', 'vectorised' or 'auto'"
+    ):
         validate(_config(executor="threads"))
     measured = {
         "preset": "dtfl",

@@ -10,10 +10,9 @@ import torch
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.fednova import StepNormaliser
 from hetfl.core.client import Programs
 from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.terms import ProximalTerm
+from hetfl.core.local.terms import ProximalTerm, StepNormaliser
 from hetfl.core.rng import torch_generator
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.spec import Spec, full_map

@@ -66,8 +66,7 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
             f"  clients {len(sizes)} (train samples min {min(sizes)}, max {max(sizes)}), "
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.programs.device}",
-            f"  executor: {sim.info['executor']}, {cfg.threads} thread(s) per unit; results "
-            "do not depend on the executor",
+            f"  executor: {sim.info['executor']}, {cfg.threads} thread(s) per unit",
             *devices,
             *_described(sim.info.get("strategy", {})),
             f"  output {run_dir}",

@@ -45,11 +45,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from hetfl.algorithms.base import AggregationOptions, register_algorithm
-from hetfl.algorithms.fednova import StepNormaliser, normalised_strategy
+from hetfl.algorithms.fednova import normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.core.init import build_model
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.regularisers import PartialSVT, RademacherTerm
+from hetfl.core.local.terms import StepNormaliser
 from hetfl.core.roles import linear_weight
 from hetfl.core.server_opt import ServerOptSettings
 from hetfl.core.server_update import NormalisedStep, Scaled

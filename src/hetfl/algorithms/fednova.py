@@ -25,54 +25,18 @@ direction is (`hetfl.core.server_opt`, used by FedALRC).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from pydantic import Field
 
 from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.fedprox import FedProxOptions
-from hetfl.core.local.parts import LocalRecipe, TrainContext
-from hetfl.core.local.terms import ProximalTerm
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.local.terms import ProximalTerm, StepNormaliser
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.server_update import Direction, NormalisedStep, Optimised
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-
-
-@dataclass(frozen=True, eq=False)
-class StepNormaliser:
-    """A tracker of ‖a‖₁ step by step for SGD with momentum and a proximal term of weight
-    `mu` (0 without one); `finish` gives the result's `a_norm` and `steps` extras."""
-
-    mu: float = 0.0
-
-    @staticmethod
-    def advance(
-        a_norm: float, counter: float, momentum: float, lr_mu: float
-    ) -> tuple[float, float]:
-        """One local step of the ‖a‖₁ recursion: returns (‖a‖₁, momentum counter)."""
-        if momentum != 0:
-            counter = counter * momentum + 1
-            a_norm += counter
-        if lr_mu != 0:
-            a_norm = a_norm * (1 - lr_mu) + 1
-        if momentum == 0 and lr_mu == 0:
-            a_norm += 1
-        return a_norm, counter
-
-    def after_step(self, ctx: TrainContext) -> None:
-        own = ctx.scratch(self)
-        a_norm, counter = own.get("a_norm", 0.0), own.get("counter", 0.0)
-        lr_mu = ctx.settings.lr * self.mu
-        own["a_norm"], own["counter"] = self.advance(a_norm, counter, ctx.settings.momentum, lr_mu)
-        own["steps"] = own.get("steps", 0) + 1
-
-    def finish(self, ctx: TrainContext) -> dict[str, Any]:
-        own = ctx.scratch(self)
-        return {"a_norm": own["a_norm"], "steps": own["steps"]}
 
 
 def normalised_strategy(

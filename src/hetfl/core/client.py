@@ -26,7 +26,7 @@ from torch import nn
 
 from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model, initialize
-from hetfl.core.local.loop import train_local
+from hetfl.core.local.loop import LocalStats, train_local
 from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.local.terms import mask_logits
 from hetfl.core.rng import sibling_generator, torch_generator
@@ -59,6 +59,12 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
 
 #: Samples per batch of an evaluation; a parallel executor's unit of global evaluation.
 EVAL_BATCH = 1000
+
+
+def trainable_names(template: nn.Module) -> set[str]:
+    """The names of `template`'s parameters that training updates (those requiring a
+    gradient); its other state-dict tensors are buffers to the optimiser."""
+    return {k for k, p in template.named_parameters() if p.requires_grad}
 
 
 @torch.no_grad()
@@ -221,15 +227,9 @@ class ClientProgram:
         it trained) and reaches the parts as `ctx.info`; it is required so that no engine
         can hand the parts a bare `data.info()`. `channel`, given by engines that run the
         strategy's server program, reaches the parts as `ctx.channel`."""
-        if not info.cid == task.cid == self.cid:
-            raise ValueError(
-                f"client {self.cid}'s program got a task for client {task.cid} and the info "
-                f"of client {info.cid}"
-            )
         template = self.models.model_for(task.spec)
-        state = self._state(task.spec, template, task.payload, private)
-        trainable = {k for k, p in template.named_parameters() if p.requires_grad}
-        own = {k: v.detach().to(self.device, copy=True) for k, v in state.items()}
+        own = self.own_tensors(task, info, private)
+        trainable = trainable_names(template)
         params = {k: v.requires_grad_(True) for k, v in own.items() if k in trainable}
         buffers = {k: v for k, v in own.items() if k not in trainable}
         ctx = TrainContext(
@@ -244,6 +244,34 @@ class ClientProgram:
         )
         with dropout_masks(template, sibling_generator(generator, "dropout", self.device)):
             stats = train_local(template, data, self.recipe, ctx, dict(private))
+        return self.output(task, data, own, stats, ctx.passes)
+
+    def own_tensors(
+        self, task: ClientTask, info: ClientInfo, private: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The client's own copy, on the program's device, of every state-dict tensor of
+        `task`'s model, for its training to update in place (`fit`; the vectorised executor,
+        `hetfl.sim.vectorised`, stacks several clients' copies and trains them at once)."""
+        if not info.cid == task.cid == self.cid:
+            raise ValueError(
+                f"client {self.cid}'s program got a task for client {task.cid} and the info "
+                f"of client {info.cid}"
+            )
+        template = self.models.model_for(task.spec)
+        state = self._state(task.spec, template, task.payload, private)
+        return {k: v.detach().to(self.device, copy=True) for k, v in state.items()}
+
+    def output(
+        self,
+        task: ClientTask,
+        data: ClientData,
+        own: Mapping[str, torch.Tensor],
+        stats: LocalStats,
+        recorded: Sequence[PassRecord] = (),
+    ) -> ClientOutput:
+        """The answer to `task` once `own` (`own_tensors`) is trained: the tensors the index
+        map names are sent, the others and the optimiser state `stats` holds are kept.
+        `recorded` are the passes parts recorded (`TrainContext.passes`)."""
         sent = local_names(task.index_map)
         tensors = {k: own[k].detach() for k in sent}
         kept = {k: v.detach() for k, v in own.items() if k not in tensors}
@@ -251,7 +279,7 @@ class ClientProgram:
         passes = [
             PassRecord(spec=task.spec, kind="train", batch=b, count=c)
             for b, c in sorted(stats.default_passes.items())
-        ] + _merge_passes(ctx.passes)
+        ] + _merge_passes(list(recorded))
         result = ClientResult(
             cid=task.cid,
             tensors=tensors,

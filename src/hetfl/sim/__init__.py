@@ -4,6 +4,7 @@ from hetfl.sim.engine import Simulation
 from hetfl.sim.executor import Executor, SequentialExecutor, make_executor
 from hetfl.sim.processes import ProcessExecutor
 from hetfl.sim.tasks import ClientJob, TaskOutcome
+from hetfl.sim.vectorised import VectorisedExecutor
 
 __all__ = [
     "ClientJob",
@@ -12,5 +13,6 @@ __all__ = [
     "SequentialExecutor",
     "Simulation",
     "TaskOutcome",
+    "VectorisedExecutor",
     "make_executor",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +65,17 @@ def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.
     arXiv 2406.09877, §5.1; 0, not -inf, which would be a different loss)."""
     if labels is None:
         return outputs
-    keep = torch.zeros(outputs.shape[-1], dtype=torch.bool, device=outputs.device)
+    return outputs.masked_fill(~kept_classes(labels, outputs.shape[-1], outputs.device), 0.0)
+
+
+def kept_classes(
+    labels: tuple[int, ...], num_classes: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """(num_classes,) bool, True for the classes in `labels`: the logits `mask_logits`
+    keeps."""
+    keep = torch.zeros(num_classes, dtype=torch.bool, device=device)
     keep[list(labels)] = True
-    return outputs.masked_fill(~keep, 0.0)
+    return keep
 
 
 @dataclass(frozen=True)
@@ -80,3 +89,39 @@ class MaskedCrossEntropy:
         labels = ctx.info.labels if ctx.info is not None else None
         outputs = mask_logits(model(x), labels)
         return outputs, F.cross_entropy(outputs, y, reduction="none")
+
+
+@dataclass(frozen=True, eq=False)
+class StepNormaliser:
+    """A tracker of ‖a‖₁ step by step for SGD with momentum and a proximal term of weight
+    `mu` (0 without one); `finish` gives the result's `a_norm` and `steps` extras (Wang et
+    al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+    Optimization", NeurIPS 2020, §4 and Appendix C: the normalised averaging of FedNova,
+    which FedALRC also uses)."""
+
+    mu: float = 0.0
+
+    @staticmethod
+    def advance(
+        a_norm: float, counter: float, momentum: float, lr_mu: float
+    ) -> tuple[float, float]:
+        """One local step of the ‖a‖₁ recursion: returns (‖a‖₁, momentum counter)."""
+        if momentum != 0:
+            counter = counter * momentum + 1
+            a_norm += counter
+        if lr_mu != 0:
+            a_norm = a_norm * (1 - lr_mu) + 1
+        if momentum == 0 and lr_mu == 0:
+            a_norm += 1
+        return a_norm, counter
+
+    def after_step(self, ctx: TrainContext) -> None:
+        own = ctx.scratch(self)
+        a_norm, counter = own.get("a_norm", 0.0), own.get("counter", 0.0)
+        lr_mu = ctx.settings.lr * self.mu
+        own["a_norm"], own["counter"] = self.advance(a_norm, counter, ctx.settings.momentum, lr_mu)
+        own["steps"] = own.get("steps", 0) + 1
+
+    def finish(self, ctx: TrainContext) -> dict[str, Any]:
+        own = ctx.scratch(self)
+        return {"a_norm": own["a_norm"], "steps": own["steps"]}

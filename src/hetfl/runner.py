@@ -13,6 +13,7 @@ from typing import Any
 
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
+from hetfl.core.device import resolve_device
 from hetfl.sim import Simulation, make_executor
 from hetfl.sim.executor import ExecutorName
 
@@ -28,16 +29,18 @@ def build_simulation(
     """The configured run as a `Simulation`. Its executor is the config's `executor`, or
     `executor` when the config does not say (the library's default is sequential; the CLI
     passes auto). A process executor's workers live until `sim.executor.close()`."""
-    p = build_parts(cfg, show_progress=show_progress, label=label)
+    # The executor first: a process executor's fork server imports torch and HetFL while
+    # this process loads and partitions the data.
     chosen, described = make_executor(
         cfg.executor or executor,
         workers=cfg.workers,
         threads=cfg.threads,
-        device=str(p.programs.device),
+        device=str(resolve_device(cfg.device)),
         deterministic=cfg.deterministic,
         clients_per_round=cfg.train.clients_per_round,
         measured_clock=cfg.measured_clock,
     )
+    p = build_parts(cfg, show_progress=show_progress, label=label)
     info = {**p.info, "executor": described}
     return Simulation(
         p.strategy,

@@ -149,14 +149,17 @@ class Simulation(RoundLoop):
     def _job(self, rnd: int, task: ClientTask) -> ClientJob:
         """What the executor needs to train `task`'s client: plain values, no engine."""
         data = self.clients[task.cid]
-        forward = PassRecord(task.spec, "forward", 1, 1)
+        batch = task.config.batch_size  # a batch the model trains on (BatchNorm needs two)
+        step = self.macs.pass_macs(
+            PassRecord(task.spec, "train", batch, 1), self._input_shape(task.cid)
+        )
         return ClientJob(
             task,
             self.infos[task.cid],
             self.store.get(task.cid),
             self._rng(rnd, "train", task.cid),
             self.server_store.get(task.cid),
-            cost=float(data.n_train * self.macs.pass_macs(forward, self._input_shape(task.cid))),
+            cost=data.n_train * step / batch,
         )
 
     def _settle(

@@ -19,7 +19,8 @@ plain and picklable, so that an executor in other processes runs the same units.
 Results do not depend on the executor (the vectorised one excepted): every unit runs with
 the run's intra-op thread count (`threads`), each client's generator is derived from (seed,
 round, client, purpose) and each client's private state is its own, so a unit computes the
-same bits wherever it runs, and the engine combines answers in the same order whichever executor ran them.
+same bits wherever it runs, and the engine combines answers in the same order whichever
+executor ran them.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def make_executor(
     usable cores divided by `threads`."""
     cores = len(os.sched_getaffinity(0))
     count = workers or max(1, cores // threads)
-    if name == "auto":
+    auto = name == "auto"
+    if auto:
         reasons = []
         if device != "cpu":
             reasons.append(f"device {device}")
@@ -184,7 +186,7 @@ def make_executor(
         from hetfl.sim.processes import ProcessExecutor
 
         chosen = ProcessExecutor(count, threads, device=device, deterministic=deterministic)
-        return chosen, chosen.describe() + (" (auto)" if workers is None else "")
+        return chosen, chosen.describe() + (" (auto)" if auto else "")
     if name == "vectorised":
         from hetfl.sim.vectorised import VectorisedExecutor
 

@@ -11,8 +11,8 @@ This executor keeps `workers` processes (`hetfl.sim.worker`) for the run:
 - The programs go to each worker once; within one exchange (a round's trainings, one
   evaluation) a tensor, such as the round's global weights in every task, goes to each
   worker once; each answer comes back as one flat buffer (`hetfl.sim.wire`).
-- Units go to workers largest expected cost first (a client's training samples x MACs of
-  its spec), each worker taking the next when it answers; answers are returned in the
+- Units go to workers largest expected cost first (a client's training samples x MACs
+  of its spec), each worker taking the next when it answers; answers are returned in the
   units' order, so the engine sees what the sequential executor gives it.
 
 Results do not depend on the executor: a unit computes the same bits wherever it runs,
@@ -37,6 +37,7 @@ import multiprocessing as mp
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
@@ -54,6 +55,9 @@ from hetfl.sim.worker import serve
 T = TypeVar("T")
 R = TypeVar("R")
 
+#: What the fork server imports once, so that every worker starts with it imported: the
+#: worker loop, and what unpickling a run's programs imports (models, methods' parts).
+PRELOAD = ["hetfl.sim.worker", "hetfl.models", "hetfl.algorithms"]
 #: Seconds a stopping worker gets before it is killed.
 STOP_GRACE_S = 5.0
 
@@ -102,7 +106,8 @@ class ProcessExecutor:
         self.device, self.deterministic = device, deterministic
         self.in_process = in_process or SequentialExecutor()
         self._context = mp.get_context("forkserver")
-        self._context.set_forkserver_preload(["hetfl.sim.worker"])
+        self._context.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()  # it imports PRELOAD while the caller goes on
         self._pool: list[_Worker] = []
         self._block: SharedBuffer | None = None
         self._programs: Programs | None = None

@@ -61,7 +61,7 @@ class ClientJob:
     `private` is the client's kept state (empty before its first valid round),
     `generator` its (seed, round, client, "train") generator, `server_private` what the
     round's server program kept for it (empty without a server program), `cost` its
-    expected work (training samples x MACs of one forward pass of its spec), by which a
+    expected work (training samples x MACs of training one sample of its spec), by which a
     parallel executor orders the round's jobs, largest first."""
 
     task: ClientTask

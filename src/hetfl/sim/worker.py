@@ -29,7 +29,6 @@ from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 
 def serve(conn: Connection, threads: int, device: str, deterministic: bool) -> None:
     """The worker's loop (the target of its process)."""
-    import sklearn.datasets  # noqa
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ data:
   test_per_client: 20
 model: {name: mlp}
 train: {rounds: 2, clients_per_round: 3, batch_size: 32, lr: 0.1}
+executor: sequential
 """
 
 

@@ -3,7 +3,6 @@ initialisation, sampling, registries and BatchNorm re-estimation."""
 
 from __future__ import annotations
 
-import io
 import itertools
 import math
 from dataclasses import replace
@@ -32,6 +31,7 @@ from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
+from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.models import PlainFamily, ScalableFamily
 from hetfl.systems.costs import MacCounter
 
@@ -152,16 +152,14 @@ def test_store_iterates_sorted_and_counts_bytes():
     assert store.nbytes() == 72
 
 
-def test_store_state_dict_round_trip_through_torch_save():
+def test_store_entries_round_trip_through_a_checkpoint(tmp_path):
     store = ClientStore()
     store.put(2, {"w": torch.tensor([[1.0, 2.0]]), "n": torch.tensor(5)})
     store.put(9, {"head.bias": torch.tensor([0.5, -0.5])})
-    buf = io.BytesIO()
-    torch.save(store.state_dict(), buf)
-    buf.seek(0)
+    save_checkpoint(tmp_path, {"round": 1, "store": store.entries()})
     other = ClientStore()
     other.put(77, {"stale": torch.ones(1)})  # replaced, not merged
-    other.load_state_dict(torch.load(buf))
+    other.load_entries(load_checkpoint(tmp_path)["store"])
     assert list(other) == [2, 9]
     assert 77 not in other
     assert torch.equal(other.get(2)["w"], torch.tensor([[1.0, 2.0]]))
@@ -170,20 +168,11 @@ def test_store_state_dict_round_trip_through_torch_save():
     assert other.nbytes() == store.nbytes()
 
 
-def test_store_load_state_dict_accepts_string_ids():
+def test_store_load_entries_accepts_string_ids():
     store = ClientStore()
-    store.load_state_dict({"3": {"a": torch.ones(1)}})
+    store.load_entries({"3": {"a": torch.ones(1)}})
     assert 3 in store
     assert list(store) == [3]
-
-
-def test_store_state_dict_is_a_snapshot_of_entries():
-    store = ClientStore()
-    store.put(1, {"a": torch.ones(1)})
-    snap = store.state_dict()
-    store.put(1, {"a": torch.zeros(1), "b": torch.zeros(1)})
-    assert set(snap[1]) == {"a"}
-    assert torch.equal(snap[1]["a"], torch.ones(1))
 
 
 # -- batch_order -----------------------------------------------------------------------------------

@@ -7,14 +7,15 @@ serialises into checkpoints; nothing in it is ever counted in bytes.
 
 With a memory budget (`StoreSettings.memory_budget`, bytes), the store holds at most that
 many bytes of entries in memory: when a `put` or a `get` takes it over, the least recently
-used entries are written to the spill directory, one raw file per client
-(`hetfl.core.entryfile`), and read back when next asked for. One file per client, not an
-append-only segment: a client's new entry replaces its file, so no dead records pile up
-and nothing needs compacting; at 0.05 ms per 17 KiB entry, the files cost little next to
-training. An entry read back stays on disk until it is replaced, so evicting it again
-writes nothing. Where an entry lives never changes its value: a run with a budget equals
-one without, bit for bit. `close()` removes the spill directory (the simulator calls it
-when a run ends, error or Ctrl-C included).
+used entries are appended to one segment file in the spill directory as raw records
+(`hetfl.core.entryfile.SpillSegment`), and read back when next asked for. A segment, not
+one file per client: on this machine's ext4, creating a new 18 KB file took 1.4 ms and
+rewriting an existing one 0.3 ms, against 0.04 ms to append the same bytes to one open
+file (1,000 writes each); a replaced record is dead space until the segment is compacted.
+An entry read back stays on disk until it is replaced, so evicting it again writes
+nothing. Where an entry lives never changes its value: a run with a budget equals one
+without, bit for bit. `close()` removes the spill directory (the simulator calls it when a
+run ends, error or Ctrl-C included).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from hetfl.core.entryfile import Entries, read_entry, write_entry
+from hetfl.core.entryfile import Entries, SpillSegment
 
 State = dict[str, torch.Tensor]
 
@@ -59,9 +60,9 @@ class ClientStore:
         if self.memory_budget is not None and spill_dir is None:
             raise ValueError("a client store with a memory_budget needs a spill_dir")
         self.spill_dir = spill_dir
+        self._disk = None if spill_dir is None else SpillSegment(spill_dir / "entries.spill")
         self._memory: OrderedDict[int, State] = OrderedDict()  # least recently used first
         self._sizes: dict[int, int] = {}  # every entry's bytes, in memory or spilled
-        self._on_disk: set[int] = set()  # entries whose spill file holds their value
         self._memory_bytes = 0
         self._total_bytes = 0
         self._closed = False
@@ -132,6 +133,8 @@ class ClientStore:
         """Remove the spill directory. Entries in memory stay readable; a spilled one is
         gone, and asking for it raises."""
         self._closed = True
+        if self._disk is not None:
+            self._disk.close()
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
@@ -144,7 +147,7 @@ class ClientStore:
             return
         while self._memory_bytes > self.memory_budget:
             old, evicted = self._memory.popitem(last=False)
-            if old not in self._on_disk:
+            if old not in self._spilled():
                 self._write_spilled(old, evicted)
             self._memory_bytes -= self._sizes[old]
 
@@ -153,34 +156,27 @@ class ClientStore:
         if cid in self._memory:
             del self._memory[cid]
             self._memory_bytes -= self._sizes[cid]
-        if cid in self._on_disk:
-            self._on_disk.discard(cid)
-            self._spill_path(cid).unlink()
+        if self._disk is not None:
+            self._disk.discard(cid)
         self._total_bytes -= self._sizes.pop(cid, 0)
 
-    def _spill_path(self, cid: int) -> Path:
-        assert self.spill_dir is not None  # a budget needs a spill_dir (checked at init)
-        return self.spill_dir / f"{cid}.entry"
+    def _spilled(self) -> SpillSegment:
+        assert self._disk is not None  # a budget needs a spill_dir (checked at init)
+        return self._disk
 
     def _write_spilled(self, cid: int, entry: State) -> None:
         if self._closed:
             raise RuntimeError(f"the client store was closed: client {cid}'s entry cannot spill")
-        path = self._spill_path(cid)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as fh:
-            write_entry(fh, cid, entry)
-        self._on_disk.add(cid)
+        self._spilled().write(cid, entry)
 
     def _read_spilled(self, cid: int) -> State:
-        path = self._spill_path(cid)
         if self._closed:
             raise RuntimeError(
-                f"client {cid}'s entry was spilled to {path}, removed when the store was closed "
-                "(at the end of the run): read it from the run's checkpoint instead "
+                f"client {cid}'s entry was spilled to {self.spill_dir}, removed when the store "
+                "was closed (at the end of the run): read it from the run's checkpoint instead "
                 "(hetfl.engine.checkpoint.load_checkpoint(run_dir / 'checkpoints')['store'])"
             )
-        with open(path, "rb") as fh:
-            return read_entry(fh, path)[1]
+        return self._spilled().read(cid)
 
 
 class _StoreEntries(Entries):

@@ -21,7 +21,15 @@ def build_simulation(
 ) -> Simulation:
     p = build_parts(cfg, show_progress=show_progress, label=label)
     return Simulation(
-        p.strategy, p.programs, p.clients, p.test, p.settings, run_dir, p.info, p.progress
+        p.strategy,
+        p.programs,
+        p.clients,
+        p.test,
+        p.settings,
+        run_dir,
+        p.info,
+        p.progress,
+        store=p.store,
     )
 
 

@@ -132,6 +132,10 @@ class SpillSegment:
     def __contains__(self, cid: object) -> bool:
         return cid in self._where
 
+    def nbytes(self) -> int:
+        """The segment's size, dead records included."""
+        return self._end
+
     def write(self, cid: int, entry: Mapping[str, torch.Tensor]) -> None:
         """Append `entry` as `cid`'s record (any older one becomes dead)."""
         self.discard(cid)

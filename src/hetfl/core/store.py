@@ -103,6 +103,14 @@ class ClientStore:
         """The bytes of the entries held in memory (at most the budget after every call)."""
         return self._memory_bytes
 
+    def spill_nbytes(self) -> int:
+        """The bytes of the spill file, dead records (replaced entries) included."""
+        return 0 if self._disk is None else self._disk.nbytes()
+
+    def in_memory(self) -> list[int]:
+        """The ids of the entries held in memory, least recently used (next to spill) first."""
+        return list(self._memory)
+
     def spilled_count(self) -> int:
         """How many entries are on disk only."""
         return len(self._sizes) - len(self._memory)

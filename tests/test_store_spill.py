@@ -140,9 +140,9 @@ def _config(**store) -> dict:
         "threads": 1,
         "algorithm": "fedavg",
         "options": {"fedavg": {"private_norm": True, "private_head": True}},
-        "data": {"dataset": "digits", "num_clients": 20, "test_per_client": 10},
+        "data": {"dataset": "digits", "num_clients": 20, "test_per_client": 5},
         "model": {"name": "stage-cnn", "stages": 2, "bn": "batch"},
-        "train": {"rounds": 4, "clients_per_round": 6, "local_steps": 2, "batch_size": 16},
+        "train": {"rounds": 3, "clients_per_round": 6, "local_steps": 2, "batch_size": 16},
         "eval": {"local_eval": "all"},
         "store": store,
     }

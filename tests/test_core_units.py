@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from hetfl.config import validate
-from hetfl.core.assign import uniform_sample
+from hetfl.algorithms import ALGORITHMS
+from hetfl.config import ConfigError, validate
+from hetfl.core.assign import CyclicSampling, UniformSampling, uniform_sample
 from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
@@ -404,6 +405,35 @@ def test_uniform_sample_k_distinct_sorted_reproducible():
     assert set(a) <= set(range(1, 31))
     draws = {tuple(c.cid for c in uniform_sample(pool, 7, _gen(s))) for s in range(10)}
     assert len(draws) > 1
+
+
+def test_cyclic_sampling_draws_every_client_once_per_pass_and_resumes():
+    clients = _infos(list(range(10)))
+    sampler = CyclicSampling(3)
+    sampler.setup(clients)
+    rounds = [[c.cid for c in sampler.sample(r, clients, _gen(r))] for r in (1, 2, 3)]
+    assert all(len(r) == 3 and r == sorted(r) for r in rounds)
+    drawn = [cid for r in rounds for cid in r]
+    assert len(set(drawn)) == 9  # no client twice in the pass
+    (left,) = set(range(10)) - set(drawn)
+    saved = sampler.extra_state()
+    assert saved == {"sampler_drawn": sorted(drawn)}
+    fourth = [c.cid for c in sampler.sample(4, clients, _gen(4))]
+    assert left in fourth and len(fourth) == 3 == len(set(fourth))  # the pass ends, one begins
+    assert sampler.drawn == set(fourth) - {left}
+    resumed = CyclicSampling(3)
+    resumed.setup(clients)
+    resumed.load_extra_state(saved)
+    assert [c.cid for c in resumed.sample(4, clients, _gen(4))] == fourth
+
+
+def test_the_sampling_option_chooses_the_sampler():
+    cfg = validate({"options": {"fedavg": {"sampling": "cyclic"}}})
+    opts = ALGORITHMS.get("fedavg").options(**cfg.options["fedavg"])
+    assert isinstance(opts.sampler(2), CyclicSampling)
+    assert isinstance(ALGORITHMS.get("heterofl").options().sampler(2), UniformSampling)
+    with pytest.raises(ConfigError, match=r"options\.fedavg\.sampling: .*'uniform' or 'cyclic'"):
+        validate({"options": {"fedavg": {"sampling": "round-robin"}}})
 
 
 # -- Registry --------------------------------------------------------------------------------------

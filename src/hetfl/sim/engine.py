@@ -48,6 +48,7 @@ from hetfl.core.types import (
     Problem,
     State,
 )
+from hetfl.engine.heap import trim_heap
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import pooled_bn_statistics
@@ -202,8 +203,9 @@ class Simulation(RoundLoop):
         )
 
     def after_training(self, outcome: RoundOutcome) -> None:
-        """Advance the clock: add the round's time, and give each client's times to the
-        next `plan`."""
+        """Give the round's freed heap back (`hetfl.engine.heap`); advance the clock: add the
+        round's time, and give each client's times to the next `plan`."""
+        trim_heap()
         if self.clock is None:
             return
         self.counters.sim_time_s += self.clock.round_time(outcome.times.values())

@@ -5,6 +5,7 @@ uninterrupted one without, and no spill file outlives the run."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from hetfl.config import ConfigError, validate
 from hetfl.core.entryfile import SpillSegment
 from hetfl.core.store import ClientStore, StoreSettings, entry_nbytes
 from hetfl.engine.checkpoint import load_checkpoint
+from hetfl.engine.heap import _malloc_trim, trim_heap
 from hetfl.runner import build_simulation
 
 
@@ -217,3 +219,22 @@ def test_a_memory_budget_that_is_not_a_size_is_refused(given):
 def test_a_negative_memory_budget_is_refused():
     with pytest.raises(ConfigError, match=r"store\.memory_budget: .*greater than or equal to 0"):
         validate({"store": {"memory_budget": -1}})
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="the C library has no malloc_trim")
+def test_trim_heap_gives_the_freed_space_between_live_blocks_back():
+    """Long-lived small blocks among many freed ones (a store entry among a round's
+    activations): the freed space stays resident until the heap is trimmed."""
+    kept, freed = [], [bytearray(8192) for _ in range(20_000)]  # 160 MiB
+    kept += [bytearray(512) for _ in freed[::16]]
+    del freed
+    before = _rss_bytes()
+    trim_heap()
+    assert _rss_bytes() < before - (100 << 20)

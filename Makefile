@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup data demo test golden bench lint clean
+.PHONY: setup data demo test golden bench bench-scale lint clean
 
 setup: $(VENV)/.installed data
 
@@ -50,6 +50,11 @@ golden: setup
 # Speed and memory against a plain-PyTorch floor (not a test; see benchmarks/README.md).
 bench: setup
 	$(PY) benchmarks/bench_fedavg.py
+
+# Peak memory of 10,000 clients with private layers under a store memory budget (not part
+# of `bench`; see benchmarks/README.md).
+bench-scale: setup
+	$(PY) benchmarks/bench_scale.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -104,7 +104,10 @@ def main() -> None:
         times: dict[str, list[float]] = {"sequential": [], "vectorised": []}
         diff = 0.0
         for rep in range(args.reps):
-            order = [("sequential", sequential), ("vectorised", vectorised)]
+            order: list[tuple[str, Executor]] = [
+                ("sequential", sequential),
+                ("vectorised", vectorised),
+            ]
             outcomes = {}
             for name, executor in order if rep % 2 == 0 else order[::-1]:
                 seconds, outcomes[name] = _timed(executor, sim)

@@ -3,7 +3,6 @@ initialisation, sampling, registries and BatchNorm re-estimation."""
 
 from __future__ import annotations
 
-import io
 import itertools
 import math
 from dataclasses import replace
@@ -13,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from hetfl.config import validate
-from hetfl.core.assign import uniform_sample
+from hetfl.algorithms import ALGORITHMS
+from hetfl.config import ConfigError, validate
+from hetfl.core.assign import CyclicSampling, UniformSampling, uniform_sample
 from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
@@ -32,6 +32,7 @@ from hetfl.core.spec import Spec, full_map
 from hetfl.core.store import ClientStore
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
+from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.models import PlainFamily, ScalableFamily
 from hetfl.systems.costs import MacCounter
 
@@ -152,16 +153,14 @@ def test_store_iterates_sorted_and_counts_bytes():
     assert store.nbytes() == 72
 
 
-def test_store_state_dict_round_trip_through_torch_save():
+def test_store_entries_round_trip_through_a_checkpoint(tmp_path):
     store = ClientStore()
     store.put(2, {"w": torch.tensor([[1.0, 2.0]]), "n": torch.tensor(5)})
     store.put(9, {"head.bias": torch.tensor([0.5, -0.5])})
-    buf = io.BytesIO()
-    torch.save(store.state_dict(), buf)
-    buf.seek(0)
+    save_checkpoint(tmp_path, {"round": 1, "store": store.entries()})
     other = ClientStore()
     other.put(77, {"stale": torch.ones(1)})  # replaced, not merged
-    other.load_state_dict(torch.load(buf))
+    other.load_entries(load_checkpoint(tmp_path)["store"])
     assert list(other) == [2, 9]
     assert 77 not in other
     assert torch.equal(other.get(2)["w"], torch.tensor([[1.0, 2.0]]))
@@ -170,20 +169,11 @@ def test_store_state_dict_round_trip_through_torch_save():
     assert other.nbytes() == store.nbytes()
 
 
-def test_store_load_state_dict_accepts_string_ids():
+def test_store_load_entries_accepts_string_ids():
     store = ClientStore()
-    store.load_state_dict({"3": {"a": torch.ones(1)}})
+    store.load_entries({"3": {"a": torch.ones(1)}})
     assert 3 in store
     assert list(store) == [3]
-
-
-def test_store_state_dict_is_a_snapshot_of_entries():
-    store = ClientStore()
-    store.put(1, {"a": torch.ones(1)})
-    snap = store.state_dict()
-    store.put(1, {"a": torch.zeros(1), "b": torch.zeros(1)})
-    assert set(snap[1]) == {"a"}
-    assert torch.equal(snap[1]["a"], torch.ones(1))
 
 
 # -- batch_order -----------------------------------------------------------------------------------
@@ -415,6 +405,35 @@ def test_uniform_sample_k_distinct_sorted_reproducible():
     assert set(a) <= set(range(1, 31))
     draws = {tuple(c.cid for c in uniform_sample(pool, 7, _gen(s))) for s in range(10)}
     assert len(draws) > 1
+
+
+def test_cyclic_sampling_draws_every_client_once_per_pass_and_resumes():
+    clients = _infos(list(range(10)))
+    sampler = CyclicSampling(3)
+    sampler.setup(clients)
+    rounds = [[c.cid for c in sampler.sample(r, clients, _gen(r))] for r in (1, 2, 3)]
+    assert all(len(r) == 3 and r == sorted(r) for r in rounds)
+    drawn = [cid for r in rounds for cid in r]
+    assert len(set(drawn)) == 9  # no client twice in the pass
+    (left,) = set(range(10)) - set(drawn)
+    saved = sampler.extra_state()
+    assert saved == {"sampler_drawn": sorted(drawn)}
+    fourth = [c.cid for c in sampler.sample(4, clients, _gen(4))]
+    assert left in fourth and len(fourth) == 3 == len(set(fourth))  # the pass ends, one begins
+    assert sampler.drawn == set(fourth) - {left}
+    resumed = CyclicSampling(3)
+    resumed.setup(clients)
+    resumed.load_extra_state(saved)
+    assert [c.cid for c in resumed.sample(4, clients, _gen(4))] == fourth
+
+
+def test_the_sampling_option_chooses_the_sampler():
+    cfg = validate({"options": {"fedavg": {"sampling": "cyclic"}}})
+    opts = ALGORITHMS.get("fedavg").options(**cfg.options["fedavg"])
+    assert isinstance(opts.sampler(2), CyclicSampling)
+    assert isinstance(ALGORITHMS.get("heterofl").options().sampler(2), UniformSampling)
+    with pytest.raises(ConfigError, match=r"options\.fedavg\.sampling: .*'uniform' or 'cyclic'"):
+        validate({"options": {"fedavg": {"sampling": "round-robin"}}})
 
 
 # -- Registry --------------------------------------------------------------------------------------

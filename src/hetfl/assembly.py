@@ -119,4 +119,6 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     )
     info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
-    return Parts(strategy, programs, fed.clients, fed.test, settings, info, progress)
+    return Parts(
+        strategy, programs, fed.clients, fed.test, settings, info, progress, cfg.store.settings()
+    )

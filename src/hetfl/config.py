@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.core.schedule import LrSchedule
+from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
@@ -309,6 +311,45 @@ class DeployConfig(_Strict):
         return v
 
 
+_SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB)\s*")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int of bytes or a string such as "64MiB" (units B, KiB, MiB, GiB;
+    binary, so 1 MiB = 1,048,576 bytes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(
+            "must be a number of bytes (an integer) or a size with a unit such as '64MiB' "
+            f"(units: {', '.join(_SIZE_UNITS)})"
+        )
+    return int(float(match[1]) * _SIZE_UNITS[match[2]])
+
+
+class StoreConfig(_Strict):
+    """The simulator's client store (`hetfl.core.store`): private state over
+    `memory_budget` spills to disk in the run directory (the Flower nodes keep theirs in
+    `deploy.state_dir` instead)."""
+
+    memory_budget: int | None = Field(
+        None,
+        ge=0,
+        description="bytes of client private state held in memory, e.g. 64MiB; the rest "
+        "spills to disk (default: no limit)",
+    )
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_size(v)
+
+    def settings(self) -> StoreSettings:
+        return StoreSettings(self.memory_budget)
+
+
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.\-]+$")
     seed: int = Field(0, ge=0)
@@ -325,6 +366,7 @@ class RunConfig(_Strict):
     system: SystemConfig = Field(
         SystemConfig(), description="device profiles, simulated clock, deadline"
     )
+    store: StoreConfig = StoreConfig()
     targets: list[TargetConfig] = Field(default_factory=list)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     deterministic: bool = Field(

@@ -52,6 +52,7 @@ def build_simulation(
         info,
         p.progress,
         executor=chosen,
+        store=p.store,
     )
 
 

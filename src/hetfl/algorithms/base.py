@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetfl import catalogue
+from hetfl.core.assign import CyclicSampling, UniformSampling
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.registry import Registry
 from hetfl.core.robust import ReducerKind, ReducerSettings
@@ -57,10 +58,18 @@ class ReducerOptions(Options):
 
 
 class AggregationOptions(ReducerOptions):
-    """The reducer and the clients' weights (`hetfl.core.weighting`): by training-sample
-    count (FedAvg's p_k, the default) or `uniform`."""
+    """The reducer, the clients' weights (`hetfl.core.weighting`): by training-sample
+    count (FedAvg's p_k, the default) or `uniform`, and how clients are sampled:
+    `uniform`, afresh each round (FedAvg's Algorithm 1), or `cyclic`, uniformly without
+    replacement across rounds (`hetfl.core.assign.CyclicSampling`)."""
 
     weighting: WeightingName = "samples"
+    sampling: Literal["uniform", "cyclic"] = "uniform"
+
+    def sampler(self, clients_per_round: int) -> UniformSampling | CyclicSampling:
+        if self.sampling == "cyclic":
+            return CyclicSampling(clients_per_round)
+        return UniformSampling(clients_per_round)
 
 
 @dataclass(frozen=True)

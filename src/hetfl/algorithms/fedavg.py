@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetfl.algorithms.base import AggregationOptions, register_algorithm
-from hetfl.core.assign import UniformSampling, one_spec
+from hetfl.core.assign import one_spec
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import MapTransform, private_layers
 from hetfl.core.server_update import Averaged, ServerUpdate
@@ -63,12 +63,12 @@ def one_model_strategy(
     transforms: Sequence[MapTransform] = (),
 ) -> Strategy:
     """The server of FedAvg and the methods that change only its update (FedOpt, FedNova,
-    FedALRC) or local training (FedProx): uniform sampling, the family's one spec, the
-    options' weighting and reducer, then `server_update`."""
+    FedALRC) or local training (FedProx): the options' sampling, the family's one spec,
+    weighting and reducer, then `server_update`."""
     return Strategy(
         family,
         train=train,
-        sampler=UniformSampling(clients_per_round),
+        sampler=opts.sampler(clients_per_round),
         assignment=one_spec(family.global_spec([])),
         transforms=transforms,
         weighting=weighting(opts.weighting),

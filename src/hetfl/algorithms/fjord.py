@@ -37,7 +37,6 @@ from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.width_eval import LevelModels
 from hetfl.algorithms.widths import WidthAssignment, check_levels, full_width_base, level_specs
-from hetfl.core.assign import UniformSampling
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.maps import private_layers
@@ -102,7 +101,7 @@ def fjord_strategy(
     return Strategy(
         family,
         train=train,
-        sampler=UniformSampling(clients_per_round),
+        sampler=opts.sampler(clients_per_round),
         assignment=WidthAssignment(levels, proportions, level_spec, dynamic=False),
         transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
         weighting=weighting(opts.weighting),

@@ -46,7 +46,6 @@ from hetfl.algorithms.widths import (
     full_width_base,
     level_specs,
 )
-from hetfl.core.assign import UniformSampling
 from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
@@ -144,7 +143,7 @@ def _make(
     strategy = Strategy(
         family,
         train=train,
-        sampler=UniformSampling(clients_per_round),
+        sampler=opts.sampler(clients_per_round),
         assignment=assignment,
         transforms=transforms,
         weighting=weighting(opts.weighting),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -62,6 +62,48 @@ class UniformSampling:
         self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
     ) -> list[ClientInfo]:
         return uniform_sample(available, self.clients_per_round, rng)
+
+
+class CyclicSampling:
+    """`clients_per_round` clients drawn uniformly without replacement across rounds: a
+    round draws from the available clients not yet drawn in the current pass over the
+    clients; when fewer remain, it takes them all, a new pass begins and the rest of the
+    round is drawn from the other available clients. So every client takes part once per
+    pass (N / clients_per_round rounds with every client available), which lets a run of
+    that many rounds give every client private state. A client unavailable when its pass
+    ends waits for the next. The clients drawn in the current pass are checkpointed
+    (`extra_state`)."""
+
+    def __init__(self, clients_per_round: int) -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        self.clients_per_round = clients_per_round
+        self.drawn: set[int] = set()
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        self.drawn = set()
+
+    def sample(
+        self, round: int, available: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[ClientInfo]:
+        k = self.clients_per_round
+        fresh = [c for c in available if c.cid not in self.drawn]
+        if len(fresh) >= k:
+            chosen = uniform_sample(fresh, k, rng)
+            self.drawn |= {c.cid for c in chosen}
+            return chosen
+        ending = {c.cid for c in fresh}
+        starting = uniform_sample(
+            [c for c in available if c.cid not in ending], k - len(fresh), rng
+        )
+        self.drawn = {c.cid for c in starting}
+        return sorted([*fresh, *starting], key=lambda c: c.cid)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"sampler_drawn": sorted(self.drawn)}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.drawn = set(state["sampler_drawn"])
 
 
 #: A client group's key (ScalableFL's (input side, classes)); keys are sorted.

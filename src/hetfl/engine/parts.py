@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hetfl.core.client import Programs
+from hetfl.core.store import StoreSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientData
 from hetfl.engine.progress import Progress
@@ -23,7 +24,8 @@ from hetfl.engine.rounds import RoundSettings
 class Parts:
     """What a run is made of, before an engine runs it. `clients` holds every client's
     data on this machine (the Flower server builds it too, and uses only the pooled
-    validation splits)."""
+    validation splits). `store` bounds the simulator's client store in memory (the Flower
+    nodes keep their private state in their own state directory)."""
 
     strategy: Strategy
     programs: Programs
@@ -32,3 +34,4 @@ class Parts:
     settings: RoundSettings
     info: dict[str, Any]
     progress: Progress
+    store: StoreSettings

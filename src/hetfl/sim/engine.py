@@ -35,7 +35,7 @@ from hetfl.core.client import EVAL_BATCH, BNStatistics, Programs, apply_bn_stati
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes
-from hetfl.core.store import ClientStore
+from hetfl.core.store import ClientStore, StoreSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientData,
@@ -50,6 +50,7 @@ from hetfl.core.types import (
     Problem,
     State,
 )
+from hetfl.engine.heap import trim_heap
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import add_bn_statistics, stats_shares
@@ -84,10 +85,13 @@ class Simulation(RoundLoop):
         progress: Progress | None = None,
         attrs: Mapping[int, Mapping[str, Any]] | None = None,
         executor: Executor | None = None,
+        store: StoreSettings | None = None,
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
         capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
-        client trainings (`hetfl.sim.executor`; default: sequentially, in process)."""
+        client trainings (`hetfl.sim.executor`; default: sequentially, in process).
+        `store` bounds the client store's memory; entries over its budget spill into
+        `run_dir/spill`, removed when `run` returns or raises (`hetfl.core.store`)."""
         super().__init__(
             strategy, programs, test, settings, run_dir, info, progress, pooled_validation(clients)
         )
@@ -98,7 +102,9 @@ class Simulation(RoundLoop):
         if unknown:
             raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
         self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
-        self.store = ClientStore()
+        store = store or StoreSettings()
+        spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
+        self.store = ClientStore(store, spill_dir)
         self.server_store = ClientStore()  # what server programs keep per client
         system = settings.system
         self.schedule = (
@@ -109,12 +115,16 @@ class Simulation(RoundLoop):
 
     def run(self, resume: bool = False) -> dict[str, Any]:
         """Run (or continue) the experiment, with the run's data placed where the
-        executor's units read it (shared memory under the process executor)."""
+        executor's units read it (shared memory under the process executor); the client
+        store's spill files are removed when it returns or raises (Ctrl-C included)."""
         self.clients, test, self.validation = self.executor.share(
             (self.clients, (self.x_test, self.y_test), self.validation)
         )
         self.x_test, self.y_test = test
-        return super().run(resume)
+        try:
+            return super().run(resume)
+        finally:
+            self.store.close()
 
     # -- the engine's hooks -------------------------------------------------------------
     def known_clients(self) -> list[ClientInfo]:
@@ -216,8 +226,9 @@ class Simulation(RoundLoop):
         )
 
     def after_training(self, outcome: RoundOutcome) -> None:
-        """Advance the clock: add the round's time, and give each client's times to the
-        next `plan`."""
+        """Give the round's freed heap back (`hetfl.engine.heap`); advance the clock: add the
+        round's time, and give each client's times to the next `plan`."""
+        trim_heap()
         if self.clock is None:
             return
         self.counters.sim_time_s += self.clock.round_time(outcome.times.values())
@@ -299,15 +310,16 @@ class Simulation(RoundLoop):
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint_extras(self) -> dict[str, Any]:
+        """The stores as views, which the checkpoint streams one client at a time."""
         return {
-            "store": self.store.state_dict(),
-            "server_store": self.server_store.state_dict(),
+            "store": self.store.entries(),
+            "server_store": self.server_store.entries(),
             "sim_times": dict(self.sim_times),
         }
 
     def restore_extras(self, ckpt: dict[str, Any]) -> None:
-        self.store.load_state_dict(ckpt["store"])
-        self.server_store.load_state_dict(ckpt.get("server_store", {}))
+        self.store.load_entries(ckpt["store"])
+        self.server_store.load_entries(ckpt["server_store"])
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_times(cid, times)
 

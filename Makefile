@@ -49,7 +49,7 @@ golden: setup
 
 # Speed and memory against a plain-PyTorch floor (not a test; see benchmarks/README.md).
 bench: setup
-	$(PY) benchmarks/bench_fedavg.py
+	$(PY) benchmarks/bench.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

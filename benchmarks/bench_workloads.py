@@ -61,7 +61,7 @@ class Workload:
 
 WORKLOADS = {
     "A": Workload("A", "fedavg", "small-cnn", 20, 20, rounds=5, quick_rounds=2, target=0.60),
-    "B": Workload("B", "fedavg", "small-cnn", 200, 20, rounds=20, quick_rounds=3, target=0.60),
+    "B": Workload("B", "fedavg", "small-cnn", 200, 20, rounds=10, quick_rounds=3, target=0.60),
     "H": Workload(
         "H",
         "heterofl",

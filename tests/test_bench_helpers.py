@@ -13,15 +13,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_proc import (  # noqa: E402
+from bench_proc import (
     descendants,
     others_cores,
     parse_parent,
     parse_pss_kib,
     tree_pss_kib,
 )
-from bench_summary import per_round_medians, ratio_line, round_ratio  # noqa: E402
-from bench_workloads import executor_overrides  # noqa: E402
+from bench_summary import per_round_medians, ratio_line, round_ratio
+from bench_workloads import executor_overrides
 
 ROLLUP = """55d0c0000000-7ffd00000000 ---p 00000000 00:00 0                          [rollup]
 Rss:                1692 kB

@@ -49,7 +49,7 @@ class Workload:
     stats_samples: int | None = None
 
     def describe(self, rounds: int) -> str:
-        data = f"{self.samples} samples each" if self.samples else "IID shares"
+        data = f"{self.samples} samples each" if self.samples else "the training set split evenly"
         widths = f", widths {'/'.join(f'{r:g}' for r in self.levels)}" if self.levels else ""
         test = f"{self.test_samples}-image test subset" if self.test_samples else "10k test set"
         return (

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from bench_proc import (
+    PeakTreePss,
     descendants,
     others_cores,
     parse_parent,
@@ -49,8 +50,10 @@ def test_descendants_follow_every_generation_and_nothing_else() -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
 def test_tree_pss_counts_a_child_process() -> None:
-    """A child holding 64 MiB adds about that much to its parent's tree."""
+    """A child holding 64 MiB adds about that much to its parent's tree, now and at the
+    peak the watcher saw."""
     alone = tree_pss_kib(os.getpid())
+    watch = PeakTreePss(os.getpid(), interval_s=0.05)
     code = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -59,9 +62,11 @@ def test_tree_pss_counts_a_child_process() -> None:
             time.sleep(0.1)
         assert tree_pss_kib(os.getpid()) - alone >= 60 * 1024
         assert tree_pss_kib(child.pid) >= 60 * 1024
+        time.sleep(0.3)  # a few watches with the child at its size
     finally:
         child.kill()
         child.wait()
+    assert watch.stop() - alone >= 60 * 1024
 
 
 def test_others_cores_subtract_the_side_and_the_driver() -> None:

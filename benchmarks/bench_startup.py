@@ -3,7 +3,7 @@ with the interpreter and `PYTHONPATH` the benchmark runs under (so the tree meas
 one benchmarked):
 
 - `hetfl --help` and `hetfl list`: wall time of the whole command, median of `RUNS`;
-- `hetfl run <config>` on workload A's config with 1 round (and the benchmark's executor
+- `hetfl run <config>` on workload B's config with 1 round (and the benchmark's executor
   keys): from the command's start to the start banner, which `hetfl run` prints after the
   data is loaded and the initial global state is set up, just before round 1 starts; to
   the first metrics row (the progress line `round 1/1`, printed once the row is written,
@@ -62,12 +62,12 @@ def startup(workdir: Path, executor: dict[str, Any]) -> list[str]:
     help_s = statistics.median(command_s(["--help"]) for _ in range(RUNS))
     list_s = statistics.median(command_s(["list"]) for _ in range(RUNS))
     config = workdir / "startup.yaml"
-    cfg = hetfl_config(WORKLOADS["A"], 1, str(workdir / "startup-runs"), executor)
+    cfg = hetfl_config(WORKLOADS["B"], 1, str(workdir / "startup-runs"), executor)
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     marks = run_marks(config)
     return [
         f"start-up: `hetfl --help` {help_s:.2f} s, `hetfl list` {list_s:.2f} s (median of {RUNS})",
-        f"start-up: `hetfl run` (workload A, 1 round): start banner (data loaded, state set "
+        f"start-up: `hetfl run` (workload B, 1 round): start banner (data loaded, state set "
         f"up, round 1 about to start) at {marks['banner']:.2f} s, first metrics row at "
         f"{marks['first_row']:.2f} s, exit at {marks['end']:.2f} s",
     ]

@@ -49,7 +49,7 @@ golden: setup
 
 # Speed and memory against a plain-PyTorch floor (not a test; see benchmarks/README.md).
 bench: setup
-	$(PY) benchmarks/bench_fedavg.py
+	$(PY) benchmarks/bench.py
 
 # Peak memory of 10,000 clients with private layers under a store memory budget (not part
 # of `bench`; see benchmarks/README.md).

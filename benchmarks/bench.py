@@ -1,0 +1,298 @@
+"""Speed and memory benchmark: HetFL against plain-PyTorch floors, workload by workload.
+
+Workloads (`bench_workloads`): A (FedAvg, 20 clients x 3,000 samples, all per round),
+B (FedAvg, 200 clients, 20 sampled per round), H (HeteroFL on FLANC's CNN at four widths).
+Each runs against its own floor in this invocation: the sides interleaved (who goes first
+alternates), each in its own subprocess, 3 repetitions. On A the floor also runs as two
+one-thread processes (`floor2`, an extra line: the physical bound of this machine).
+
+Measured per side (`bench_side`, `bench_proc`): per-round times (metrics row to metrics row),
+the total from before the data is loaded, the peak summed PSS of its process tree (sampled
+every 100 ms by this driver) and the cores other processes kept busy meanwhile (a noise
+flag). A workload fails unless every side ends with HetFL's weights (max |delta| <= 1e-4).
+Then start-up times of the `hetfl` command (`bench_startup`).
+
+Output, one line per workload: `A ratio hetfl/floor: X.XX  target <= 0.60: met`, the
+median over repetitions of the median per-round time ratio; with the total-time ratio on A
+and the peak-memory ratios, each next to its target.
+
+Usage: python benchmarks/bench.py [--workload A,B,H] [--reps 3] [--rounds N] [--quick]
+       [--executor processes|sequential] [--workers 2] [--no-startup]
+       python benchmarks/bench.py --workload A --side hetfl --profile /tmp/h.prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench_proc import CpuWindow, PeakTreePss
+from bench_startup import startup
+from bench_summary import per_round_medians, ratio_line, round_ratio, verdict
+from bench_workloads import (
+    EXECUTORS,
+    MEMORY_TARGET,
+    THREADS,
+    TOTAL_TARGET_A,
+    WORKLOADS,
+    Workload,
+    executor_overrides,
+)
+
+TOLERANCE = 1e-4
+NOISY = 0.25  # cores kept busy by other processes above which a side's times are flagged
+SIDES = ("hetfl", "floor", "floor2")
+
+
+# -- a side, in its own process -----------------------------------------------------------------
+def child(args: argparse.Namespace) -> None:
+    w = WORKLOADS[args.workload]
+    workdir, weights = Path(args.workdir), Path(args.weights)
+    executor = executor_overrides(args.executor, args.workers)
+    if args.side == "hetfl":
+        from bench_hetfl import run_hetfl
+
+        report = run_hetfl(w, args.rounds, workdir, weights, executor, args.profile)
+    elif w.algorithm == "heterofl":
+        if args.side != "floor":
+            sys.exit("the H floor runs in one process only (--side floor)")
+        from bench_floor_heterofl import run_floor_heterofl
+
+        report = run_floor_heterofl(w, args.rounds, workdir, weights, args.profile)
+    else:
+        from bench_floor_fedavg import run_floor, run_floor_two_processes
+
+        run = run_floor if args.side == "floor" else run_floor_two_processes
+        report = run(w, args.rounds, workdir, weights, args.profile)
+    Path(args.out).write_text(json.dumps(report))
+
+
+def run_side(
+    side: str, w: Workload, rounds: int, args: argparse.Namespace, tmp: Path, rep: int
+) -> dict[str, Any]:
+    tag = f"{w.name}-{side}-{rep}"
+    out, weights, workdir = tmp / f"{tag}.json", tmp / f"{tag}.pt", tmp / tag
+    workdir.mkdir()
+    cmd = [
+        sys.executable, str(Path(__file__).resolve()),
+        "--side", side, "--workload", w.name, "--rounds", str(rounds),
+        "--executor", args.executor, "--workers", str(args.workers),
+        "--out", str(out), "--weights", str(weights), "--workdir", str(workdir),
+    ]  # fmt: skip
+    window = CpuWindow()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = PeakTreePss(proc.pid)
+    output, _ = proc.communicate()
+    usage = window.usage(peak.stop())
+    if proc.returncode != 0:
+        sys.stderr.write(output)
+        sys.exit(f"benchmark FAILED: {w.name}'s {side} side exited with code {proc.returncode}")
+    report: dict[str, Any] = json.loads(out.read_text())
+    report.update(
+        weights=str(weights),
+        peak_pss_mib=usage.peak_pss_mib,
+        tree_cpu_s=usage.tree_cpu_s,
+        other_cores=usage.others_cores,
+    )
+    return report
+
+
+def max_abs_delta(path_a: str, path_b: str) -> float:
+    import torch
+
+    a, b = torch.load(path_a), torch.load(path_b)
+    if set(a) != set(b):
+        sys.exit(f"benchmark FAILED: the sides' final states name different tensors: {a} {b}")
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+# -- a workload ---------------------------------------------------------------------------------
+def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
+    sides = SIDES if w.name == "A" else SIDES[:2]
+    print(f"\n== {w.describe(rounds)}", flush=True)
+    reps: list[dict[str, Any]] = []
+    for rep in range(args.reps):
+        order = sides if rep % 2 == 0 else sides[::-1]
+        res = {side: run_side(side, w, rounds, args, tmp, rep) for side in order}
+        h, f = res["hetfl"], res["floor"]
+        rec = {
+            **res,
+            "order": "/".join(order),
+            "round_ratio": round_ratio(h["round_s"], f["round_s"]),
+            "total_ratio": h["total_s"] / f["total_s"],
+            "delta": {s: max_abs_delta(h["weights"], res[s]["weights"]) for s in sides[1:]},
+        }
+        reps.append(rec)
+        print(
+            f"rep {rep + 1}/{args.reps} ({rec['order']}): "
+            + ", ".join(f"{s} {res[s]['total_s']:.2f} s" for s in sides)
+            + f"; per-round ratio {rec['round_ratio']:.3f}, total ratio "
+            f"{rec['total_ratio']:.3f}; max|delta| vs hetfl "
+            + ", ".join(f"{s} {d:.1e}" for s, d in rec["delta"].items()),
+            flush=True,
+        )
+        for side in order:
+            busy = res[side]["other_cores"]
+            if busy is not None and busy > NOISY:
+                print(
+                    f"  warning: other processes kept {busy:.2f} cores busy during the {side} "
+                    "side; its times are not trustworthy (re-run on a quiet machine)",
+                    flush=True,
+                )
+    return summarise(w, sides, reps)
+
+
+def summarise(w: Workload, sides: tuple[str, ...], reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Print the workload's table; return its ratios and whether its weights agree."""
+    print(
+        "rep  order               "
+        + "".join(f"{s + ' s':>10} {s + ' setup':>12}" for s in sides)
+        + "  per-round  total  "
+        + "".join(f"{s + ' MiB':>11}" for s in sides)
+        + "  others' cores"
+    )
+    for i, r in enumerate(reps, 1):
+        busy = "/".join(
+            "n/a" if r[s]["other_cores"] is None else f"{r[s]['other_cores']:.2f}" for s in sides
+        )
+        print(
+            f"{i:>3}  {r['order']:<19} "
+            + "".join(f"{r[s]['total_s']:10.2f} {r[s]['setup_s']:12.2f}" for s in sides)
+            + f"  {r['round_ratio']:9.3f}  {r['total_ratio']:5.3f}  "
+            + "".join(f"{r[s]['peak_pss_mib']:11.0f}" for s in sides)
+            + f"  {busy}"
+        )
+    for s in sides:
+        rounds = per_round_medians([r[s]["round_s"] for r in reps])
+        print(f"{s} seconds per round (median over reps): " + " ".join(f"{t:.3f}" for t in rounds))
+    print(
+        "final global accuracy: "
+        + "; ".join(f"{s} " + ", ".join(f"{r[s]['acc'][-1]:.4f}" for r in reps) for s in sides)
+    )
+    if reps[0]["hetfl"].get("widths"):
+        for s in sides:
+            print(f"{s} accuracy by width (last rep): {reps[-1][s]['widths']}")
+    mem = {s: statistics.median(r[s]["peak_pss_mib"] for r in reps) for s in sides}
+    memory_ratio = mem["hetfl"] / mem["floor"]
+    print(
+        f"{w.name} peak PSS of the process tree (median over reps): "
+        + ", ".join(f"{s} {m:.0f} MiB" for s, m in mem.items())
+        + f"; hetfl/floor {memory_ratio:.2f}  {verdict(memory_ratio, MEMORY_TARGET)}"
+    )
+    total_ratio = statistics.median(r["total_ratio"] for r in reps)
+    total_line = f"{w.name} total-time ratio hetfl/floor: {total_ratio:.2f}"
+    print(total_line + (f"  {verdict(total_ratio, TOTAL_TARGET_A)}" if w.name == "A" else ""))
+    if "floor2" in sides:
+        bound = statistics.median(
+            round_ratio(r["floor2"]["round_s"], r["floor"]["round_s"]) for r in reps
+        )
+        versus = statistics.median(
+            round_ratio(r["hetfl"]["round_s"], r["floor2"]["round_s"]) for r in reps
+        )
+        print(
+            f"{w.name} floor as two one-thread processes (the physical bound, not the ratio's "
+            f"floor): per-round floor2/floor {bound:.2f}, hetfl/floor2 {versus:.2f}"
+        )
+    worst = {s: max(r["delta"][s] for r in reps) for s in sides[1:]}
+    print(
+        f"{w.name} final weights, max |delta| vs hetfl (tolerance {TOLERANCE:g}): "
+        + ", ".join(f"{s} {d:.1e}" for s, d in worst.items())
+    )
+    differ = [f"{w.name}'s {s}" for s, d in worst.items() if not d <= TOLERANCE]
+    ratio = statistics.median(r["round_ratio"] for r in reps)
+    return {"ratio": ratio, "differ": differ}
+
+
+# -- the driver ---------------------------------------------------------------------------------
+def driver(args: argparse.Namespace) -> None:
+    chosen = [WORKLOADS[name] for name in args.workload]
+    print(
+        f"HetFL benchmark: workloads {', '.join(w.name for w in chosen)}, {args.reps} "
+        f"interleaved repetition(s); hetfl executor {args.executor}"
+        + (f" with {args.workers} workers" if args.executor == "processes" else "")
+        + f"; floors in one process of {THREADS} threads",
+        flush=True,
+    )
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="hetfl-bench-") as tmp:
+        for w in chosen:
+            results[w.name] = run_workload(w, args, Path(tmp))
+        lines = (
+            []
+            if args.no_startup
+            else startup(Path(tmp), executor_overrides(args.executor, args.workers))
+        )
+    print()
+    for line in lines:
+        print(line)
+    for name, r in results.items():
+        print(ratio_line(name, r["ratio"], WORKLOADS[name].target))
+    failed = [side for r in results.values() for side in r["differ"]]
+    if failed:
+        bar = "!" * 78
+        sys.stderr.write(
+            f"\n{bar}\nBENCHMARK FAILED: HetFL and a floor ended with different weights: "
+            f"{', '.join(failed)} (max |delta| > {TOLERANCE:g}).\nThe sides do not compute "
+            f"the same method, so their times cannot be compared. (Intra-op thread counts\n"
+            f"change float rounding, which A's 94 steps per client amplify to ~1e-4 in one\n"
+            f"round: HetFL's client tasks and the floor must train with the same count.)\n"
+            f"{bar}\n"
+        )
+        sys.exit(1)
+
+
+def workloads(text: str) -> list[str]:
+    names = [n.strip().upper() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--workload takes names among {', '.join(WORKLOADS)} separated by commas, got {text!r}"
+        )
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--workload", type=workloads, default=list(WORKLOADS), help="e.g. A,H (default: all)"
+    )
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    p.add_argument("--rounds", type=int, help="rounds of every workload (default: its own)")
+    p.add_argument("--quick", action="store_true", help="smoke check: 1 repetition, few rounds")
+    p.add_argument("--executor", choices=EXECUTORS, default="processes", help="HetFL's executor")
+    p.add_argument("--workers", type=int, default=2, help="HetFL's worker processes (default 2)")
+    p.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
+    p.add_argument("--side", choices=SIDES, help="run one side of one workload (to profile it)")
+    p.add_argument("--profile", help="with --side: write cProfile stats of the timed part here")
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--weights", help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.reps = 1
+    if args.reps < 1 or (args.rounds is not None and args.rounds < 1) or args.workers < 1:
+        p.error("--reps, --rounds and --workers must be >= 1")
+    if args.side is None:
+        driver(args)
+        return
+    if len(args.workload) != 1:
+        p.error("--side runs one workload: give --workload A, B or H")
+    args.workload = args.workload[0]
+    w = WORKLOADS[args.workload]
+    args.rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
+    with tempfile.TemporaryDirectory(prefix="hetfl-bench-side-") as tmp:
+        args.out = args.out or str(Path(tmp) / "report.json")
+        args.weights = args.weights or str(Path(tmp) / "weights.pt")
+        args.workdir = args.workdir or tmp
+        child(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The FedAvg floor of workloads A and B: FedAvg written directly in PyTorch, as fast and
+simple as we could make it (McMahan et al., "Communication-Efficient Learning of Deep
+Networks from Decentralized Data", AISTATS 2017, Algorithm 1).
+
+One model re-loaded per client, each client's data preloaded as tensors, SGD with
+`foreach=True` and gradients zeroed in place, a float64 sample-weighted sum cast once, the
+global model tested every round, its state checkpointed every round as HetFL does. Data
+preparation and the starting point come from HetFL's own functions, so that both sides see
+the same client tensors, the same initial weights, the same sampled clients and the same
+batch order (generators derived as the engine derives them).
+
+`run_floor` is the one-process, two-thread floor the ratio is taken against;
+`run_floor_two_processes` splits the clients between two one-thread worker processes and
+averages in the parent, to show the physical bound on this machine (an extra line).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from bench_side import Profile, SideClock, save_atomically
+from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, WORKLOADS, Workload
+from torch import nn
+
+from hetfl.core.init import initialize
+from hetfl.core.rng import SERVER, numpy_generator, torch_generator
+from hetfl.data import iid, load_fashion_mnist
+from hetfl.models.plain import SmallCNN
+
+State = dict[str, torch.Tensor]
+
+
+Test = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Clients:
+    """Every client's training tensors, by id."""
+
+    xs: list[torch.Tensor]
+    ys: list[torch.Tensor]
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():  # the cached arrays are read-only; they are only read
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def load_clients(w: Workload) -> Clients:
+    """Fashion-MNIST split IID over `w.clients` clients with HetFL's partition generator."""
+    ds = load_fashion_mnist()
+    parts = iid(ds.y_train, w.clients, numpy_generator(SEED, 0, SERVER, "partition"))
+    x_all, y_all = _tensor(ds.x_train), _tensor(ds.y_train)
+    idx = [torch.from_numpy(p) for p in parts]
+    return Clients([x_all[i] for i in idx], [y_all[i] for i in idx])
+
+
+def load_test() -> Test:
+    """The whole Fashion-MNIST test set (A and B test on all 10,000 images)."""
+    ds = load_fashion_mnist()
+    return _tensor(ds.x_test), _tensor(ds.y_test)
+
+
+def initial_model() -> tuple[nn.Module, State]:
+    """The small CNN and HetFL's initial global state (the run's "init" generator)."""
+    model = SmallCNN((1, 28, 28), 10)
+    initialize(model, torch_generator(SEED, 0, SERVER, "init"))
+    return model, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def sampled(w: Workload, rnd: int) -> list[int]:
+    """The round's clients, drawn as HetFL's uniform sampler draws them, sorted."""
+    if w.per_round >= w.clients:
+        return list(range(w.clients))
+    drawn = torch.randperm(w.clients, generator=torch_generator(SEED, rnd, SERVER, "sample"))
+    return sorted(drawn[: w.per_round].tolist())
+
+
+def train_clients(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: State,
+    cids: Sequence[int],
+    data: Clients,
+    rnd: int,
+) -> tuple[State, int]:
+    """One epoch of each client in `cids` from `state`: the float64 sums of their final
+    tensors weighted by their sample counts, and the summed count."""
+    sums = {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in state.items()}
+    total = 0
+    for cid in cids:
+        model.load_state_dict(state)
+        model.train()
+        x, y = data.xs[cid], data.ys[cid]
+        n = int(y.shape[0])
+        perm = torch.randperm(n, generator=torch_generator(SEED, rnd, cid, "train"))
+        for s in range(0, n, BATCH):
+            idx = perm[s : s + BATCH]
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            optimizer.step()
+        for k, v in model.state_dict().items():
+            sums[k].add_(v.double(), alpha=n)
+        total += n
+    return sums, total
+
+
+@torch.no_grad()
+def test_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Accuracy on (x, y) in eval mode, in HetFL's evaluation batches (loss summed too, as
+    HetFL's evaluation computes it)."""
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for s in range(0, int(y.shape[0]), EVAL_BATCH):
+        out, yb = model(x[s : s + EVAL_BATCH]), y[s : s + EVAL_BATCH]
+        loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(dim=1) == yb).sum())
+    return correct / int(y.shape[0])
+
+
+def _sgd(model: nn.Module) -> torch.optim.Optimizer:
+    # foreach and zeroed (not freed) gradients: the fastest plain settings on CPU here.
+    return torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
+
+
+def _finish_round(
+    model: nn.Module,
+    state: State,
+    test: Test,
+    rnd: int,
+    workdir: Path,
+    clock: SideClock,
+    accs: list[float],
+) -> None:
+    """Test the new global model, write its metrics row, mark the row, checkpoint."""
+    model.load_state_dict(state)
+    accs.append(test_accuracy(model, *test))
+    with open(workdir / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"round": rnd, "global_acc": accs[-1]}) + "\n")
+    clock.row()
+    save_atomically(state, workdir / "checkpoint.pt")
+
+
+def _average(sums: State, total: int, like: State) -> State:
+    return {k: (s / float(total)).to(like[k].dtype) for k, s in sums.items()}
+
+
+def run_floor(
+    w: Workload, rounds: int, workdir: Path, weights: Path, profile: str | None
+) -> dict[str, Any]:
+    """The one-process floor, `THREADS` intra-op threads."""
+    clock = SideClock()
+    torch.set_num_threads(THREADS)
+    data, test = load_clients(w), load_test()
+    model, state = initial_model()
+    accs: list[float] = []
+    with Profile(profile):
+        clock.start_rounds()
+        # Created on the clock, as HetFL creates its optimisers in round 1: PyTorch's first
+        # optimiser construction imports torch._dynamo (about a second); both sides pay it.
+        optimizer = _sgd(model)
+        for rnd in range(1, rounds + 1):
+            sums, total = train_clients(model, optimizer, state, sampled(w, rnd), data, rnd)
+            state = _average(sums, total, state)
+            _finish_round(model, state, test, rnd, workdir, clock, accs)
+        clock.end()
+    torch.save(state, weights)
+    return {**clock.report(), "n_params": sum(v.numel() for v in state.values()), "acc": accs}
+
+
+# -- two one-thread processes -------------------------------------------------------------------
+def _worker(conn: Connection, workload: str, owned: list[int]) -> None:
+    """A worker of the two-process floor: trains the round's clients among `owned`."""
+    torch.set_num_threads(1)
+    w = WORKLOADS[workload]
+    data = load_clients(w)
+    model, _ = initial_model()
+    optimizer = _sgd(model)
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        rnd, state = msg
+        mine = [c for c in sampled(w, rnd) if c in owned]
+        conn.send(train_clients(model, optimizer, state, mine, data, rnd))
+
+
+def run_floor_two_processes(
+    w: Workload, rounds: int, workdir: Path, weights: Path, profile: str | None
+) -> dict[str, Any]:
+    """The clients split between two one-thread worker processes (first and second half by
+    id); the parent adds their float64 sums, tests with `THREADS` threads and checkpoints."""
+    clock = SideClock()
+    torch.set_num_threads(THREADS)
+    ctx = mp.get_context("spawn")
+    half = w.clients // 2
+    pipes, procs = [], []
+    for owned in (list(range(half)), list(range(half, w.clients))):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(child, w.name, owned), daemon=True)
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    test = load_test()
+    model, state = initial_model()
+    for conn in pipes:
+        conn.recv()  # "ready": data loaded, model built
+    accs: list[float] = []
+    with Profile(profile):
+        clock.start_rounds()
+        for rnd in range(1, rounds + 1):
+            for conn in pipes:
+                conn.send((rnd, state))
+            (first, n_first), (second, n_second) = (conn.recv() for conn in pipes)
+            sums = {k: first[k] + second[k] for k in state}
+            state = _average(sums, n_first + n_second, state)
+            _finish_round(model, state, test, rnd, workdir, clock, accs)
+        for conn in pipes:
+            conn.send(None)
+        for proc in procs:
+            proc.join()
+        clock.end()
+    torch.save(state, weights)
+    return {**clock.report(), "n_params": sum(v.numel() for v in state.values()), "acc": accs}

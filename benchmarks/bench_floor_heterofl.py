@@ -1,0 +1,233 @@
+"""The HeteroFL floor of workload H, written directly in PyTorch (Diao, Ding and Tarokh,
+"HeteroFL: Computation and Communication Efficient Federated Learning for Heterogeneous
+Clients", ICLR 2021, §3), on FLANC's Fashion-MNIST CNN (Mei et al., NeurIPS 2022,
+supplementary §1.2), as HetFL's `heterofl` runs it:
+
+- one plain module per width r (a 64-channel stem no width changes, two 3x3 convs of
+  ceil(128 r) channels with ReLU and 2x2 max-pool, a linear head), named as HetFL's
+  `flanc-cnn`, so that a width's tensors are the leading slices `W[:out, :in]` of the
+  global ones of the same name;
+- static BatchNorm (sBN): training normalises with batch statistics and keeps no running
+  statistics; HeteroFL's scaler divides the sliced layers' activations by r in training;
+- each client trains its fixed width (clients in id order take the widths narrowest first,
+  in equal shares), clipping the gradient norm at 1 as the authors' code does;
+- aggregation: per global element, the plain mean over the clients whose slice covers it
+  (weight 1 each), accumulated in float64; elements no client covers keep their value;
+- evaluation of every width, widest first: an evaluation module with running statistics,
+  reset and re-estimated in train mode over the fixed statistics subsample (PyTorch's
+  cumulative average, momentum None, as the authors' `stats` does), then tested.
+
+Data, the subsample, the width assignment and the initial weights come from HetFL's own
+functions, so that both sides see the same tensors; the round's work is plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from bench_side import Profile, SideClock, save_atomically
+from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, Workload
+from torch import nn
+
+from hetfl.algorithms.widths import assign_in_proportion
+from hetfl.core.init import build_model, initialize
+from hetfl.core.rng import SERVER, numpy_generator, torch_generator
+from hetfl.data import build_clients, global_test, iid, load_fashion_mnist
+from hetfl.data.views import ClientView
+from hetfl.engine.statistics import STATS_BATCH, client_stats_input, stats_shares
+from hetfl.models import make_family
+
+State = dict[str, torch.Tensor]
+#: HeteroFL's gradient-norm clipping (the authors' code), HetFL's default for `heterofl`.
+CLIP = 1.0
+
+
+class Unit(nn.Module):
+    """conv 3x3 (no bias) -> (scaler) -> BatchNorm -> (ReLU, 2x2 max-pool). `static`: no
+    running statistics (sBN); `scale`: HeteroFL's scaler, 1/scale in training."""
+
+    def __init__(self, cin: int, cout: int, *, static: bool, scale: float, pool: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(cout, track_running_stats=not static)
+        self.scale, self.pool = scale, pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        if self.training and self.scale != 1.0:  # x / 1 is x: skipped at full width
+            x = x / self.scale
+        x = self.norm(x)
+        return F.max_pool2d(torch.relu(x), 2) if self.pool else x
+
+
+class FlancNet(nn.Module):
+    """FLANC's CNN at width `ratio`: for training (`static`, with the scaler) or for
+    evaluation (running statistics, no scaler)."""
+
+    def __init__(self, ratio: float, *, static: bool) -> None:
+        super().__init__()
+        c = max(1, math.ceil(round(ratio * 128, 9)))  # HetFL's `channels(ratio, 128)`
+        scale = ratio if static else 1.0
+        self.stem = Unit(1, 64, static=static, scale=1.0, pool=False)
+        self.conv2 = Unit(64, c, static=static, scale=scale, pool=True)
+        self.conv3 = Unit(c, c, static=static, scale=scale, pool=True)
+        self.head = nn.Linear(c * 7 * 7, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv3(self.conv2(self.stem(x))).flatten(1))
+
+
+def prefix(shape: torch.Size) -> tuple[slice, ...]:
+    return tuple(slice(0, s) for s in shape)
+
+
+@torch.no_grad()
+def load_slices(model: nn.Module, state: State) -> None:
+    """The model's parameters set to the leading slices of the global tensors."""
+    for name, p in model.named_parameters():
+        p.copy_(state[name][prefix(p.shape)])
+
+
+class Setup:
+    """What the floor prepares before round 1 (HetFL's data and starting point)."""
+
+    def __init__(self, w: Workload) -> None:
+        ds = load_fashion_mnist()
+        parts = iid(ds.y_train, w.clients, numpy_generator(SEED, 0, SERVER, "partition"))
+        views = [ClientView(samples=w.samples)] * w.clients
+        clients = build_clients(ds, parts, 0, SEED, "cpu", views)
+        for c in clients:
+            if len(c.labels) != ds.num_classes:
+                raise ValueError(
+                    f"client {c.cid} holds classes {c.labels}: this floor has no label-split "
+                    "masks, so every client must hold every class (IID data)"
+                )
+        self.xs = [c.x_train for c in clients]
+        self.ys = [c.y_train for c in clients]
+        self.test = global_test(ds, "cpu", w.test_samples, SEED)
+        self.level = assign_in_proportion(range(w.clients), sorted(w.levels), None)
+        shares = stats_shares({c.cid: c.n_train for c in clients}, w.stats_samples)
+        self.stats_batches = [
+            part[s : s + STATS_BATCH]
+            for cid, share in shares.items()
+            if share
+            for part in [client_stats_input(self.xs[cid], share, SEED, cid)]
+            for s in range(0, share, STATS_BATCH)
+        ]
+        family = make_family(w.model, (1, 28, 28), ds.num_classes)
+        spec = family.global_spec([]).replace(bn="static", scaler=True)
+        init = initialize(build_model(family, spec), torch_generator(SEED, 0, SERVER, "init"))
+        self.state = {k: v.detach().clone() for k, v in init.state_dict().items()}
+
+
+def train_client(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+    rnd: int, cid: int,
+) -> None:  # fmt: skip
+    """One epoch of client `cid` in round `rnd`, HetFL's batch order."""
+    model.train()
+    n = int(y.shape[0])
+    perm = torch.randperm(n, generator=torch_generator(SEED, rnd, cid, "train"))
+    params = list(model.parameters())
+    for s in range(0, n, BATCH):
+        idx = perm[s : s + BATCH]
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, CLIP)
+        optimizer.step()
+
+
+class Average:
+    """Per global element, the mean over the clients whose slice covers it (weight 1 each),
+    summed in float64 in client-id order; elements no client covers keep their value."""
+
+    def __init__(self, state: State) -> None:
+        self.sums = {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in state.items()}
+        self.counts = {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in state.items()}
+
+    def add(self, model: nn.Module) -> None:
+        for name, v in model.named_parameters():
+            region = prefix(v.shape)
+            self.sums[name][region] += v.detach().double()
+            self.counts[name][region] += 1.0
+
+    def result(self, state: State) -> State:
+        out = {}
+        for k, prev in state.items():
+            hit = self.counts[k] > 0
+            mean = self.sums[k] / torch.where(hit, self.counts[k], 1.0)
+            out[k] = torch.where(hit, mean, prev.double()).to(prev.dtype)
+        return out
+
+
+@torch.no_grad()
+def test_width(model: nn.Module, state: State, setup: Setup) -> float:
+    """Width accuracy after the sBN statistics pass over the fixed subsample."""
+    load_slices(model, state)
+    model.train()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+    for xb in setup.stats_batches:
+        model(xb)
+    model.eval()
+    x, y = setup.test
+    correct, loss_sum = 0, 0.0  # the loss too, as HetFL's evaluation computes it
+    for s in range(0, int(y.shape[0]), EVAL_BATCH):
+        out, yb = model(x[s : s + EVAL_BATCH]), y[s : s + EVAL_BATCH]
+        loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(dim=1) == yb).sum())
+    return correct / int(y.shape[0])
+
+
+def run_floor_heterofl(
+    w: Workload, rounds: int, workdir: Path, weights: Path, profile: str | None
+) -> dict[str, Any]:
+    clock = SideClock()
+    torch.set_num_threads(THREADS)
+    setup = Setup(w)
+    state = setup.state
+    # One training and one evaluation module per width (momentum None: cumulative averages).
+    widths = sorted(w.levels, reverse=True)
+    train_models = {r: FlancNet(r, static=True) for r in widths}
+    eval_models = {r: FlancNet(r, static=False) for r in widths}
+    for model in eval_models.values():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.momentum = None
+    accs: list[float] = []
+    by_width: dict[str, float] = {}
+    with Profile(profile):
+        clock.start_rounds()
+        optimizers = {
+            r: torch.optim.SGD(m.parameters(), lr=LR, foreach=True) for r, m in train_models.items()
+        }
+        for rnd in range(1, rounds + 1):
+            average = Average(state)
+            for cid in range(w.clients):  # all clients every round (w.per_round == w.clients)
+                r = setup.level[cid]
+                model = train_models[r]
+                load_slices(model, state)
+                train_client(model, optimizers[r], setup.xs[cid], setup.ys[cid], rnd, cid)
+                average.add(model)
+            state = average.result(state)
+            by_width = {f"width={r:g}": test_width(eval_models[r], state, setup) for r in widths}
+            accs.append(by_width[f"width={widths[0]:g}"])
+            with open(workdir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps({"round": rnd, "groups": by_width}) + "\n")
+            clock.row()
+            save_atomically(state, workdir / "checkpoint.pt")
+        clock.end()
+    torch.save(state, weights)
+    return {
+        **clock.report(),
+        "n_params": sum(v.numel() for v in state.values()),
+        "acc": accs,
+        "widths": by_width,
+    }

@@ -1,0 +1,103 @@
+"""The benchmark driver's pure helpers (benchmarks/): the process-tree PSS sum, the noise
+arithmetic, the ratios and the executor settings. The benchmark itself is not a test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_proc import (
+    PeakTreePss,
+    descendants,
+    others_cores,
+    parse_parent,
+    parse_pss_kib,
+    tree_pss_kib,
+)
+from bench_summary import per_round_medians, ratio_line, round_ratio
+from bench_workloads import executor_overrides
+
+ROLLUP = """55d0c0000000-7ffd00000000 ---p 00000000 00:00 0                          [rollup]
+Rss:                1692 kB
+Pss:                 353 kB
+Pss_Dirty:           112 kB
+"""
+
+
+def test_pss_is_read_from_its_own_line() -> None:
+    assert parse_pss_kib(ROLLUP) == 353
+    with pytest.raises(ValueError, match="no 'Pss:' line"):
+        parse_pss_kib("Rss: 10 kB\n")
+
+
+def test_parent_pid_is_counted_from_the_last_parenthesis() -> None:
+    # A command name with spaces and parentheses must not shift the fields.
+    assert parse_parent("4242 (a (b) c) S 17 4242 1 0 -1") == 17
+
+
+def test_descendants_follow_every_generation_and_nothing_else() -> None:
+    parents = {1: 0, 10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 21: 20}
+    assert descendants(10, parents) == {10, 11, 12, 13}
+    assert descendants(13, parents) == {13}
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
+def test_tree_pss_counts_a_child_process() -> None:
+    """A child holding 64 MiB adds about that much to its parent's tree, now and at the
+    peak the watcher saw."""
+    alone = tree_pss_kib(os.getpid())
+    watch = PeakTreePss(os.getpid(), interval_s=0.05)
+    code = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while tree_pss_kib(os.getpid()) - alone < 60 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tree_pss_kib(os.getpid()) - alone >= 60 * 1024
+        assert tree_pss_kib(child.pid) >= 60 * 1024
+        time.sleep(0.3)  # a few watches with the child at its size
+    finally:
+        child.kill()
+        child.wait()
+    assert watch.stop() - alone >= 60 * 1024
+
+
+def test_others_cores_subtract_the_side_and_the_driver() -> None:
+    # 30 s of busy cores in 10 s: 18 s the side's tree, 2 s the driver -> 1 core for others.
+    assert others_cores(30.0, 18.0, 2.0, 10.0) == pytest.approx(1.0)
+    assert others_cores(10.0, 12.0, 0.0, 10.0) == 0.0  # never negative (tick rounding)
+    with pytest.raises(ValueError, match="wall time must be positive, got 0"):
+        others_cores(1.0, 0.0, 0.0, 0.0)
+
+
+def test_round_ratio_is_the_median_of_round_by_round_ratios() -> None:
+    # ratios 0.5, 2.0, 0.6: the median is 0.6 (not 3.1 / 4.0, the ratio of sums).
+    assert round_ratio([1.0, 2.0, 0.6], [2.0, 1.0, 1.0]) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="got 2 and 1 rounds"):
+        round_ratio([1.0, 2.0], [1.0])
+
+
+def test_per_round_medians_and_the_ratio_line() -> None:
+    assert per_round_medians([[1.0, 5.0], [3.0, 4.0], [2.0, 6.0]]) == [2.0, 5.0]
+    assert ratio_line("A", 0.584, 0.60) == "A ratio hetfl/floor: 0.58  target <= 0.60: met"
+    assert ratio_line("H", 0.71, 0.70).endswith("target <= 0.70: MISSED")
+
+
+def test_executor_settings() -> None:
+    assert executor_overrides("sequential", 2) == {}
+    assert executor_overrides("processes", 3) == {
+        "executor": "processes",
+        "workers": 3,
+        "threads": 1,
+    }
+    with pytest.raises(ValueError, match="--executor must be one of processes, sequential"):
+        executor_overrides("threads", 2)
+    with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
+        executor_overrides("processes", 0)

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_proc import CpuWindow, PeakTreePss
+from bench_proc import CpuWindow, PeakTreePss, become_subreaper, reap_orphans
 from bench_startup import startup
 from bench_summary import per_round_medians, ratio_line, round_ratio, verdict
 from bench_workloads import (
@@ -98,6 +98,7 @@ def run_side(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = PeakTreePss(proc.pid)
     output, _ = proc.communicate()
+    reap_orphans()  # a fork server and its workers end after the side's process
     usage = window.usage(peak.stop())
     if proc.returncode != 0:
         sys.stderr.write(output)
@@ -239,6 +240,7 @@ def summarise(
 
 # -- the driver ---------------------------------------------------------------------------------
 def driver(args: argparse.Namespace) -> None:
+    become_subreaper()  # a side's fork server and workers are reaped here, their CPU its own
     chosen = [WORKLOADS[name] for name in args.workload]
     print(
         f"HetFL benchmark: workloads {', '.join(w.name for w in chosen)}, {args.reps} "

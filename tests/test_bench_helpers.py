@@ -4,6 +4,7 @@ arithmetic, the ratios and the executor settings. The benchmark itself is not a 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,24 +50,23 @@ def test_descendants_follow_every_generation_and_nothing_else() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
-def test_tree_pss_counts_a_child_process() -> None:
-    """A child holding 64 MiB adds about that much to its parent's tree, now and at the
-    peak the watcher saw."""
-    alone = tree_pss_kib(os.getpid())
-    watch = PeakTreePss(os.getpid(), interval_s=0.05)
-    code = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
-    child = subprocess.Popen([sys.executable, "-c", code])
+def test_tree_pss_counts_a_grandchild_process() -> None:
+    """A process whose child holds 64 MiB: its tree counts the child's memory, now and at
+    the peak the watcher saw (a tree of its own, so the test process's other children do
+    not move it)."""
+    held = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {held!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    watch = PeakTreePss(parent.pid, interval_s=0.05)
     try:
-        deadline = time.monotonic() + 20
-        while tree_pss_kib(os.getpid()) - alone < 60 * 1024 and time.monotonic() < deadline:
+        while tree_pss_kib(parent.pid) < 64 * 1024:  # until the child has touched its pages
+            assert parent.poll() is None
             time.sleep(0.1)
-        assert tree_pss_kib(os.getpid()) - alone >= 60 * 1024
-        assert tree_pss_kib(child.pid) >= 60 * 1024
-        time.sleep(0.3)  # a few watches with the child at its size
+        time.sleep(PeakTreePss.RESCAN_S + 0.5)  # the watcher lists the tree anew, then reads it
     finally:
-        child.kill()
-        child.wait()
-    assert watch.stop() - alone >= 60 * 1024
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert watch.stop() >= 64 * 1024
 
 
 def test_others_cores_subtract_the_side_and_the_driver() -> None:

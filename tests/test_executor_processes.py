@@ -135,6 +135,17 @@ def test_a_unit_that_raises_in_a_worker_stops_the_exchange_with_its_traceback(po
     assert pool.map(programs, _fails, [0, 1, 3]) == [0, 10, 30]  # the pool recovers
 
 
+def test_a_worker_that_died_while_idle_is_replaced_at_the_next_exchange(pool):
+    programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
+    assert pool.map(programs, _times_ten, [1, 2]) == [10, 20]
+    victim = pool._pool[0].process
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join()
+    restarts = pool.restarts
+    assert pool.map(programs, _times_ten, [3, 4, 5]) == [30, 40, 50]
+    assert pool.restarts == restarts + 1 and all(w.process.is_alive() for w in pool._pool)
+
+
 def test_answers_come_in_the_items_order_whatever_the_costs(pool):
     programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
     items = list(range(7))

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.multiprocessing
@@ -51,6 +51,9 @@ from hetfl.core.types import ClientData, Problem
 from hetfl.sim.tasks import ClientJob, TaskOutcome, train_client
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 from hetfl.sim.worker import serve
+
+if TYPE_CHECKING:
+    from hetfl.sim.executor import Executor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -71,6 +74,7 @@ class _Worker:
     process: BaseProcess
     sender: Sender
     receiver: Receiver
+    programs: Programs | None = None  # the programs it holds
 
     @property
     def conn(self) -> Connection:
@@ -91,7 +95,7 @@ class ProcessExecutor:
         *,
         device: str = "cpu",
         deterministic: bool = True,
-        in_process: Any = None,
+        in_process: Executor | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -104,7 +108,7 @@ class ProcessExecutor:
 
         self.workers, self.threads = workers, threads
         self.device, self.deterministic = device, deterministic
-        self.in_process = in_process or SequentialExecutor()
+        self.in_process: Executor = in_process or SequentialExecutor()
         self._context = mp.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()  # it imports PRELOAD while the caller goes on
@@ -205,7 +209,6 @@ class ProcessExecutor:
                 w.process.kill()
                 w.process.join()
             w.conn.close()
-        self._programs = None
 
     def _kill(self) -> None:
         """Stop every worker now, busy or not (after an error or Ctrl-C)."""
@@ -215,7 +218,6 @@ class ProcessExecutor:
         for w in pool:
             w.process.join()
             w.conn.close()
-        self._programs = None
 
     def __enter__(self) -> ProcessExecutor:
         return self
@@ -228,12 +230,22 @@ class ProcessExecutor:
 
     # -- the pool --------------------------------------------------------------------------
     def _start(self, programs: Programs) -> None:
+        """Every worker alive (one that died while idle is replaced) and holding
+        `programs`."""
+        for w in [w for w in self._pool if not w.process.is_alive()]:
+            w.conn.close()
+            self.restarts += 1
+        self._pool = [w for w in self._pool if w.process.is_alive()]
         while len(self._pool) < self.workers:
             self._pool.append(self._spawn())
-        if programs is not self._programs:
-            self._programs = programs
-            for w in self._pool:
-                w.sender.send(("programs", programs))
+        self._programs = programs
+        for w in self._pool:
+            self._hand_programs(w)
+
+    def _hand_programs(self, w: _Worker) -> None:
+        if w.programs is not self._programs and self._programs is not None:
+            w.sender.send(("programs", self._programs))
+            w.programs = self._programs
 
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
@@ -261,8 +273,7 @@ class ProcessExecutor:
         old.process.join(STOP_GRACE_S)
         old.conn.close()
         fresh = self._spawn()
-        if self._programs is not None:
-            fresh.sender.send(("programs", self._programs))
+        self._hand_programs(fresh)
         fresh.sender.send(("exchange",))
         self._pool[slot] = fresh
         self.restarts += 1

@@ -26,14 +26,13 @@ executor ran them.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 from hetfl.core.client import Programs
 from hetfl.core.server_program import Channel, ServerProgram
 from hetfl.core.types import ClientData, Problem
-from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, train_client
+from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, fit_client, train_client
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -127,21 +126,13 @@ class SequentialExecutor:
 def _train_with_server(
     programs: Programs, job: ClientJob, data: ClientData, server: ServerProgram
 ) -> TaskOutcome:
-    """One client's training against its own session of the round's server program; an
-    exception becomes a "raised" outcome, since a failing client must not stop the run."""
+    """One client's training against its own session of the round's server program; the
+    session is closed only when the client did not raise."""
     session = server.open(job.task, job.server_private)
     channel = Channel(session)
-    started = time.perf_counter()
-    try:
-        program = programs.program_for(job.task.cid)
-        out = program.fit(
-            job.task, data, job.private, job.generator, info=job.info, channel=channel
-        )
-    except Exception as exc:
-        raised = Problem("raised", f"raised {type(exc).__name__}: {exc}")
-        return TaskOutcome(job.task, raised, channel=channel.counts())
-    wall_s = time.perf_counter() - started
-    return TaskOutcome(job.task, out, wall_s, session.close(), channel.counts())
+    out, wall_s = fit_client(programs, job, data, channel)
+    served = None if isinstance(out, Problem) else session.close()
+    return TaskOutcome(job.task, out, wall_s, served, channel.counts())
 
 
 def make_executor(

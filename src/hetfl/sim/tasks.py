@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from hetfl.core.client import BNStatistics, ModelCache, Programs, score_batch_of
-from hetfl.core.server_program import ChannelCounts, ServerResult
+from hetfl.core.server_program import Channel, ChannelCounts, ServerResult
 from hetfl.core.spec import Spec
 from hetfl.core.types import (
     ClientData,
@@ -89,17 +89,26 @@ class TaskOutcome:
     channel: ChannelCounts | None = None
 
 
-def train_client(ctx: WorkerContext, item: tuple[ClientJob, ClientData]) -> TaskOutcome:
-    """One client's training without a server program; an exception becomes a "raised"
-    outcome, since a failing client must not stop the run."""
-    job, data = item
+def fit_client(
+    programs: Programs, job: ClientJob, data: ClientData, channel: Channel | None = None
+) -> tuple[ClientOutput | Problem, float]:
+    """One client's training (against its server session's `channel` in split learning)
+    and its measured seconds; an exception becomes a "raised" problem (and 0 s), since a
+    failing client must not stop the run."""
+    linked = {} if channel is None else {"channel": channel}
     started = time.perf_counter()
     try:
-        program = ctx.programs.program_for(job.task.cid)
-        out = program.fit(job.task, data, job.private, job.generator, info=job.info)
+        program = programs.program_for(job.task.cid)
+        out = program.fit(job.task, data, job.private, job.generator, info=job.info, **linked)
     except Exception as exc:
-        return TaskOutcome(job.task, Problem("raised", f"raised {type(exc).__name__}: {exc}"))
-    return TaskOutcome(job.task, out, time.perf_counter() - started)
+        return Problem("raised", f"raised {type(exc).__name__}: {exc}"), 0.0
+    return out, time.perf_counter() - started
+
+
+def train_client(ctx: WorkerContext, item: tuple[ClientJob, ClientData]) -> TaskOutcome:
+    """One client's training without a server program."""
+    job, data = item
+    return TaskOutcome(job.task, *fit_client(ctx.programs, job, data))
 
 
 class BatchScore(NamedTuple):

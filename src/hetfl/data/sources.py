@@ -1,6 +1,7 @@
 """Dataset sources: everything becomes one `Dataset` of NumPy arrays in a fixed layout.
 
-Images are (N, C, H, W) and tabular data (N, D), inputs float32 and labels int64 in
+Images are (N, C, H, W) and tabular data (N, D); inputs are float32, or uint8 pixels with
+their standardisation (`hetfl.core.pixels`), or int64 token codes; labels are int64 in
 0..num_classes-1, so partitioners and client views never need to know where the data came
 from. `Dataset` checks this itself (finite inputs, labels in range, one label per input),
 so every source, and every Flower node loading its partition, refuses bad data with an
@@ -23,9 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.registry import Registry
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.data.download import fashion_mnist_cache_dir
+
+#: The input dtypes a dataset may hold (see `Dataset`).
+_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int64))
 
 #: A dataset's arrays, in the order sources list them (and the keys of an .npz archive).
 ARRAY_NAMES = ("x_train", "y_train", "x_test", "y_test")
@@ -33,7 +38,15 @@ ARRAY_NAMES = ("x_train", "y_train", "x_test", "y_test")
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test pair of arrays; x float32, y int64, checked when made.
+    """A train/test pair of arrays, checked when made; y int64, x one of three kinds:
+
+    - float32: features, or images already scaled (digits, synthetic, user arrays);
+    - uint8 (N, C, H, W): pixels as stored, with `pixels` the per-channel statistics that
+      standardise a batch when it is drawn (`hetfl.core.pixels`); required with uint8;
+    - int64 (N, T): token codes, e.g. characters (Shakespeare), all >= 0.
+
+    `train_groups`, when the data has natural owners (LEAF's writers and speakers), holds
+    the owner id of each training sample; the `natural` partition deals owners to clients.
 
     Every source ends here, and a Flower node builds its partition through the same
     loaders, so `__post_init__` is the one place that refuses data a run cannot learn from:
@@ -52,10 +65,19 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     files: Mapping[str, Path] = field(default_factory=dict)
+    pixels: PixelNorm | None = None
+    train_groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
             self._check_split(split)
+        if self.x_train.dtype != self.x_test.dtype:
+            raise ValueError(
+                f"{self._source('x_train', 'x_test')}: train inputs are {self.x_train.dtype} "
+                f"but test inputs are {self.x_test.dtype}"
+            )
+        self._check_pixels()
+        self._check_groups()
         if self.x_train.shape[1:] != self.x_test.shape[1:]:
             raise ValueError(
                 f"{self._source('x_train', 'x_test')}: train inputs are "
@@ -65,17 +87,23 @@ class Dataset:
     def _check_split(self, split: str) -> None:
         xname, yname = f"x_{split}", f"y_{split}"
         x, y = getattr(self, xname), getattr(self, yname)
-        if x.dtype != np.float32 or y.dtype != np.int64:
+        if x.dtype not in _INPUT_DTYPES or y.dtype != np.int64:
             raise ValueError(
-                f"dataset {self.name!r}: {xname} must be float32 and {yname} int64, "
-                f"got {x.dtype} and {y.dtype}"
+                f"dataset {self.name!r}: {xname} must be float32, uint8 (pixels) or int64 "
+                f"(token codes) and {yname} int64, got {x.dtype} and {y.dtype}"
             )
         if y.ndim != 1 or x.ndim == 0 or x.shape[0] != y.shape[0]:
             raise ValueError(
                 f"{self._source(xname, yname)}: {xname} has {x.shape[0] if x.ndim else 0} "
                 f"rows but {yname} has shape {y.shape}; every input needs one label"
             )
-        finite = np.isfinite(x).reshape(x.shape[0], math.prod(x.shape[1:]))
+        if x.dtype == np.int64 and x.size and int(x.min()) < 0:
+            raise ValueError(f"{self._source(xname)}: {xname} holds negative token codes")
+        finite = (
+            np.isfinite(x).reshape(x.shape[0], math.prod(x.shape[1:]))
+            if x.dtype == np.float32
+            else np.ones((x.shape[0], 1), dtype=bool)
+        )
         if not finite.all():
             bad_rows = np.flatnonzero(~finite.all(axis=1))
             raise ValueError(
@@ -91,6 +119,37 @@ class Dataset:
                 f"0..{self.num_classes - 1}, the first label {int(y[first])} at index {first}; "
                 f"labels must be class indices from 0 to {self.num_classes - 1}"
             )
+
+    def _check_pixels(self) -> None:
+        x = self.x_train
+        if x.dtype != np.uint8:
+            if self.pixels is not None:
+                raise ValueError(
+                    f"dataset {self.name!r}: pixel statistics are for uint8 images, but its "
+                    f"inputs are {x.dtype}"
+                )
+            return
+        if self.pixels is None or x.ndim != 4 or x.shape[1] != self.pixels.channels:
+            raise ValueError(
+                f"dataset {self.name!r}: uint8 inputs must be images (N, C, H, W) with one "
+                f"pixel mean and std per channel; got shape {x.shape} and "
+                f"{'no statistics' if self.pixels is None else self.pixels}"
+            )
+
+    def _check_groups(self) -> None:
+        g = self.train_groups
+        if g is None:
+            return
+        if g.dtype != np.int64 or g.shape != self.y_train.shape:
+            raise ValueError(
+                f"dataset {self.name!r}: train_groups must be int64 with one owner id per "
+                f"training sample ({self.y_train.shape[0]}), got {g.dtype} of shape {g.shape}"
+            )
+
+    @property
+    def num_groups(self) -> int:
+        """How many natural owners (writers, speakers) the training set has; 0 without."""
+        return 0 if self.train_groups is None else int(np.unique(self.train_groups).size)
 
     def _source(self, *arrays: str) -> str:
         """Where the named arrays came from: their files, or the dataset's name."""

@@ -349,13 +349,21 @@ def _fake_fashion_mnist(directory: Path, n_train: int = 6, n_test: int = 4) -> P
     return directory
 
 
-def test_fashion_mnist_from_idx_files_is_standardised_and_cached(tmp_path, monkeypatch):
+def test_fashion_mnist_from_idx_files_keeps_pixels_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.delenv("HETFL_DATA", raising=False)
     directory = _fake_fashion_mnist(tmp_path / "fm")
     ds = load_fashion_mnist(str(directory))
     assert ds.x_train.shape == (6, 1, 28, 28) and ds.x_test.shape == (4, 1, 28, 28)
     assert ds.y_train.tolist() == [0, 1, 2, 3, 4, 5] and ds.num_classes == 10
-    assert np.isclose(ds.x_train.min(), -0.2860 / 0.3530, atol=0.05)
+    written = np.random.default_rng(0).integers(0, 256, (6, 28, 28))  # _fake_fashion_mnist's
+    assert ds.x_train.dtype == np.uint8 and np.array_equal(ds.x_train[:, 0], written)
+    # Standardised per batch exactly as the float32 arithmetic x / 255 - mean, then / std.
+    expected = written.astype(np.float32)
+    expected *= np.float32(1 / 255)
+    expected -= np.float32(0.2860)
+    expected /= np.float32(0.3530)
+    got = ds.pixels(torch.from_numpy(ds.x_train.copy())).numpy()[:, 0]
+    assert ds.pixels is not None and np.array_equal(got, expected)
     assert load_fashion_mnist(str(directory)).x_train is ds.x_train  # decoded once
     monkeypatch.setenv("HETFL_DATA", str(tmp_path))  # found in $HETFL_DATA/fashion-mnist
     (tmp_path / "fashion-mnist").symlink_to(directory)
@@ -395,7 +403,8 @@ def test_installed_fashion_mnist_loads(monkeypatch):
     ds = load_fashion_mnist()
     assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)
     assert ds.num_classes == 10 and set(np.unique(ds.y_train)) == set(range(10))
-    assert abs(float(ds.x_train.mean())) < 0.01 and abs(float(ds.x_train.std()) - 1) < 0.01
+    x = ds.pixels(torch.from_numpy(ds.x_train.copy()))  # the published statistics fit
+    assert abs(float(x.mean())) < 0.01 and abs(float(x.std()) - 1) < 0.01
 
 
 def test_dataset_rejects_wrong_dtypes():

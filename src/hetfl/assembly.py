@@ -79,8 +79,21 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     if groups is not None:
         held = [np.unique(dataset.y_train[p]).tolist() for p in parts]
         views = draw_views(groups, dataset.num_classes, cfg.seed, held)
+    augment = None if cfg.data.augment is None else cfg.data.augment.augmentation()
+    if augment is not None and augment.active and len(dataset.input_shape) != 3:
+        raise ValueError(
+            f"data.augment transforms images, but dataset {dataset.name!r} holds inputs of "
+            f"shape {dataset.input_shape}; leave data.augment out"
+        )
     clients = build_clients(
-        dataset, parts, cfg.data.test_per_client, cfg.seed, device, views, cfg.data.validation
+        dataset,
+        parts,
+        cfg.data.test_per_client,
+        cfg.seed,
+        device,
+        views,
+        cfg.data.validation,
+        augment,
     )
     test = global_test(dataset, device, cfg.eval.test_samples, cfg.seed)
     return Federation(dataset, clients, test)

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetfl.algorithms import ALGORITHMS
+from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
@@ -88,6 +89,45 @@ class GroupConfig(_Strict):
         return ViewGroup(self.clients, self.size, self.classes, self.samples)
 
 
+class ResizedCropConfig(_Strict):
+    """torchvision's `RandomResizedCrop` box distribution (`hetfl.core.augment`)."""
+
+    scale: tuple[float, float] = Field((0.08, 1.0), description="area fraction range")
+    ratio: tuple[float, float] = Field((3 / 4, 4 / 3), description="aspect ratio range")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ResizedCropConfig:
+        lo, hi = self.scale
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"scale must satisfy 0 < lo <= hi <= 1, got {list(self.scale)}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < lo <= hi, got {list(self.ratio)}")
+        return self
+
+
+class AugmentConfig(_Strict):
+    """Training-time augmentation of every client's batches (`hetfl.core.augment`); off
+    unless given. The CIFAR recipe is `crop_padding: 4, flip: true`."""
+
+    crop_padding: int = Field(0, ge=0, description="pad, then crop back at a random offset")
+    flip: bool = Field(False, description="mirror left-right with probability 1/2")
+    resized_crop: ResizedCropConfig | bool = Field(
+        False, description="random resized crop (true: torchvision's defaults)"
+    )
+    cutout: int = Field(0, ge=0, description="side of Cutout's square patch, in pixels")
+
+    def augmentation(self) -> Augmentation:
+        box = ResizedCropConfig() if self.resized_crop is True else self.resized_crop
+        return Augmentation(
+            crop_padding=self.crop_padding,
+            flip=self.flip,
+            resized_crop=(
+                ResizedCrop(box.scale, box.ratio) if isinstance(box, ResizedCropConfig) else None
+            ),
+            cutout=self.cutout,
+        )
+
+
 class DataConfig(_Strict):
     dataset: str = "fashion-mnist"
     path: str | None = Field(None, description="dataset file or directory")
@@ -104,6 +144,9 @@ class DataConfig(_Strict):
     mirror: str = Field(DEFAULT_MIRROR, description="base URL of the download mirror")
     groups: list[GroupConfig] | None = Field(
         None, description="client groups by input size and class count (sets num_clients)"
+    )
+    augment: AugmentConfig | None = Field(
+        None, description="training-time augmentation of image batches (default: none)"
     )
 
     @field_validator("dataset")

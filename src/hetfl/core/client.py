@@ -29,6 +29,7 @@ from hetfl.core.init import build_model, initialize
 from hetfl.core.local.loop import LocalStats, train_local
 from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.local.terms import mask_logits
+from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.rng import sibling_generator, torch_generator
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
@@ -84,14 +85,15 @@ def evaluate_model(
     y: torch.Tensor,
     batch_size: int = EVAL_BATCH,
     label_mask: tuple[int, ...] | None = None,
+    pixels: PixelNorm | None = None,
 ) -> tuple[int, float, int]:
     """(correct, summed loss, count) of `model` on (x, y) in consecutive batches, the
-    losses added in batch order (a parallel executor adds its batches' the same way)."""
+    losses added in batch order (a parallel executor adds its batches' the same way); each
+    batch standardised by `pixels` when the inputs are stored pixels."""
     correct, loss_sum = 0, 0.0
     for start in range(0, int(y.shape[0]), batch_size):
-        c, loss = score_batch_of(
-            model, x[start : start + batch_size], y[start : start + batch_size], label_mask
-        )
+        batch = model_inputs(x[start : start + batch_size], pixels)
+        c, loss = score_batch_of(model, batch, y[start : start + batch_size], label_mask)
         correct += c
         loss_sum += loss
     return correct, loss_sum, int(y.shape[0])
@@ -304,9 +306,9 @@ class ClientProgram:
         model = models.model_for(task.spec)
         model.load_state_dict(self._state(task.spec, model, task.payload, private), strict=True)
         if task.stats_pass:
-            recompute_bn_statistics(model, data.x_train)
+            recompute_bn_statistics(model, data.x_train, pixels=data.pixels)
         x, y = data.split(task.split)
-        return evaluate_model(model, x, y, label_mask=task.label_mask)
+        return evaluate_model(model, x, y, label_mask=task.label_mask, pixels=data.pixels)
 
 
 class Programs:
@@ -363,13 +365,16 @@ def _running_stats(
     )
 
 
-def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> BNStatistics:
+def bn_batch_statistics(
+    model: nn.Module, x: torch.Tensor, batch_size: int = 500, pixels: PixelNorm | None = None
+) -> BNStatistics:
     """Sum each BatchNorm layer's per-batch statistics over one pass of `x` in train mode.
 
     Batches are consecutive slices of `x`. For each batch the layer's running statistics are
     reset and updated once with momentum None, so PyTorch's own kernel gives that batch's
     mean and unbiased variance, which are summed. Parts of one data set (clients' data) are
-    combined by adding their sums (`apply_bn_statistics` divides). Normalisation in train
+    combined by adding their sums (`apply_bn_statistics` divides). Stored pixels are
+    standardised batch by batch with `pixels`. Normalisation in train
     mode uses batch statistics, so the resets do not change any layer's input. The model's
     momenta are restored and its running statistics are left as the last batch's.
     """
@@ -383,7 +388,7 @@ def bn_batch_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500
             for m in norms.values():
                 m.reset_running_stats()
                 m.momentum = None
-            model(x[start : start + batch_size])
+            model(model_inputs(x[start : start + batch_size], pixels))
             batches += 1
             for k, m in norms.items():
                 mean, var, _ = _running_stats(m)
@@ -415,7 +420,9 @@ def apply_bn_statistics(model: nn.Module, stats: BNStatistics) -> None:
     model.eval()
 
 
-def recompute_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> None:
+def recompute_bn_statistics(
+    model: nn.Module, x: torch.Tensor, batch_size: int = 500, pixels: PixelNorm | None = None
+) -> None:
     """Re-estimate BatchNorm running statistics by one pass over `x` (HeteroFL's static BN).
 
     As HeteroFL's code does it: statistics are reset and accumulated with momentum None,
@@ -426,4 +433,4 @@ def recompute_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int =
     `bn_batch_statistics` then `apply_bn_statistics`, which the Flower adapter splits
     between clients and server.
     """
-    apply_bn_statistics(model, bn_batch_statistics(model, x, batch_size))
+    apply_bn_statistics(model, bn_batch_statistics(model, x, batch_size, pixels))

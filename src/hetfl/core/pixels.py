@@ -43,15 +43,14 @@ class PixelNorm:
         return len(self.mean)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C, ...) pixels (uint8, or floats on the 0..255 scale after a resize or an
-        augmentation) as float32 model inputs. One channel's statistics are applied as
+        """(..., C, H, W) pixels (uint8, or floats on the 0..255 scale after a resize or
+        an augmentation) as float32 model inputs. One channel's statistics are applied as
         scalars, in the order `x / 255 - mean`, then `/ std`."""
         out = x.to(torch.float32) * (1 / PIXEL_SCALE)
         if self.channels == 1:
             return (out - self.mean[0]) / self.std[0]
-        shape = (1, self.channels) + (1,) * (x.dim() - 2)
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(shape)
-        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(shape)
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
         return (out - mean) / std
 
 

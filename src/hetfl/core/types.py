@@ -20,6 +20,8 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
+from hetfl.core.augment import Augmentation
+from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.training import LocalTraining
 
@@ -256,6 +258,10 @@ class ClientData:
     the client's class proportions). `x_val`/`y_val` are its validation split, held out of
     its training data (None without `data.validation`). `labels` are the classes present in
     its training data.
+
+    Inputs are held as stored: with `pixels`, uint8 images (or 0..255 floats after a view's
+    resize) that `inputs` standardises per batch (`hetfl.core.pixels`). `augment`, when
+    given, is applied to training batches only (`train_inputs`).
     """
 
     cid: int
@@ -266,6 +272,19 @@ class ClientData:
     num_classes: int
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    pixels: PixelNorm | None = None
+    augment: Augmentation | None = None
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch of this client's stored inputs as its model takes them."""
+        return model_inputs(x, self.pixels)
+
+    def train_inputs(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """A training batch as its model takes it, augmented from `generator` (the client's
+        round generator for augmentation, consumed batch by batch) when `augment` says so."""
+        if self.augment is None or not self.augment.active:
+            return self.inputs(x)
+        return self.augment(x, generator, self.pixels)
 
     @property
     def n_train(self) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from hetfl.core.augment import Augmentation
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data.sources import Dataset
@@ -124,6 +125,7 @@ def build_clients(
     device: torch.device | str = "cpu",
     views: Sequence[ClientView] | None = None,
     validation: float | None = None,
+    augment: Augmentation | None = None,
 ) -> list[ClientData]:
     """One `ClientData` per partition, client ids 0..len(parts)-1 in partition order.
 
@@ -142,6 +144,9 @@ def build_clients(
     for (seed, 0, cid, "validation")); they leave its training data, so training never sees
     them. Its local test split is drawn from its classes before the hold-out, so adding a
     validation split leaves every test split as it was.
+
+    Inputs stay as the dataset stores them (uint8 pixels are standardised per batch with
+    `dataset.pixels`); `augment` is every client's training augmentation.
     """
     if test_per_client < 0:
         raise ValueError(f"test_per_client must be >= 0, got {test_per_client}")
@@ -190,6 +195,8 @@ def build_clients(
             num_classes=dataset.num_classes,
             x_val=None if val_t is None else x_train[val_t],
             y_val=None if val_t is None else y_train[val_t],
+            pixels=dataset.pixels,
+            augment=augment,
         )
         clients.append(client if view is None else _seen_through(client, view))
     if short:
@@ -212,6 +219,8 @@ def _seen_through(client: ClientData, view: ClientView) -> ClientData:
         num_classes=client.num_classes if view.classes is None else len(view.classes),
         x_val=None if client.x_val is None else resize_images(client.x_val, view.size),
         y_val=None if client.y_val is None else remap_labels(client.y_val, view.classes),
+        pixels=client.pixels,
+        augment=client.augment,
     )
 
 

@@ -140,7 +140,8 @@ def remap_labels(y: torch.Tensor, classes: tuple[int, ...] | None) -> torch.Tens
 def resize_images(x: torch.Tensor, size: int | None, chunk: int = 2048) -> torch.Tensor:
     """(N, C, H, W) images resized to (N, C, size, size), bilinear with antialiasing, in
     chunks to bound the memory of the intermediate buffers; unchanged for None or the
-    same size."""
+    same size. Stored uint8 pixels are resized as floats on their 0..255 scale (and stay
+    floats: rounding them back would add quantisation noise), still to be standardised."""
     if size is None:
         return x
     if x.dim() != 4:
@@ -151,7 +152,7 @@ def resize_images(x: torch.Tensor, size: int | None, chunk: int = 2048) -> torch
         return x
     parts = [
         F.interpolate(
-            x[i : i + chunk],
+            x[i : i + chunk].to(torch.float32),
             size=(size, size),
             mode="bilinear",
             antialias=True,

@@ -222,7 +222,9 @@ def stats(msg: Message, context: Context, build: NodeBuilder) -> Message:
     model = node.models.model_for(request["spec"])
     model.load_state_dict({k: v.to(device) for k, v in request["tensors"].items()}, strict=True)
     x_train = node.data.x_train.to(device)
-    sums = client_bn_statistics(model, x_train, int(request["share"]), node.seed, node.cid)
+    sums = client_bn_statistics(
+        model, x_train, int(request["share"]), node.seed, node.cid, node.data.pixels
+    )
     reply = {k: [mean.cpu(), var.cpu(), n] for k, (mean, var, n) in sums.items()}
     return Message(to_content({"stats": reply}), reply_to=msg)
 

@@ -65,7 +65,13 @@ from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content,
 from hetfl.engine.parts import Parts
 from hetfl.engine.rounds import RoundLoop
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem, stats_shares
-from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
+from hetfl.engine.steps import (
+    LocalScore,
+    RoundOutcome,
+    charge_result,
+    pooled_validation,
+    run_pixels,
+)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -138,6 +144,7 @@ class FlowerServer(RoundLoop):
             parts.info,
             parts.progress,
             pooled_validation(parts.clients),
+            run_pixels(parts.clients),
         )
         self.info["engine"] = "flower"
         self.grid = grid

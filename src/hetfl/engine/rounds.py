@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from hetfl.core.client import ModelCache, Programs, evaluate_model
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
@@ -111,14 +112,17 @@ class RoundLoop(ABC):
         info: dict[str, Any] | None = None,
         progress: Progress | None = None,
         validation: Pooled = (),
+        pixels: PixelNorm | None = None,
     ) -> None:
         """`validation` holds all clients' validation samples (`pooled_validation`; empty
-        without `data.validation`)."""
+        without `data.validation`). `pixels` standardises the test and validation inputs
+        when they are stored pixels (`run_pixels`)."""
         self.strategy = strategy
         self.programs = programs
         self.eval_models = ModelCache(programs.family, programs.device)
         self.x_test, self.y_test = test
         self.validation = validation
+        self.pixels = pixels
         self.settings = settings
         self.run_dir = Path(run_dir)
         self.info = dict(info or {})
@@ -237,7 +241,7 @@ class RoundLoop(ABC):
     ) -> tuple[int, float, int]:
         """(correct, summed loss, count) of the loaded global `model` of `spec` on (x, y);
         an engine may spread the batches over processes (default: here, `evaluate_model`)."""
-        return evaluate_model(model, x, y)
+        return evaluate_model(model, x, y, pixels=self.pixels)
 
     @abstractmethod
     def local_scores(

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from hetfl.core.client import BNStatistics, bn_batch_statistics
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import torch_generator
 from hetfl.data.federation import largest_remainder
 
@@ -61,11 +62,17 @@ def client_stats_input(x_train: torch.Tensor, share: int, seed: int, cid: int) -
 
 
 def client_bn_statistics(
-    model: nn.Module, x_train: torch.Tensor, share: int, seed: int, cid: int
+    model: nn.Module,
+    x_train: torch.Tensor,
+    share: int,
+    seed: int,
+    cid: int,
+    pixels: PixelNorm | None = None,
 ) -> BNStatistics:
     """One client's part of the pass: per-layer sums over its batches (a Flower node's
-    `query.stats` answer)."""
-    return bn_batch_statistics(model, client_stats_input(x_train, share, seed, cid), STATS_BATCH)
+    `query.stats` answer); stored pixels are standardised with `pixels`."""
+    x = client_stats_input(x_train, share, seed, cid)
+    return bn_batch_statistics(model, x, STATS_BATCH, pixels)
 
 
 def bn_statistics_problem(total: BNStatistics, part: Any) -> str | None:

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from hetfl.core.client import ModelCache, evaluate_model
+from hetfl.core.client import ModelCache
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.server_program import ServerResult
 from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes
@@ -120,6 +121,15 @@ class GlobalScores:
 Pooled = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
+def run_pixels(clients: Sequence[ClientData]) -> PixelNorm | None:
+    """The pixel statistics the run's clients share, which standardise the global test and
+    pooled validation samples too (all clients come from one dataset)."""
+    kinds = {c.pixels for c in clients}
+    if len(kinds) > 1:
+        raise ValueError(f"clients hold inputs with different pixel statistics: {kinds}")
+    return kinds.pop() if kinds else None
+
+
 def pooled_validation(clients: Sequence[ClientData]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every client's validation split, in client id order, concatenated per input shape;
     empty when no client holds one."""
@@ -140,8 +150,8 @@ def evaluate_global(
     models: ModelCache,
     test: tuple[torch.Tensor, torch.Tensor],
     stats_pass: Callable[[nn.Module, EvalModel], None] | None,
-    validation: Pooled = (),
-    score: Scorer | None = None,
+    validation: Pooled,
+    score: Scorer,
 ) -> GlobalScores:
     """Test every model `strategy.eval_models(state)` names on the global test set, and the main
     one (after its statistics pass, if it has one) also on the pooled `validation` samples.
@@ -152,10 +162,9 @@ def evaluate_global(
     such a model with an error that says so. `models` is the engine's evaluation cache,
     into which each model's tensors are loaded. Each model's tensors as tested are kept in
     `GlobalScores.models` for the strategy's local evaluation. `score(model, spec, x, y)`
-    scores the loaded model on (x, y) (default: `evaluate_model` in this process; the
-    simulator hands the batches to its executor).
+    scores the loaded model on (x, y) (`RoundLoop.score`: `evaluate_model` in this
+    process, or the simulator's executor), standardising stored pixels.
     """
-    score = score or _score_here
     x_test, y_test = test
     scores = GlobalScores()
     for i, em in enumerate(strategy.eval_models(state)):
@@ -179,12 +188,6 @@ def evaluate_global(
         if em.group is not None:
             scores.groups[em.group] = {"acc": correct / n, "n": n}
     return scores
-
-
-def _score_here(
-    model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
-) -> tuple[int, float, int]:
-    return evaluate_model(model, x, y)
 
 
 def _pooled_scores(

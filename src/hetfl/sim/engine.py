@@ -54,7 +54,13 @@ from hetfl.engine.heap import trim_heap
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import add_bn_statistics, stats_shares
-from hetfl.engine.steps import LocalScore, RoundOutcome, charge_result, pooled_validation
+from hetfl.engine.steps import (
+    LocalScore,
+    RoundOutcome,
+    charge_result,
+    pooled_validation,
+    run_pixels,
+)
 from hetfl.sim.executor import Executor, SequentialExecutor
 from hetfl.sim.tasks import (
     ClientJob,
@@ -93,7 +99,15 @@ class Simulation(RoundLoop):
         `store` bounds the client store's memory; entries over its budget spill into
         `run_dir/spill`, removed when `run` returns or raises (`hetfl.core.store`)."""
         super().__init__(
-            strategy, programs, test, settings, run_dir, info, progress, pooled_validation(clients)
+            strategy,
+            programs,
+            test,
+            settings,
+            run_dir,
+            info,
+            progress,
+            pooled_validation(clients),
+            run_pixels(clients),
         )
         self.clients = {c.cid: c for c in clients}
         self.executor: Executor = executor or SequentialExecutor()
@@ -282,7 +296,9 @@ class Simulation(RoundLoop):
         executor, the batches' losses added in batch order (as `evaluate_model` adds them)."""
         tensors = model.state_dict()
         items = [
-            ScoreItem(spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH])
+            ScoreItem(
+                spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH], None, self.pixels
+            )
             for s in range(0, int(y.shape[0]), EVAL_BATCH)
         ]
         correct, loss_sum = 0, 0.0
@@ -299,7 +315,9 @@ class Simulation(RoundLoop):
         shares = stats_shares(sizes, self.settings.stats_samples)
         tensors, seed = model.state_dict(), self.settings.seed
         items = [
-            StatisticsItem(em.spec, tensors, self.clients[cid].x_train, share, seed, cid)
+            StatisticsItem(
+                em.spec, tensors, self.clients[cid].x_train, share, seed, cid, self.pixels
+            )
             for cid, share in shares.items()
             if share
         ]

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from hetfl.core.client import BNStatistics, ModelCache, Programs, score_batch_of
+from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.server_program import Channel, ChannelCounts, ServerResult
 from hetfl.core.spec import Spec
 from hetfl.core.types import (
@@ -122,12 +123,13 @@ class ScoreItem(NamedTuple):
     x: torch.Tensor
     y: torch.Tensor
     label_mask: tuple[int, ...] | None = None
+    pixels: PixelNorm | None = None
 
 
 def score_batch(ctx: WorkerContext, item: ScoreItem) -> BatchScore:
-    return BatchScore(
-        *score_batch_of(ctx.loaded(item.spec, item.tensors), item.x, item.y, item.label_mask)
-    )
+    model = ctx.loaded(item.spec, item.tensors)
+    x = model_inputs(item.x, item.pixels)
+    return BatchScore(*score_batch_of(model, x, item.y, item.label_mask))
 
 
 class StatisticsItem(NamedTuple):
@@ -137,11 +139,12 @@ class StatisticsItem(NamedTuple):
     share: int
     seed: int
     cid: int
+    pixels: PixelNorm | None = None
 
 
 def client_statistics(ctx: WorkerContext, item: StatisticsItem) -> BNStatistics:
     model = ctx.loaded(item.spec, item.tensors)
-    return client_bn_statistics(model, item.x_train, item.share, item.seed, item.cid)
+    return client_bn_statistics(model, item.x_train, item.share, item.seed, item.cid, item.pixels)
 
 
 class LocalScoreItem(NamedTuple):

@@ -33,7 +33,9 @@ projections, the tracker `StepNormaliser` (run per client: it counts steps), the
 backward, and the SGD optimiser (momentum, weight decay, kept momentum). So FedAvg,
 FedProx, FedNova and HeteroFL (per width level: a level is a spec) are vectorised; FjORD's
 ordered dropout, FedALRC's Rademacher term and thresholding, Adam, models with dropout,
-wrapped programs (attacks, faults), clients without a step and groups of one are not.
+wrapped programs (attacks, faults), clients with augmentation (their draws are per
+client, batch by batch), clients without a step and groups of one are not. Stored pixels
+are standardised per stacked batch.
 Server programs (split learning) exchange with the server every batch: a round with one
 runs entirely in the sequential executor.
 
@@ -70,6 +72,7 @@ from hetfl.core.local.terms import (
     StepNormaliser,
     kept_classes,
 )
+from hetfl.core.pixels import model_inputs
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
@@ -224,6 +227,7 @@ def _groups(
             type(program) is not ClientProgram  # a wrapper changes what the client does
             or unsupported(program.recipe, task.config) is not None
             or task.config.num_steps(data.n_train) < 1
+            or (data.augment is not None and data.augment.active)
             or _has_dropout(programs.models.model_for(task.spec))
         ):
             alone.append(i)
@@ -354,7 +358,8 @@ class _GroupTraining:
             [start + idx.to(self.device) for idx in batch_order(m.data.n_train, self.settings, g)]
             for m, g, start in zip(members, self.generators, starts, strict=True)
         ]
-        first_x = self.x[self.batches[0][0]]
+        self.pixels = first.data.pixels  # one dataset's: the same for every member
+        first_x = model_inputs(self.x[self.batches[0][0]], self.pixels)
         self.used, classes = _used_parameters(template, self.owns[0], self.names, first_x)
         self.optimiser = optimiser_for(self.settings)
         self.groups = param_groups(template, self.names, self.settings)
@@ -416,7 +421,7 @@ class _GroupTraining:
         whole = len(ks) == len(members)
         rows = self.stack if whole else self.stack.rows(idx)
         batch = torch.stack([self.batches[k][step] for k in ks])  # (K', B)
-        x, y = self.x[batch], self.y[batch]  # (K', B, ...), (K', B)
+        x, y = model_inputs(self.x[batch], self.pixels), self.y[batch]  # (K', B, ...), (K', B)
         keep = None if self.keep is None else self.keep[idx]
         g, (loss, rows.buffers) = self.vmapped(rows.params, rows.buffers, x, y, keep)
         grads = {k: g[k] for k in self.names if k in self.used}

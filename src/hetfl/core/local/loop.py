@@ -21,6 +21,7 @@ from torch.func import functional_call
 from hetfl.core.local.optim import optimiser_for, param_groups
 from hetfl.core.local.parts import GradTransform, LocalRecipe, ModelCall, TrainContext
 from hetfl.core.local.terms import ClipGradNorm
+from hetfl.core.rng import sibling_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, State
 
@@ -98,10 +99,11 @@ def train_local(
     loss_sum, seen = 0.0, 0
     default_passes: dict[int, int] = {}
     batches = batch_order(data.n_train, settings, ctx.generator)
+    augment = sibling_generator(ctx.generator, "augment", data.x_train.device)
     for step, idx in enumerate(batches):
         ctx.step = step
         idx = idx.to(device)
-        x, y = data.x_train[idx], data.y_train[idx]
+        x, y = data.train_inputs(data.x_train[idx], augment), data.y_train[idx]
         ctx.batch = (x, y)
         recorded = len(ctx.passes)
         outputs, per_sample = recipe.forward(model, x, y, ctx)

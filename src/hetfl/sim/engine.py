@@ -297,7 +297,7 @@ class Simulation(RoundLoop):
         tensors = model.state_dict()
         items = [
             ScoreItem(
-                spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH], None, self.pixels
+                spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH], pixels=self.pixels
             )
             for s in range(0, int(y.shape[0]), EVAL_BATCH)
         ]

@@ -109,15 +109,16 @@ def _uniform(n: int, generator: torch.Generator, device: torch.device) -> torch.
 
 def padded_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Each image padded with zeros by `padding` on every side, then cropped back to its
-    size at an offset uniform in 0..2·padding along each axis."""
+    size at an offset uniform in 0..2·padding along each axis: one gather of each image's
+    window from its flattened padded planes."""
     n, c, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
     offsets = torch.randint(0, 2 * padding + 1, (2, n), generator=generator, device=x.device)
     rows = offsets[0, :, None] + torch.arange(h, device=x.device)  # (N, H)
     cols = offsets[1, :, None] + torch.arange(w, device=x.device)  # (N, W)
-    batch = torch.arange(n, device=x.device)[:, None, None, None]
-    chans = torch.arange(c, device=x.device)[None, :, None, None]
-    return padded[batch, chans, rows[:, None, :, None], cols[:, None, None, :]]
+    window = rows[:, :, None] * (w + 2 * padding) + cols[:, None, :]  # (N, H, W) flat indices
+    index = window.view(n, 1, h * w).expand(n, c, h * w)
+    return padded.view(n, c, -1).gather(2, index).view(n, c, h, w)
 
 
 def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -6,8 +6,9 @@ extracted into a fresh temporary directory beside it (`<dest>/.<folder>.*.part`)
 top-level folder is renamed to `<dest>/<folder>` only when every member is out. A loader
 therefore sees either the whole folder or none, and the folder's presence is what a
 repeated download takes as "done". Anything that fails (a damaged or truncated archive, a
-full disk, Ctrl-C) removes the temporary directory. The archive itself is kept after
-extraction, so that its MD5 can be checked again; delete it to save the space.
+full disk, Ctrl-C) removes the temporary directory, and an archive that turns out to be
+truncated or damaged is deleted too. A good archive is kept after extraction, so that its
+MD5 can be checked again; delete it to save the space.
 
 Members are checked before they are written: an absolute path or a `..` component (tar or
 zip path traversal) and, in a tar, a link or device member are refused, since none of the
@@ -145,8 +146,9 @@ def download_archive(
 def extract_archive(path: Path, folder: str, dest: Path) -> Path:
     """Extract the archive `path` and place its top-level `folder` at `dest/folder`, whole.
 
-    Raises `DownloadError` naming the archive when it is damaged or truncated, holds an
-    unsafe member, or has no `folder`; nothing is left behind then.
+    Raises `DownloadError` naming the archive when it is damaged or truncated (the archive
+    is deleted), holds an unsafe member, or has no `folder`; no extracted file is left
+    behind then.
     """
     final = dest / folder
     if final.exists():
@@ -183,10 +185,11 @@ def _unpack(path: Path, into: Path) -> None:
     except DownloadError:
         raise
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        path.unlink(missing_ok=True)  # useless as it is; a new download is the fix
         raise DownloadError(
             f"{path} could not be extracted, it is truncated or damaged "
-            f"({type(exc).__name__}: {exc}); nothing was extracted. Delete it and run the "
-            "download again."
+            f"({type(exc).__name__}: {exc}); it was deleted and nothing was extracted. "
+            "Run the download again."
         ) from exc
     except OSError as exc:
         raise DownloadError(

@@ -78,10 +78,6 @@ def _leftovers(dest: Path) -> list[str]:
     return sorted(p.name for p in dest.iterdir()) if dest.exists() else []
 
 
-def test_file_list_matches_sources():
-    assert FASHION_MNIST_FILES == sources.FASHION_MNIST_FILES
-
-
 def test_download_passes_the_decompressed_hash_check_and_loads(downloaded, monkeypatch):
     dest, calls = downloaded
     assert _leftovers(dest) == sorted(FASHION_MNIST_FILES)  # no .part files left

@@ -44,8 +44,7 @@ from hetfl.data.fetch import (
 #: Upstream's mirror (Zalando Research's S3 website for Fashion-MNIST).
 FASHION_MNIST_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 
-#: The four files, in download order. Kept equal to `sources.FASHION_MNIST_FILES` (a test
-#: checks it); defined here too so that `sources` can import this module without a cycle.
+#: The four files, in download order (and the order `sources.load_fashion_mnist` reads).
 FASHION_MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",

@@ -26,6 +26,7 @@ import numpy as np
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.registry import Registry
 from hetfl.core.rng import SERVER, numpy_generator
+from hetfl.data.download import FASHION_MNIST_FILES
 from hetfl.data.fetch import dataset_cache_dir
 from hetfl.data.locate import DATA_ENV, find_directory, search_places
 
@@ -221,12 +222,6 @@ def read_idx(path: str | Path) -> np.ndarray:
 #: tests (and unusual installs) can point it elsewhere.
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 
-FASHION_MNIST_FILES = (
-    "train-images-idx3-ubyte.gz",
-    "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz",
-    "t10k-labels-idx1-ubyte.gz",
-)
 FASHION_MNIST_MEAN = 0.2860
 FASHION_MNIST_STD = 0.3530
 

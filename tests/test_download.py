@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import http.server
 import shutil
 import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,15 +22,13 @@ from hetfl.data.download import (
     FASHION_MNIST_FILES,
     IDX_SHA256,
     UPSTREAM_GZ_MD5,
-    DownloadError,
     check_file,
-    default_cache_dir,
     download_fashion_mnist,
     download_file,
-    fashion_mnist_cache_dir,
-    file_url,
     verify_file,
 )
+from hetfl.data.fetch import DownloadError, dataset_cache_dir, default_cache_dir, file_url
+from local_mirror import LocalMirror
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -45,46 +41,6 @@ pytestmark = pytest.mark.skipif(
 SMALL = "t10k-labels-idx1-ubyte.gz"  # 5 KB: the file the failure tests download
 
 
-class _Server:
-    """A threaded static-file server over `root` that records every request path."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.requests: list[str] = []
-        requests = self.requests
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, directory=str(root), **kwargs)
-
-            def do_GET(self):
-                requests.append(self.path)
-                if self.path.startswith("/short/"):  # promises 1000 bytes, sends 10
-                    self.send_response(200)
-                    self.send_header("Content-Length", "1000")
-                    self.end_headers()
-                    self.wfile.write(b"\x1f\x8b" + bytes(8))
-                    self.close_connection = True
-                    return
-                super().do_GET()
-
-            def log_message(self, format, *args):  # keep pytest output clean
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def mirror(self, subdir: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{subdir}/"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The server; `<root>/debian/` holds copies of the four Debian files."""
@@ -92,7 +48,7 @@ def server(tmp_path_factory):
     (root / "debian").mkdir()
     for name in FASHION_MNIST_FILES:
         shutil.copyfile(DEBIAN_DIR / name, root / "debian" / name)
-    srv = _Server(root)
+    srv = LocalMirror(root)
     yield srv
     srv.close()
 
@@ -120,10 +76,6 @@ def bad_mirror(server, request):
 
 def _leftovers(dest: Path) -> list[str]:
     return sorted(p.name for p in dest.iterdir()) if dest.exists() else []
-
-
-def test_file_list_matches_sources():
-    assert FASHION_MNIST_FILES == sources.FASHION_MNIST_FILES
 
 
 def test_download_passes_the_decompressed_hash_check_and_loads(downloaded, monkeypatch):
@@ -276,7 +228,7 @@ def test_verify_file_on_missing_and_unknown_files(tmp_path):
 
 def test_cache_dir_follows_hetfl_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HETFL_CACHE", str(tmp_path))
-    assert fashion_mnist_cache_dir() == tmp_path / "fashion-mnist"
+    assert dataset_cache_dir("fashion-mnist") == tmp_path / "fashion-mnist"
     monkeypatch.delenv("HETFL_CACHE")
     assert default_cache_dir() == Path.home() / ".cache" / "hetfl"
 

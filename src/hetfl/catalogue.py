@@ -44,6 +44,15 @@ ARCHITECTURES: dict[str, str] = {
     "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",
 }
 
-DATASETS: tuple[str, ...] = ("digits", "fashion-mnist", "libsvm", "npz", "synthetic")
+DATASETS: tuple[str, ...] = (
+    "cifar10",
+    "cifar100",
+    "digits",
+    "fashion-mnist",
+    "libsvm",
+    "npz",
+    "synthetic",
+    "tiny-imagenet",
+)
 
 PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "quantity")

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     download = data_sub.add_parser(
         "download", help="fetch a dataset into the cache and verify its checksums"
     )
-    download.add_argument("dataset", help="dataset name, e.g. fashion-mnist")
+    download.add_argument("dataset", help="dataset name, e.g. cifar10 (a wrong one lists all)")
     download.add_argument("--dest", type=Path, help="directory (default: the HetFL cache)")
     download.add_argument("--mirror", help="base URL of a mirror (default: upstream)")
 
@@ -152,7 +152,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     because `DownloadError` lives in `hetfl.data`, which imports torch: an `except` clause
     evaluates it only when an exception reaches it."""
     from hetfl.config import ConfigError
-    from hetfl.data.download import DownloadError
+    from hetfl.data.fetch import DownloadError
 
     return (ConfigError, FileNotFoundError, ValueError, KeyError, DownloadError)
 
@@ -351,7 +351,7 @@ def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
 
 
 def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
-    from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
+    from hetfl.data.download import DOWNLOADERS
 
     if dataset not in DOWNLOADERS:
         raise ValueError(
@@ -366,7 +366,7 @@ def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
             size = f"/{total / 1e6:.1f}" if total else ""
             print(f"  {name}: {received / 1e6:.1f}{size} MB", file=sys.stderr, flush=True)
 
-    where = DOWNLOADERS[dataset](dest, mirror or DEFAULT_MIRROR, progress=progress)
+    where = DOWNLOADERS[dataset](dest, mirror, progress=progress)
     print(f"{dataset}: verified files in {where}")
     return 0
 

@@ -27,7 +27,7 @@ from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASETS, PARTITIONERS
-from hetfl.data.download import DEFAULT_MIRROR, DOWNLOADERS
+from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import ViewGroup
 from hetfl.models import ARCHITECTURES, is_scalable
 from hetfl.models.factory import model_names, unknown_model_message
@@ -141,7 +141,9 @@ class DataConfig(_Strict):
         description="fraction of each client's training data held out for validation",
     )
     download: bool = Field(False, description="fetch and verify the dataset first if missing")
-    mirror: str = Field(DEFAULT_MIRROR, description="base URL of the download mirror")
+    mirror: str | None = Field(
+        None, description="base URL of the download mirror (default: the dataset's upstream)"
+    )
     groups: list[GroupConfig] | None = Field(
         None, description="client groups by input size and class count (sets num_clients)"
     )

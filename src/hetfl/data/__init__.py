@@ -6,6 +6,7 @@ the torch-free copy in `hetfl.catalogue`, `hetfl list`);
 The data layer knows no model.
 """
 
+from hetfl.data.cifar import load_cifar10, load_cifar100
 from hetfl.data.federation import (
     build_clients,
     global_test,
@@ -13,6 +14,7 @@ from hetfl.data.federation import (
     validation_split,
 )
 from hetfl.data.libsvm import load_libsvm, read_libsvm
+from hetfl.data.locate import DatasetNotFoundError
 from hetfl.data.partition import (
     PARTITIONERS,
     PartitionError,
@@ -26,7 +28,6 @@ from hetfl.data.partition import (
 from hetfl.data.sources import (
     DATASETS,
     Dataset,
-    DatasetNotFoundError,
     load_digits,
     load_fashion_mnist,
     load_npz,
@@ -34,6 +35,7 @@ from hetfl.data.sources import (
     read_idx,
     stratified_split,
 )
+from hetfl.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [
     "DATASETS",
@@ -48,11 +50,14 @@ __all__ = [
     "global_test",
     "iid",
     "k_classes",
+    "load_cifar10",
+    "load_cifar100",
     "load_digits",
     "load_fashion_mnist",
     "load_libsvm",
     "load_npz",
     "load_synthetic",
+    "load_tiny_imagenet",
     "local_test_indices",
     "quantity_skew",
     "read_idx",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping
@@ -27,7 +26,9 @@ import numpy as np
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.registry import Registry
 from hetfl.core.rng import SERVER, numpy_generator
-from hetfl.data.download import fashion_mnist_cache_dir
+from hetfl.data.download import FASHION_MNIST_FILES
+from hetfl.data.fetch import dataset_cache_dir
+from hetfl.data.locate import DATA_ENV, find_directory, search_places
 
 #: The input dtypes a dataset may hold (see `Dataset`).
 _INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int64))
@@ -165,10 +166,6 @@ class Dataset:
 DATASETS = Registry[Callable[..., Dataset]]("dataset")
 
 
-class DatasetNotFoundError(FileNotFoundError):
-    """A dataset's files are in none of the places searched; the message names the fixes."""
-
-
 # --- idx files (MNIST, Fashion-MNIST) -------------------------------------------------------
 
 #: idx type codes (third byte of the magic number) and their big-endian NumPy dtypes.
@@ -225,12 +222,6 @@ def read_idx(path: str | Path) -> np.ndarray:
 #: tests (and unusual installs) can point it elsewhere.
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 
-FASHION_MNIST_FILES = (
-    "train-images-idx3-ubyte.gz",
-    "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz",
-    "t10k-labels-idx1-ubyte.gz",
-)
 #: The training set's pixel mean and standard deviation (in [0, 1] units).
 FASHION_MNIST_PIXELS = PixelNorm(mean=(0.2860,), std=(0.3530,))
 
@@ -239,48 +230,24 @@ FASHION_MNIST_PIXELS = PixelNorm(mean=(0.2860,), std=(0.3530,))
 _FASHION_MNIST_CACHE: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
-def _fashion_mnist_candidates(path: str | Path | None) -> list[Path]:
-    """The directories to search, in order.
-
-    An explicit `path` is the only place looked at: a user who names a directory and gets
-    data from somewhere else would not notice the typo.
-    """
-    if path is not None:
-        return [Path(path), Path(path) / "fashion-mnist"]
-    places = []
-    env = os.environ.get("HETFL_DATA")
-    if env:
-        places += [Path(env), Path(env) / "fashion-mnist"]
-    places.append(FASHION_MNIST_SYSTEM_DIR)
-    places.append(fashion_mnist_cache_dir())  # where `hetfl data download` puts verified files
-    return places
-
-
-def _describe(place: Path) -> str:
-    if not place.is_dir():
-        return f"{place} (no such directory)"
-    present = [name for name in FASHION_MNIST_FILES if (place / name).is_file()]
-    if not present:
-        return f"{place} (none of the files)"
-    missing = [name for name in FASHION_MNIST_FILES if name not in present]
-    return f"{place} (missing {', '.join(missing)})"
-
-
 def _find_fashion_mnist(path: str | Path | None) -> Path:
-    places = _fashion_mnist_candidates(path)
-    for place in places:
-        if all((place / name).is_file() for name in FASHION_MNIST_FILES):
-            return place
-    searched = "\n".join(f"  - {_describe(p)}" for p in places)
-    raise DatasetNotFoundError(
-        f"Fashion-MNIST not found; it needs {', '.join(FASHION_MNIST_FILES)}.\n"
-        f"Searched:\n{searched}\n"
-        "Fix it by one of:\n"
-        "  - installing the Debian package: apt-get install dataset-fashion-mnist\n"
-        "  - setting HETFL_DATA to a directory holding the four files "
-        "(directly or in a fashion-mnist/ subdirectory)\n"
-        "  - running: hetfl data download fashion-mnist "
-        f"(verified files go to {fashion_mnist_cache_dir()})"
+    places = search_places(
+        path,
+        ("", "fashion-mnist"),
+        ("", "fashion-mnist"),
+        [FASHION_MNIST_SYSTEM_DIR, dataset_cache_dir("fashion-mnist")],
+    )
+    return find_directory(
+        "Fashion-MNIST",
+        FASHION_MNIST_FILES,
+        places,
+        [
+            "installing the Debian package: apt-get install dataset-fashion-mnist",
+            f"setting {DATA_ENV} to a directory holding the four files "
+            "(directly or in a fashion-mnist/ subdirectory)",
+            "running: hetfl data download fashion-mnist "
+            f"(verified files go to {dataset_cache_dir('fashion-mnist')})",
+        ],
     )
 
 
@@ -315,9 +282,9 @@ def load_fashion_mnist(path: str | Path | None = None) -> Dataset:
 
     Looks in `path` if given, else in `$HETFL_DATA` and `$HETFL_DATA/fashion-mnist`, then in
     `FASHION_MNIST_SYSTEM_DIR` (the Debian package's location), then in the download cache
-    (`$HETFL_CACHE/fashion-mnist`, default `~/.cache/hetfl/fashion-mnist`). Raises
-    `DatasetNotFoundError` when no place has all four files. The returned arrays are
-    read-only and shared between loads of the same directory.
+    (`$HETFL_CACHE/fashion-mnist`, default `~/.cache/hetfl/fashion-mnist`); see
+    `hetfl.data.locate`. Raises `DatasetNotFoundError` when no place has all four files.
+    The returned arrays are read-only and shared between loads of the same directory.
     """
     directory = _find_fashion_mnist(path).resolve()
     key = str(directory)

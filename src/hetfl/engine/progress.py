@@ -102,7 +102,7 @@ class _Bar:
 
         self.bar: RichProgress = RichProgress(
             TextColumn("{task.description}round {task.completed}/{task.total}", markup=False),
-            BarColumn(),
+            BarColumn(bar_width=20),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),

@@ -95,7 +95,7 @@ def test_an_interrupt_leaves_the_terminal_sane(synthetic_federation, tmp_path):
             raise KeyboardInterrupt
         return train(rnd, tasks)
 
-    sim.train = interrupted  # type: ignore[method-assign]
+    sim.train = interrupted
     with pytest.raises(KeyboardInterrupt):
         sim.run()
     written = console.file.getvalue()

@@ -101,7 +101,7 @@ def test_resumed_events_equal_an_uninterrupted_run(tmp_path):
         if rnd == 3:
             raise KeyboardInterrupt
 
-    sim.progress.round = killed_after_row_3  # type: ignore[method-assign]
+    sim.progress.round = killed_after_row_3
     with pytest.raises(KeyboardInterrupt):
         sim.run()
     assert [s for s, _ in _events(cut)["loss"]] == [1, 2, 3]  # round 3 is in the events

@@ -19,7 +19,7 @@ $(VENV)/.torch: constraints.txt | $(PY)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.torch
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,flower,ray]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,flower,ray,tensorboard]'
 	touch $@
 
 # The Fashion-MNIST Debian package, where apt is usable; otherwise say how to get the data.

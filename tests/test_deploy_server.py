@@ -21,12 +21,15 @@ pytest.importorskip("flwr")
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 from hetfl.config import validate
 from hetfl.deploy import node
 from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer
 from hetfl.engine.outputs import read_metrics
+from hetfl.engine.tracking import TENSORBOARD_DIR, scalars
 from hetfl.flower import client_app, flower_server
 from hetfl.launch import finish_served_run
 from hetfl.runner import run_one
@@ -142,6 +145,29 @@ def test_resume_restores_the_server_and_nodes_keep_their_private_heads(tmp_path)
     expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
     assert without_wall_time(rows) == without_wall_time(expected)
     assert [r["round"] for r in rows] == [1, 2, 3]
+
+
+def test_the_flower_server_feeds_tracking_too(tmp_path):
+    """`tracking: tensorboard` under Flower: the server's rows reach the event files (their
+    values against metrics.jsonl by hand are checked in test_tracking.py)."""
+    run_dir = tmp_path / "flower"
+    _, rows = serve(
+        LoopbackGrid(nodes(tmp_path, 3)),
+        config(**{"train.rounds": 2, "tracking": "tensorboard"}),
+        run_dir,
+    )
+    acc = event_accumulator.EventAccumulator(str(run_dir / TENSORBOARD_DIR))
+    acc.Reload()
+    events = {
+        tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)]
+        for tag in acc.Tags()[event_accumulator.TENSORS]
+    }
+    expected: dict[str, list] = {}
+    for row in rows:
+        for tag, value in scalars(row):
+            expected.setdefault(tag, []).append((row["round"], value))
+    assert events == expected
+    assert [step for step, _ in events["local_acc"]] == [1, 2]
 
 
 def test_without_state_dirs_a_resumed_node_restarts_its_private_head(tmp_path):

@@ -1,6 +1,6 @@
-"""Start-up: `hetfl --help` and `hetfl list` import neither torch, Flower nor matplotlib
-(each costs seconds), and `list`, which reads `hetfl.catalogue`, still shows every entry
-of the live registries."""
+"""Start-up: `hetfl --help` and `hetfl list` import neither torch, Flower, matplotlib,
+rich nor TensorBoard (the first three cost seconds each; rich is only for a run's bar), and
+`list`, which reads `hetfl.catalogue`, still shows every entry of the live registries."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.models import ARCHITECTURES, MODELS
 
-HEAVY = ("torch", "flwr", "matplotlib")
+HEAVY = ("torch", "flwr", "matplotlib", "rich", "tensorboard")
 
 # `python -m hetfl.cli ARGS` in a fresh interpreter, then the heavy modules it imported.
 PROBE = f"""

@@ -436,6 +436,11 @@ class RunConfig(_Strict):
         None, ge=1, description="worker processes of executor processes (default: cores / threads)"
     )
     output_dir: str = "runs"
+    tracking: Literal["none", "tensorboard"] = Field(
+        "none",
+        description="where the metrics rows go besides metrics.jsonl: tensorboard writes "
+        "event files to <run>/tensorboard (needs pip install 'hetfl[tensorboard]')",
+    )
     deploy: DeployConfig = DeployConfig()
     sweep: dict[str, list[Any]] | None = None
 

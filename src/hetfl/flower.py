@@ -30,6 +30,7 @@ from hetfl.config import RunConfig, load_raw, validate
 from hetfl.core.client import ModelCache
 from hetfl.deploy.node import Node, make_client_app
 from hetfl.deploy.server import Deployment, FlowerServer
+from hetfl.engine.tracking import make_sinks
 
 #: Keys of the Flower run config that `hetfl serve` sets.
 RUN_DIR_KEY = "hetfl-run-dir"
@@ -106,9 +107,11 @@ def deployment(cfg: RunConfig) -> Deployment:
 def flower_server(
     grid: Grid, cfg: RunConfig, run_dir: Path, *, show_progress: bool = True, poll_s: float = 0.5
 ) -> FlowerServer:
-    """The Flower server that runs `cfg` over `grid` into `run_dir`."""
+    """The Flower server that runs `cfg` over `grid` into `run_dir` (with the config's
+    `tracking` sinks, made first: a missing extra fails before the data is loaded)."""
+    sinks = make_sinks(cfg.tracking, run_dir)
     parts = build_parts(cfg, show_progress=show_progress)
-    return FlowerServer(grid, parts, deployment(cfg), run_dir, poll_s=poll_s)
+    return FlowerServer(grid, parts, deployment(cfg), run_dir, poll_s=poll_s, sinks=sinks)
 
 
 client_app = make_client_app(build_node)

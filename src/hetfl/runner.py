@@ -14,6 +14,7 @@ from typing import Any
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
 from hetfl.core.device import resolve_device
+from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
 from hetfl.sim.executor import ExecutorName
 
@@ -28,7 +29,9 @@ def build_simulation(
 ) -> Simulation:
     """The configured run as a `Simulation`. Its executor is the config's `executor`, or
     `executor` when the config does not say (the library's default is sequential; the CLI
-    passes auto). A process executor's workers live until `sim.executor.close()`."""
+    passes auto). A process executor's workers live until `sim.executor.close()`. The
+    config's `tracking` sinks come first: a missing extra fails before anything starts."""
+    sinks = make_sinks(cfg.tracking, run_dir)
     # The executor first: a process executor's fork server imports torch and HetFL while
     # this process loads and partitions the data.
     chosen, described = make_executor(
@@ -53,6 +56,7 @@ def build_simulation(
         p.progress,
         executor=chosen,
         store=p.store,
+        sinks=sinks,
     )
 
 

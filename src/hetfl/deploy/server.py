@@ -36,7 +36,7 @@ What differs from the simulator, and why:
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,6 +62,7 @@ from hetfl.core.types import (
 )
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
+from hetfl.engine.outputs import RowSink
 from hetfl.engine.parts import Parts
 from hetfl.engine.rounds import RoundLoop
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem, stats_shares
@@ -129,11 +130,12 @@ class FlowerServer(RoundLoop):
         run_dir: Path,
         *,
         poll_s: float = 0.5,
+        sinks: Sequence[RowSink] = (),
     ) -> None:
         """`parts` are built exactly as for the simulator; their clients' data is used here
         only for the pooled validation samples that a global model is scored on (as in the
         simulator). `poll_s` is how often replies are pulled from the SuperLink while
-        waiting."""
+        waiting. `sinks` receive the metrics rows too (experiment tracking)."""
         refuse_server_program(parts.strategy, deployment.algorithm)
         super().__init__(
             parts.strategy,
@@ -145,6 +147,7 @@ class FlowerServer(RoundLoop):
             parts.progress,
             pooled_validation(parts.clients),
             run_pixels(parts.clients),
+            sinks,
         )
         self.info["engine"] = "flower"
         self.grid = grid

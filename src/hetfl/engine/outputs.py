@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROW_KEYS = (
     "round",
@@ -50,27 +50,59 @@ def make_row(**values: Any) -> dict[str, Any]:
     return {k: values.get(k) for k in ROW_KEYS}
 
 
-class MetricsLog:
-    """Append-only `metrics.jsonl`, truncated to a checkpoint's round on resume."""
+class RowSink(Protocol):
+    """Somewhere else the metrics rows go (experiment tracking: `hetfl.engine.tracking`),
+    fed by `MetricsLog` with exactly the rows of `metrics.jsonl`."""
 
-    def __init__(self, path: Path) -> None:
+    def append(self, row: dict[str, Any]) -> None:
+        """Record one new row."""
+
+    def rewrite(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Replace everything recorded so far with `rows` (a fresh start: none; a resume:
+        the rows `metrics.jsonl` keeps)."""
+
+    def close(self) -> None:
+        """Flush and release what the sink holds open."""
+
+
+class MetricsLog:
+    """Append-only `metrics.jsonl`, truncated to a checkpoint's round on resume; every
+    `sinks` entry receives the same rows and the same truncation."""
+
+    def __init__(self, path: Path, sinks: Sequence[RowSink] = ()) -> None:
         self.path = path
+        self.sinks = tuple(sinks)
 
     def append(self, row: dict[str, Any]) -> None:
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
             fh.flush()
+        for sink in self.sinks:
+            sink.append(row)
 
     def read(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
 
+    def clear(self) -> None:
+        """A fresh start: no rows, here or in any sink."""
+        self.path.unlink(missing_ok=True)
+        for sink in self.sinks:
+            sink.rewrite([])
+
     def truncate(self, last_round: int) -> list[dict[str, Any]]:
-        """Keep rows up to `last_round` (a partial last line from a crash is dropped)."""
+        """Keep rows up to `last_round` (a partial last line from a crash is dropped); the
+        sinks are rewritten from the kept rows."""
         rows = [r for r in self.read() if r["round"] <= last_round]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(self.path)
+        for sink in self.sinks:
+            sink.rewrite(rows)
         return rows
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,7 +40,7 @@ from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
-from hetfl.engine.outputs import MetricsLog, Target, summarise, write_json
+from hetfl.engine.outputs import MetricsLog, RowSink, Target, summarise, write_json
 from hetfl.engine.progress import Progress
 from hetfl.engine.steps import (
     Counters,
@@ -113,10 +113,12 @@ class RoundLoop(ABC):
         progress: Progress | None = None,
         validation: Pooled = (),
         pixels: PixelNorm | None = None,
+        sinks: Sequence[RowSink] = (),
     ) -> None:
         """`validation` holds all clients' validation samples (`pooled_validation`; empty
         without `data.validation`). `pixels` standardises the test and validation inputs
-        when they are stored pixels (`run_pixels`)."""
+        when they are stored pixels (`run_pixels`). `sinks` receive every metrics row as
+        `metrics.jsonl` does (experiment tracking, `hetfl.engine.tracking`)."""
         self.strategy = strategy
         self.programs = programs
         self.eval_models = ModelCache(programs.family, programs.device)
@@ -129,7 +131,7 @@ class RoundLoop(ABC):
         self.progress = progress or Progress(settings.rounds, enabled=False)
         self.counters = Counters()
         self.macs = MacCounter(programs.family)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", sinks)
         #: The global state: the engine holds it and passes it through the strategy's verbs.
         self.state: State = {}
         system = settings.system
@@ -151,37 +153,43 @@ class RoundLoop(ABC):
         """Run (or continue) to `settings.rounds`; returns the summary."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.setup()
-        first = self._restore() + 1 if resume else self._fresh_start()
-        for rnd in range(first, self.settings.rounds + 1):
-            started = time.perf_counter()
-            # Step 1: plan -- whom to ask and what to send.
-            available = self.available(rnd)
-            tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
-            # Step 2: local work -- results validated, in client id order.
-            outcome = self.train(rnd, tasks)
-            self.counters.count_round(outcome)
-            if outcome.failures and not outcome.results:
-                self.progress.message(every_client_failed(rnd, outcome))
-            # Step 3: aggregate -- all valid results at once, sorted by client id.
-            split = (
-                {} if outcome.server_results is None else {"server_results": outcome.server_results}
-            )
-            self.state = self.strategy.aggregate(
-                rnd, self.state, outcome.results, outcome.failures, **split
-            )
-            self.after_training(outcome)
-            # Step 4: evaluate and record.
-            row = self.evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
-            self.counters.wall_time_s += time.perf_counter() - started
-            if row is not None:
-                row["wall_time_s"] = round(self.counters.wall_time_s, 3)
-                self.metrics.append(row)
-                self.strategy.observe(rnd, row)
-            self.progress.round(rnd, row)
-            # Step 5: checkpoint.
-            if self.settings.is_checkpoint_round(rnd):
-                self._checkpoint(rnd)
-        self.progress.close()
+        try:
+            first = self._restore() + 1 if resume else self._fresh_start()
+            for rnd in range(first, self.settings.rounds + 1):
+                started = time.perf_counter()
+                # Step 1: plan -- whom to ask and what to send.
+                available = self.available(rnd)
+                tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
+                # Step 2: local work -- results validated, in client id order.
+                outcome = self.train(rnd, tasks)
+                self.counters.count_round(outcome)
+                if outcome.failures and not outcome.results:
+                    self.progress.message(every_client_failed(rnd, outcome))
+                # Step 3: aggregate -- all valid results at once, sorted by client id.
+                split = (
+                    {}
+                    if outcome.server_results is None
+                    else {"server_results": outcome.server_results}
+                )
+                self.state = self.strategy.aggregate(
+                    rnd, self.state, outcome.results, outcome.failures, **split
+                )
+                self.after_training(outcome)
+                # Step 4: evaluate and record.
+                row = self.evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
+                self.counters.wall_time_s += time.perf_counter() - started
+                if row is not None:
+                    row["wall_time_s"] = round(self.counters.wall_time_s, 3)
+                    self.metrics.append(row)
+                    self.strategy.observe(rnd, row)
+                self.progress.round(rnd, row)
+                # Step 5: checkpoint.
+                if self.settings.is_checkpoint_round(rnd):
+                    self._checkpoint(rnd)
+        finally:
+            # An interrupt too: the bar gives the terminal back, the sinks flush.
+            self.progress.close()
+            self.metrics.close()
         summary = summarise(
             self.metrics.read(),
             self.settings.targets,
@@ -278,8 +286,7 @@ class RoundLoop(ABC):
         return torch_generator(self.settings.seed, rnd, cid, purpose)
 
     def _fresh_start(self) -> int:
-        if self.metrics.path.exists():
-            self.metrics.path.unlink()
+        self.metrics.clear()
         return 1
 
     def _checkpoint(self, rnd: int) -> None:

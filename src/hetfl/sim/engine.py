@@ -51,6 +51,7 @@ from hetfl.core.types import (
     State,
 )
 from hetfl.engine.heap import trim_heap
+from hetfl.engine.outputs import RowSink
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import add_bn_statistics, stats_shares
@@ -92,12 +93,14 @@ class Simulation(RoundLoop):
         attrs: Mapping[int, Mapping[str, Any]] | None = None,
         executor: Executor | None = None,
         store: StoreSettings | None = None,
+        sinks: Sequence[RowSink] = (),
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
         capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
         client trainings (`hetfl.sim.executor`; default: sequentially, in process).
         `store` bounds the client store's memory; entries over its budget spill into
-        `run_dir/spill`, removed when `run` returns or raises (`hetfl.core.store`)."""
+        `run_dir/spill`, removed when `run` returns or raises (`hetfl.core.store`).
+        `sinks` receive the metrics rows too (experiment tracking)."""
         super().__init__(
             strategy,
             programs,
@@ -108,6 +111,7 @@ class Simulation(RoundLoop):
             progress,
             pooled_validation(clients),
             run_pixels(clients),
+            sinks,
         )
         self.clients = {c.cid: c for c in clients}
         self.executor: Executor = executor or SequentialExecutor()

@@ -259,3 +259,14 @@ def test_cli_and_config_download(mirror, request, tmp_path, monkeypatch, capsys)
     ds = load_dataset(cfg)
     assert ds.y_train.tolist() == y_train.tolist()
     assert (tmp_path / "cache" / "cifar10" / ARCHIVES["cifar10"].folder).is_dir()
+    # ... and a run trains on it end to end: uint8 pixels, augmented, through `hetfl run`
+    run_cfg = tmp_path / "run.yaml"
+    run_cfg.write_text(
+        f"name: c10\noutput_dir: {tmp_path / 'runs'}\nexecutor: sequential\n"
+        f"data: {{dataset: cifar10, path: {dest}, num_clients: 2, test_per_client: 1,"
+        " augment: {crop_padding: 4, flip: true, cutout: 8}}\n"
+        "model: {name: small-cnn}\ntrain: {rounds: 1, clients_per_round: 2, batch_size: 4}\n"
+    )
+    assert main(["run", str(run_cfg)]) == 0
+    rows = (tmp_path / "runs" / "c10" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and '"global_acc"' in rows[0]

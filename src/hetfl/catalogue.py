@@ -35,7 +35,7 @@ ALGORITHMS: dict[str, str] = {
     ),
 }
 
-MODELS: tuple[str, ...] = ("lenet5", "linear", "mlp", "small-cnn", "vgg11")
+MODELS: tuple[str, ...] = ("char-lstm", "lenet5", "linear", "mlp", "small-cnn", "vgg11")
 
 ARCHITECTURES: dict[str, str] = {
     "flanc-cnn": "FLANC's Fashion-MNIST CNN (64, 128, 128)",
@@ -44,6 +44,14 @@ ARCHITECTURES: dict[str, str] = {
     "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",
 }
 
-DATASETS: tuple[str, ...] = ("digits", "fashion-mnist", "libsvm", "npz", "synthetic")
+DATASETS: tuple[str, ...] = (
+    "digits",
+    "fashion-mnist",
+    "femnist",
+    "libsvm",
+    "npz",
+    "shakespeare",
+    "synthetic",
+)
 
-PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "quantity")
+PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "natural", "quantity")

@@ -12,6 +12,7 @@ from hetfl.data.federation import (
     local_test_indices,
     validation_split,
 )
+from hetfl.data.leaf import LEAF_DATASETS, load_femnist, load_shakespeare
 from hetfl.data.libsvm import load_libsvm, read_libsvm
 from hetfl.data.partition import (
     PARTITIONERS,
@@ -37,6 +38,7 @@ from hetfl.data.sources import (
 
 __all__ = [
     "DATASETS",
+    "LEAF_DATASETS",
     "PARTITIONERS",
     "Dataset",
     "DatasetNotFoundError",
@@ -50,8 +52,10 @@ __all__ = [
     "k_classes",
     "load_digits",
     "load_fashion_mnist",
+    "load_femnist",
     "load_libsvm",
     "load_npz",
+    "load_shakespeare",
     "load_synthetic",
     "local_test_indices",
     "quantity_skew",

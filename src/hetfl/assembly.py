@@ -65,10 +65,17 @@ class Federation:
 
 
 def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
-    """Each client's training indices, drawn from the run's own partition generator."""
+    """Each client's training indices, drawn from the run's own partition generator; the
+    dataset's owners (`train_groups`) go to every partitioner, for `natural`."""
     partitioner = PARTITIONERS.get(cfg.data.partition.kind)
     rng = numpy_generator(cfg.seed, 0, SERVER, "partition")
-    return partitioner(dataset.y_train, cfg.data.num_clients, rng, **cfg.data.partition.arguments())
+    return partitioner(
+        dataset.y_train,
+        cfg.data.num_clients,
+        rng,
+        groups=dataset.train_groups,
+        **cfg.data.partition.arguments(),
+    )
 
 
 def build_federation(cfg: RunConfig, device: torch.device) -> Federation:

@@ -35,7 +35,7 @@ ALGORITHMS: dict[str, str] = {
     ),
 }
 
-MODELS: tuple[str, ...] = ("lenet5", "linear", "mlp", "small-cnn", "vgg11")
+MODELS: tuple[str, ...] = ("char-lstm", "lenet5", "linear", "mlp", "small-cnn", "vgg11")
 
 ARCHITECTURES: dict[str, str] = {
     "flanc-cnn": "FLANC's Fashion-MNIST CNN (64, 128, 128)",
@@ -49,10 +49,12 @@ DATASETS: tuple[str, ...] = (
     "cifar100",
     "digits",
     "fashion-mnist",
+    "femnist",
     "libsvm",
     "npz",
+    "shakespeare",
     "synthetic",
     "tiny-imagenet",
 )
 
-PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "quantity")
+PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "natural", "quantity")

@@ -352,7 +352,10 @@ def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
 
 def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
     from hetfl.data.download import DOWNLOADERS
+    from hetfl.data.leaf import LEAF_DATASETS, generation_message
 
+    if dataset in LEAF_DATASETS:
+        raise ValueError(generation_message(dataset))
     if dataset not in DOWNLOADERS:
         raise ValueError(
             f"no download for dataset {dataset!r}; available: {', '.join(DOWNLOADERS)}"

@@ -26,7 +26,7 @@ from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
-from hetfl.data import DATASETS, PARTITIONERS
+from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import ViewGroup
 from hetfl.models import ARCHITECTURES, is_scalable
@@ -164,6 +164,16 @@ class DataConfig(_Strict):
             raise ValueError(
                 f"download: true is only available for {', '.join(DOWNLOADERS)}, "
                 f"not {self.dataset!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _owners_for_natural(self) -> DataConfig:
+        """The natural partition deals owners (writers, speakers): only LEAF data has them."""
+        if self.partition.kind == "natural" and self.dataset not in LEAF_DATASETS:
+            raise ValueError(
+                f"partition kind 'natural' needs a dataset whose samples have owners "
+                f"({', '.join(LEAF_DATASETS)}), not {self.dataset!r}"
             )
         return self
 

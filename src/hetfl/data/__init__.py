@@ -13,6 +13,7 @@ from hetfl.data.federation import (
     local_test_indices,
     validation_split,
 )
+from hetfl.data.leaf import LEAF_DATASETS, load_femnist, load_shakespeare
 from hetfl.data.libsvm import load_libsvm, read_libsvm
 from hetfl.data.locate import DatasetNotFoundError
 from hetfl.data.partition import (
@@ -39,6 +40,7 @@ from hetfl.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [
     "DATASETS",
+    "LEAF_DATASETS",
     "PARTITIONERS",
     "Dataset",
     "DatasetNotFoundError",
@@ -54,8 +56,10 @@ __all__ = [
     "load_cifar100",
     "load_digits",
     "load_fashion_mnist",
+    "load_femnist",
     "load_libsvm",
     "load_npz",
+    "load_shakespeare",
     "load_synthetic",
     "load_tiny_imagenet",
     "local_test_indices",

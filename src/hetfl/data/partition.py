@@ -1,9 +1,12 @@
 """Partitioners: how a training set is dealt out to clients.
 
-Every partitioner has the signature `(labels, num_clients, rng, **options)` and returns one
-sorted int64 index array per client. Unless its docstring says otherwise the arrays are
+Every partitioner has the signature `(labels, num_clients, rng, *, groups, **options)` and
+returns one sorted int64 index array per client. `groups` is the owner id of each sample
+(LEAF's writers and speakers, `Dataset.train_groups`) or None for data without owners; only
+`natural` uses it, the others ignore it. Unless its docstring says otherwise the arrays are
 disjoint and together cover every sample. All randomness comes from the `rng` passed in, so
-a partition is a pure function of the labels, the options and the generator's seed.
+a partition is a pure function of the labels, the groups, the options and the generator's
+seed.
 Impossible settings raise `PartitionError`, whose message names the numbers involved and
 what to change.
 """
@@ -15,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hetfl.core.registry import Registry
+from hetfl.data.leaf import LEAF_DATASETS
 
 Partitioner = Callable[..., list[np.ndarray]]
 
@@ -47,7 +51,13 @@ def _finish(parts: list[np.ndarray]) -> list[np.ndarray]:
 
 
 @PARTITIONERS.decorator("iid")
-def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def iid(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
     """A random permutation cut into `num_clients` pieces whose sizes differ by at most one."""
     n = _check(labels, num_clients)
     return _finish(np.array_split(rng.permutation(n), num_clients))
@@ -84,6 +94,8 @@ def dirichlet(
     alpha: float,
     min_size: int = 10,
     max_retries: int = 100,
+    *,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Dirichlet(alpha) label skew in the form of FedMA (Wang et al., "Federated Learning
     with Matched Averaging", ICLR 2020) and FedML's loader, which FedALRC (§V-A) and DTFL
@@ -127,7 +139,12 @@ def dirichlet(
 
 @PARTITIONERS.decorator("classes")
 def k_classes(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    k: int,
+    *,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Each client holds exactly `k` classes (the shards of HeteroFL, FedFA and FLANC).
 
@@ -175,6 +192,8 @@ def quantity_skew(
     alpha: float = 1.0,
     min_size: int = 10,
     max_retries: int = 100,
+    *,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """IID labels with client sizes proportional to Dirichlet(alpha * 1) proportions.
 
@@ -195,6 +214,49 @@ def quantity_skew(
         if sizes.min() >= min_size:
             return _finish(np.split(rng.permutation(n), cuts))
     raise _retry_failed("quantity", alpha, min_size, num_clients, n, max_retries, smallest)
+
+
+@PARTITIONERS.decorator("natural")
+def natural(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Each client holds all samples of one owner: LEAF's setting, one writer (FEMNIST) or
+    speaker (Shakespeare) per device (Caldas et al., "LEAF: A Benchmark for Federated
+    Settings", 2018, §3).
+
+    With fewer clients than owners, the owners are a seeded sample (`rng.choice` without
+    replacement), dealt to clients in ascending owner id. A sample rather than the first N
+    ids because ids are not in random order: Shakespeare's are `<play>_<character>`, so the
+    first N sorted ids are the characters of a few plays. Not a cover of the training set
+    when num_clients is below the number of owners: the others' samples are unused. With as
+    many clients as owners, client i holds owner i (in sorted id order).
+    """
+    _check(labels, num_clients)
+    if groups is None:
+        raise PartitionError(
+            "natural partition needs the owner of each sample (writers, speakers), and this "
+            f"dataset has none; datasets with owners: {', '.join(LEAF_DATASETS)}"
+        )
+    if groups.shape != labels.shape:
+        raise PartitionError(
+            f"natural partition needs one owner per sample: {labels.shape[0]} labels but "
+            f"groups of shape {groups.shape}"
+        )
+    owners = np.unique(groups)
+    if num_clients > owners.size:
+        raise PartitionError(
+            f"natural partition gives each client one owner: num_clients = {num_clients} but "
+            f"the training set has {owners.size} owners; use at most {owners.size} clients"
+        )
+    chosen = np.sort(rng.choice(owners.size, size=num_clients, replace=False))
+    order = np.argsort(groups, kind="stable")
+    bounds = np.searchsorted(groups[order], owners)
+    ends = np.append(bounds[1:], order.size)
+    return _finish([order[bounds[i] : ends[i]] for i in chosen])
 
 
 def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

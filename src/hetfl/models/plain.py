@@ -1,5 +1,6 @@
 """Plain (fixed-architecture) models: the small CNN of the default job, LeNet-5, an MLP, a
-linear (softmax) classifier and VGG-11 (`hetfl.models.vgg`).
+linear (softmax) classifier, VGG-11 (`hetfl.models.vgg`) and LEAF's character LSTM
+(`hetfl.models.char`).
 
 Each model marks its classifier as `self.head`, so private-head options (FedPer) can find
 it by structure rather than by parameter names.
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from hetfl.models.base import MODELS, ModelBuilder
+from hetfl.models.char import CharLSTM
 from hetfl.models.vgg import VGG11
 
 
@@ -115,6 +117,10 @@ def _non_empty(s: tuple[int, ...]) -> bool:
     return len(s) >= 1
 
 
+def _tokens(s: tuple[int, ...]) -> bool:
+    return len(s) == 1 and s[0] >= 1
+
+
 def _image(min_side: int) -> tuple[_Images, str]:
     return _Images(min_side), f"needs images shaped (C, H, W) with H, W >= {min_side}"
 
@@ -124,3 +130,6 @@ MODELS.register("lenet5", ModelBuilder(LeNet5, *_image(16)))
 MODELS.register("mlp", ModelBuilder(MLP, _non_empty, "needs a non-empty input shape"))
 MODELS.register("linear", ModelBuilder(Linear, _non_empty, "needs a non-empty input shape"))
 MODELS.register("vgg11", ModelBuilder(VGG11, *_image(32)))
+MODELS.register(
+    "char-lstm", ModelBuilder(CharLSTM, _tokens, "needs token sequences shaped (T,), T >= 1")
+)

@@ -6,6 +6,12 @@ the engine prices each distinct (spec, kind, batch, width, input shape) once wit
 and a backward pass; MACs are half the counted FLOPs (matrix products and convolutions
 only, as is usual).
 
+The throw-away input is float zeros, or, for a model that declares `input_dtype` (token
+codes: `hetfl.models.char`), zeros of that dtype. oneDNN's fused CPU kernel for recurrent
+layers (`aten.mkldnn_rnn_layer`) has no formula in the counter, so pricing turns oneDNN off
+and the LSTM runs as the matrix products it is made of, which are counted; convolutions
+are counted above the backend either way.
+
 When the family names its forward pipeline (`ModelFamily.modules(spec)`), the same pass is
 also broken down per module, with the bytes of the tensor entering each one: the MACs on
 either side of any split point, and the activation a split there sends, at any width.
@@ -14,6 +20,7 @@ Families without `modules` are priced whole.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +68,21 @@ class PassCost:
         return self.input_bytes[point]
 
 
+def _input_dtype(model: torch.nn.Module) -> torch.dtype:
+    """What the model takes: its declared `input_dtype` (token models), else float32."""
+    dtype = getattr(model, "input_dtype", torch.float32)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{type(model).__name__}.input_dtype must be a torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def _decomposed_rnns() -> contextlib.AbstractContextManager[None]:
+    """oneDNN off and nothing else changed (None leaves a flag as it is)."""
+    return torch.backends.mkldnn.flags(
+        enabled=False, deterministic=None, allow_tf32=None, fp32_precision=None
+    )
+
+
 class MacCounter:
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
@@ -101,11 +123,20 @@ class MacCounter:
             return hook
 
         handles = [children[n].register_forward_pre_hook(capture(n)) for n in names]
-        x = torch.zeros((record.batch, *input_shape))
+        x = torch.zeros((record.batch, *input_shape), dtype=_input_dtype(model))
         kwargs = {} if record.width is None else {"width": record.width}
         try:
             # Dropout masks change no product's size: any generator prices the pass.
-            with FlopCounterMode(display=False) as counter, dropout_masks(model, torch.Generator()):
+            with (
+                _decomposed_rnns(),
+                FlopCounterMode(display=False) as counter,
+                dropout_masks(model, torch.Generator()),
+            ):
+                if record.kind == "train+input" and not x.is_floating_point():
+                    raise ValueError(
+                        f"pass kind 'train+input' needs float inputs, but {record.spec} takes "
+                        f"{x.dtype} token codes, which have no gradient"
+                    )
                 if record.kind in ("train", "train+input"):
                     x.requires_grad_(record.kind == "train+input")
                     model.train()

@@ -366,3 +366,28 @@ def test_char_lstm_macs_are_counted_by_hand():
     with pytest.raises(ValueError, match="'train\\+input' needs float inputs"):
         MacCounter(family).pass_macs(PassRecord(spec, "train+input", 3, 1), (80,))
     assert torch.backends.mkldnn.enabled  # pricing left oneDNN as it found it
+
+
+def test_femnist_trains_end_to_end_one_writer_per_client(femnist, tmp_path):
+    """uint8 pixels standardised per batch, the natural partition, a run through the
+    engine: each client holds exactly its writer's samples."""
+    root, _ = femnist
+    raw = {
+        **_shakespeare_run(root, tmp_path),
+        "data": {
+            "dataset": "femnist",
+            "path": str(root),
+            "num_clients": 3,
+            "partition": {"kind": "natural"},
+            "test_per_client": 0,  # local splits come from the global test set's classes
+        },
+        "model": {"name": "small-cnn"},
+        "train": {"rounds": 1, "clients_per_round": 3, "batch_size": 2, "lr": 0.1},
+        "eval": {"local_eval": "none"},
+    }
+    sim = build_simulation(validate(raw), tmp_path / "fem", show_progress=False)
+    assert sorted(c.n_train for c in sim.clients.values()) == [2, 3, 4]  # WRITERS' counts
+    assert all(c.x_train.dtype == torch.uint8 for c in sim.clients.values())
+    sim.run()
+    rows = (tmp_path / "fem" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["global_acc"] is not None

@@ -97,12 +97,11 @@ class ResizedCropConfig(_Strict):
 
     @model_validator(mode="after")
     def _ranges(self) -> ResizedCropConfig:
-        lo, hi = self.scale
-        if not 0 < lo <= hi <= 1:
-            raise ValueError(f"scale must satisfy 0 < lo <= hi <= 1, got {list(self.scale)}")
-        if not 0 < self.ratio[0] <= self.ratio[1]:
-            raise ValueError(f"ratio must satisfy 0 < lo <= hi, got {list(self.ratio)}")
+        self.box()  # the record checks its ranges
         return self
+
+    def box(self) -> ResizedCrop:
+        return ResizedCrop(self.scale, self.ratio)
 
 
 class AugmentConfig(_Strict):
@@ -121,9 +120,7 @@ class AugmentConfig(_Strict):
         return Augmentation(
             crop_padding=self.crop_padding,
             flip=self.flip,
-            resized_crop=(
-                ResizedCrop(box.scale, box.ratio) if isinstance(box, ResizedCropConfig) else None
-            ),
+            resized_crop=box.box() if isinstance(box, ResizedCropConfig) else None,
             cutout=self.cutout,
         )
 

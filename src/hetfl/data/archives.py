@@ -37,6 +37,7 @@ from hetfl.data.fetch import (
     file_url,
     md5_of,
 )
+from hetfl.data.locate import DATA_ENV, find_directory, search_places
 
 _CIFAR_PAGE = "https://www.cs.toronto.edu/~kriz/cifar.html"
 _AVALANCHE = (
@@ -96,6 +97,27 @@ ARCHIVES: dict[str, Archive] = {
         _AVALANCHE,
     ),
 }
+
+
+def find_extracted(path: str | Path | None, archive: Archive, files: tuple[str, ...]) -> Path:
+    """The extracted `archive.folder` holding every one of `files`: under `path` (or `path`
+    itself) when given, else under `$HETFL_DATA` (directly or in `<dataset>/`), then in
+    the download cache; the error names the places, the archive and the command."""
+    folder, cache = archive.folder, dataset_cache_dir(archive.dataset)
+    places = search_places(
+        path, (folder, ""), (folder, f"{archive.dataset}/{folder}"), [cache / folder]
+    )
+    return find_directory(
+        archive.dataset,
+        files,
+        places,
+        [
+            f"running: {archive.command} (fetches and verifies {archive.file} and extracts "
+            f"it into {cache})",
+            f"setting {DATA_ENV}, or data.path, to the directory holding {folder}/ "
+            f"(extracted from {archive.file})",
+        ],
+    )
 
 
 def _md5_problem(archive: Archive, path: Path) -> str | None:

@@ -27,9 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetfl.data.archives import ARCHIVES, Archive
-from hetfl.data.fetch import dataset_cache_dir
-from hetfl.data.locate import DATA_ENV, find_directory, search_places
+from hetfl.data.archives import ARCHIVES, Archive, find_extracted
 from hetfl.data.pixel_stats import pixel_norm_of
 from hetfl.data.sources import DATASETS, Dataset
 
@@ -107,26 +105,8 @@ def _record_count(path: Path, record_bytes: int) -> int:
 
 
 def find_cifar(path: str | Path | None, layout: CifarLayout) -> Path:
-    """The folder holding every record file of `layout`; see `hetfl.data.locate`."""
-    archive = layout.archive
-    folder = archive.folder
-    places = search_places(
-        path,
-        (folder, ""),
-        (folder, f"{archive.dataset}/{folder}"),
-        [dataset_cache_dir(archive.dataset) / folder],
-    )
-    return find_directory(
-        archive.dataset,
-        layout.files,
-        places,
-        [
-            f"running: {archive.command} (fetches and verifies {archive.file} and extracts "
-            f"it into {dataset_cache_dir(archive.dataset)})",
-            f"setting {DATA_ENV}, or data.path, to the directory holding {folder}/ "
-            f"(extracted from {archive.file})",
-        ],
-    )
+    """The folder holding every record file of `layout` (`archives.find_extracted`)."""
+    return find_extracted(path, layout.archive, layout.files)
 
 
 def load_cifar(path: str | Path | None, layout: CifarLayout) -> Dataset:

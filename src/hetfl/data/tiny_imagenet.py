@@ -37,9 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hetfl.core.pixels import PixelNorm
-from hetfl.data.archives import ARCHIVES
-from hetfl.data.fetch import dataset_cache_dir
-from hetfl.data.locate import DATA_ENV, find_directory, search_places
+from hetfl.data.archives import ARCHIVES, find_extracted
 from hetfl.data.pixel_stats import pixel_norm_of
 from hetfl.data.sources import ARRAY_NAMES, DATASETS, Dataset
 
@@ -168,24 +166,8 @@ def read_cache(cache: Path) -> tuple[list[np.ndarray], PixelNorm]:
 
 
 def find_tiny_imagenet(path: str | Path | None) -> Path:
-    """The extracted `tiny-imagenet-200/` folder; see `hetfl.data.locate`."""
-    places = search_places(
-        path,
-        (FOLDER, ""),
-        (FOLDER, f"{ARCHIVE.dataset}/{FOLDER}"),
-        [dataset_cache_dir(ARCHIVE.dataset) / FOLDER],
-    )
-    return find_directory(
-        "tiny-imagenet",
-        MARKER_FILES,
-        places,
-        [
-            f"running: {ARCHIVE.command} (fetches and verifies {ARCHIVE.file} and extracts "
-            f"it into {dataset_cache_dir(ARCHIVE.dataset)})",
-            f"setting {DATA_ENV}, or data.path, to the directory holding {FOLDER}/ "
-            f"(extracted from {ARCHIVE.file})",
-        ],
-    )
+    """The extracted `tiny-imagenet-200/` folder (`archives.find_extracted`)."""
+    return find_extracted(path, ARCHIVE, MARKER_FILES)
 
 
 @DATASETS.decorator("tiny-imagenet")

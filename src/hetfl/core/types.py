@@ -260,7 +260,7 @@ class ClientData:
     its training data.
 
     Inputs are held as stored: with `pixels`, uint8 images (or 0..255 floats after a view's
-    resize) that `inputs` standardises per batch (`hetfl.core.pixels`). `augment`, when
+    resize) that `model_inputs` standardises per batch (`hetfl.core.pixels`). `augment`, when
     given, is applied to training batches only (`train_inputs`).
     """
 
@@ -275,15 +275,11 @@ class ClientData:
     pixels: PixelNorm | None = None
     augment: Augmentation | None = None
 
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch of this client's stored inputs as its model takes them."""
-        return model_inputs(x, self.pixels)
-
     def train_inputs(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """A training batch as its model takes it, augmented from `generator` (the client's
         round generator for augmentation, consumed batch by batch) when `augment` says so."""
         if self.augment is None or not self.augment.active:
-            return self.inputs(x)
+            return model_inputs(x, self.pixels)
         return self.augment(x, generator, self.pixels)
 
     @property

@@ -468,12 +468,12 @@ def test_register_algorithm_stacks_one_decorator_per_name_and_refuses_duplicates
 
     summaries = {"a": "first", "b": "second"}
     decorated = base.register_algorithm("a", FedAvgOptions, summaries=summaries)(
-        base.register_algorithm("b", FedBNOptions, needs_scalable=True, summaries=summaries)(make)
+        base.register_algorithm("b", FedBNOptions, needs="scalable", summaries=summaries)(make)
     )
     assert decorated is make
     assert registry.names() == ["a", "b"]
-    assert registry.get("a") == base.Algorithm("a", "first", FedAvgOptions, make, False)
-    assert registry.get("b") == base.Algorithm("b", "second", FedBNOptions, make, True)
+    assert registry.get("a") == base.Algorithm("a", "first", FedAvgOptions, make, "any")
+    assert registry.get("b") == base.Algorithm("b", "second", FedBNOptions, make, "scalable")
     with pytest.raises(ValueError, match="algorithm 'a' is already registered"):
         base.register_algorithm("a", FedBNOptions, summaries={"a": "again"})(make)
     assert registry.get("a").summary == "first"
@@ -487,10 +487,10 @@ def test_methods_sharing_a_make_register_one_name_per_decorator():
     for names in (("fedavg", "fedbn", "fedper"), ("fedadagrad", "fedadam", "fedyogi")):
         makes = {ALGORITHMS.get(n).make for n in names}
         assert len(makes) == 1, names
-    assert [ALGORITHMS.get(n).needs_scalable for n in ("fedavg", "fedbn", "fedper")] == [
-        False,
-        True,
-        False,
+    assert [ALGORITHMS.get(n).needs for n in ("fedavg", "fedbn", "fedper")] == [
+        "any",
+        "scalable",
+        "any",
     ]
 
 

@@ -475,7 +475,7 @@ def test_unavailable_clients_are_never_planned(synthetic_federation, tmp_path):
 def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     """Every registered method trains, checkpoints its strategy state and resumes exactly."""
     family, clients, test = synthetic_federation
-    if ALGORITHMS.get(name).needs_scalable:
+    if ALGORITHMS.get(name).needs == "scalable":
         family = ScalableFamily(
             {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 2}
         )

@@ -472,7 +472,7 @@ class RunConfig(_Strict):
                     for e in exc.errors()
                 )
                 raise ValueError(problems) from None
-        if ALGORITHMS.get(self.algorithm).needs_scalable and not is_scalable(self.model.name):
+        if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
                 f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is a fixed architecture"

@@ -32,6 +32,9 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName
 
+#: The kind of model a method requires (`Algorithm.needs`).
+ModelKind = Literal["any", "scalable", "composed"]
+
 
 class Options(BaseModel):
     """Base of every algorithm's options: frozen, unknown keys refused."""
@@ -76,15 +79,16 @@ class AggregationOptions(ReducerOptions):
 class Algorithm:
     """`make(family, options, clients_per_round=..., train=...)` -> (strategy, local recipe).
 
-    `needs_scalable` marks methods that slice sub-models or keep normalisation private, so
-    that a config pairing them with a fixed architecture fails at validation.
+    `needs` names the kind of model the method requires, so that a config pairing it with
+    another fails at validation: `scalable` for methods that slice sub-models or keep
+    normalisation private, `composed` for FLANC's composed layers, `any` otherwise.
     """
 
     name: str
     summary: str
     options: type[Options]
     make: Callable[..., tuple[Strategy, LocalRecipe]]
-    needs_scalable: bool = False
+    needs: ModelKind = "any"
 
     def build(
         self,
@@ -107,7 +111,7 @@ def register_algorithm(
     name: str,
     options: type[Options],
     *,
-    needs_scalable: bool = False,
+    needs: ModelKind = "any",
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
     """Registers the decorated `make` in `ALGORITHMS` as `name`, with its summary from
@@ -122,7 +126,7 @@ def register_algorithm(
     summary = summaries[name]
 
     def register(make: Make) -> Make:
-        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs_scalable))
+        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs))
         return make
 
     return register

@@ -81,7 +81,7 @@ def one_model_strategy(
 @register_algorithm(
     "fedbn",
     FedBNOptions,
-    needs_scalable=True,
+    needs="scalable",
 )
 @register_algorithm("fedper", FedPerOptions)
 def _make(

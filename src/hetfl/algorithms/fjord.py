@@ -18,7 +18,10 @@ on the test set (`groups`: `width=p`, the widest is `global_acc`).
 Choices where the paper is silent:
 
 - tiers go to clients in id order, narrowest first, in the configured `proportions` (equal
-  by default; client ids are exchangeable);
+  by default; client ids are exchangeable); for comparisons with FLANC, `assignment` also
+  offers tiers redrawn every round (`dynamic`, `dynamic-all-levels`: FLANC's draw, until
+  every level appears) and `declared` capacities quantised to the levels
+  (`hetfl.algorithms.widths.WidthAssignment`);
 - with `distill` and p = p_max the step is the plain p_max pass (distilling a model into
   itself adds nothing), as the baseline's code does;
 - the width draw uses the client's round generator after its batch order is drawn, so
@@ -36,7 +39,14 @@ import torch.nn.functional as F
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.width_eval import LevelModels
-from hetfl.algorithms.widths import WidthAssignment, check_levels, full_width_base, level_specs
+from hetfl.algorithms.widths import (
+    AssignmentMode,
+    WidthAssignment,
+    check_every_level_fits,
+    check_levels,
+    full_width_base,
+    level_specs,
+)
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.maps import private_layers
@@ -84,6 +94,8 @@ class FjORDOptions(FedAvgOptions):
     levels: tuple[float, ...] = DEFAULT_LEVELS
     proportions: tuple[float, ...] | None = None
     distill: bool = False
+    assignment: AssignmentMode = "fixed"
+    capacities: tuple[float, ...] | None = None
 
 
 def fjord_strategy(
@@ -92,6 +104,7 @@ def fjord_strategy(
     """Tiers by proportion, each level with one set of running statistics per width; every
     level evaluated (no statistics pass) unless private layers leave no complete model."""
     levels, proportions = check_levels(opts.levels, opts.proportions)
+    check_every_level_fits(opts.assignment, levels, clients_per_round)
     base = full_width_base(family, "fjord")
     level_spec = level_specs(base, bn="per-width", levels=tuple(levels))
     private = opts.private_norm or opts.private_head
@@ -102,7 +115,9 @@ def fjord_strategy(
         family,
         train=train,
         sampler=opts.sampler(clients_per_round),
-        assignment=WidthAssignment(levels, proportions, level_spec, dynamic=False),
+        assignment=WidthAssignment(
+            levels, proportions, level_spec, mode=opts.assignment, capacities=opts.capacities
+        ),
         transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
         weighting=weighting(opts.weighting),
         server_update=Averaged(),
@@ -114,7 +129,7 @@ def fjord_strategy(
 @register_algorithm(
     "fjord",
     FjORDOptions,
-    needs_scalable=True,
+    needs="scalable",
 )
 def _make(
     family: ModelFamily, opts: FjORDOptions, *, clients_per_round: int, train: LocalTraining

@@ -6,7 +6,9 @@ settles what the text leaves open. Notes on the choices: docs/methods.md, "Heter
 
 Reproduced: width levels (`DEFAULT_LEVELS`) of one global model, a client training the
 nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer; assignment `fixed`
-(by proportion) or `dynamic` (redrawn per sampled client and round); static BatchNorm
+(by proportion) or `dynamic` (redrawn per sampled client and round), and for comparisons
+with FLANC its `dynamic-all-levels` draw and `declared` capacities
+(`hetfl.algorithms.widths.WidthAssignment`); static BatchNorm
 (batch statistics in training, only the affine aggregated) with the scaler (activations
 / r in training only); masked cross-entropy (absent classes' logits set to 0) and
 label-split aggregation of the head rows; gradient-norm clipping at 1 (the code's; a set
@@ -25,7 +27,8 @@ Choices where the paper is silent or the code differs from the text:
   `dynamic`) after a statistics pass over its own training data; it runs whenever there
   are private layers, which the full-rate global model cannot hold;
 - `weighting: samples` is available for comparisons with FjORD;
-- `dynamic` is refused with private layers: they stay at the width last trained.
+- the dynamic assignments are refused with private layers: they stay at the width last
+  trained.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, OwnLevel
 from hetfl.algorithms.widths import (
+    AssignmentMode,
     LevelSpec,
     WidthAssignment,
+    check_every_level_fits,
     check_levels,
     full_width_base,
     level_specs,
@@ -56,7 +61,6 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName, weighting
 
-Assignment = Literal["fixed", "dynamic"]
 #: How local accuracy is measured (`evaluation`).
 LocalEvalModel = Literal["global-masked", "own-level"]
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
@@ -68,7 +72,8 @@ class HeteroFLOptions(FedAvgOptions):
     weighting: WeightingName = "uniform"
     levels: tuple[float, ...] = DEFAULT_LEVELS
     proportions: tuple[float, ...] | None = None
-    assignment: Assignment = "fixed"
+    assignment: AssignmentMode = "fixed"
+    capacities: tuple[float, ...] | None = None
     label_split: bool = True
     local_eval_model: LocalEvalModel = "global-masked"
 
@@ -84,9 +89,9 @@ class HeteroFLOptions(FedAvgOptions):
 
     @model_validator(mode="after")
     def _private_layers_need_a_fixed_width(self) -> HeteroFLOptions:
-        if self.assignment == "dynamic" and (self.private_norm or self.private_head):
+        if self.assignment.startswith("dynamic") and (self.private_norm or self.private_head):
             raise ValueError(
-                f"assignment 'dynamic' with private_norm={self.private_norm}, "
+                f"assignment {self.assignment!r} with private_norm={self.private_norm}, "
                 f"private_head={self.private_head}: private layers stay on a client at the "
                 "width it last trained and cannot follow a width that changes every round; "
                 "use assignment 'fixed' with private layers, or drop them"
@@ -116,7 +121,7 @@ def evaluation(
 @register_algorithm(
     "heterofl",
     HeteroFLOptions,
-    needs_scalable=True,
+    needs="scalable",
 )
 def _make(
     family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
@@ -127,8 +132,10 @@ def _make(
     base = full_width_base(family, "heterofl")
     level_spec = level_specs(base, bn="static", scaler=True)
     eval_spec = level_specs(base, bn="batch", scaler=False)
-    dynamic = opts.assignment == "dynamic"
-    assignment = WidthAssignment(levels, proportions, level_spec, dynamic=dynamic)
+    check_every_level_fits(opts.assignment, levels, clients_per_round)
+    assignment = WidthAssignment(
+        levels, proportions, level_spec, mode=opts.assignment, capacities=opts.capacities
+    )
     transforms: list[MapTransform] = private_layers(
         family, norm=opts.private_norm, head=opts.private_head
     )

@@ -123,7 +123,7 @@ def describe(variant: Variant, groups: PerGroup[ScaledModel]) -> dict[str, Any]:
 @register_algorithm(
     "scalablefl",
     ScalableFLOptions,
-    needs_scalable=True,
+    needs="scalable",
 )
 def _make(
     family: ModelFamily, opts: ScalableFLOptions, *, clients_per_round: int, train: LocalTraining

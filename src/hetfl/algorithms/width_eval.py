@@ -25,13 +25,21 @@ def eval_model_at(
     *,
     name: str,
     stats_pass: bool,
+    mean_group: str | None = None,
 ) -> EvalModel:
     """An evaluation model built for `eval_spec` from the global tensors `imap` selects;
     tensors the map does not cover (running statistics of a static-BN model)
     start at their defaults and are re-estimated by the stats pass."""
     tensors = dict(build_model(family, eval_spec).state_dict())
     tensors.update(extract(state, imap))
-    return EvalModel(name=name, spec=eval_spec, tensors=tensors, stats_pass=stats_pass, group=name)
+    return EvalModel(
+        name=name,
+        spec=eval_spec,
+        tensors=tensors,
+        stats_pass=stats_pass,
+        group=name,
+        mean_group=mean_group,
+    )
 
 
 def level_name(ratio: float) -> str:
@@ -40,32 +48,40 @@ def level_name(ratio: float) -> str:
 
 
 class LevelModels:
-    """Every level's model on the global test set, widest first (`width=r`; the widest is
-    `global_acc`): the global tensors of the level's training spec, loaded into its
-    evaluation spec, after a statistics pass when `stats_pass` (static BatchNorm)."""
+    """Every level's model on the global test set, widest first (named and grouped by
+    `name(r)`, `width=r` by default; the widest is `global_acc`): the global tensors of the
+    level's training spec, loaded into its evaluation spec, after a statistics pass when
+    `stats_pass` (static BatchNorm). `levels` may be a function, for levels known only
+    after set-up (declared capacities); with `mean_group`, their mean accuracy is reported
+    under it too."""
 
     def __init__(
         self,
-        levels: Sequence[float],
+        levels: Sequence[float] | Callable[[], Sequence[float]],
         level_spec: LevelSpec,
         eval_spec: LevelSpec,
         *,
         stats_pass: bool,
+        name: Callable[[float], str] = level_name,
+        mean_group: str | None = None,
     ) -> None:
-        self.levels, self.level_spec, self.eval_spec = list(levels), level_spec, eval_spec
-        self.stats_pass = stats_pass
+        self.levels = levels
+        self.level_spec, self.eval_spec = level_spec, eval_spec
+        self.stats_pass, self.name, self.mean_group = stats_pass, name, mean_group
 
     def eval_models(self, layout: Layout, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
+        levels = self.levels() if callable(self.levels) else self.levels
         return [
             eval_model_at(
                 layout.family,
                 self.eval_spec(r),
                 layout.shared_map(self.level_spec(r)),
                 dict(state),
-                name=level_name(r),
+                name=self.name(r),
                 stats_pass=self.stats_pass,
+                mean_group=self.mean_group,
             )
-            for r in sorted(self.levels, reverse=True)
+            for r in sorted(levels, reverse=True)
         ]
 
 
@@ -105,9 +121,9 @@ class FullRateMasked:
 
 
 class OwnLevel:
-    """A client judged by its own level (`level_of(info)`) after a statistics pass over its
-    own training data, its logits masked to its classes when `label_mask`; reported under
-    `local width=r`."""
+    """A client judged by its own level (`level_of(info)`), after a statistics pass over its
+    own training data when `stats_pass` (static BatchNorm), its logits masked to its classes
+    when `label_mask`; reported under `group(r)` (`local width=r` by default)."""
 
     def __init__(
         self,
@@ -116,9 +132,11 @@ class OwnLevel:
         eval_spec: LevelSpec,
         *,
         label_mask: bool,
+        stats_pass: bool = True,
+        group: Callable[[float], str] = lambda r: f"local width={r:g}",
     ) -> None:
         self.level_of, self.level_spec, self.eval_spec = level_of, level_spec, eval_spec
-        self.label_mask = label_mask
+        self.label_mask, self.stats_pass, self.group = label_mask, stats_pass, group
 
     def eval_task(
         self,
@@ -134,7 +152,7 @@ class OwnLevel:
             spec=self.eval_spec(ratio),
             payload=extract(state, imap),
             index_map=imap,
-            group=f"local width={ratio:g}",
-            stats_pass=True,
+            group=self.group(ratio),
+            stats_pass=self.stats_pass,
             label_mask=info.labels if self.label_mask else None,
         )

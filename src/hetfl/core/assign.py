@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -173,6 +173,26 @@ class Assignment(Protocol):
         """Every spec a client may train in some round; the global spec is derived from
         them (`ModelFamily.global_spec`)."""
         ...
+
+
+@runtime_checkable
+class JointAssignment(Protocol):
+    """An assignment that chooses the specs of a round's clients together (FLANC's draw,
+    redrawn until every level appears), rather than one client at a time."""
+
+    def specs_in_round(
+        self, round: int, infos: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[Spec]: ...
+
+
+def round_specs(
+    assignment: Assignment, round: int, infos: Sequence[ClientInfo], rng: torch.Generator
+) -> list[Spec]:
+    """The specs the round's sampled clients train, in their order: together for a
+    `JointAssignment`, else client by client (`spec_in_round`)."""
+    if isinstance(assignment, JointAssignment):
+        return assignment.specs_in_round(round, infos, rng)
+    return [assignment.spec_in_round(round, info, rng) for info in infos]
 
 
 class PerClient:

@@ -52,7 +52,7 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import torch
 
-from hetfl.core.assign import Assignment, Sampler
+from hetfl.core.assign import Assignment, Sampler, round_specs
 from hetfl.core.declared import DeclaredTensor, build_declared
 from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
@@ -273,8 +273,10 @@ class Strategy:
         """Tasks for the sampled clients; each is remembered so that `aggregate` writes a
         result through exactly the map its client was given."""
         tasks = []
-        for info in self.sampler.sample(round, available, rng):
-            spec = self.assignment.spec_in_round(round, info, rng)
+        sampled = self.sampler.sample(round, available, rng)
+        for info, spec in zip(
+            sampled, round_specs(self.assignment, round, sampled, rng), strict=True
+        ):
             imap = self.index_map_in_round(info, spec, state)
             tasks.append(
                 ClientTask(

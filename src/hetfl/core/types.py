@@ -188,8 +188,9 @@ class EvalModel:
     `tensors` is the model's full local state for `spec`. With `stats_pass`, the engine
     first re-estimates BatchNorm statistics by a pass over the clients' training data
     (HeteroFL's static BN; `hetfl.engine.statistics`). `group` labels it in the `groups`
-    metric (e.g. `"capacity=0.5"`); the first model of the list is the main one reported
-    as `global_acc`.
+    metric (e.g. `"capacity=0.5"`); the models naming one `mean_group` also report the
+    unweighted mean of their accuracies under it (FLANC's `"capacity=mean"`). The first
+    model of the list is the main one reported as `global_acc`.
     """
 
     name: str
@@ -197,6 +198,7 @@ class EvalModel:
     tensors: State
     stats_pass: bool = False
     group: str | None = None
+    mean_group: str | None = None
 
 
 #: Which of a client's held-out splits an evaluation uses (`ClientData.split`).

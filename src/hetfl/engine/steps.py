@@ -167,6 +167,7 @@ def evaluate_global(
     """
     x_test, y_test = test
     scores = GlobalScores()
+    means: dict[str, list[float]] = {}
     for i, em in enumerate(strategy.eval_models(state)):
         model = models.model_for(em.spec)
         model.load_state_dict(em.tensors, strict=True)
@@ -187,6 +188,10 @@ def evaluate_global(
                 )
         if em.group is not None:
             scores.groups[em.group] = {"acc": correct / n, "n": n}
+        if em.mean_group is not None:
+            means.setdefault(em.mean_group, []).append(correct / n)
+    for group, accs in means.items():
+        scores.groups[group] = {"acc": sum(accs) / len(accs), "n": len(x_test)}
     return scores
 
 

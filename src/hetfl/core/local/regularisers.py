@@ -1,5 +1,7 @@
-"""Two generic local regularisers, first used by FedALRC: Wei, Li, Liu and Wang, "Non-IID
-Federated Learning With Sharper Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algorithms 1-2.
+"""Generic local regularisers. Two first used by FedALRC: Wei, Li, Liu and Wang, "Non-IID
+Federated Learning With Sharper Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algorithms 1-2;
+one by FLANC: Mei et al., "Resource-Adaptive Federated Learning with All-In-One Neural
+Composition" (NeurIPS 2022).
 
 - `RademacherTerm`, a loss term (Algorithm 2): α ℜ with ℜ = (1/Q) Σ_q (1/(BC))
   Σ_{i,c} ε^q_ic f_c(x_i), fresh Rademacher signs ε^q ∈ {±1}^{B x C} per draw and batch,
@@ -8,6 +10,10 @@ Federated Learning With Sharper Risk Bound" (IEEE TNNLS 35(5), 2024), §IV, Algo
 - `PartialSVT`, a projection (Algorithm 1): after every step, the singular values of a
   weight matrix after the first ϑ are soft-thresholded by α η_l, the proximal step of
   α Σ_{j>ϑ} σ_j.
+- `OrthogonalityPenalty`, a loss term (FLANC's λ, supplementary Table 1; the authors' code,
+  HarukiYqM/All-In-One-Neural-Composition `orth_loss`): λ Σ_banks mean((B Bᵀ - I)²) over the
+  shared neural bases, each bank flattened to B of shape (R2, R1 k²), so that the R2 bases
+  stay orthonormal while clients of every capacity train them.
 """
 
 from __future__ import annotations
@@ -124,3 +130,40 @@ class PartialSVT:
             return
         w = params[self.weight]
         w.copy_(partial_svt(w, self.theta, self.alpha * ctx.settings.lr))
+
+
+def orthogonality(bank: torch.Tensor) -> torch.Tensor:
+    """mean((B Bᵀ - I)²) for a bank of shape (R2, ...) flattened to B (R2, rest): the mean
+    over the R2² entries, as `nn.MSELoss(B Bᵀ, I)` computes it."""
+    b = bank.reshape(bank.shape[0], -1)
+    gram = b @ b.T
+    eye = torch.eye(b.shape[0], dtype=b.dtype, device=b.device)
+    return (gram - eye).pow(2).mean()
+
+
+@dataclass(frozen=True)
+class OrthogonalityPenalty:
+    """A loss term: `lam` times the sum of `orthogonality` over the client's parameters
+    whose local name ends in `.<suffix>` (the composed layers' banks). Adds nothing when
+    `lam` is 0; a model without banks is an error, since the term would silently do
+    nothing."""
+
+    lam: float
+    suffix: str = "basis"
+
+    def __post_init__(self) -> None:
+        if not (self.lam >= 0 and math.isfinite(self.lam)):
+            raise ValueError(f"lambda_orth must be a finite number >= 0, got {self.lam}")
+
+    def __call__(
+        self, outputs: torch.Tensor, y: torch.Tensor, per_sample: torch.Tensor, ctx: TrainContext
+    ) -> torch.Tensor | None:
+        if self.lam == 0:
+            return None
+        banks = [p for name, p in ctx.params.items() if name.endswith(f".{self.suffix}")]
+        if not banks:
+            raise ValueError(
+                f"the orthogonality penalty found no parameter named '*.{self.suffix}' in the "
+                "client's model: it needs a model of composed layers (composed-*)"
+            )
+        return self.lam * torch.stack([orthogonality(b) for b in banks]).sum()

@@ -16,7 +16,7 @@ import hetfl
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.data import DATASETS, PARTITIONERS
-from hetfl.models import ARCHITECTURES, MODELS
+from hetfl.models import ARCHITECTURES, COMPOSED, MODELS
 
 HEAVY = ("torch", "flwr", "matplotlib", "rich", "tensorboard")
 
@@ -59,6 +59,8 @@ def test_list_shows_every_registered_entry():
         assert f"  {name:<12} {ALGORITHMS.get(name).summary}" in lines
     for name in ARCHITECTURES:
         assert f"  {name:<12} {ARCHITECTURES.get(name).summary}" in lines
+    for name in COMPOSED:
+        assert f"  {name:<12} {COMPOSED.get(name).summary}" in lines
     for title, registry in (
         ("models", MODELS),
         ("datasets", DATASETS),
@@ -70,6 +72,7 @@ def test_list_shows_every_registered_entry():
 def test_the_catalogue_equals_the_registries():
     assert {n: ALGORITHMS.get(n).summary for n in ALGORITHMS} == catalogue.ALGORITHMS
     assert {n: ARCHITECTURES.get(n).summary for n in ARCHITECTURES} == catalogue.ARCHITECTURES
+    assert {n: COMPOSED.get(n).summary for n in COMPOSED} == catalogue.COMPOSED
     assert sorted(catalogue.MODELS) == MODELS.names()
     assert sorted(catalogue.DATASETS) == DATASETS.names()
     assert sorted(catalogue.PARTITIONERS) == PARTITIONERS.names()

@@ -117,7 +117,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         cfg.model.name,
         fed.input_shape,
         fed.dataset.num_classes,
-        **cfg.model.shape_options(),
+        **cfg.model.family_options(),
     )
     strategy, recipe = ALGORITHMS.get(cfg.algorithm).build(
         family,

@@ -1,8 +1,8 @@
 """What `hetfl list` prints: every registered name, with its one-line summary where the
 registry has one, in a module that imports nothing.
 
-The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS` and `ARCHITECTURES`,
-`hetfl.data.DATASETS` and `PARTITIONERS`) are filled by importing the modules that build
+The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS`, `ARCHITECTURES` and
+`COMPOSED`, `hetfl.data.DATASETS` and `PARTITIONERS`) are filled by importing the modules that build
 each entry, and those import torch: seconds of start-up for a command that only names
 things. This catalogue names them at no import cost. An algorithm's summary is written only here
 (`register_algorithm` reads it, and refuses a name missing here); the other registries
@@ -42,6 +42,12 @@ ARCHITECTURES: dict[str, str] = {
     "preresnet": "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",
     "resnet18": "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)",
     "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",
+}
+
+COMPOSED: dict[str, str] = {
+    "composed-cnn": "FLANC's Fashion-MNIST CNN, composed convolutions (basis: paper | code)",
+    "composed-resnet18": "FLANC's ResNet-18, composed 3x3 convolutions, BN per capacity",
+    "composed-rnn": "FLANC's character RNN (512), composed matrices",
 }
 
 DATASETS: tuple[str, ...] = (

@@ -318,6 +318,9 @@ def cmd_list() -> int:
     print("scalable models (model.width, stages, blocks, bn, stem):")
     for name, summary in sorted(catalogue.ARCHITECTURES.items()):
         print(f"  {name:<12} {summary}")
+    print("composed models (model.compose, basis):")
+    for name, summary in sorted(catalogue.COMPOSED.items()):
+        print(f"  {name:<12} {summary}")
     for title, names in (
         ("datasets", catalogue.DATASETS),
         ("partitioners", catalogue.PARTITIONERS),

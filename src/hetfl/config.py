@@ -30,7 +30,14 @@ from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import ViewGroup
 from hetfl.models import ARCHITECTURES, is_scalable
-from hetfl.models.factory import model_names, unknown_model_message
+from hetfl.models.factory import (
+    COMPOSED_OPTIONS,
+    SHAPE_OPTIONS,
+    misplaced_options,
+    model_names,
+    unknown_model_message,
+)
+from hetfl.models.flanc import COMPOSED
 from hetfl.systems.profiles import SystemConfig
 
 
@@ -193,10 +200,12 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """A plain model by name, or a scalable family with the shape of its (global) model.
+    """A plain model by name, a scalable family with the shape of its (global) model, or a
+    composed family (FLANC's, `hetfl.models.flanc`) with its composition options.
 
-    The shape options apply to the scalable families only; a method that assigns
-    sub-models (HeteroFL, FjORD, ...) derives each client's spec from this base.
+    The shape options apply to the scalable families only, `compose` and `basis` to the
+    composed ones; a method that assigns sub-models (HeteroFL, FjORD, ...) derives each
+    client's spec from this base.
     """
 
     name: str = "small-cnn"
@@ -207,6 +216,12 @@ class ModelConfig(_Strict):
     blocks: int | list[int] | None = Field(None, description="residual blocks per stage")
     bn: Literal["batch", "static", "per-width", "none"] | None = None
     stem: Literal["small", "imagenet"] | None = None
+    compose: Literal["factorised", "explicit"] | None = Field(
+        None, description="composed models: factorised (default) or explicit kernels"
+    )
+    basis: Literal["paper", "code"] | None = Field(
+        None, description="composed models: basis-size preset (paper by default)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -216,17 +231,21 @@ class ModelConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _shape_options(self) -> ModelConfig:
-        given = [k for k in ("width", "stages", "blocks", "bn", "stem") if getattr(self, k)]
-        if given and not is_scalable(self.name):
+    def _family_options(self) -> ModelConfig:
+        given = [k for k, v in self.family_options().items() if v is not None]
+        problem = misplaced_options(self.name, given)
+        if problem is not None:
+            raise ValueError(problem)
+        if self.basis is not None and self.basis not in COMPOSED.get(self.name).presets:
             raise ValueError(
-                f"{', '.join(given)} apply to the scalable models only "
-                f"({', '.join(ARCHITECTURES.names())}); {self.name!r} is a fixed architecture"
+                f"basis {self.basis!r} is not a preset of {self.name!r} (allowed: "
+                f"{', '.join(COMPOSED.get(self.name).presets)})"
             )
         return self
 
-    def shape_options(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("width", "stages", "blocks", "bn", "stem")}
+    def family_options(self) -> dict[str, Any]:
+        """The options `make_family` takes (None = the family's default)."""
+        return {k: getattr(self, k) for k in (*SHAPE_OPTIONS, *COMPOSED_OPTIONS)}
 
 
 class LrScheduleConfig(_Strict):
@@ -475,7 +494,7 @@ class RunConfig(_Strict):
         if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
-                f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is a fixed architecture"
+                f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is not one"
             )
         sizes = {g.size for g in self.data.groups or []}
         if len(sizes) > 1 and not is_scalable(self.model.name):

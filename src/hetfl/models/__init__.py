@@ -1,18 +1,23 @@
 """Model families. Importing this package registers every built-in model: the plain ones in
-`MODELS`, the scalable (width- and depth-sliced) ones in `ARCHITECTURES`."""
+`MODELS`, the scalable (width- and depth-sliced) ones in `ARCHITECTURES`, FLANC's composed
+ones in `COMPOSED`."""
 
 from hetfl.models import plain as _plain  # noqa: F401  (registers the plain models)
 from hetfl.models.base import MODELS, ModelBuilder, PlainFamily
-from hetfl.models.factory import is_scalable, make_family, model_names
+from hetfl.models.factory import is_composed, is_scalable, make_family, model_names
+from hetfl.models.flanc import COMPOSED, ComposedFamily
 from hetfl.models.scalable import ARCHITECTURES, ScalableFamily, SpecError
 
 __all__ = [
     "ARCHITECTURES",
+    "COMPOSED",
     "MODELS",
+    "ComposedFamily",
     "ModelBuilder",
     "PlainFamily",
     "ScalableFamily",
     "SpecError",
+    "is_composed",
     "is_scalable",
     "make_family",
     "model_names",

@@ -1,4 +1,4 @@
-"""From a model name (and, for scalable families, their shape options) to a model family."""
+"""From a model name (and the options of its kind of family) to a model family."""
 
 from __future__ import annotations
 
@@ -7,11 +7,17 @@ from typing import Any
 
 from hetfl.core.types import ModelFamily
 from hetfl.models.base import MODELS, PlainFamily
+from hetfl.models.flanc import COMPOSED, ComposedFamily
 from hetfl.models.scalable import ARCHITECTURES, ScalableFamily
+
+#: The options of a scalable family's (global) model.
+SHAPE_OPTIONS = ("width", "stages", "blocks", "bn", "stem")
+#: The options of a composed family (`hetfl.models.flanc`).
+COMPOSED_OPTIONS = ("compose", "basis")
 
 
 def model_names() -> list[str]:
-    return sorted([*MODELS.names(), *ARCHITECTURES.names()])
+    return sorted([*MODELS.names(), *ARCHITECTURES.names(), *COMPOSED.names()])
 
 
 def unknown_model_message(name: str) -> str:
@@ -23,23 +29,56 @@ def is_scalable(name: str) -> bool:
     return name in ARCHITECTURES
 
 
-def make_family(
-    name: str, input_shape: Sequence[int], num_classes: int, **shape: Any
-) -> ModelFamily:
-    """A plain family for a fixed architecture, a `ScalableFamily` for a scalable one.
+def is_composed(name: str) -> bool:
+    return name in COMPOSED
 
-    `shape` holds the scalable options (`width`, `stages`, `blocks`, `bn`, `stem`); None
-    values are unset. They are refused for plain models rather than silently ignored.
+
+def misplaced_options(name: str, given: Sequence[str]) -> str | None:
+    """Why the options `given` do not apply to model `name` (None when they all do)."""
+    allowed: tuple[str, ...]
+    if is_composed(name):
+        allowed, kind = COMPOSED_OPTIONS, "is a composed model"
+    elif is_scalable(name):
+        allowed, kind = SHAPE_OPTIONS, "is a scalable model"
+    else:
+        allowed, kind = (), "has one fixed architecture"
+    wrong = sorted(k for k in given if k not in allowed)
+    if not wrong:
+        return None
+    owners = {
+        "the scalable models": (SHAPE_OPTIONS, ARCHITECTURES.names()),
+        "the composed models": (COMPOSED_OPTIONS, COMPOSED.names()),
+    }
+    where = "; ".join(
+        f"{', '.join(k for k in wrong if k in options)} apply to {title} only ({', '.join(names)})"
+        for title, (options, names) in owners.items()
+        if any(k in options for k in wrong)
+    )
+    unknown = [k for k in wrong if k not in (*SHAPE_OPTIONS, *COMPOSED_OPTIONS)]
+    if unknown:
+        where = f"unknown option(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})"
+    return f"model {name!r} {kind}: {where}"
+
+
+def make_family(
+    name: str, input_shape: Sequence[int], num_classes: int, **options: Any
+) -> ModelFamily:
+    """A plain family for a fixed architecture, a `ScalableFamily` for a scalable one, a
+    `ComposedFamily` for a composed one.
+
+    `options` holds the scalable options (`SHAPE_OPTIONS`) or the composed ones
+    (`COMPOSED_OPTIONS`); None values are unset. An option of another kind of model is
+    refused rather than silently ignored.
     """
-    given = {k: v for k, v in shape.items() if v is not None}
-    if is_scalable(name):
-        base = {"family": name, "input_shape": tuple(input_shape), "num_classes": num_classes}
-        return ScalableFamily({**base, **given})
-    if name not in MODELS:
+    given = {k: v for k, v in options.items() if v is not None}
+    if name not in model_names():
         raise KeyError(unknown_model_message(name))
-    if given:
-        raise ValueError(
-            f"model {name!r} has one fixed architecture; {', '.join(sorted(given))} apply to "
-            f"the scalable models only ({', '.join(ARCHITECTURES.names())})"
-        )
+    problem = misplaced_options(name, list(given))
+    if problem is not None:
+        raise ValueError(problem)
+    base = {"family": name, "input_shape": tuple(input_shape), "num_classes": num_classes}
+    if is_composed(name):
+        return ComposedFamily({**base, **given})
+    if is_scalable(name):
+        return ScalableFamily({**base, **given})
     return PlainFamily(name, input_shape, num_classes)

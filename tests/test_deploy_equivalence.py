@@ -28,6 +28,8 @@ pytestmark = pytest.mark.flower
         ("fedprox", {"mu": 0.1}, {"name": "mlp"}),
         # Heterogeneous sub-models: per-client widths, sliced index maps, per-width passes.
         ("fjord", {"levels": [0.25, 0.5, 1.0]}, {"name": "stage-cnn", "stages": 2}),
+        # Bases shared across capacities, every other tensor per capacity (declared tensors).
+        ("flanc", {"levels": [0.5, 1.0], "lambda_orth": 0.1}, {"name": "composed-cnn"}),
     ],
 )
 def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, options, model):

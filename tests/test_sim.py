@@ -33,7 +33,7 @@ from hetfl.engine.checkpoint import CheckpointFormatError, load_checkpoint, save
 from hetfl.engine.outputs import ROW_KEYS
 from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
-from hetfl.models import ScalableFamily
+from hetfl.models import ComposedFamily, ScalableFamily
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation
 from strategies import fedavg
 
@@ -478,6 +478,10 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     if ALGORITHMS.get(name).needs == "scalable":
         family = ScalableFamily(
             {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 2}
+        )
+    if ALGORITHMS.get(name).needs == "composed":
+        family = ComposedFamily(
+            {"family": "composed-cnn", "input_shape": (1, 8, 8), "num_classes": 10}
         )
     whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3)
     summary = whole.run()

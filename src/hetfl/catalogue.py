@@ -27,6 +27,9 @@ ALGORITHMS: dict[str, str] = {
     "fedprox": "FedProx (Li et al. 2020): FedAvg with a proximal term",
     "fedyogi": "FedYogi (Reddi et al. 2021): Yogi server step",
     "fjord": "FjORD (Horváth et al. 2021): ordered dropout, a width per mini-batch",
+    "flanc": (
+        "FLANC (Mei et al. 2022): kernels composed from shared bases and per-capacity coefficients"
+    ),
     "heterofl": "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
     "local-only": "each client trains alone; nothing is shared",
     "scalablefl": (

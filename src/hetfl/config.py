@@ -29,7 +29,7 @@ from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import ViewGroup
-from hetfl.models import ARCHITECTURES, is_scalable
+from hetfl.models import ARCHITECTURES, is_composed, is_scalable
 from hetfl.models.factory import (
     COMPOSED_OPTIONS,
     SHAPE_OPTIONS,
@@ -495,6 +495,12 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
                 f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is not one"
+            )
+        if ALGORITHMS.get(self.algorithm).needs == "composed" and not is_composed(self.model.name):
+            raise ValueError(
+                f"algorithm {self.algorithm!r} composes kernels from shared bases: it needs a "
+                f"composed model (model.name one of {', '.join(COMPOSED.names())}); "
+                f"{self.model.name!r} is not one"
             )
         sizes = {g.size for g in self.data.groups or []}
         if len(sizes) > 1 and not is_scalable(self.model.name):

@@ -198,6 +198,19 @@ SCENARIOS: tuple[Scenario, ...] = (
         configured("fjord", {**WIDTHS, "options.fjord.levels": [0.25, 0.5, 1.0]}),
     ),
     Scenario(
+        "flanc",
+        "FLANC, composed CNN, capacities redrawn each round until all four appear",
+        configured(
+            "flanc",
+            {
+                **WIDTHS,
+                "model.name": "composed-cnn",
+                "model.stages": None,
+                "options.flanc.lambda_orth": 0.1,
+            },
+        ),
+    ),
+    Scenario(
         "heterofl",
         "HeteroFL fixed levels, label-split masks, clipping at 0.5, stats pass on all data",
         configured(

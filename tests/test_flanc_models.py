@@ -342,7 +342,7 @@ def test_cnn_and_rnn_tensors_start_uniform_within_their_own_fan(name, tensor, fa
     value = _declared(_family(name))[tensor].build(torch.Generator().manual_seed(3))
     bound = 1 / math.sqrt(fan_in)
     assert value.abs().max().item() <= bound
-    assert value.abs().max().item() > 0.5 * bound
+    assert value.abs().max().item() > 0.8 * bound
     if value.numel() >= 2000:  # the std of U(-b, b) is b / sqrt(3)
         assert abs(value.std().item() * math.sqrt(3) - bound) / bound < 0.05
 

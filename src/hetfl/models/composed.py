@@ -59,9 +59,10 @@ def compose(coef: torch.Tensor, basis: torch.Tensor, groups: int) -> torch.Tenso
     return w.reshape(t, groups * r1, *kernel)
 
 
-def _reset(basis: torch.Tensor, coef: torch.Tensor, generator: torch.Generator) -> None:
+def _reset(basis: torch.Tensor, coef: torch.Tensor, generator: torch.Generator | None) -> None:
     """The code's initialisation at this layer's own shape: an orthogonal basis
-    (`cnn_flanc.py`: `torch.nn.init.orthogonal`), PyTorch's default for the coefficients."""
+    (`cnn_flanc.py`: `torch.nn.init.orthogonal`), PyTorch's default for the coefficients.
+    `generator=None` draws from the global RNG, as PyTorch's layer constructors do."""
     with torch.no_grad():
         nn.init.orthogonal_(basis, generator=generator)
         bound = 1.0 / coef[0].numel() ** 0.5
@@ -98,6 +99,7 @@ class ComposedConv2d(nn.Module):
         self.stride, self.padding, self.mode = stride, padding, _checked_mode(mode)
         self.basis = nn.Parameter(torch.empty(n_basis, basis_size, kernel_size, kernel_size))
         self.coef = nn.Parameter(torch.empty(out_channels, self.groups * n_basis, 1, 1))
+        _reset(self.basis, self.coef, None)
 
     def kernel(self) -> torch.Tensor:
         """The composed (T_p, S_p, k, k) kernel."""
@@ -146,6 +148,7 @@ class ComposedLinear(nn.Module):
         self.mode = _checked_mode(mode)
         self.basis = nn.Parameter(torch.empty(n_basis, basis_size))
         self.coef = nn.Parameter(torch.empty(out_features, self.groups * n_basis))
+        _reset(self.basis, self.coef, None)
 
     def kernel(self) -> torch.Tensor:
         """The composed (T_p, S_p) matrix."""

@@ -244,6 +244,7 @@ class ComposedRNN(nn.Module):
         self.hidden = hh.t
         self.bias_h = nn.Parameter(torch.empty(hh.t))
         self.bias_o = nn.Parameter(torch.empty(proj.t))
+        self.reset_parameters_with(None)
 
     def forward(self, e: torch.Tensor) -> torch.Tensor:
         """(B, L, E_p) embeddings -> (B, L, H_p) projected states."""
@@ -256,8 +257,8 @@ class ComposedRNN(nn.Module):
             states.append(h)
         return self.proj(torch.stack(states, dim=1)) + self.bias_o
 
-    def reset_parameters_with(self, generator: torch.Generator) -> None:
-        """The biases (the composed layers reset themselves)."""
+    def reset_parameters_with(self, generator: torch.Generator | None) -> None:
+        """The biases (the composed layers reset themselves); None: the global RNG."""
         bound = 1.0 / math.sqrt(self.hidden)
         with torch.no_grad():
             self.bias_h.uniform_(-bound, bound, generator=generator)

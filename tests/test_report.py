@@ -76,3 +76,19 @@ def test_compare_and_plot_commands(sweep: Path, tmp_path: Path, capsys):
 def test_compare_without_runs_is_a_clear_error(tmp_path: Path, capsys):
     assert main(["compare", str(tmp_path)]) == 2
     assert "no finished runs" in capsys.readouterr().err
+
+
+def test_each_sub_models_final_accuracy_is_a_column(tmp_path: Path):
+    for seed, (wide, mean) in enumerate([(0.6, 0.5), (0.8, 0.6)]):
+        run = _fake_run(tmp_path / f"flanc-s{seed}", seed, [0.1, wide], None)
+        summary = json.loads((run / "summary.json").read_text())
+        summary["final"]["groups"] = {
+            "capacity=1": {"acc": wide, "n": 100},
+            "capacity=mean": {"acc": mean, "n": 100},
+        }
+        summary["final"]["macs"] = 2e9 * (seed + 1)
+        (run / "summary.json").write_text(json.dumps(summary))
+    (row,) = comparison_rows(find_runs([tmp_path]))
+    assert row["final capacity=1"] == "0.7000 ± 0.1414"  # sd of 0.6, 0.8
+    assert row["final capacity=mean"] == "0.5500 ± 0.0707"
+    assert row["GMAC"] == "3.00 ± 1.41"

@@ -94,6 +94,8 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
                 [(f.get("bytes_down") or 0) + (f.get("bytes_up") or 0) for f in final], 1e-6, 1
             ),
             "sim s": _fmt([f.get("sim_time_s") for f in final], digits=1),
+            "GMAC": _fmt([f.get("macs") for f in final], 1e-9, 2),
+            **_group_columns(final),
         }
         for i, target in enumerate(members[0].summary.get("targets", [])):
             label = f"{target['metric']}>={target['value']:g}"
@@ -104,6 +106,16 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             row[f"GMAC to {label}"] = _fmt([h.get("macs") for h in hits], 1e-9, 2)
         rows.append(row)
     return rows
+
+
+def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """`final <group>` for every group of the final metrics rows (each sub-model's
+    accuracy: `width=0.5`, `capacity=mean`, ...), widest-named first as sorted text."""
+    names = sorted({g for f in final for g in f.get("groups") or {}}, reverse=True)
+    return {
+        f"final {g}": _fmt([((f.get("groups") or {}).get(g) or {}).get("acc") for f in final])
+        for g in names
+    }
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from hetfl.algorithms.widths import (
+from hetfl.algorithms.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
     draw_every_level,

@@ -21,7 +21,7 @@ Choices where the paper is silent:
   by default; client ids are exchangeable); for comparisons with FLANC, `assignment` also
   offers tiers redrawn every round (`dynamic`, `dynamic-all-levels`: FLANC's draw, until
   every level appears) and `declared` capacities quantised to the levels
-  (`hetfl.algorithms.widths.WidthAssignment`);
+  (`hetfl.algorithms.width_assignment.WidthAssignment`);
 - with `distill` and p = p_max the step is the plain p_max pass (distilling a model into
   itself adds nothing), as the baseline's code does;
 - the width draw uses the client's round generator after its batch order is drawn, so
@@ -38,15 +38,13 @@ import torch.nn.functional as F
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.width_eval import LevelModels
-from hetfl.algorithms.widths import (
+from hetfl.algorithms.width_assignment import (
     AssignmentMode,
     WidthAssignment,
     check_every_level_fits,
-    check_levels,
-    full_width_base,
-    level_specs,
 )
+from hetfl.algorithms.width_eval import LevelModels
+from hetfl.algorithms.widths import check_levels, full_width_base, level_specs
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.maps import private_layers

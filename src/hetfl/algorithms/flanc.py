@@ -38,8 +38,9 @@ from typing import Literal
 from pydantic import Field
 
 from hetfl.algorithms.base import ReducerOptions, register_algorithm
+from hetfl.algorithms.width_assignment import WidthAssignment, check_every_level_fits
 from hetfl.algorithms.width_eval import LevelModels, OwnLevel
-from hetfl.algorithms.widths import WidthAssignment, check_every_level_fits, check_levels
+from hetfl.algorithms.widths import check_levels
 from hetfl.core.assign import UniformSampling
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.regularisers import OrthogonalityPenalty
@@ -89,7 +90,7 @@ def _make(
     levels, _ = check_levels(opts.levels, None)
     check_every_level_fits(opts.capacity, levels, clients_per_round)
     for p in levels:
-        composed.index_map(composed.spec_at(p))  # refuses a level whose widths do not compose
+        composed.spec_at(p)  # refuses a level whose widths do not compose (S_p/R1)
     level_spec = composed.spec_at
     assignment = WidthAssignment(
         levels, None, level_spec, mode=opts.capacity, capacities=opts.capacities

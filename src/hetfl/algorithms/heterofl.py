@@ -8,7 +8,7 @@ Reproduced: width levels (`DEFAULT_LEVELS`) of one global model, a client traini
 nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer; assignment `fixed`
 (by proportion) or `dynamic` (redrawn per sampled client and round), and for comparisons
 with FLANC its `dynamic-all-levels` draw and `declared` capacities
-(`hetfl.algorithms.widths.WidthAssignment`); static BatchNorm
+(`hetfl.algorithms.width_assignment.WidthAssignment`); static BatchNorm
 (batch statistics in training, only the affine aggregated) with the scaler (activations
 / r in training only); masked cross-entropy (absent classes' logits set to 0) and
 label-split aggregation of the head rows; gradient-norm clipping at 1 (the code's; a set
@@ -41,16 +41,13 @@ from pydantic import model_validator
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, OwnLevel
-from hetfl.algorithms.widths import (
+from hetfl.algorithms.width_assignment import (
     AssignmentMode,
-    LevelSpec,
     WidthAssignment,
     check_every_level_fits,
-    check_levels,
-    full_width_base,
-    level_specs,
 )
+from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, OwnLevel
+from hetfl.algorithms.widths import LevelSpec, check_levels, full_width_base, level_specs
 from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy

@@ -6,11 +6,10 @@ settles what the text leaves open. Notes on the choices: docs/methods.md, "Heter
 
 Reproduced: width levels (`DEFAULT_LEVELS`) of one global model, a client training the
 nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer; assignment `fixed`
-(by proportion) or `dynamic` (redrawn per sampled client and round), and for comparisons
-with FLANC its `dynamic-all-levels` draw and `declared` capacities
-(`hetfl.algorithms.width_assignment.WidthAssignment`); static BatchNorm
-(batch statistics in training, only the affine aggregated) with the scaler (activations
-/ r in training only); masked cross-entropy (absent classes' logits set to 0) and
+(by proportion) or `dynamic` (redrawn per sampled client and round), and FLANC's
+`dynamic-all-levels` and `declared` (`width_assignment.WidthAssignment`); static BatchNorm
+(batch statistics in training, only the affine aggregated) with the scaler (activations /
+r in training only); masked cross-entropy (absent classes' logits set to 0) and
 label-split aggregation of the head rows; gradient-norm clipping at 1 (the code's; a set
 `train.clip_grad_norm` runs instead); weight 1 per client on each element it covers,
 uncovered ones kept; every level evaluated on the global test set after a statistics

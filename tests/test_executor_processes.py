@@ -256,6 +256,9 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     run = subprocess.Popen(
         [sys.executable, "-m", "hetfl.cli", "run", str(tmp_path / "c.json"), "--quiet"],
         start_new_session=True,
+        # A shell without job control starts background jobs with SIGINT ignored, and
+        # Python keeps an ignored SIGINT; the run must see Ctrl-C as a terminal sends it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
     )

@@ -34,7 +34,7 @@ from bench_side import Profile, SideClock, save_atomically
 from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, Workload
 from torch import nn
 
-from hetfl.algorithms.widths import assign_in_proportion
+from hetfl.algorithms.width_assignment import assign_in_proportion
 from hetfl.core.init import build_model, initialize
 from hetfl.core.rng import SERVER, numpy_generator, torch_generator
 from hetfl.data import build_clients, global_test, iid, load_fashion_mnist

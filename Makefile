@@ -42,10 +42,13 @@ test: setup
 	$(PY) -m pytest -q
 
 # Rewrite the golden fixtures (tests/golden/*.json), each run twice under different
-# PYTHONHASHSEED and written only if both agree. A changed result is a deliberate fixture
-# update, committed on its own.
+# PYTHONHASHSEED with the suite's pinned numerics and written only if both agree; then
+# measure how far other numerics move them (tests/golden/tolerance.json, the comparison
+# where the pins cannot apply). A changed result is a deliberate fixture update, committed
+# on its own.
 golden: setup
 	$(PY) tests/golden/generate.py
+	$(PY) tests/golden/measure.py
 
 # Speed and memory against a plain-PyTorch floor (not a test; see benchmarks/README.md).
 bench: setup

@@ -18,8 +18,12 @@ Output, one line per workload: `A ratio hetfl/floor: X.XX  target <= 0.60: met`,
 median over repetitions of the median per-round time ratio; with the total-time ratio on A
 and the peak-memory ratios, each next to its target.
 
+`--smoke` runs every workload's code path and every side on a tiny shape (4 clients of 64
+samples, 1 round, 1 repetition, no start-up timings) with the weight check and the ratio
+lines: the test suite runs it so the benchmark cannot rot; its times mean nothing.
+
 Usage: python benchmarks/bench.py [--workload A,B,H] [--reps 3] [--rounds N] [--quick]
-       [--executor processes|sequential] [--workers 2] [--no-startup]
+       [--smoke] [--executor processes|sequential] [--workers 2] [--no-startup]
        python benchmarks/bench.py --workload A --side hetfl --profile /tmp/h.prof
 """
 
@@ -61,7 +65,7 @@ SIDES = ("hetfl", "floor", "floor2")
 
 # -- a side, in its own process -----------------------------------------------------------------
 def child(args: argparse.Namespace) -> None:
-    w = WORKLOADS[args.workload]
+    w = chosen_workload(args.workload, args.smoke)
     workdir, weights = Path(args.workdir), Path(args.weights)
     executor = executor_overrides(args.executor, args.workers)
     if args.side == "hetfl":
@@ -93,6 +97,7 @@ def run_side(
         "--side", side, "--workload", w.name, "--rounds", str(rounds),
         "--executor", args.executor, "--workers", str(args.workers),
         "--out", str(out), "--weights", str(weights), "--workdir", str(workdir),
+        *(["--smoke"] if args.smoke else []),
     ]  # fmt: skip
     window = CpuWindow()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -241,7 +246,7 @@ def summarise(
 # -- the driver ---------------------------------------------------------------------------------
 def driver(args: argparse.Namespace) -> None:
     become_subreaper()  # a side's fork server and workers are reaped here, their CPU its own
-    chosen = [WORKLOADS[name] for name in args.workload]
+    chosen = [chosen_workload(name, args.smoke) for name in args.workload]
     print(
         f"HetFL benchmark: workloads {', '.join(w.name for w in chosen)}, {args.reps} "
         f"interleaved repetition(s); hetfl executor {args.executor}"
@@ -263,6 +268,8 @@ def driver(args: argparse.Namespace) -> None:
         print(line)
     for name, r in results.items():
         print(ratio_line(name, r["ratio"], WORKLOADS[name].target))
+    if args.smoke:
+        print("(--smoke: tiny shapes, one repetition; the times and ratios mean nothing)")
     failed = [side for r in results.values() for side in r["differ"]]
     if failed:
         bar = "!" * 78
@@ -272,6 +279,10 @@ def driver(args: argparse.Namespace) -> None:
             f"compute the same method, so their times cannot be compared.\n{bar}\n"
         )
         sys.exit(1)
+
+
+def chosen_workload(name: str, smoke: bool) -> Workload:
+    return WORKLOADS[name].smoke() if smoke else WORKLOADS[name]
 
 
 def workloads(text: str) -> list[str]:
@@ -291,7 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
     p.add_argument("--rounds", type=int, help="rounds of every workload (default: its own)")
-    p.add_argument("--quick", action="store_true", help="smoke check: 1 repetition, few rounds")
+    p.add_argument("--quick", action="store_true", help="1 repetition, few rounds")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every code path on tiny shapes (1 round, 1 repetition, no start-up timings)",
+    )
     p.add_argument("--executor", choices=EXECUTORS, default="processes", help="HetFL's executor")
     p.add_argument("--workers", type=int, default=2, help="HetFL's worker processes (default 2)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
@@ -301,8 +317,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--weights", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quick:
+    if args.quick or args.smoke:
         args.reps = 1
+    if args.smoke:
+        args.no_startup = True
     if args.reps < 1 or (args.rounds is not None and args.rounds < 1) or args.workers < 1:
         p.error("--reps, --rounds and --workers must be >= 1")
     if args.side is None:
@@ -311,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args.workload) != 1:
         p.error("--side runs one workload: give --workload A, B or H")
     args.workload = args.workload[0]
-    w = WORKLOADS[args.workload]
+    w = chosen_workload(args.workload, args.smoke)
     args.rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
     with tempfile.TemporaryDirectory(prefix="hetfl-bench-side-") as tmp:
         args.out = args.out or str(Path(tmp) / "report.json")

@@ -2,7 +2,8 @@
 simple as we could make it (McMahan et al., "Communication-Efficient Learning of Deep
 Networks from Decentralized Data", AISTATS 2017, Algorithm 1).
 
-One model re-loaded per client, each client's data preloaded as tensors, SGD with
+One model re-loaded per client, each client's data preloaded as tensors (uint8 pixels,
+standardised per batch as HetFL standardises them), SGD with
 `foreach=True` and gradients zeroed in place, a float64 sample-weighted sum cast once, the
 global model tested every round, its state checkpointed every round as HetFL does. Data
 preparation and the starting point come from HetFL's own functions, so that both sides see
@@ -18,58 +19,68 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from bench_side import Profile, SideClock, save_atomically
-from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, WORKLOADS, Workload
+from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, Workload
 from torch import nn
 
 from hetfl.core.init import initialize
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, numpy_generator, torch_generator
-from hetfl.data import iid, load_fashion_mnist
+from hetfl.data import Dataset, build_clients, global_test, iid, load_fashion_mnist
+from hetfl.data.views import ClientView
 from hetfl.models.plain import SmallCNN
 
 State = dict[str, torch.Tensor]
 
 
-Test = tuple[torch.Tensor, torch.Tensor]
+@dataclass
+class Test:
+    """The test images (uint8 pixels), their labels and their standardisation."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    pixels: PixelNorm
 
 
 @dataclass
 class Clients:
-    """Every client's training tensors, by id."""
+    """Every client's training tensors (uint8 pixels), by id, and their standardisation."""
 
     xs: list[torch.Tensor]
     ys: list[torch.Tensor]
-
-
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    with warnings.catch_warnings():  # the cached arrays are read-only; they are only read
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+    pixels: PixelNorm
 
 
 def load_clients(w: Workload) -> Clients:
-    """Fashion-MNIST split IID over `w.clients` clients with HetFL's partition generator."""
+    """Fashion-MNIST split IID over `w.clients` clients (`w.samples` each where set) with
+    HetFL's partition generator and client views."""
     ds = load_fashion_mnist()
     parts = iid(ds.y_train, w.clients, numpy_generator(SEED, 0, SERVER, "partition"))
-    x_all, y_all = _tensor(ds.x_train), _tensor(ds.y_train)
-    idx = [torch.from_numpy(p) for p in parts]
-    return Clients([x_all[i] for i in idx], [y_all[i] for i in idx])
+    views = None if w.samples is None else [ClientView(samples=w.samples)] * w.clients
+    clients = build_clients(ds, parts, 0, SEED, "cpu", views)
+    return Clients([c.x_train for c in clients], [c.y_train for c in clients], pixels_of(ds))
 
 
-def load_test() -> Test:
-    """The whole Fashion-MNIST test set (A and B test on all 10,000 images)."""
+def load_test(w: Workload) -> Test:
+    """The Fashion-MNIST test set (A and B test on all 10,000 images), or the workload's
+    fixed subsample, as HetFL draws it."""
     ds = load_fashion_mnist()
-    return _tensor(ds.x_test), _tensor(ds.y_test)
+    return Test(*global_test(ds, "cpu", w.test_samples, SEED), pixels_of(ds))
+
+
+def pixels_of(ds: Dataset) -> PixelNorm:
+    """The dataset's pixel standardisation (every floor standardises as HetFL does)."""
+    if ds.pixels is None:
+        raise ValueError(f"dataset {ds.name!r} has no pixel statistics: the floor expects pixels")
+    return ds.pixels
 
 
 def initial_model() -> tuple[nn.Module, State]:
@@ -107,7 +118,7 @@ def train_clients(
         perm = torch.randperm(n, generator=torch_generator(SEED, rnd, cid, "train"))
         for s in range(0, n, BATCH):
             idx = perm[s : s + BATCH]
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss = F.cross_entropy(model(data.pixels(x[idx])), y[idx])
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             optimizer.step()
@@ -118,13 +129,14 @@ def train_clients(
 
 
 @torch.no_grad()
-def test_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy on (x, y) in eval mode, in HetFL's evaluation batches (loss summed too, as
-    HetFL's evaluation computes it)."""
+def test_accuracy(model: nn.Module, test: Test) -> float:
+    """Accuracy on the test set in eval mode, in HetFL's evaluation batches, each
+    standardised as it is drawn (loss summed too, as HetFL's evaluation computes it)."""
     model.eval()
+    x, y = test.x, test.y
     correct, loss_sum = 0, 0.0
     for s in range(0, int(y.shape[0]), EVAL_BATCH):
-        out, yb = model(x[s : s + EVAL_BATCH]), y[s : s + EVAL_BATCH]
+        out, yb = model(test.pixels(x[s : s + EVAL_BATCH])), y[s : s + EVAL_BATCH]
         loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(dim=1) == yb).sum())
     return correct / int(y.shape[0])
@@ -146,7 +158,7 @@ def _finish_round(
 ) -> None:
     """Test the new global model, write its metrics row, mark the row, checkpoint."""
     model.load_state_dict(state)
-    accs.append(test_accuracy(model, *test))
+    accs.append(test_accuracy(model, test))
     with open(workdir / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"round": rnd, "global_acc": accs[-1]}) + "\n")
     clock.row()
@@ -163,7 +175,7 @@ def run_floor(
     """The one-process floor, `THREADS` intra-op threads."""
     clock = SideClock()
     torch.set_num_threads(THREADS)
-    data, test = load_clients(w), load_test()
+    data, test = load_clients(w), load_test(w)
     model, state = initial_model()
     accs: list[float] = []
     with Profile(profile):
@@ -181,10 +193,9 @@ def run_floor(
 
 
 # -- two one-thread processes -------------------------------------------------------------------
-def _worker(conn: Connection, workload: str, owned: list[int]) -> None:
+def _worker(conn: Connection, w: Workload, owned: list[int]) -> None:
     """A worker of the two-process floor: trains the round's clients among `owned`."""
     torch.set_num_threads(1)
-    w = WORKLOADS[workload]
     data = load_clients(w)
     model, _ = initial_model()
     optimizer = _sgd(model)
@@ -207,11 +218,11 @@ def run_floor_two_processes(
     pipes, procs = [], []
     for owned in (list(range(half)), list(range(half, w.clients))):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, w.name, owned), daemon=True)
+        proc = ctx.Process(target=_worker, args=(child, w, owned), daemon=True)
         proc.start()
         pipes.append(parent)
         procs.append(proc)
-    test = load_test()
+    test = load_test(w)
     model, state = initial_model()
     for conn in pipes:
         conn.recv()  # "ready": data loaded, model built

@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_floor_fedavg import pixels_of
 from bench_side import Profile, SideClock, save_atomically
 from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, Workload
 from torch import nn
 
 from hetfl.algorithms.width_assignment import assign_in_proportion
 from hetfl.core.init import build_model, initialize
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, numpy_generator, torch_generator
 from hetfl.data import build_clients, global_test, iid, load_fashion_mnist
 from hetfl.data.views import ClientView
@@ -107,6 +109,8 @@ class Setup:
                     f"client {c.cid} holds classes {c.labels}: this floor has no label-split "
                     "masks, so every client must hold every class (IID data)"
                 )
+        #: Inputs are uint8 pixels, standardised per batch as HetFL standardises them.
+        self.pixels = pixels_of(ds)
         self.xs = [c.x_train for c in clients]
         self.ys = [c.y_train for c in clients]
         self.test = global_test(ds, "cpu", w.test_samples, SEED)
@@ -127,7 +131,7 @@ class Setup:
 
 def train_client(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-    rnd: int, cid: int,
+    pixels: PixelNorm, rnd: int, cid: int,
 ) -> None:  # fmt: skip
     """One epoch of client `cid` in round `rnd`, HetFL's batch order."""
     model.train()
@@ -136,7 +140,7 @@ def train_client(
     params = list(model.parameters())
     for s in range(0, n, BATCH):
         idx = perm[s : s + BATCH]
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss = F.cross_entropy(model(pixels(x[idx])), y[idx])
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         nn.utils.clip_grad_norm_(params, CLIP)
@@ -175,12 +179,12 @@ def test_width(model: nn.Module, state: State, setup: Setup) -> float:
         if isinstance(m, nn.BatchNorm2d):
             m.reset_running_stats()
     for xb in setup.stats_batches:
-        model(xb)
+        model(setup.pixels(xb))
     model.eval()
     x, y = setup.test
     correct, loss_sum = 0, 0.0  # the loss too, as HetFL's evaluation computes it
     for s in range(0, int(y.shape[0]), EVAL_BATCH):
-        out, yb = model(x[s : s + EVAL_BATCH]), y[s : s + EVAL_BATCH]
+        out, yb = model(setup.pixels(x[s : s + EVAL_BATCH])), y[s : s + EVAL_BATCH]
         loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(dim=1) == yb).sum())
     return correct / int(y.shape[0])
@@ -214,7 +218,9 @@ def run_floor_heterofl(
                 r = setup.level[cid]
                 model = train_models[r]
                 load_slices(model, state)
-                train_client(model, optimizers[r], setup.xs[cid], setup.ys[cid], rnd, cid)
+                train_client(
+                    model, optimizers[r], setup.xs[cid], setup.ys[cid], setup.pixels, rnd, cid
+                )
                 average.add(model)
             state = average.result(state)
             by_width = {f"width={r:g}": test_width(eval_models[r], state, setup) for r in widths}

@@ -18,7 +18,7 @@ HetFL's executor settings live in one place, `executor_overrides`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 SEED = 0
@@ -47,6 +47,21 @@ class Workload:
     levels: tuple[float, ...] = ()
     test_samples: int | None = None
     stats_samples: int | None = None
+
+    def smoke(self) -> Workload:
+        """The workload's code paths on a tiny shape (`bench.py --smoke`): 4 clients of 64
+        samples, 1 round, a 200-image test subset; B still samples (2 of its 4 clients), H
+        keeps its four widths (a client each) and its statistics pass (over 128 samples)."""
+        return replace(
+            self,
+            clients=4,
+            per_round=2 if self.per_round < self.clients else 4,
+            rounds=1,
+            quick_rounds=1,
+            samples=64,
+            test_samples=200,
+            stats_samples=None if self.stats_samples is None else 128,
+        )
 
     def describe(self, rounds: int) -> str:
         data = f"{self.samples} samples each" if self.samples else "the training set split evenly"

@@ -1,15 +1,36 @@
-"""Shared fixtures: small real federations that train in well under a second per round."""
+"""Shared fixtures: small real federations that train in well under a second per round.
+
+The suite's numerics are pinned here, before torch is first imported: on x86-64 with AVX2
+or better, ATen's and oneDNN's instruction sets are capped at AVX2
+(`hetfl.core.numerics.PINS`), the level the golden fixtures were written at, so that they
+compare bit for bit on any such CPU. Set in `os.environ`, the pins reach every process the
+tests start (worker processes, `hetfl run` subprocesses). `HETFL_UNPINNED=1` leaves the
+machine's own numerics (the goldens then compare to their measured tolerance).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
+from hetfl.core.numerics import pins_for_this_machine
 
-from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic
-from hetfl.models import PlainFamily
+if "torch" in sys.modules:
+    raise RuntimeError(
+        "torch was imported before tests/conftest.py could pin the suite's numerics "
+        "(a pytest plugin?): the golden fixtures cannot compare bit for bit"
+    )
+#: The pins this run set (empty where none apply, or with HETFL_UNPINNED=1).
+SUITE_PINS = {} if os.environ.get("HETFL_UNPINNED") else pins_for_this_machine()
+os.environ.update(SUITE_PINS)
+
+import numpy as np  # noqa: E402 (after the pins)
+import pytest  # noqa: E402 (after the pins)
+import torch  # noqa: E402 (after the pins)
+
+from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic  # noqa: E402 (after the pins)
+from hetfl.models import PlainFamily  # noqa: E402 (after the pins)
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -36,3 +57,46 @@ def synthetic_federation():
 def write_config(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# -- golden runs, shared by the whole pytest run ----------------------------------------------
+class GoldenRuns:
+    """Each golden scenario run once per pytest run with the sequential executor, on first
+    request, and kept: `tests/test_golden.py` compares it with its fixture, and every test
+    that computes the same run another way (worker processes, another engine, a resume)
+    compares with it, on this machine, in this run, bit for bit, never with the fixture,
+    which may have been written with other numerics. `modes` records how each fixture was
+    compared, for the summary at the end of the run."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.runs: dict[str, dict] = {}
+        self.modes: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> dict:
+        from golden.harness import BY_NAME, run_scenario
+
+        if name not in self.runs:
+            self.runs[name] = run_scenario(BY_NAME[name], self.root / name)
+        return self.runs[name]
+
+
+_GOLDEN: list[GoldenRuns] = []
+
+
+@pytest.fixture(scope="session")
+def golden_runs(tmp_path_factory: pytest.TempPathFactory) -> GoldenRuns:
+    if not _GOLDEN:
+        _GOLDEN.append(GoldenRuns(tmp_path_factory.mktemp("golden")))
+    return _GOLDEN[0]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how the golden fixtures were compared: bit for bit with the suite's pins, or to
+    their measured tolerance, and why."""
+    if not _GOLDEN or not _GOLDEN[0].modes:
+        return
+    from golden.harness import describe_modes
+
+    terminalreporter.write_sep("-", "golden fixtures")
+    terminalreporter.write_line(describe_modes(_GOLDEN[0].modes, SUITE_PINS))

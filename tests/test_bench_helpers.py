@@ -1,5 +1,7 @@
 """The benchmark driver's pure helpers (benchmarks/): the process-tree PSS sum, the noise
-arithmetic, the ratios and the executor settings. The benchmark itself is not a test."""
+arithmetic, the ratios and the executor settings; and `bench.py --smoke`, every workload's
+code path and every side on a tiny shape, so that `make bench` cannot rot. Nothing here
+asserts a time: speed is the benchmark's business."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from bench_proc import (
 )
 from bench_summary import per_round_medians, ratio_line, round_ratio
 from bench_workloads import executor_overrides
+
+from conftest import fmnist_available
 
 ROLLUP = """55d0c0000000-7ffd00000000 ---p 00000000 00:00 0                          [rollup]
 Rss:                1692 kB
@@ -101,3 +105,22 @@ def test_executor_settings() -> None:
         executor_overrides("threads", 2)
     with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
         executor_overrides("processes", 0)
+
+
+@pytest.mark.skipif(not fmnist_available(), reason="Fashion-MNIST is not installed")
+def test_the_benchmark_runs_every_workload_and_side_on_a_tiny_shape() -> None:
+    """`bench.py --smoke`: each workload's sides run, end with HetFL's weights (the
+    benchmark exits non-zero otherwise) and print their ratio lines."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--smoke"], capture_output=True, text=True, timeout=None
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    lines = out.splitlines()
+    for name, sides in (("A", ["floor", "floor2"]), ("B", ["floor"]), ("H", ["floor"])):
+        assert any(line.startswith(f"{name} ratio hetfl/floor: ") for line in lines), name
+        (weights,) = [line for line in lines if line.startswith(f"{name} final weights")]
+        checked = [part.split()[0] for part in weights.split(": ", 1)[1].split("), ")]
+        assert checked == sides, weights
+    assert "BENCHMARK FAILED" not in done.stderr

@@ -26,6 +26,7 @@ FACE = (
     "hetfl.assembly",
     "hetfl.flower",
     "hetfl.launch",
+    "hetfl.provenance",
 )
 
 #: Everything above the models and data layers (core sits below models too).

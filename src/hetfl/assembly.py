@@ -32,6 +32,7 @@ from hetfl.engine.parts import Parts
 from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import make_family
+from hetfl.provenance import provenance
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
@@ -137,7 +138,12 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         stats_samples=cfg.eval.stats_samples,
         system=cfg.system.settings(),
     )
-    info = {"name": cfg.name, "algorithm": cfg.algorithm, "seed": cfg.seed}
+    info = {
+        "name": cfg.name,
+        "algorithm": cfg.algorithm,
+        "seed": cfg.seed,
+        "provenance": provenance(cfg),
+    }
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
     return Parts(
         strategy, programs, fed.clients, fed.test, settings, info, progress, cfg.store.settings()

@@ -261,13 +261,7 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
         )
     if (run_dir / "config.yaml").exists():
         cfg = _saved_config(run_dir)
-        summary = run_one(
-            cfg,
-            run_dir,
-            resume=(run_dir / "checkpoints").exists(),
-            show_progress=not quiet,
-            executor="auto",
-        )
+        summary = run_one(cfg, run_dir, resume=True, show_progress=not quiet, executor="auto")
         _print_summary(summary, run_dir)
         return _exit_status([run_dir])
     points = (
@@ -281,14 +275,7 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
         cfg = _saved_config(d)
         if _finished(d, cfg):
             continue
-        run_one(
-            cfg,
-            d,
-            resume=(d / "checkpoints").exists(),
-            show_progress=not quiet,
-            label=f"[{d.name}] ",
-            executor="auto",
-        )
+        run_one(cfg, d, resume=True, show_progress=not quiet, label=f"[{d.name}] ", executor="auto")
     _print_comparison(run_dir, points)
     return _exit_status(points)
 

@@ -14,6 +14,7 @@ from typing import Any
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
 from hetfl.core.device import resolve_device
+from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
 from hetfl.sim.executor import ExecutorName
@@ -60,17 +61,18 @@ def build_simulation(
     )
 
 
-def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path) -> str:
+def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path, command: str = "run") -> str:
     """The one-screen summary printed before a run starts (after `sim.setup()`, which puts
-    what the strategy decided into `sim.info`)."""
+    what the strategy decided into `sim.info`); `command` is the one that started it (run,
+    resume)."""
     sizes = [c.n_train for c in sim.clients.values()]
     n_params = sum(v.numel() for v in sim.state.values())
     system = sim.settings.system
     devices = [] if system is None else [f"  devices: {system.describe()}"]
     return "\n".join(
         [
-            f"hetfl run {cfg.name}: {cfg.algorithm} on {cfg.data.dataset}, model {cfg.model.name}"
-            f" ({n_params:,} numbers in the global state)",
+            f"hetfl {command} {cfg.name}: {cfg.algorithm} on {cfg.data.dataset}, "
+            f"model {cfg.model.name} ({n_params:,} numbers in the global state)",
             f"  clients {len(sizes)} (train samples min {min(sizes)}, max {max(sizes)}), "
             f"partition {cfg.data.partition.kind}, {cfg.train.clients_per_round} per round, "
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.programs.device}",
@@ -107,10 +109,20 @@ def run_one(
     executor: ExecutorName = "sequential",
 ) -> dict[str, Any]:
     """Run (or resume) one configured experiment into `run_dir`; returns its summary.
-    `executor` is used when the config does not name one."""
+    `executor` is used when the config does not name one. Resuming a run that stopped
+    before its first checkpoint starts it again from round 1, and says so."""
     from hetfl.report import plot_run  # matplotlib only when a run is actually written
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    command = "resume" if resume else "run"
+    if resume and not has_checkpoint(run_dir / "checkpoints"):
+        print(
+            f"hetfl resume: {run_dir} has no checkpoint (the run stopped before its first): "
+            "starting it again from round 1",
+            file=sys.stderr,
+            flush=True,
+        )
+        resume = False
     if not resume:
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
     sim = build_simulation(
@@ -119,7 +131,7 @@ def run_one(
     try:
         sim.setup()
         if show_progress:
-            print(start_banner(cfg, sim, run_dir), file=sys.stderr, flush=True)
+            print(start_banner(cfg, sim, run_dir, command), file=sys.stderr, flush=True)
         summary = sim.run(resume=resume)
     finally:
         sim.executor.close()

@@ -6,6 +6,11 @@ thread); the fixtures are written only if both passes agree byte for byte, which
 nothing in a run depends on hash order. Without --only, every fixture is rewritten and a
 fixture of a scenario no longer in the table is removed.
 
+The fixtures are written with the suite's pinned numerics (`hetfl.core.numerics.PINS`,
+set here before torch is imported, as tests/conftest.py sets them), so that the suite
+compares them bit for bit on any x86-64 CPU with AVX2 or better. `HETFL_UNPINNED=1`
+leaves the machine's own numerics (`measure.py` runs the scenarios so).
+
 A change to a result must be a deliberate fixture update in its own commit.
 """
 
@@ -20,7 +25,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: golden, test modules
 
-from golden.harness import BY_NAME, GOLDEN_DIR, SCENARIOS, dumps, fixture_path, run_scenario
+from hetfl.core.numerics import pins_for_this_machine
+
+if not os.environ.get("HETFL_UNPINNED"):
+    os.environ.update(pins_for_this_machine())  # before torch is imported, children inherit
+
+from golden.harness import (
+    BY_NAME,
+    GOLDEN_DIR,
+    SCENARIOS,
+    dumps,
+    fixture_files,
+    fixture_path,
+    run_scenario,
+)
 
 HASH_SEEDS = ("0", "4242")
 
@@ -37,9 +55,11 @@ def write_pass(names: list[str], out_dir: Path) -> None:
         print(f"  {name}", flush=True)
 
 
-def run_pass(names: list[str], out_dir: Path, hash_seed: str) -> None:
-    """One pass in a child process with PYTHONHASHSEED=`hash_seed`."""
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
+def run_pass(
+    names: list[str], out_dir: Path, hash_seed: str, env: dict[str, str] | None = None
+) -> None:
+    """One pass in a child process with PYTHONHASHSEED=`hash_seed` (and `env` set)."""
+    env = {**os.environ, **(env or {}), "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, __file__, "--pass-into", str(out_dir), "--only", *names]
     print(f"pass with PYTHONHASHSEED={hash_seed}:", flush=True)
     subprocess.run(command, env=env, check=True)
@@ -70,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (text, _) in texts.items():
             fixture_path(name).write_text(text)
     if args.only is None:
-        for stale in sorted(set(GOLDEN_DIR.glob("*.json")) - {fixture_path(n) for n in names}):
+        for stale in sorted(set(fixture_files()) - {fixture_path(n) for n in names}):
             stale.unlink()
             print(f"removed {stale.name} (no such scenario)")
     print(f"wrote {len(names)} fixture(s) to {GOLDEN_DIR}; both passes agree byte for byte")

@@ -12,10 +12,14 @@ shape and bytes, and its float64 sum, L2 norm and max |x|. What else the checkpo
 (each client's simulated times under device profiles) is kept as plain values. Each round's
 state is read through the engine's `checkpoint_extras` hook, as its checkpoint is written.
 
-The fixture also records a fingerprint of the machine's numerics (`fingerprint()`: torch and
-numpy versions, the CPU capability PyTorch dispatches to, threads, architecture). On a
-machine with the same fingerprint the comparison is bit for bit; elsewhere it is the
-sums, norms and maxima and the metrics to `RTOL`/`ATOL`, accuracies to one test sample.
+The fixture also records the numerics fingerprint of the machine that wrote it
+(`hetfl.core.numerics.fingerprint()`: torch and numpy, architecture, threads, the ATen and
+oneDNN instruction sets in force, the BLAS library and its path) and, for diagnosis only,
+the CPU model and the numeric variables set (`diagnosis()`). Where the fingerprints are
+equal, which the suite's pins (tests/conftest.py) make true on any x86-64 CPU with AVX2 or
+better and the fixtures' BLAS path, the comparison is bit for bit. Elsewhere each quantity
+(`QUANTITIES`) is compared, round by round, to the tolerance measured beside the fixtures
+(`tolerance.json`, written by `measure.py`).
 
 `python tests/golden/generate.py` (`make golden`) rewrites the fixtures; a scenario is
 added to `SCENARIOS` below, and every registered algorithm must have one named after it.
@@ -28,23 +32,22 @@ import dataclasses
 import hashlib
 import json
 import math
-import platform
-from collections.abc import Callable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hetfl.config import set_dotted, validate
 from hetfl.core.client import Programs
+from hetfl.core.numerics import diagnosis, fingerprint
 from hetfl.engine.rounds import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import Executor, Simulation
 
 GOLDEN_DIR = Path(__file__).resolve().parent
-RTOL = ATOL = 1e-6
 REGENERATE = (
     "If the change of result is intended, regenerate with `make golden` "
     "(python tests/golden/generate.py [--only NAME]) and commit the fixture update on its own: "
@@ -364,19 +367,12 @@ def fixture_path(name: str) -> Path:
     return GOLDEN_DIR / f"{name}.json"
 
 
+def fixture_files() -> list[Path]:
+    """Every fixture file in the folder (the measured tolerance beside them is not one)."""
+    return sorted(p for p in GOLDEN_DIR.glob("*.json") if p.name != "tolerance.json")
+
+
 # -- recording -----------------------------------------------------------------------------
-def fingerprint() -> dict[str, Any]:
-    """What decides a run's bits on the CPU besides the code: the numeric libraries, the
-    instruction set PyTorch dispatches to, the thread count."""
-    return {
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-    }
-
-
 def tensor_record(t: torch.Tensor) -> dict[str, Any]:
     """A tensor's SHA-256 (of its dtype, shape and bytes) and its float64 sum, L2 norm and
     max |x|."""
@@ -469,6 +465,7 @@ def run_scenario(
         "about": scenario.about,
         "config": None if scenario.config is None else dict(scenario.config),
         "fingerprint": fingerprint(),
+        "diagnosis": diagnosis(),
         "accuracy_atol": accuracy_atol(sim),
         "summary": {k: _plain(summary[k]) for k in kept if k in summary},
         "metrics": metrics,
@@ -515,97 +512,198 @@ def read_fixture(path: Path) -> dict[str, Any]:
 
 
 # -- comparison ----------------------------------------------------------------------------
-def compare(expected: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
-    """Every difference between a fixture and a fresh run: bit for bit when the fingerprints
-    match, else within `RTOL`/`ATOL` (accuracies within the fixture's `accuracy_atol`)."""
-    exact = expected["fingerprint"] == got["fingerprint"]
+#: The quantities whose differences are measured and bounded apart, round by round:
+#: every tensor record's sum, norm and max |x| (`weights`); the training, test and
+#: validation losses (`loss`); accuracies, in test samples of the smallest evaluated set
+#: (`acc`); every other number of the metrics rows and the checkpointed values (`other`:
+#: bytes, MACs, simulated times).
+QUANTITIES = ("weights", "loss", "acc", "other")
+TOLERANCE_PATH = GOLDEN_DIR / "tolerance.json"  # not a fixture: `fixture_files` skips it
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a run with other numerics may be from a fixture: per quantity, a bound per
+    round (the last one for later rounds); relative, or in test samples for `acc`."""
+
+    bounds: Mapping[str, Sequence[float]]
+
+    def bound(self, quantity: str, rnd: int) -> float:
+        per_round = self.bounds[quantity]
+        return float(per_round[min(rnd, len(per_round)) - 1])
+
+
+def read_tolerance(scenario: str, path: Path = TOLERANCE_PATH) -> Tolerance:
+    """The tolerance `measure.py` wrote for `scenario`; a scenario it has not measured yet
+    gets the largest bound of every measured one."""
+    record = json.loads(path.read_text())
+    return Tolerance(record["scenarios"].get(scenario, record["unmeasured"]))
+
+
+def exact_comparison(expected: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
+    """Bit for bit where every field of the numerics fingerprint is equal."""
+    return bool(expected["fingerprint"] == got["fingerprint"])
+
+
+def compare(
+    expected: Mapping[str, Any], got: Mapping[str, Any], tolerance: Tolerance | None = None
+) -> list[str]:
+    """Every difference between a fixture and a fresh run: bit for bit when the
+    fingerprints match, else each quantity within `tolerance` (the scenario's measured one
+    when not given)."""
+    exact = exact_comparison(expected, got)
+    if not exact and tolerance is None:
+        tolerance = read_tolerance(str(expected["scenario"]))
     problems: list[str] = []
     if expected.get("config") != got.get("config"):
         problems.append("the scenario's config differs from the fixture's")
-    problems += _compare_values("summary", expected["summary"], got["summary"], exact)
-    problems += _compare_metrics(expected, got, exact)
+    if expected["summary"] != got["summary"]:
+        problems.append(f"summary: {expected['summary']!r} in the fixture, {got['summary']!r}")
     if len(expected["rounds"]) != len(got["rounds"]):
         problems.append(f"rounds: {len(expected['rounds'])} in the fixture, {len(got['rounds'])}")
-    for want, have in zip(expected["rounds"], got["rounds"], strict=False):
-        rnd = f"round {want['round']}"
-        problems += _compare_tensors(rnd, want["tensors"], have["tensors"], exact)
-        problems += _compare_values(f"{rnd} values", want["values"], have["values"], exact)
-    return problems
-
-
-def _compare_metrics(expected: Mapping[str, Any], got: Mapping[str, Any], exact: bool) -> list[str]:
-    want_rows, have_rows = expected["metrics"], got["metrics"]
-    if len(want_rows) != len(have_rows):
-        return [f"metrics: {len(want_rows)} rows in the fixture, {len(have_rows)} now"]
-    problems = []
-    for want, have in zip(want_rows, have_rows, strict=True):
-        where = f"metrics round {want.get('round')}"
-        problems += _compare_values(where, want, have, exact, expected["accuracy_atol"])
-    return problems
-
-
-def _compare_tensors(
-    where: str, want: Mapping[str, Any], have: Mapping[str, Any], exact: bool
-) -> list[str]:
-    problems = [f"{where}: {name} missing now" for name in sorted(set(want) - set(have))]
-    problems += [f"{where}: {name} is new" for name in sorted(set(have) - set(want))]
-    for name in sorted(set(want) & set(have)):
-        w, h = want[name], have[name]
-        if (w["dtype"], w["shape"]) != (h["dtype"], h["shape"]):
+    if len(expected["metrics"]) != len(got["metrics"]):
+        problems.append(
+            f"metrics: {len(expected['metrics'])} rows in the fixture, {len(got['metrics'])} now"
+        )
+    if problems:
+        return problems
+    for diff in _differences(expected, got):
+        if tolerance is None:
+            if diff.exact_differs:
+                problems.append(diff.describe())
+        elif diff.size > tolerance.bound(diff.quantity, diff.round):
             problems.append(
-                f"{where}: {name} was {w['dtype']}{w['shape']}, is {h['dtype']}{h['shape']}"
+                f"{diff.describe()}: {diff.size:.3g} beyond the tolerance "
+                f"{tolerance.bound(diff.quantity, diff.round):.3g} of `{diff.quantity}` in round "
+                f"{diff.round}"
             )
-        elif exact and w["sha256"] != h["sha256"]:
-            stats = ", ".join(f"{k} {w[k]!r} -> {h[k]!r}" for k in ("sum", "norm", "max_abs"))
-            problems.append(f"{where}: {name} differs in its bits ({stats})")
-        elif not exact:
-            for k in ("sum", "norm", "max_abs"):
-                problems += _compare_values(f"{where}: {name} {k}", w[k], h[k], exact=False)
     return problems
 
 
-def _compare_values(
-    where: str, want: Any, have: Any, exact: bool, acc_atol: float = ATOL, key: str = ""
-) -> list[str]:
-    """Equal, or for numbers off the fingerprint's machine, close: to `ATOL`, or for an
-    accuracy (a key ending in "acc") to `acc_atol`."""
+@dataclass(frozen=True)
+class Difference:
+    """One compared number: where it is, its quantity and round, both values, its size
+    (relative, or in test samples for `acc`), and whether its bits differ."""
+
+    where: str
+    quantity: str
+    round: int
+    want: Any
+    have: Any
+    size: float
+    exact_differs: bool
+
+    def describe(self) -> str:
+        return f"{self.where}: {self.want!r} in the fixture, {self.have!r} now"
+
+
+def largest_differences(expected: Mapping[str, Any], got: Mapping[str, Any]) -> dict[str, list]:
+    """Per quantity, the largest difference in each round (what `measure.py` records)."""
+    rounds = len(expected["rounds"])
+    out: dict[str, list] = {q: [0.0] * rounds for q in QUANTITIES}
+    for diff in _differences(expected, got):
+        out[diff.quantity][diff.round - 1] = max(out[diff.quantity][diff.round - 1], diff.size)
+    return out
+
+
+def _differences(expected: Mapping[str, Any], got: Mapping[str, Any]) -> Iterator[Difference]:
+    """Every compared number of two runs of one scenario (same rounds, same rows)."""
+    samples = float(expected["accuracy_atol"])
+    for want, have in zip(expected["metrics"], got["metrics"], strict=True):
+        rnd = int(want["round"])
+        yield from _leaves(f"metrics round {rnd}", want, have, rnd, samples)
+    for want, have in zip(expected["rounds"], got["rounds"], strict=True):
+        rnd = int(want["round"])
+        yield from _tensor_differences(f"round {rnd}", want["tensors"], have["tensors"], rnd)
+        yield from _leaves(f"round {rnd} values", want["values"], have["values"], rnd, samples)
+
+
+def _tensor_differences(
+    where: str, want: Mapping[str, Any], have: Mapping[str, Any], rnd: int
+) -> Iterator[Difference]:
+    for name in sorted(set(want) | set(have)):
+        w, h = want.get(name), have.get(name)
+        if w is None or h is None:
+            state = "missing now" if h is None else "is new"
+            yield Difference(f"{where}: {name} {state}", "weights", rnd, w, h, math.inf, True)
+            continue
+        if (w["dtype"], w["shape"]) != (h["dtype"], h["shape"]):
+            yield Difference(
+                f"{where}: {name} dtype/shape",
+                "weights",
+                rnd,
+                f"{w['dtype']}{w['shape']}",
+                f"{h['dtype']}{h['shape']}",
+                math.inf,
+                True,
+            )
+            continue
+        bits = w["sha256"] != h["sha256"]
+        if bits:
+            stats = ", ".join(f"{k} {w[k]!r} -> {h[k]!r}" for k in ("sum", "norm", "max_abs"))
+            desc = f"{where}: {name} differs in its bits ({stats})"
+        # a sum may be near 0 where its terms are not: measured against the norm as well
+        sizes = [
+            _relative(w["sum"], h["sum"], scale=max(abs(w["norm"]), abs(h["norm"]))),
+            _relative(w["norm"], h["norm"]),
+            _relative(w["max_abs"], h["max_abs"]),
+        ]
+        yield Difference(
+            desc if bits else f"{where}: {name}",
+            "weights",
+            rnd,
+            w["sha256"],
+            h["sha256"],
+            max(sizes),
+            bits,
+        )
+
+
+def _leaves(
+    where: str, want: Any, have: Any, rnd: int, samples: float, key: str = ""
+) -> Iterator[Difference]:
+    """The numbers of two nested metrics or values records, paired by key."""
     if isinstance(want, dict) and isinstance(have, dict):
-        problems = []
         for k in sorted(set(want) | set(have)):
-            w, h = want.get(k), have.get(k)
-            problems += _compare_values(f"{where}/{k}", w, h, exact, acc_atol, str(k))
-        return problems
+            yield from _leaves(f"{where}/{k}", want.get(k), have.get(k), rnd, samples, str(k))
+        return
     if isinstance(want, list) and isinstance(have, list) and len(want) == len(have):
-        problems = []
         for i, (w, h) in enumerate(zip(want, have, strict=True)):
-            problems += _compare_values(f"{where}[{i}]", w, h, exact, acc_atol, key)
-        return problems
-    atol = acc_atol if key.endswith("acc") else ATOL
-    if _close(want, have, exact, atol):
-        return []
-    return [f"{where}: {want!r} in the fixture, {have!r} now"]
+            yield from _leaves(f"{where}[{i}]", w, h, rnd, samples, key)
+        return
+    if key in ("round", "wall_time_s"):
+        return
+    numbers = (float, int)
+    both = all(isinstance(v, numbers) and not isinstance(v, bool) for v in (want, have))
+    if not both:
+        differs = want != have
+        yield Difference(where, "other", rnd, want, have, math.inf if differs else 0.0, differs)
+        return
+    differs = not (want == have or (math.isnan(want) and math.isnan(have)))
+    if key.endswith("acc"):
+        quantity, size = "acc", abs(want - have) / samples
+    else:
+        quantity = "loss" if key.endswith("loss") else "other"
+        size = _relative(want, have)
+    if math.isnan(want) != math.isnan(have):
+        size = math.inf
+    yield Difference(where, quantity, rnd, want, have, size if differs else 0.0, differs)
 
 
-def _close(want: Any, have: Any, exact: bool, atol: float) -> bool:
-    floats = (float, int)
-    if isinstance(want, bool) or isinstance(have, bool) or not isinstance(want, floats):
-        return bool(want == have)
-    if not isinstance(have, floats):
-        return False
-    if isinstance(want, int) and isinstance(have, int):
-        return want == have
-    if math.isnan(want) or math.isnan(have):
-        return math.isnan(want) and math.isnan(have)
-    if exact:
-        return want == have
-    return math.isclose(want, have, rel_tol=RTOL, abs_tol=atol)
+def _relative(want: float, have: float, scale: float = 0.0) -> float:
+    if want == have:
+        return 0.0
+    if math.isnan(want) or math.isnan(have) or math.isinf(want) or math.isinf(have):
+        return math.inf
+    return abs(want - have) / max(abs(want), abs(have), scale, 1e-300)
 
 
 def mismatch_message(name: str, problems: list[str], exact: bool) -> str:
     how = (
-        "bit for bit (the fixture's fingerprint matches this machine)"
+        "bit for bit (the fixture's numerics fingerprint is this machine's)"
         if exact
-        else f"to rtol/atol {RTOL:g} (the fixture was written on a machine with other numerics)"
+        else "to the measured tolerance of tests/golden/tolerance.json (the fixture was "
+        "written with other numerics)"
     )
     shown = "\n  ".join(problems[:20])
     more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -613,3 +711,33 @@ def mismatch_message(name: str, problems: list[str], exact: bool) -> str:
         f"golden scenario {name!r} ({fixture_path(name).name}) differs {how}:\n  "
         f"{shown}{more}\n{REGENERATE}"
     )
+
+
+BIT_FOR_BIT = "bit for bit"
+
+
+def comparison_mode(expected: Mapping[str, Any], got: Mapping[str, Any]) -> str:
+    """`BIT_FOR_BIT`, or the fingerprint fields that differ (why the tolerance applies)."""
+    if exact_comparison(expected, got):
+        return BIT_FOR_BIT
+    want, have = expected["fingerprint"], got["fingerprint"]
+    return "; ".join(
+        f"{k}: {want.get(k)!r} in the fixtures, {have.get(k)!r} here"
+        for k in sorted(set(want) | set(have))
+        if want.get(k) != have.get(k)
+    )
+
+
+def describe_modes(modes: Mapping[str, str], pins: Mapping[str, str]) -> str:
+    """The end-of-run line(s): how many fixtures compared bit for bit, under which pins,
+    and why the others compared to the measured tolerance."""
+    unpinned = "none (HETFL_UNPINNED is set)" if os.environ.get("HETFL_UNPINNED") else None
+    pinned = ", ".join(f"{k}={v}" for k, v in pins.items()) or unpinned or "none apply here"
+    exact = sum(m == BIT_FOR_BIT for m in modes.values())
+    lines = [f"{exact} of {len(modes)} golden runs compared bit for bit (numerics pins: {pinned})"]
+    for reason in sorted({m for m in modes.values() if m != BIT_FOR_BIT}):
+        n = sum(m == reason for m in modes.values())
+        lines.append(
+            f"{n} compared to the measured tolerance ({TOLERANCE_PATH.name}), because {reason}"
+        )
+    return "\n".join(lines)

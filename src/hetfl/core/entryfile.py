@@ -21,12 +21,14 @@ writing or reading it never holds more than one entry that is not already in mem
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -39,7 +41,23 @@ class Entries(Mapping[int, State]):
     """Client id -> entry, read one entry at a time (`__getitem__` may read a file)."""
 
 
-def write_entry(fh: io.BufferedIOBase, cid: int, entry: Mapping[str, torch.Tensor]) -> None:
+class _Writable(Protocol):
+    def write(self, data: bytes | memoryview, /) -> int | None: ...
+
+
+class _Hashing:
+    """A file being written, and the SHA-256 of every byte written to it."""
+
+    def __init__(self, fh: io.BufferedIOBase) -> None:
+        self.fh = fh
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        self.sha256.update(data)
+        return self.fh.write(data)
+
+
+def write_entry(fh: _Writable, cid: int, entry: Mapping[str, torch.Tensor]) -> None:
     """Append `entry` as one record at `fh`'s position."""
     tensors = [(name, _raw(name, t)) for name, t in entry.items()]
     header = {
@@ -101,17 +119,26 @@ def _skip_entry(fh: io.BufferedIOBase, where: Path) -> int:
     return int(header["cid"])
 
 
-def write_entries(path: Path, entries: Iterable[tuple[int, Mapping[str, torch.Tensor]]]) -> int:
+def write_entries(path: Path, entries: Iterable[tuple[int, Mapping[str, torch.Tensor]]]) -> str:
     """Write `entries` one record after another into `path`, flushed to disk (a checkpoint
-    names the file only after this returns); returns how many were written."""
-    count = 0
+    names the file only after this returns); returns the file's SHA-256 (hex), which a
+    checkpoint records to verify the file when it is read back."""
     with open(path, "wb") as fh:
+        hashing = _Hashing(fh)
         for cid, entry in entries:
-            write_entry(fh, cid, entry)
-            count += 1
+            write_entry(hashing, cid, entry)
         fh.flush()
         os.fsync(fh.fileno())
-    return count
+    return hashing.sha256.hexdigest()
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """The SHA-256 (hex) of `path`'s bytes, read a chunk at a time."""
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            sha256.update(block)
+    return sha256.hexdigest()
 
 
 class SpillSegment:

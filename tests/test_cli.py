@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import SUITE_PINS
 from hetfl.cli import main
 from hetfl.config import expand_sweep, parse_overrides
 
@@ -105,9 +107,30 @@ def test_run_writes_the_output_contract(tmp_path, capsys):
     assert missed["round"] is None
     assert (run / "config.yaml").exists() and (run / "checkpoints" / "latest.pt").exists()
     assert (run / "plots" / "accuracy_vs_round.png").stat().st_size > 0
+    _check_provenance(summary["provenance"], run)
     # a second run into the same folder is refused rather than silently replacing it
     code, _, err = _run(capsys, "run", str(_cfg(tmp_path)), "--quiet")
     assert code == 2 and "hetfl resume" in err
+
+
+def _check_provenance(record: dict, run: Path) -> None:
+    """summary.json says where its numbers came from: this checkout's commit, the numerics
+    in force (the suite's pins among them), and the hash of the config it ran."""
+    from importlib import metadata
+
+    from hetfl.core.numerics import fingerprint
+
+    src = Path(__file__).resolve().parents[1] / "src" / "hetfl"
+    head = subprocess.run(
+        ["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert record["hetfl"] == metadata.version("hetfl")
+    assert record["commit"] == head and isinstance(record["dirty"], bool)
+    assert record["numerics"] == {**fingerprint(), "threads": record["numerics"]["threads"]}
+    assert record["numeric_env"] == {k: os.environ[k] for k in record["numeric_env"]}
+    assert set(SUITE_PINS) <= set(record["numeric_env"])
+    config = (run / "config.yaml").read_bytes()
+    assert record["config_sha256"] == hashlib.sha256(config).hexdigest()
 
 
 def test_sweep_expands_and_compares(tmp_path, capsys):

@@ -56,6 +56,16 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
         ("train.clients_per_round=7", ["clients_per_round = 7", "num_clients = 6"]),
         ("options.fedprox.mu=-1", ["options.fedprox.mu", "-1"]),
         ("train.keep_momentum=true", ["train", "keep_momentum needs momentum > 0"]),
+        (
+            "options.fedavg.reducer={kind: trimmed-mean, trim: 0.6}",
+            ["options.fedavg.reducer", "'trimmed-mean': trim = 0.6", "less than or equal to 0.5"],
+        ),
+        (
+            "options.fedavg.reducer=krum",
+            ["options.fedavg.reducer", "unknown reducer 'krum'", "mean, median, trimmed-mean"],
+        ),
+        ("options.fedavg.trim=0.1", ["options.fedavg", "reducer: {kind: trimmed-mean, trim: 0.1}"]),
+        ("wrappers=[{kind: flip}]", ["wrappers.0", "unknown client-program wrapper 'flip'"]),
     ],
 )
 def test_bad_configs_fail_with_a_clear_message(tmp_path, capsys, override, expected):
@@ -99,6 +109,7 @@ def test_run_writes_the_output_contract(tmp_path, capsys):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
     assert summary["failures"] == {} and summary["rounds_aggregated"] == 2
+    assert summary["reducer"] == {"kind": "mean"} and "wrappers" not in summary
     reached, missed = summary["targets"]
     first = next(r for r in rows if r["global_acc"] >= 0.12)
     assert reached["round"] == first["round"]

@@ -979,23 +979,26 @@ def test_functional_training_updates_the_clients_batchnorm_statistics():
             assert torch.equal(out.result.tensors[k], model.state_dict()[k]), k
 
 
+class _ScalesClientOne:
+    """A wrapper (at module level: wrappers must pickle) scaling client 1's tensors by 3."""
+
+    def __init__(self, inner):
+        self.inner, self.cid, self.device = inner, inner.cid, inner.device
+
+    def fit(self, task, data, private, generator, **kwargs):
+        out = self.inner.fit(task, data, private, generator, **kwargs)
+        if self.cid == 1:
+            out.result.tensors = {k: 3 * v for k, v in out.result.tensors.items()}
+        return out
+
+    def evaluate(self, *args):
+        return self.inner.evaluate(*args)
+
+
 def test_a_wrapper_changes_only_its_clients_result():
     """A wrapper that scales client 1's returned tensors by 3: client 1's result is 3 times
     the unwrapped one, client 0's equals the unwrapped one exactly."""
     family, spec, imap, state, data = _mlp_setup()
-
-    class Scaled:
-        def __init__(self, inner):
-            self.inner, self.cid, self.device = inner, inner.cid, inner.device
-
-        def fit(self, task, data, private, generator, **kwargs):
-            out = self.inner.fit(task, data, private, generator, **kwargs)
-            if self.cid == 1:
-                out.result.tensors = {k: 3 * v for k, v in out.result.tensors.items()}
-            return out
-
-        def evaluate(self, *args):
-            return self.inner.evaluate(*args)
 
     def run(programs):
         results = {}
@@ -1008,7 +1011,7 @@ def test_a_wrapper_changes_only_its_clients_result():
         return results
 
     honest = run(Programs(family, seed=0))
-    wrapped = run(Programs(family, seed=0, wrappers=[Scaled]))
+    wrapped = run(Programs(family, seed=0, wrappers=[_ScalesClientOne]))
     for k in honest[0]:
         assert torch.equal(wrapped[0][k], honest[0][k])
         assert torch.equal(wrapped[1][k], 3 * honest[1][k])

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from hetfl.core.robust import CoordinateReducer, ReducerSettings, median, trimmed_mean
+from hetfl.core.kinds import choose
+from hetfl.core.reducers import REDUCERS
+from hetfl.core.robust import CoordinateReducer, median, trimmed_mean
 from hetfl.core.spec import MapEntry, prefix_index
 from hetfl.core.state import Accumulator
 
@@ -273,32 +275,21 @@ def test_unknown_names_and_shapes_raise_as_in_the_accumulator():
 def test_trim_outside_zero_to_half_raises(bad):
     with pytest.raises(ValueError, match=r"trim must be a fraction in \[0, 0.5\], got"):
         trimmed_mean(bad)
-    with pytest.raises(ValueError, match=r"trim must be a fraction in \[0, 0.5\], got"):
-        ReducerSettings("trimmed-mean", bad)
+    with pytest.raises(ValueError, match=r"reducer 'trimmed-mean': trim = .*: Input should be"):
+        choose(REDUCERS, {"kind": "trimmed-mean", "trim": bad})
 
 
-def test_reducer_settings_check_kind_and_trim():
-    with pytest.raises(ValueError, match=r"reducer must be one of .*'median'.*, got 'mode'"):
-        ReducerSettings("mode", None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="reducer 'trimmed-mean' needs a trim fraction"):
-        ReducerSettings("trimmed-mean", None)
-    with pytest.raises(
-        ValueError,
-        match=r"trim applies only to reducer 'trimmed-mean', got trim=0\.1 with reducer 'median'",
-    ):
-        ReducerSettings("median", 0.1)
-
-
-def test_reducer_settings_factories_reduce_as_named():
+def test_registered_reducers_reduce_as_named():
     ref = {"v": torch.zeros(1)}
     clients = [({"v": _vec(x)}, _prefix(1), w) for x, w in ((1.0, 1.0), (2.0, 1.0), (9.0, 2.0))]
 
-    def run(settings: ReducerSettings) -> float:
-        reducer = settings.factory()(ref)
+    def run(value: object) -> float:
+        reducer = choose(REDUCERS, value).build()(ref)
         for local, imap, w in clients:
             reducer.add(local, imap, weight=w)
         return reducer.result(ref)["v"].item()
 
-    assert run(ReducerSettings("mean", None)) == 21.0 / 4  # weighted: (1 + 2 + 18) / 4
-    assert run(ReducerSettings("median", None)) == 2.0
-    assert run(ReducerSettings("trimmed-mean", 0.34)) == 2.0  # t = 1 of 3
+    assert run("mean") == 21.0 / 4  # weighted: (1 + 2 + 18) / 4
+    assert run({"kind": "median"}) == 2.0
+    assert run({"kind": "trimmed-mean", "trim": 0.34}) == 2.0  # t = 1 of 3
+    assert run({"kind": "trimmed-mean", "trim": 0.0}) == 4.0  # unweighted: 12 / 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -150,9 +150,19 @@ class _SendsConstant(_Wrapped):
         return out
 
 
+@dataclass(frozen=True)
+class _SendConstants:
+    """A wrapper (picklable, as every wrapper must be): client c sends `values[c]`."""
+
+    values: dict
+
+    def __call__(self, program):
+        return _SendsConstant(program, self.values[program.cid])
+
+
 def _sends_constants(family, values):
-    """Programs whose client c sends `values[c]` everywhere (a wrapper per client)."""
-    return Programs(family, seed=0, wrappers=[lambda p: _SendsConstant(p, values[p.cid])])
+    """Programs whose client c sends `values[c]` everywhere."""
+    return Programs(family, seed=0, wrappers=[_SendConstants(values)])
 
 
 @pytest.mark.parametrize(("weighting", "expected"), [("samples", 3.1), ("uniform", 7 / 3)])
@@ -185,7 +195,9 @@ def test_round_is_a_weighted_average_by_hand_and_counts_bytes(
     [
         ("fedavg", {"weighting": "uniform"}, 23.0),  # (1 + 2 + 4 + 8 + 100) / 5
         ("fedavg", {"reducer": "median"}, 4.0),
-        ("fedavg", {"reducer": "trimmed-mean", "trim": 0.2}, 14 / 3),  # t = 1: (2 + 4 + 8) / 3
+        ("fedavg", {"reducer": {"kind": "median"}}, 4.0),
+        # t = 1: (2 + 4 + 8) / 3
+        ("fedavg", {"reducer": {"kind": "trimmed-mean", "trim": 0.2}}, 14 / 3),
         ("fedprox", {"reducer": "median", "mu": 0.1}, 4.0),
         (
             "fedadam",
@@ -224,10 +236,21 @@ def test_the_configured_reducer_is_what_a_round_reduces_with(
 
 def test_a_bad_reducer_setting_names_the_field():
     for opts, match in [
-        ({"reducer": "trimmed-mean"}, "needs a trim fraction"),
-        ({"reducer": "median", "trim": 0.1}, "trim applies only to reducer 'trimmed-mean'"),
-        ({"reducer": "trimmed-mean", "trim": 0.7}, r"trim must be a fraction in \[0, 0.5\]"),
-        ({"reducer": "mode"}, "reducer"),
+        ({"reducer": {"kind": "trimmed-mean"}}, "reducer 'trimmed-mean': trim is required"),
+        ({"reducer": "trimmed-mean"}, "reducer 'trimmed-mean': trim is required"),
+        (
+            {"reducer": {"kind": "median", "trim": 0.1}},
+            r"reducer 'median': trim is not one of its options \(options: none\)",
+        ),
+        (
+            {"reducer": {"kind": "trimmed-mean", "trim": 0.7}},
+            "reducer 'trimmed-mean': trim = 0.7: Input should be less than or equal to 0.5",
+        ),
+        ({"reducer": "mode"}, r"unknown reducer 'mode'.*\(allowed: mean, median, trimmed-mean"),
+        (
+            {"reducer": "trimmed-mean", "trim": 0.1},
+            r"write reducer: \{kind: trimmed-mean, trim: 0.1\}",
+        ),
     ]:
         with pytest.raises(ValidationError, match=match):
             ALGORITHMS.get("fedavg").options(**opts)

@@ -15,6 +15,8 @@ import pytest
 import hetfl
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
+from hetfl.core.reducers import REDUCERS
+from hetfl.core.wrappers import WRAPPERS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.models import ARCHITECTURES, COMPOSED, MODELS
 
@@ -67,6 +69,9 @@ def test_list_shows_every_registered_entry():
         ("partitioners", PARTITIONERS),
     ):
         assert f"{title}: {', '.join(registry.names())}" in lines
+    for registry in (REDUCERS, WRAPPERS):
+        for name in registry:
+            assert f"  {name:<12} {registry.get(name).summary}" in lines
 
 
 def test_the_catalogue_equals_the_registries():
@@ -76,3 +81,5 @@ def test_the_catalogue_equals_the_registries():
     assert sorted(catalogue.MODELS) == MODELS.names()
     assert sorted(catalogue.DATASETS) == DATASETS.names()
     assert sorted(catalogue.PARTITIONERS) == PARTITIONERS.names()
+    assert {n: REDUCERS.get(n).summary for n in REDUCERS} == catalogue.REDUCERS
+    assert {n: WRAPPERS.get(n).summary for n in WRAPPERS} == catalogue.WRAPPERS

@@ -233,15 +233,18 @@ def test_a_round_with_a_server_program_is_the_sequential_executors(tmp_path):
     assert seen == [([0, 1, 2, 3, 4, 5], server)] and executor.grouped == []
 
 
+class _Same:
+    """A wrapper that changes nothing (at module level: wrappers must pickle)."""
+
+    def __init__(self, inner):
+        self.inner, self.cid, self.device = inner, inner.cid, inner.device
+
+    def fit(self, *args, **kwargs):
+        return self.inner.fit(*args, **kwargs)
+
+
 def test_wrapped_programs_are_trained_sequentially(tmp_path):
     sim = _simulation(tmp_path, "fedavg", {})
-
-    class _Same:
-        def __init__(self, inner):
-            self.inner, self.cid, self.device = inner, inner.cid, inner.device
-
-        def fit(self, *args, **kwargs):
-            return self.inner.fit(*args, **kwargs)
 
     programs = Programs(sim.programs.family, sim.programs.recipe, seed=0, wrappers=[_Same])
     executor = VectorisedExecutor()

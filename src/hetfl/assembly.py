@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,11 @@ import numpy as np
 import torch
 
 from hetfl.algorithms import ALGORITHMS
+from hetfl.algorithms.base import Options, ReducerOptions
 from hetfl.config import RunConfig
-from hetfl.core.client import Programs
+from hetfl.core.client import Programs, Wrapper
 from hetfl.core.device import make_deterministic, resolve_device
+from hetfl.core.kinds import Chosen
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
@@ -107,6 +110,18 @@ def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
     return Federation(dataset, clients, test)
 
 
+def chosen_parts(options: Options, wrappers: Sequence[Chosen[Wrapper]]) -> dict[str, Any]:
+    """The kinds a run chose, as summary.json and the start banner name them: `reducer`
+    (`{kind, ...options}`) for a method that reduces client tensors, and the client-program
+    `wrappers` when there are any."""
+    chosen: dict[str, Any] = {}
+    if isinstance(options, ReducerOptions):
+        chosen["reducer"] = options.reducer.describe()
+    if wrappers:
+        chosen["wrappers"] = [w.describe() for w in wrappers]
+    return chosen
+
+
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
@@ -120,13 +135,16 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         fed.dataset.num_classes,
         **cfg.model.family_options(),
     )
-    strategy, recipe = ALGORITHMS.get(cfg.algorithm).build(
+    algorithm = ALGORITHMS.get(cfg.algorithm)
+    options = algorithm.options(**cfg.algorithm_options())
+    strategy, recipe = algorithm.build(
         family,
-        cfg.algorithm_options(),
+        options,
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
     )
-    programs = Programs(family, recipe, seed=cfg.seed, device=device)
+    wrappers = [chosen.build() for chosen in cfg.wrappers]
+    programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
         seed=cfg.seed,
@@ -142,6 +160,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         "name": cfg.name,
         "algorithm": cfg.algorithm,
         "seed": cfg.seed,
+        **chosen_parts(options, cfg.wrappers),
         "provenance": provenance(cfg),
     }
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)

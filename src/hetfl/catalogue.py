@@ -2,13 +2,14 @@
 registry has one, in a module that imports nothing.
 
 The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS`, `ARCHITECTURES` and
-`COMPOSED`, `hetfl.data.DATASETS` and `PARTITIONERS`) are filled by importing the modules that build
+`COMPOSED`, `hetfl.data.DATASETS` and `PARTITIONERS`, `hetfl.core.reducers.REDUCERS`,
+`hetfl.core.wrappers.WRAPPERS`) are filled by importing the modules that build
 each entry, and those import torch: seconds of start-up for a command that only names
-things. This catalogue names them at no import cost. An algorithm's summary is written only here
-(`register_algorithm` reads it, and refuses a name missing here); the other registries
-remain what runs and validates, and tests/test_startup.py asserts that this catalogue
-equals them entry for entry, so an entry added or renamed in one place only fails the
-tests.
+things. This catalogue names them at no import cost. The summary of an algorithm, a reducer
+kind or a client-program wrapper is written only here (its registration reads it, and
+refuses a name missing here); the registries remain what runs and validates, and
+tests/test_startup.py asserts that this catalogue equals them entry for entry, so an entry
+added or renamed in one place only fails the tests.
 """
 
 from __future__ import annotations
@@ -67,3 +68,15 @@ DATASETS: tuple[str, ...] = (
 )
 
 PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "natural", "quantity")
+
+#: Reducer kinds (`options.<method>.reducer: {kind: ..., ...}`; `hetfl.core.reducers`).
+REDUCERS: dict[str, str] = {
+    "mean": "the weighted mean, by the method's weighting (the default)",
+    "median": "coordinate-wise median over the clients covering each element (Yin et al. 2018)",
+    "trimmed-mean": (
+        "coordinate-wise mean without the `trim` fraction at each end (Yin et al. 2018)"
+    ),
+}
+
+#: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.wrappers`).
+WRAPPERS: dict[str, str] = {}

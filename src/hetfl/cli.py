@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
 
-    sub.add_parser("list", help="registered algorithms, models, datasets and partitioners")
+    sub.add_parser(
+        "list", help="registered algorithms, models, datasets, partitioners, reducers, wrappers"
+    )
 
     part = sub.add_parser("partition", help="print and save the per-client class counts")
     part.add_argument("config", nargs="?", help="YAML config (default: the built-in demo job)")
@@ -313,6 +315,15 @@ def cmd_list() -> int:
         ("partitioners", catalogue.PARTITIONERS),
     ):
         print(f"{title}: {', '.join(sorted(names))}")
+    print("reducers (options.<method>.reducer: {kind: ..., ...}):")
+    for name, summary in sorted(catalogue.REDUCERS.items()):
+        print(f"  {name:<12} {summary}")
+    print(
+        "client-program wrappers (wrappers: [{kind: ..., ...}]):"
+        + ("" if catalogue.WRAPPERS else " none")
+    )
+    for name, summary in sorted(catalogue.WRAPPERS.items()):
+        print(f"  {name:<12} {summary}")
     return 0
 
 

@@ -26,6 +26,7 @@ from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
+from hetfl.core.wrappers import WrapperChoice
 from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import ViewGroup
@@ -466,6 +467,11 @@ class RunConfig(_Strict):
         "none",
         description="where the metrics rows go besides metrics.jsonl: tensorboard writes "
         "event files to <run>/tensorboard (needs pip install 'hetfl[tensorboard]')",
+    )
+    wrappers: list[WrapperChoice] = Field(
+        default_factory=list,
+        description="client-program wrappers (attacks, faults), applied in this order to "
+        "every client's program: [{kind: <name>, ...its options}] (`hetfl list`)",
     )
     deploy: DeployConfig = DeployConfig()
     sweep: dict[str, list[Any]] | None = None

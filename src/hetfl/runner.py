@@ -78,10 +78,28 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path, command: str = 
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.programs.device}",
             f"  executor: {sim.info['executor']}, {cfg.threads} thread(s) per unit",
             *devices,
+            *_chosen(sim.info),
             *_described(sim.info.get("strategy", {})),
             f"  output {run_dir}",
         ]
     )
+
+
+def _chosen(info: dict[str, Any]) -> list[str]:
+    """The run's reducer and client-program wrappers (`hetfl.assembly.chosen_parts`) as
+    banner lines: `  reducer: trimmed-mean (trim 0.1)`."""
+    lines = []
+    if "reducer" in info:
+        lines.append(f"  reducer: {_kind_text(info['reducer'])}")
+    if info.get("wrappers"):
+        lines.append("  wrappers: " + ", ".join(_kind_text(w) for w in info["wrappers"]))
+    return lines
+
+
+def _kind_text(described: dict[str, Any]) -> str:
+    """`{"kind": k, **options}` as `k (option value, ...)`, or `k` without options."""
+    options = ", ".join(f"{key} {value}" for key, value in described.items() if key != "kind")
+    return described["kind"] + (f" ({options})" if options else "")
 
 
 def _described(described: dict[str, Any]) -> list[str]:

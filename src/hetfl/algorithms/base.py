@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetfl import catalogue
 from hetfl.core.assign import CyclicSampling, UniformSampling
+from hetfl.core.kinds import choose
 from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.reducers import REDUCERS, ReducerChoice
 from hetfl.core.registry import Registry
-from hetfl.core.robust import ReducerKind, ReducerSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -43,21 +45,26 @@ class Options(BaseModel):
 
 
 class ReducerOptions(Options):
-    """How a method that averages client tensors reduces them (`hetfl.core.robust`):
-    `mean`, the weighted mean (default), or the unweighted coordinate-wise `median` or
-    `trimmed-mean` with its `trim` fraction, over the clients covering each element. Every
-    reduction of a round uses it, FedNova's normalised deltas included."""
+    """How a method that averages client tensors reduces them: `reducer`, a kind of
+    `hetfl.core.reducers.REDUCERS` with its own options, `{kind: trimmed-mean, trim: 0.1}`,
+    or a bare kind name, `median`; `mean`, the weighted mean, by default. Every reduction of
+    a round uses it, FedNova's normalised deltas included. The trimmed mean's `trim` belongs
+    to the reducer: a `trim` beside `reducer` (the earlier form) is refused with the new one."""
 
-    reducer: ReducerKind = "mean"
-    trim: float | None = Field(None, description="trimmed-mean: fraction dropped at each end")
+    reducer: ReducerChoice = Field(
+        default_factory=partial(choose, REDUCERS, "mean"),
+        description="{kind: mean | median | trimmed-mean | ..., ...its options}",
+    )
 
-    @model_validator(mode="after")
-    def _reducer_settings_check(self) -> ReducerOptions:
-        self.reducer_settings()  # raises, naming the field, on a bad combination
-        return self
-
-    def reducer_settings(self) -> ReducerSettings:
-        return ReducerSettings(self.reducer, self.trim)
+    @model_validator(mode="before")
+    @classmethod
+    def _trim_is_the_reducers(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "trim" in data:
+            raise ValueError(
+                "trim is an option of the trimmed-mean reducer, not of the method; write "
+                f"reducer: {{kind: trimmed-mean, trim: {data['trim']!r}}}"
+            )
+        return data
 
 
 class AggregationOptions(ReducerOptions):

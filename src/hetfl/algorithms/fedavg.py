@@ -72,7 +72,7 @@ def one_model_strategy(
         assignment=one_spec(family.global_spec([])),
         transforms=transforms,
         weighting=weighting(opts.weighting),
-        reducer=opts.reducer_settings().factory(),
+        reducer=opts.reducer.build(),
         server_update=server_update,
     )
 

@@ -120,7 +120,7 @@ def fjord_strategy(
         weighting=weighting(opts.weighting),
         server_update=Averaged(),
         global_eval=global_eval,
-        reducer=opts.reducer_settings().factory(),
+        reducer=opts.reducer.build(),
     )
 
 

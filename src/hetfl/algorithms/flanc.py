@@ -128,6 +128,6 @@ def _make(
             "capacity": opts.capacity,
             "lambda_orth": opts.lambda_orth,
         },
-        reducer=opts.reducer_settings().factory(),
+        reducer=opts.reducer.build(),
     )
     return strategy, LocalRecipe(loss_terms=(OrthogonalityPenalty(opts.lambda_orth),))

@@ -154,7 +154,7 @@ def _make(
         global_eval=global_eval,
         local_eval=local_eval,
         describe=lambda: dict(described),
-        reducer=opts.reducer_settings().factory(),
+        reducer=opts.reducer.build(),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
     return strategy, LocalRecipe(forward=forward)

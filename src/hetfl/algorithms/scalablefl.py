@@ -147,6 +147,6 @@ def _make(
         server_update=Averaged(),
         local_eval=OwnModel(group=lambda info: group_name(group_key(info))),
         describe=lambda: describe(opts.variant, groups),
-        reducer=opts.reducer_settings().factory(),
+        reducer=opts.reducer.build(),
     )
     return strategy, LocalRecipe()

@@ -11,12 +11,14 @@ Engines get one program per client from `Programs.program_for(cid)`. Programs ar
 they share the factory's training cache, whose models are stateless templates (called
 through `torch.func.functional_call`), so memory does not grow with the number of clients.
 `Programs` applies its wrappers to each honest program, so that a wrapper (an attack, a
-fault) can change what one client does. Evaluation loads tensors into models, so it uses a
-cache of its own, which the engine owns and passes in.
+fault) can change what one client does; it refuses a wrapper that cannot be pickled (the
+process executor sends the programs, wrappers included, to its workers). Evaluation loads
+tensors into models, so it uses a cache of its own, which the engine owns and passes in.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
@@ -313,7 +315,10 @@ class ClientProgram:
 
 class Programs:
     """The run's client programs: `program_for(cid)` is client `cid`'s honest
-    `ClientProgram` passed through `wrappers` in order. All share one training cache."""
+    `ClientProgram` passed through `wrappers` in order. All share one training cache.
+
+    Every wrapper must pickle (docs/contracts.md §1.3): one that does not is a ValueError
+    here, before any worker is given the programs."""
 
     def __init__(
         self,
@@ -330,6 +335,8 @@ class Programs:
         self.models = ModelCache(family, device)
         self.device = self.models.device
         self.wrappers = tuple(wrappers)
+        for wrap in self.wrappers:
+            check_picklable(wrap)
 
     def program_for(self, cid: int) -> Program:
         program: Program = ClientProgram(
@@ -338,6 +345,26 @@ class Programs:
         for wrap in self.wrappers:
             program = wrap(program)
         return program
+
+
+def check_picklable(wrap: Wrapper) -> None:
+    """ValueError, naming the wrapper, unless `wrap` pickles: the process executor sends the
+    run's `Programs` to its worker processes."""
+    try:
+        pickle.dumps(wrap)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(
+            f"client-program wrapper {_qualified_name(wrap)} cannot be pickled ({exc}); the "
+            "process executor sends the programs, wrappers included, to its worker processes. "
+            "A lambda, a local function or a local class cannot be pickled: define the wrapper "
+            "(and the program it returns) at module level, e.g. as a frozen dataclass"
+        ) from None
+
+
+def _qualified_name(obj: object) -> str:
+    """`module.qualname` of a function or class, else of the object's class."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', '?')}"
 
 
 #: Per BatchNorm layer (by module name): (sum of per-batch means, sum of per-batch unbiased

@@ -40,7 +40,8 @@ class Registry(Generic[T]):
     def unknown_message(self, name: str) -> str:
         close = difflib.get_close_matches(name, list(self._entries), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"unknown {self.kind} {name!r}{hint} (allowed: {', '.join(sorted(self._entries))})"
+        allowed = ", ".join(sorted(self._entries)) or "none is registered"
+        return f"unknown {self.kind} {name!r}{hint} (allowed: {allowed})"
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -25,8 +25,8 @@ statistic is one of
   dropped and the k - 2t left are averaged; trim = 0 is the plain unweighted mean. Where
   k - 2t < 1 (trim = 0.5 and an even k) the element takes the median.
 
-`ReducerSettings(kind, trim)` is the choice a method's options make, checked at the config
-edge; its `factory()` gives `reference -> reducer` (`Accumulator` for `mean`).
+A method chooses one by its `reducer` option, as a kind of `hetfl.core.reducers.REDUCERS`
+(`median`, `trimmed-mean` with its `trim`).
 
 Elements no client covers keep `previous` or are zero (`fill`), integer tensors are rounded,
 as in the `Accumulator`; everything is computed in float64 and cast once. Both statistics
@@ -40,17 +40,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
-from typing import Literal, get_args
 
 import torch
 
 from hetfl.core.spec import IndexMap
 from hetfl.core.state import (
-    Accumulator,
     Fill,
-    ReducerFactory,
     State,
     check_fill,
     entry_weight,
@@ -58,9 +54,6 @@ from hetfl.core.state import (
     place,
     untouched,
 )
-
-ReducerKind = Literal["mean", "median", "trimmed-mean"]
-REDUCER_KINDS: tuple[str, ...] = get_args(ReducerKind)
 
 #: A per-element statistic: (values sorted along dim 0 with the uncovered ones last, the
 #: coverage count k per element) -> float64 estimate per element (any value where k = 0).
@@ -150,35 +143,3 @@ def trimmed_mean(trim: float) -> Statistic:
 def check_trim(trim: float) -> None:
     if not 0.0 <= trim <= 0.5:
         raise ValueError(f"trim must be a fraction in [0, 0.5], got {trim!r}")
-
-
-@dataclass(frozen=True)
-class ReducerSettings:
-    """Which reducer aggregation uses: `mean` (the `Accumulator`'s weighted mean), `median`
-    or `trimmed-mean` with its `trim` fraction. `trim` is required for `trimmed-mean` and
-    must be None otherwise, so that a setting is never silently ignored."""
-
-    kind: ReducerKind
-    trim: float | None
-
-    def __post_init__(self) -> None:
-        if self.kind not in REDUCER_KINDS:
-            raise ValueError(f"reducer must be one of {REDUCER_KINDS}, got {self.kind!r}")
-        if self.kind == "trimmed-mean":
-            if self.trim is None:
-                raise ValueError("reducer 'trimmed-mean' needs a trim fraction in [0, 0.5]")
-            check_trim(self.trim)
-        elif self.trim is not None:
-            raise ValueError(
-                f"trim applies only to reducer 'trimmed-mean', got trim={self.trim!r} "
-                f"with reducer {self.kind!r}"
-            )
-
-    def factory(self) -> ReducerFactory:
-        """A fresh reducer per reduction: `factory(global_state)`."""
-        if self.kind == "median":
-            return partial(CoordinateReducer, statistic=median)
-        if self.kind == "trimmed-mean":
-            assert self.trim is not None  # checked in __post_init__
-            return partial(CoordinateReducer, statistic=trimmed_mean(self.trim))
-        return Accumulator

@@ -1,0 +1,91 @@
+"""The reducer kinds a method's `reducer` option chooses from: an open registry
+(`hetfl.core.kinds`) of `REDUCERS`, each kind a name, its typed options and a function
+building the `ReducerFactory` (`hetfl.core.state`) the strategy reduces through.
+
+Built in:
+
+- `mean`: the `Accumulator`'s weighted mean (the method's weighting), no options;
+- `median`: the coordinate-wise median over the clients covering each element, no options;
+- `trimmed-mean`: the coordinate-wise trimmed mean, option `trim` (the fraction dropped at
+  each end, in [0, 0.5]), required.
+
+The last two are Yin et al.'s estimators (ICML 2018, §3, Definitions 1 and 2), unweighted
+(`hetfl.core.robust`). A config writes `reducer: {kind: trimmed-mean, trim: 0.1}`, or the
+bare name of a kind without required options (`reducer: median`).
+
+A robust defence registers its own kind with `register_reducer` on the function that builds
+its factory from its options, without editing this module:
+
+    class KrumOptions(KindOptions):
+        f: int = Field(ge=0)
+
+    @register_reducer("krum", KrumOptions)
+    def _krum(options: KrumOptions) -> ReducerFactory: ...
+
+(its summary goes in `hetfl.catalogue.REDUCERS`; the registering module must be imported
+before a config naming the kind is validated). Whatever the kind, the strategy calls it for
+every reduction of a round, on what it reduces: after FedFA's per-tensor scaling, and for
+FedNova the normalised deltas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Annotated, Any, TypeVar
+
+from pydantic import Field, PlainSerializer, PlainValidator
+
+from hetfl import catalogue
+from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
+from hetfl.core.registry import Registry
+from hetfl.core.robust import CoordinateReducer, median, trimmed_mean
+from hetfl.core.state import Accumulator, ReducerFactory
+
+REDUCERS: Registry[Kind[ReducerFactory]] = Registry("reducer")
+
+Build = TypeVar("Build", bound=Callable[..., ReducerFactory])
+
+
+def register_reducer(
+    name: str,
+    options: type[KindOptions] = KindOptions,
+    *,
+    summaries: Mapping[str, str] = catalogue.REDUCERS,
+) -> Callable[[Build], Build]:
+    """Registers the decorated `build(options) -> ReducerFactory` in `REDUCERS` as `name`
+    with its `options` model and its summary from `summaries`; returns it unchanged."""
+
+    def register(build: Build) -> Build:
+        register_kind(REDUCERS, name, options, build, summaries=summaries)
+        return build
+
+    return register
+
+
+#: A method option choosing a reducer: validated by `choose` at the config edge, written
+#: back as `{kind: name, ...options}`.
+ReducerChoice = Annotated[
+    Chosen[ReducerFactory],
+    PlainValidator(partial(choose, REDUCERS)),
+    PlainSerializer(Chosen.describe),
+]
+
+
+class TrimmedMeanOptions(KindOptions):
+    trim: float = Field(ge=0.0, le=0.5, description="the fraction dropped at each end")
+
+
+@register_reducer("mean")
+def _mean(options: Any) -> ReducerFactory:
+    return Accumulator
+
+
+@register_reducer("median")
+def _median(options: Any) -> ReducerFactory:
+    return partial(CoordinateReducer, statistic=median)
+
+
+@register_reducer("trimmed-mean", TrimmedMeanOptions)
+def _trimmed_mean(options: TrimmedMeanOptions) -> ReducerFactory:
+    return partial(CoordinateReducer, statistic=trimmed_mean(options.trim))

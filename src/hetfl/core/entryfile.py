@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-State = dict[str, torch.Tensor]
+from hetfl.core.state import State
 
 _LENGTH = struct.Struct("<Q")
 

@@ -1,14 +1,23 @@
-"""Strategies for tests: FedAvg's server built from its parts, with any part replaced."""
+"""Strategies for tests: FedAvg's server built from its parts, with any part replaced; the
+hand-off an engine gives `aggregate`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ModelFamily
+from hetfl.core.types import (
+    ClientResult,
+    ClientTask,
+    ModelFamily,
+    ServerResult,
+    Trained,
+    TrainedRound,
+)
 from hetfl.core.weighting import by_samples
 
 
@@ -25,3 +34,16 @@ def fedavg(
         **parts,
     }
     return Strategy(family, train=train, **chosen)
+
+
+def trained(
+    tasks: Sequence[ClientTask],
+    results: Sequence[ClientResult],
+    server_results: Sequence[ServerResult] | None = None,
+) -> TrainedRound:
+    """What an engine hands `Strategy.aggregate`: each result with its client's task (from
+    `tasks`, the round's plan), in client-id order."""
+    by_cid = {t.cid: t for t in tasks}
+    pairs = tuple(Trained(by_cid[r.cid], r) for r in sorted(results, key=lambda r: r.cid))
+    served = None if server_results is None else tuple(server_results)
+    return TrainedRound(pairs, server_results=served)

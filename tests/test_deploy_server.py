@@ -132,10 +132,16 @@ def without_wall_time(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]
 
 
+def same_trace(flower: Path, sim: Path) -> bool:
+    """Both engines wrote the same non-empty per-client trace (it holds no wall time)."""
+    rows = read_metrics(flower / "clients.jsonl")
+    return bool(rows) and rows == read_metrics(sim / "clients.jsonl")
+
+
 def test_resume_restores_the_server_and_nodes_keep_their_private_heads(tmp_path):
     """A run stopped after round 2 and resumed with fresh Flower contexts (so private
     heads come from the nodes' state directories) ends exactly as an uninterrupted
-    simulator run."""
+    simulator run, per-client trace included."""
     node_cfgs = nodes(tmp_path, 3, state=True)
     run_dir = tmp_path / "flower"
     serve(LoopbackGrid(node_cfgs), config(**{"train.rounds": 2}), run_dir)
@@ -145,6 +151,7 @@ def test_resume_restores_the_server_and_nodes_keep_their_private_heads(tmp_path)
     expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
     assert without_wall_time(rows) == without_wall_time(expected)
     assert [r["round"] for r in rows] == [1, 2, 3]
+    assert same_trace(run_dir, tmp_path / "sim")
 
 
 def test_the_flower_server_feeds_tracking_too(tmp_path):
@@ -195,6 +202,10 @@ def test_a_silent_node_is_a_failure_each_round_and_the_run_completes(tmp_path):
         (3, 2, 1),
     ]
     assert rows[2]["global_acc"] > 0.2
+    # its client (partition 2) is traced as timed out: sent the model, nothing back
+    silent = [r for r in read_metrics(tmp_path / "run" / "clients.jsonl") if r["cid"] == 2]
+    assert [r["failure"] for r in silent] == ["timeout"] * 3
+    assert all(r["bytes_down"] > 0 and r["bytes_up"] == r["macs"] == 0 for r in silent)
 
 
 def test_serve_exits_3_when_no_node_ever_answered(tmp_path, capsys):
@@ -287,6 +298,7 @@ def test_heterofl_equals_the_simulator_with_statistics_passes_on_the_clients(
     run_one(validate(raw), tmp_path / "sim", show_progress=False)
     expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
     assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
     assert grid.stats == rounds * 2 * 3  # rounds x widths x registered clients
     for row in rows:
         assert {"width=1", "width=0.5"} <= set(row["groups"])

@@ -22,6 +22,7 @@ from golden.harness import BY_NAME, compare, run_scenario
 from hetfl.config import validate
 from hetfl.core.client import Program
 from hetfl.core.types import ClientData, ClientOutput, ClientTask
+from hetfl.engine.outputs import read_metrics
 from hetfl.runner import build_simulation
 from hetfl.sim import ProcessExecutor, SequentialExecutor, make_executor
 
@@ -186,6 +187,21 @@ def test_resume_under_another_number_of_workers_equals_an_uninterrupted_run(pool
     assert strip == again
     for k, v in whole.state.items():
         assert torch.equal(v, rest.state[k])
+    assert _trace(tmp_path / "whole") == _trace(tmp_path / "part")
+
+
+def _trace(run_dir: Path) -> list[dict]:
+    return read_metrics(run_dir / "clients.jsonl")
+
+
+@pytest.mark.parametrize("name", ["fedavg-deadline", "heterofl-dynamic"])
+def test_the_per_client_trace_is_the_sequential_executors(name, pool, tmp_path):
+    """Per-client specs, charges, simulated times, failures and local scores: the same
+    rows whichever executor ran the clients."""
+    run_scenario(BY_NAME[name], tmp_path / "sequential")
+    run_scenario(BY_NAME[name], tmp_path / "processes", pool)
+    rows = _trace(tmp_path / "sequential")
+    assert rows and rows == _trace(tmp_path / "processes")
 
 
 # -- choosing an executor ---------------------------------------------------------------------

@@ -20,6 +20,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.engine.rounds import RoundSettings
 from hetfl.sim import Simulation
+from strategies import trained
 
 TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 
@@ -51,11 +52,11 @@ class _Family:
 
 
 def _strategy(name: str, **opts):
-    strategy, recipe = ALGORITHMS.get(name).build(_Family(), opts, clients_per_round=2, train=TRAIN)
+    strategy, _ = ALGORITHMS.get(name).build(_Family(), opts, clients_per_round=2, train=TRAIN)
     infos = [ClientInfo(cid, 10, (2,), (0, 1)) for cid in range(2)]
     state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
-    strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))  # results need a task
-    return strategy, recipe, state
+    tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))
+    return strategy, tasks, state
 
 
 def _result(cid: int, tensors, n: int, **extras) -> ClientResult:
@@ -69,7 +70,7 @@ def _moved(state, updates):
 
 # -- FedNova ------------------------------------------------------------------------------------
 def test_fednova_unequal_steps_follows_the_unnormalised_rule():
-    strategy, _, w = _strategy("fednova")
+    strategy, tasks, w = _strategy("fednova")
     w["fc.bias"] = torch.tensor([1.0, 2.0])
     # client A: 30 samples, 2 steps, update g_A; client B: 10 samples, 6 steps, update g_B
     g_a = {"fc.bias": torch.tensor([0.2, 0.4])}
@@ -79,7 +80,7 @@ def test_fednova_unequal_steps_follows_the_unnormalised_rule():
     a["bn.running_mean"] = torch.tensor([1.0, 1.0])
     b["bn.running_mean"] = torch.tensor([5.0, 9.0])
     results = [_result(0, a, 30, a_norm=2.0, steps=2), _result(1, b, 10, a_norm=6.0, steps=6)]
-    new = strategy.aggregate(1, w, results, [])
+    new = strategy.aggregate(1, w, trained(tasks, results))
     # p = (0.75, 0.25); tau_eff = 0.75*2 + 0.25*6 = 3
     # sum p g / a = 0.75*(0.1, 0.2) + 0.25*(0.1, -0.05) = (0.1, 0.1375)
     # w - 3 * (0.1, 0.1375) = (0.7, 1.5875); FedAvg would give (0.7, 1.775)
@@ -91,26 +92,27 @@ def test_fednova_unequal_steps_follows_the_unnormalised_rule():
 
 
 def test_fednova_prox_uses_step_counts_for_tau_eff():
-    strategy, _, w = _strategy("fednova", mu=0.5)
+    strategy, tasks, w = _strategy("fednova", mu=0.5)
     w["fc.bias"] = torch.tensor([0.0, 0.0])
     a = _moved(w, {"fc.bias": torch.tensor([0.4, 0.0])})
     b = _moved(w, {"fc.bias": torch.tensor([0.0, 0.9])})
     results = [_result(0, a, 10, a_norm=1.6, steps=2), _result(1, b, 10, a_norm=3.0, steps=4)]
-    new = strategy.aggregate(1, w, results, [])
+    new = strategy.aggregate(1, w, trained(tasks, results))
     # tau_eff = 0.5*2 + 0.5*4 = 3; sum p g/a = (0.5*0.4/1.6, 0.5*0.9/3) = (0.125, 0.15)
     torch.testing.assert_close(new["fc.bias"], torch.tensor([-0.375, -0.45]))
 
 
 def test_fednova_equal_plain_sgd_steps_is_fedavg():
-    nova, _, w = _strategy("fednova")
-    avg, _, avg_w = _strategy("fedavg")
+    nova, nova_tasks, w = _strategy("fednova")
+    avg, avg_tasks, avg_w = _strategy("fedavg")
     gen = torch.Generator().manual_seed(3)
     results = []
     for cid, n in ((0, 13), (1, 29)):
         upd = {k: torch.randn(v.shape, generator=gen) for k, v in w.items()
                if v.is_floating_point() and "running" not in k}  # fmt: skip
         results.append(_result(cid, _moved(w, upd), n, a_norm=4.0, steps=4))
-    a, b = nova.aggregate(1, w, results, []), avg.aggregate(1, avg_w, results, [])
+    a = nova.aggregate(1, w, trained(nova_tasks, results))
+    b = avg.aggregate(1, avg_w, trained(avg_tasks, results))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6)
 
@@ -145,9 +147,9 @@ def test_client_normaliser_follows_the_recursion(momentum, mu, lr, steps):
 
 
 def test_fednova_result_without_normaliser_is_a_clear_error():
-    strategy, _, w = _strategy("fednova")
+    strategy, tasks, w = _strategy("fednova")
     with pytest.raises(KeyError, match="StepNormaliser tracker"):
-        strategy.aggregate(1, w, [_result(0, dict(w), 10)], [])
+        strategy.aggregate(1, w, trained(tasks, [_result(0, dict(w), 10)]))
 
 
 @pytest.mark.parametrize("name", ["fednova", "fedalrc"])
@@ -199,11 +201,11 @@ def test_yogi_two_rounds_by_hand():
 
 
 def test_fedadam_moves_parameters_and_averages_buffers():
-    strategy, _, w = _strategy("fedadam", server_lr=0.1, v0=0.0)
+    strategy, tasks, w = _strategy("fedadam", server_lr=0.1, v0=0.0)
     up = {"fc.bias": torch.tensor([0.3, -0.1])}
     a = _moved(w, up)
     a["bn.running_var"] = torch.tensor([3.0, 5.0])
-    new = strategy.aggregate(1, w, [_result(0, a, 10), _result(1, dict(a), 10)], [])
+    new = strategy.aggregate(1, w, trained(tasks, [_result(0, a, 10), _result(1, dict(a), 10)]))
     delta = -up["fc.bias"]  # pseudo-gradient: average minus current
     m, v = 0.1 * delta, 0.01 * delta**2
     torch.testing.assert_close(new["fc.bias"], w["fc.bias"] + 0.1 * m / (v.sqrt() + 1e-3))

@@ -16,9 +16,10 @@ from hetfl.algorithms.flanc import FLANCOptions
 from hetfl.config import validate
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, ClientResult
+from hetfl.core.types import ClientInfo, ClientResult, TrainedRound
 from hetfl.models import ComposedFamily, SpecError
 from hetfl.runner import run_one
+from strategies import trained
 
 
 def _family(side: int = 28) -> ComposedFamily:
@@ -58,9 +59,9 @@ def test_a_client_receives_the_bases_and_its_capacity_tensors_only() -> None:
     assert next(t for t in tasks if t.cid == 1).spec["capacity"] == 0.5
 
 
-def _results(strategy: Strategy, state, infos, cids: list[int]) -> list[ClientResult]:
+def _results(strategy: Strategy, state, infos, cids: list[int]) -> TrainedRound:
     tasks = strategy.plan(1, state, infos, torch.Generator().manual_seed(1))
-    return [
+    results = [
         ClientResult(
             cid=t.cid,
             tensors={k: torch.full_like(v, float(t.cid + 1)) for k, v in t.payload.items()},
@@ -71,13 +72,14 @@ def _results(strategy: Strategy, state, infos, cids: list[int]) -> list[ClientRe
         for t in tasks
         if t.cid in cids
     ]
+    return trained(tasks, results)
 
 
 def test_bases_average_over_all_clients_and_the_rest_within_each_capacity() -> None:
     strategy = _strategy(_family(), capacity="declared", levels=[0.5, 1.0])
     infos = _infos([0.5, 0.5, 1.0, 1.0], [10, 30, 10, 30])  # sizes must not weigh
     state = strategy.setup(infos, torch.Generator().manual_seed(0))
-    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1, 2, 3]), [])
+    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1, 2, 3]))
     for name, value in new.items():
         group = name.split("/")[0]
         expected = {"basis": (1 + 2 + 3 + 4) / 4, "cap0.5": (1 + 2) / 2, "cap1": (3 + 4) / 2}
@@ -90,7 +92,7 @@ def test_an_absent_capacity_keeps_its_tensors() -> None:
     strategy = _strategy(_family(), capacity="declared", levels=[0.5, 1.0])
     infos = _infos([0.5, 0.5, 1.0, 1.0], [10, 10, 10, 10])
     state = strategy.setup(infos, torch.Generator().manual_seed(0))
-    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1]), [])
+    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1]))
     for name, value in new.items():
         if name.startswith("cap1/"):
             assert torch.equal(value, state[name]), name

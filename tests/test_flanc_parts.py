@@ -17,8 +17,11 @@ from hetfl.algorithms.width_assignment import (
 )
 from hetfl.core.local.parts import TrainContext
 from hetfl.core.local.regularisers import OrthogonalityPenalty, orthogonality
+from hetfl.core.roles import tensor_roles
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo, ClientTask
+from hetfl.models import ComposedFamily
+from hetfl.models.composed import ComposedConv2d
 
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 
@@ -78,9 +81,11 @@ def test_dynamic_all_levels_needs_as_many_clients_per_round_as_levels() -> None:
 
 
 # -- the orthogonality penalty -------------------------------------------------------------------
-def _ctx(params: dict[str, torch.Tensor]) -> TrainContext:
+def _ctx(params: dict[str, torch.Tensor], roles: dict[str, str]) -> TrainContext:
     task = ClientTask(cid=0, spec=Spec(), payload={}, index_map=[])
-    ctx = TrainContext(task=task, received={}, generator=torch.Generator(), settings=task.config)
+    ctx = TrainContext(
+        task=task, received={}, generator=torch.Generator(), settings=task.config, roles=roles
+    )
     ctx.params.update(params)
     return ctx
 
@@ -92,8 +97,10 @@ def test_orthogonality_penalty_value_and_gradient_by_hand() -> None:
     b2 = torch.eye(3).reshape(3, 3, 1, 1).requires_grad_(True)
     other = torch.ones(4, requires_grad=True)  # not a bank
     term = OrthogonalityPenalty(0.5)
-    params = {"conv2.basis": b1, "conv3.basis": b2, "conv2.coef": other}
-    value = term(torch.zeros(1, 2), torch.zeros(1), torch.zeros(1), _ctx(params))
+    # the banks are found by their declared role, not by their names
+    params = {"conv2.u": b1, "conv3.v": b2, "conv2.basis": other}
+    roles = {"conv2.u": "basis", "conv3.v": "basis", "conv2.basis": "coefficients"}
+    value = term(torch.zeros(1, 2), torch.zeros(1), torch.zeros(1), _ctx(params, roles))
     assert value is not None
     assert value.item() == pytest.approx(0.5 * (1 + 4 + 4 + 9) / 4)
     value.backward()
@@ -107,13 +114,25 @@ def test_orthogonality_penalty_value_and_gradient_by_hand() -> None:
 
 
 def test_orthogonality_penalty_refuses_a_model_without_banks_and_negative_lambda() -> None:
-    with pytest.raises(ValueError, match=r"no parameter named '\*.basis'"):
+    with pytest.raises(ValueError, match=r"no parameter of role 'basis'"):
         OrthogonalityPenalty(1.0)(
-            torch.zeros(1, 2), torch.zeros(1), torch.zeros(1), _ctx({"w": torch.ones(2)})
+            torch.zeros(1, 2), torch.zeros(1), torch.zeros(1), _ctx({"w": torch.ones(2)}, {})
         )
-    assert (
-        OrthogonalityPenalty(0.0)(torch.zeros(1, 2), torch.zeros(1), torch.zeros(1), _ctx({}))
-        is None
-    )
+    zero = OrthogonalityPenalty(0.0)
+    assert zero(torch.zeros(1, 2), torch.zeros(1), torch.zeros(1), _ctx({}, {})) is None
     with pytest.raises(ValueError, match=r"lambda_orth must be a finite number >= 0, got -1"):
         OrthogonalityPenalty(-1.0)
+
+
+def test_composed_layers_declare_their_bases_and_nothing_else() -> None:
+    """The penalty's banks are the parameters the composed layers declare in the role
+    "basis": each composed layer's `basis`, never its `coef` or another layer's tensor."""
+    family = ComposedFamily(
+        {"family": "composed-cnn", "input_shape": (1, 28, 28), "num_classes": 10}
+    )
+    model = family.build(family.spec_at(0.5))
+    roles = tensor_roles(model)
+    composed = [n for n, m in model.named_modules() if isinstance(m, ComposedConv2d)]
+    assert composed and set(roles) == {f"{n}.basis" for n in composed}
+    assert set(roles.values()) == {"basis"}
+    assert set(roles) < {n for n, _ in model.named_parameters()}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from hetfl.cli import main
-from hetfl.engine.outputs import ROW_KEYS
-from hetfl.report import comparison_rows, find_runs, format_table
+from hetfl.engine.outputs import ROW_KEYS, read_metrics
+from hetfl.report import comparison_rows, final_spreads, find_runs, format_table, spread
 
 
 def _fake_run(path: Path, seed: int, accs: list[float], target_round: int | None) -> Path:
@@ -92,3 +93,41 @@ def test_each_sub_models_final_accuracy_is_a_column(tmp_path: Path):
     assert row["final capacity=1"] == "0.7000 ± 0.1414"  # sd of 0.6, 0.8
     assert row["final capacity=mean"] == "0.5500 ± 0.0707"
     assert row["GMAC"] == "3.00 ± 1.41"
+
+
+def _write_trace(run: Path, final: list[float], groups: list[str | None]) -> None:
+    """A `clients.jsonl` whose last evaluated round (3) scores clients 0.. with `final`;
+    round 2 scores them otherwise, and round 4 only trains (no local score)."""
+    rows = []
+    for rnd, accs in ((2, [0.0] * len(final)), (3, final), (4, [None] * len(final))):
+        for cid, (acc, group) in enumerate(zip(accs, groups, strict=True)):
+            rows.append({"round": rnd, "cid": cid, "local_acc": acc, "group": group})
+    (run / "clients.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_local_accuracy_spread_over_clients_by_hand(sweep: Path):
+    accs = [0.2, 0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8, 1.0]
+    groups = ["local width=1"] * 5 + ["local width=0.5"] * 5
+    _write_trace(sweep / "fedavg-s0", accs, groups)
+    _write_trace(sweep / "fedavg-s1", [0.5, 0.7, 0.9], [None] * 3)
+    spreads = final_spreads(read_metrics(sweep / "fedavg-s0" / "clients.jsonl"))
+    # 10 clients: the worst decile is the lowest one; mean 0.6, deviations -.4 -.2 0 ... .2 .4
+    assert spreads[None].worst_decile == 0.2 and spreads[None].n == 10
+    assert spreads[None].sd == pytest.approx(math.sqrt((0.16 + 0.04 + 0.04 + 0.16) / 10))
+    # per group of 5: [.2 .4 .6 .6 .6] (mean .48) and [.6 .6 .6 .8 1] (mean .72)
+    wide, narrow = spreads["local width=1"], spreads["local width=0.5"]
+    assert (wide.worst_decile, narrow.worst_decile) == (0.2, 0.6)
+    assert wide.sd == pytest.approx(0.16) and narrow.sd == pytest.approx(0.16)
+    # 12 clients: ceil(12 / 10) = 2 make the worst decile
+    assert spread([0.9, 0.1, 0.5, 0.3, *[1.0] * 8]).worst_decile == pytest.approx(0.2)
+
+    rows = {r["run"]: r for r in comparison_rows(find_runs([sweep]))}
+    avg = rows["fedavg"]
+    # seeds: worst deciles 0.2, 0.5 and none for s2 (no trace); mean 0.35, sd 0.2121
+    assert avg["local_acc worst 10%"] == "0.3500 ± 0.2121 (2/3)"
+    sd_s1 = math.sqrt(0.08 / 3)  # [.5 .7 .9] around .7
+    mean = (0.2 + sd_s1) / 2
+    sd = math.sqrt(((0.2 - mean) ** 2 + (sd_s1 - mean) ** 2) / 1)
+    assert avg["local_acc client sd"] == f"{mean:.4f} ± {sd:.4f} (2/3)"
+    assert avg["local_acc worst 10% local width=0.5"] == "0.6000 ± 0.0000 (1/3)"
+    assert rows["fedprox"]["local_acc worst 10%"] == "-"  # a run without a trace

@@ -37,6 +37,7 @@ from hetfl.models.matching import ParameterCount, match_parameters, parameter_co
 from hetfl.models.scaling import scaled_depth
 from hetfl.models.slim import channels
 from hetfl.sim import Simulation
+from strategies import trained
 
 TRAIN = LocalTraining(lr=0.1, steps=2, batch_size=8, momentum=0.9, weight_decay=5e-4)
 IMAGENET = ((256, 1000), (192, 500), (128, 200), (96, 100))  # (H, K) of Table VIII
@@ -267,7 +268,7 @@ def test_aggregation_weighs_each_client_1_per_element_and_keeps_what_no_one_trai
             )
             for t in tasks
         ]
-        state = strategy.aggregate(rnd, state, results, [])
+        state = strategy.aggregate(rnd, state, trained(tasks, results))
 
     round_of(1, [deep, *shallow], {0: 8.0, 1: 1.0, 2: 2.0, 3: 3.0})
     stage0 = state["stages.0.conv.weight"]

@@ -14,11 +14,11 @@ from torch import nn
 from hetfl.core.assign import one_spec
 from hetfl.core.client import Programs
 from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.server_program import ServerProgram, ServerResult, ServerSession
+from hetfl.core.server_program import ServerProgram, ServerSession
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientData, PassRecord
+from hetfl.core.types import ClientData, PassRecord, ServerResult
 from hetfl.engine.rounds import RoundSettings
 from hetfl.sim import Simulation
 from hetfl.systems.profiles import DeviceProfile, SystemSettings
@@ -62,7 +62,7 @@ class _SplitFamily:
 CLIENT, SERVER_SIDE = Spec(model="split", side="client"), Spec(model="split", side="server")
 
 
-class _Session(ServerSession):
+class _Session:
     """A per-client copy of the head, trained by SGD on each batch of activations; it
     answers with the activations' gradient (SplitFed) unless `answer` is off (DTFL)."""
 
@@ -91,13 +91,13 @@ class _Session(ServerSession):
         return ServerResult(self.cid, tensors, self.passes, (8,), private={"batches": seen})
 
 
-class _Program(ServerProgram):
+class _Program:
     def __init__(self, family, parallel):
         self.family, self.parallel = family, parallel
         self.kept: dict[int, float] = {}
         self.state: dict[str, torch.Tensor] = {}
 
-    def open(self, task, private):
+    def open(self, task, private) -> ServerSession:  # a protocol: no base class
         self.kept[task.cid] = float(private["batches"]) if private else 0.0
         payload = extract(self.state, full_map(HEAD))
         lr = task.config.lr
@@ -112,7 +112,7 @@ class _SplitSide:
     def __init__(self, family, parallel):
         self.program_ = _Program(family, parallel)
 
-    def program(self, round, state, tasks):
+    def program(self, round, state, tasks) -> ServerProgram:
         self.program_.state = state
         return self.program_
 
@@ -216,7 +216,7 @@ def test_server_side_is_timed_and_declared_parallel_parts_overlap(tmp_path, para
     body_fwd, head_fwd = 4 * 8, 8 * 3  # MACs per sample
     totals = []
     for cid, n in ((0, 10), (1, 11), (2, 12)):
-        t = sim.infos[cid].attrs["sim_times"]
+        t = sim.infos[cid].history
         # client: body forward + weight gradient (its input needs none); server: head
         # forward + weight gradient, + the activations' gradient when it answers
         server = n * (2 if parallel else 3) * head_fwd

@@ -35,7 +35,7 @@ from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
 from hetfl.models import ComposedFamily, ScalableFamily
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation
-from strategies import fedavg
+from strategies import fedavg, trained
 
 TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 
@@ -273,7 +273,7 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
                 t, sim.clients[t.cid], {}, generator, info=sim.infos[t.cid]
             )
             results[t.cid] = out.result
-        return sim.strategy.aggregate(1, sim.state, [results[c] for c in sorted(results)], [])
+        return sim.strategy.aggregate(1, sim.state, trained(tasks, list(results.values())))
 
     a, b = run(tasks), run(list(reversed(tasks)))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -333,16 +333,17 @@ class _ClientTwoRaises(SequentialExecutor):
 def test_executor_gets_each_round_in_client_id_order_and_the_engine_charges_once(
     synthetic_federation, tmp_path
 ):
-    """Bytes are charged by the engine once per task: down the payload, up the result."""
+    """Bytes are charged by the engine once per task, to its client: down the payload, up
+    the result."""
     family, clients, test = synthetic_federation
     sim = _sim(family, clients, test, tmp_path, rounds=2, cpr=4)
     sim.executor = recording = _Recording()
     sim.setup()
+    charges = {}
     for rnd in (1, 2):
         available = sim.available(rnd)
-        sim.train(
-            rnd, sim.strategy.plan(rnd, sim.state, available, torch_generator(0, rnd, -1, "sample"))
-        )
+        tasks = sim.strategy.plan(rnd, sim.state, available, torch_generator(0, rnd, -1, "sample"))
+        charges[rnd] = sim.train(rnd, tasks).charges
     for rnd, jobs in enumerate(recording.jobs, start=1):
         cids = [job.task.cid for job in jobs]
         assert len(cids) == 4 and cids == sorted(cids)
@@ -350,10 +351,13 @@ def test_executor_gets_each_round_in_client_id_order_and_the_engine_charges_once
             seed = torch_generator(0, rnd, job.task.cid, "train").initial_seed()
             assert job.generator.initial_seed() == seed
             assert job.info == sim.infos[job.task.cid] and job.server_private == {}
-    outcomes = [o for rnd in recording.outcomes for o in rnd]
-    assert sim.counters.bytes_down == sum(state_bytes(o.task.payload) for o in outcomes)
-    assert sim.counters.bytes_up == sum(state_bytes(o.output.result.tensors) for o in outcomes)
-    assert all(o.served is None and o.channel is None and o.wall_s > 0 for o in outcomes)
+    for rnd, outcomes in enumerate(recording.outcomes, start=1):
+        assert sorted(charges[rnd]) == [o.task.cid for o in outcomes]
+        for o in outcomes:
+            charged = charges[rnd][o.task.cid]
+            assert charged.bytes_down == state_bytes(o.task.payload)
+            assert charged.bytes_up == state_bytes(o.output.result.tensors)
+            assert o.served is None and o.channel is None and o.wall_s > 0
 
 
 def test_a_raised_outcome_becomes_a_failure_charged_only_its_payload(
@@ -369,8 +373,11 @@ def test_a_raised_outcome_becomes_a_failure_charged_only_its_payload(
     outcome = sim.train(1, tasks)
     assert [(f.cid, f.kind) for f in outcome.failures] == [(2, "raised")]
     assert [r.cid for r in outcome.results] == [0, 1]
-    assert sim.counters.bytes_down == 3 * state_bytes(tasks[0].payload)
-    assert sim.counters.bytes_up == 2 * state_bytes(tasks[0].payload)
+    model = state_bytes(tasks[0].payload)
+    charged = {cid: (c.bytes_down, c.bytes_up) for cid, c in outcome.charges.items()}
+    assert charged == {0: (model, model), 1: (model, model), 2: (model, 0)}
+    sim.counters.count_round(outcome)
+    assert (sim.counters.bytes_down, sim.counters.bytes_up) == (3 * model, 2 * model)
     assert 2 not in sim.store and 0 in sim.store
 
 
@@ -565,7 +572,7 @@ def test_aggregation_uses_the_map_each_client_was_planned_with(synthetic_federat
     before = sim.state["head.bias"].clone()
     tasks = strategy.plan(1, sim.state, list(sim.infos.values()), torch_generator(0, 1, -1, "s"))
     outcome = sim.train(1, tasks)
-    after = strategy.aggregate(1, sim.state, outcome.results, [])["head.bias"]
+    after = strategy.aggregate(1, sim.state, outcome.trained_round(tasks))["head.bias"]
     # rows 0..7 each come from exactly one client (its own row); rows 8, 9 nobody uploads
     by_cid = {r.cid: r.tensors["head.bias"] for r in outcome.results}
     for c in range(8):

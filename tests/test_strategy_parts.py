@@ -16,12 +16,19 @@ from hetfl.core.server_update import NormalisedStep, Optimised, pseudo_gradient
 from hetfl.core.spec import Spec
 from hetfl.core.state import Accumulator
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientData, ClientInfo, ClientResult
+from hetfl.core.types import (
+    ClientData,
+    ClientInfo,
+    ClientResult,
+    ServerResult,
+    Trained,
+    TrainedRound,
+)
 from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import PlainFamily
 from hetfl.sim import Simulation
-from strategies import fedavg
+from strategies import fedavg, trained
 
 FAMILY = PlainFamily("linear", (2,), 2)  # head.weight (2 x 2), head.bias (2)
 INFOS = [ClientInfo(cid, 10, (2,), (0, 1)) for cid in range(2)]
@@ -70,8 +77,8 @@ def _nova(**parts):
 
 def _round(strategy):
     state = strategy.setup(INFOS, torch_generator(0, 0, -1, "init"))
-    strategy.plan(1, state, INFOS, torch_generator(0, 1, -1, "sample"))
-    return state, strategy.aggregate(1, state, _results(state), [])
+    tasks = strategy.plan(1, state, INFOS, torch_generator(0, 1, -1, "sample"))
+    return state, strategy.aggregate(1, state, trained(tasks, _results(state)))
 
 
 def test_every_reduction_of_a_round_goes_through_the_reducer() -> None:
@@ -108,8 +115,8 @@ def test_server_moments_round_trip_through_extra_state() -> None:
     restored.load_extra_state(saved)
     steps = []
     for s in (first, restored, fresh):
-        s.plan(2, state1, INFOS, torch_generator(0, 2, -1, "sample"))
-        steps.append(s.aggregate(2, state1, _results(state1), []))
+        tasks = s.plan(2, state1, INFOS, torch_generator(0, 2, -1, "sample"))
+        steps.append(s.aggregate(2, state1, trained(tasks, _results(state1))))
     assert torch.equal(steps[0]["head.bias"], steps[1]["head.bias"])
     assert not torch.equal(steps[0]["head.bias"], steps[2]["head.bias"])
 
@@ -199,3 +206,21 @@ def test_per_group_plans_every_group_once_from_its_members_in_key_order() -> Non
     assert [s["side"] for s in groups.possible_specs()] == [16, 8, 16, 8, 32]  # per client
     with pytest.raises(KeyError, match=r"client 9 is in group \(64,\), which no client had"):
         groups.spec_of(ClientInfo(9, 10, (1, 64, 64), (0, 1)))
+
+
+def test_a_trained_round_refuses_results_out_of_order_or_paired_with_another_task() -> None:
+    """`TrainedRound` is what an engine hands `aggregate`; an engine that orders or pairs
+    results wrongly would write them through the wrong map, so the record refuses it."""
+    strategy = fedavg(FAMILY, clients_per_round=2, train=LocalTraining())
+    state = strategy.setup(INFOS, torch_generator(0, 0, -1, "init"))
+    tasks = strategy.plan(1, state, INFOS, torch_generator(0, 1, -1, "sample"))
+    results = _results(state)
+    pairs = [Trained(t, r) for t, r in zip(tasks, results, strict=True)]
+    with pytest.raises(ValueError, match=r"distinct and in id order, got \[1, 0\]"):
+        TrainedRound(tuple(reversed(pairs)))
+    with pytest.raises(ValueError, match=r"another client's task: \[\(0, 1\)\]"):
+        TrainedRound((Trained(tasks[0], results[1]),))
+    served = (ServerResult(0, {}),)
+    with pytest.raises(ValueError, match=r"server results for clients \[0\], trained clients"):
+        TrainedRound(tuple(pairs), server_results=served)
+    assert strategy.aggregate(1, state, TrainedRound(tuple(pairs))).keys() == state.keys()

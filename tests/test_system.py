@@ -22,6 +22,7 @@ from hetfl.core.state import state_bytes
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import PassRecord, Problem
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic
+from hetfl.engine.outputs import read_metrics
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import ARCHITECTURES, PlainFamily, make_family
 from hetfl.sim import Simulation
@@ -325,7 +326,7 @@ def test_deadline_drops_exactly_the_clients_over_it(synthetic_federation, tmp_pa
     assert row["failed"] == len(late) and row["clients"] == 8 - len(late)
     assert set(sim.store) == set(expected) - late  # dropped clients keep no new state
     for cid, t in expected.items():
-        assert sim.infos[cid].attrs["sim_times"].total_s == pytest.approx(t)
+        assert sim.infos[cid].history.total_s == pytest.approx(t)
     assert row["sim_time_s"] == deadline  # someone was late: the server waited until then
     assert row["macs"] == MLP_TRAIN_MACS * sum(c.n_train for c in clients)  # work was done
 
@@ -344,7 +345,7 @@ class _Recorder:
 
     def sample(self, round, available, rng):
         self.offered.append({c.cid for c in available})
-        known = {c.cid: c.attrs["sim_times"].total_s for c in available if "sim_times" in c.attrs}
+        known = {c.cid: c.history.total_s for c in available if c.history is not None}
         self.seen_times.append(known)
         ranked = sorted(available, key=lambda c: (c.cid in known, known.get(c.cid, 0.0), c.cid))
         return sorted(ranked[: self.clients_per_round], key=lambda c: c.cid)
@@ -387,17 +388,20 @@ def test_sim_times_reach_the_next_plan_and_rounds_add_up(synthetic_federation, t
 
 
 class _InfoRecorder:
-    """A tracker that records, per client, the `ClientInfo.attrs` its local training was
-    given (in itself: a test's recorder, not a part a method would keep state in)."""
+    """A tracker that records, per client, the `ClientInfo` attrs and history its local
+    training was given (in itself: a test's recorder, not a part a method would keep state
+    in)."""
 
     def __init__(self) -> None:
         self.attrs: dict[int, list[dict]] = {}
+        self.history: dict[int, list] = {}
 
     def after_step(self, ctx):
         return None
 
     def finish(self, ctx):
         self.attrs.setdefault(ctx.task.cid, []).append(dict(ctx.info.attrs))
+        self.history.setdefault(ctx.task.cid, []).append(ctx.info.history)
         return {}
 
 
@@ -417,10 +421,11 @@ def test_parts_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
     sim = Simulation(strategy, programs, clients, test, settings, tmp_path, attrs=declared)
     sim.run()
     for cid, (first, second) in hooks.attrs.items():
-        assert first == declared[cid]  # round 1: what the client declared, nothing measured
-        assert second["tier"] == declared[cid]["tier"]
-        assert second["sim_times"].round == 1  # round 2: the times of round 1, as plan saw them
-        assert second["sim_times"].total_s == strategy.sampler.seen_times[1][cid]
+        assert first == second == declared[cid]  # what the client declared, in every round
+        before, after = hooks.history[cid]
+        assert before is None  # round 1: nothing measured
+        assert after.round == 1  # round 2: the times of round 1, as plan saw them
+        assert after.total_s == strategy.sampler.seen_times[1][cid]
     assert sorted(hooks.attrs) == [c.cid for c in clients]
 
 
@@ -441,13 +446,18 @@ def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, 
     resumed.run(resume=True)
     for k, v in whole.state.items():
         assert torch.equal(v, resumed.state[k]), k
-    assert whole.sim_times == resumed.sim_times
+    assert whole.history == resumed.history
     # the plans saw the same times
     assert resumed.strategy.sampler.seen_times == whole.strategy.sampler.seen_times[2:]
     strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
     assert strip == [
         {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
     ]
+    # the per-client trace too: simulated times, deadline failures, specs, charges
+    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
+    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
+    assert {r["failure"] for r in trace} == {None, "deadline"}
+    assert all(r["sim"]["total_s"] > 0 for r in trace if r["sampled"])
     assert any(r["failed"] for r in strip)  # the deadline bit at least once
 
 

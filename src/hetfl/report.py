@@ -6,6 +6,13 @@ with its `-s<seed>` part removed, so `fedavg-s0` and `fedavg-s1` form one row.
 `select_by_validation` picks, for each algorithm, one swept setting by validation accuracy
 (`hetfl compare --select val_acc`), so that the test metrics reported for it were not used
 to choose it.
+
+Beside the mean local accuracy, the table shows how it spreads over clients (`spread`), read
+from each run's per-client trace `clients.jsonl` at the last round that evaluated clients
+locally: the worst decile (the mean of the lowest ceil(n/10) of the n clients' local
+accuracies) and the standard deviation over those clients (population: the clients
+evaluated are the whole population reported), for all clients and per local-evaluation
+group. Runs without a trace (written before it existed, or with `local_eval: none`) show "-".
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,8 @@ class RunRecord:
     seed: int | None
     summary: dict[str, Any]
     rows: list[dict[str, Any]]
+    #: The per-client trace (`clients.jsonl`); empty for runs written before it existed.
+    clients: list[dict[str, Any]] = field(default_factory=list)
 
 
 def load_run(path: Path) -> RunRecord:
@@ -39,9 +48,8 @@ def load_run(path: Path) -> RunRecord:
         raise FileNotFoundError(f"{path} is not a finished run (no summary.json)")
     summary = json.loads(summary_path.read_text())
     group = _SEED.sub("", path.name, count=1) if _SEED.search(path.name) else path.name
-    return RunRecord(
-        path, group, summary.get("seed"), summary, read_metrics(path / "metrics.jsonl")
-    )
+    metrics, clients = read_metrics(path / "metrics.jsonl"), read_metrics(path / "clients.jsonl")
+    return RunRecord(path, group, summary.get("seed"), summary, metrics, clients)
 
 
 def find_runs(paths: Sequence[Path]) -> list[RunRecord]:
@@ -64,6 +72,54 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return mean, sd
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How local accuracy spreads over `n` clients: the mean of the worst decile (the
+    lowest ceil(n/10) accuracies) and the population standard deviation."""
+
+    worst_decile: float
+    sd: float
+    n: int
+
+
+def spread(accs: Sequence[float]) -> Spread:
+    """The `Spread` of some clients' local accuracies (at least one)."""
+    k = math.ceil(len(accs) / 10)
+    return Spread(statistics.fmean(sorted(accs)[:k]), statistics.pstdev(accs), len(accs))
+
+
+def final_spreads(clients: Sequence[Mapping[str, Any]]) -> dict[str | None, Spread]:
+    """The spread of local accuracies at the last round of the trace `clients` that
+    evaluated any client locally: over every evaluated client (key None), and per
+    local-evaluation group (the rows' `group`). Empty when no round did."""
+    scored = [r for r in clients if r.get("local_acc") is not None]
+    if not scored:
+        return {}
+    last = max(r["round"] for r in scored)
+    at_last = [r for r in scored if r["round"] == last]
+    by_group: dict[str | None, list[float]] = {None: [r["local_acc"] for r in at_last]}
+    for r in at_last:
+        if r.get("group") is not None:
+            by_group.setdefault(r["group"], []).append(r["local_acc"])
+    return {g: spread(accs) for g, accs in by_group.items()}
+
+
+def _spread_columns(members: Sequence[RunRecord]) -> dict[str, str]:
+    """`local_acc worst 10%` and `local_acc client sd` of each run's final evaluated round
+    (mean ± sd over seeds), for all clients, then per local-evaluation group."""
+    spreads = [final_spreads(m.clients) for m in members]
+    groups = sorted({g for s in spreads for g in s if g is not None}, reverse=True)
+    columns = {}
+    for g in [None, *groups]:
+        suffix = "" if g is None else f" {g}"
+        picked = [s.get(g) for s in spreads]
+        worst = [None if p is None else p.worst_decile for p in picked]
+        sds = [None if p is None else p.sd for p in picked]
+        columns[f"local_acc worst 10%{suffix}"] = _fmt(worst)
+        columns[f"local_acc client sd{suffix}"] = _fmt(sds)
+    return columns
 
 
 def _fmt(values: Sequence[float | None], scale: float = 1.0, digits: int = 4) -> str:
@@ -89,6 +145,7 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             "final global_acc": _fmt([f.get("global_acc") for f in final]),
             "best global_acc": _fmt([b.get("global_acc") for b in best]),
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
+            **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
                 [(f.get("bytes_down") or 0) + (f.get("bytes_up") or 0) for f in final], 1e-6, 1

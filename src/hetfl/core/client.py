@@ -33,6 +33,7 @@ from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.local.terms import mask_logits
 from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.rng import sibling_generator, torch_generator
+from hetfl.core.roles import tensor_roles
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (
@@ -227,8 +228,8 @@ class ClientProgram:
         channel: Channel | None = None,
     ) -> ClientOutput:
         """Train on `task`. `info` is the client's `ClientInfo` as the engine holds it (its
-        declared attributes and, with device profiles, its `sim_times` from the last round
-        it trained) and reaches the parts as `ctx.info`; it is required so that no engine
+        declared attributes and, with device profiles, its `history` from the last round it
+        trained) and reaches the parts as `ctx.info`; it is required so that no engine
         can hand the parts a bare `data.info()`. `channel`, given by engines that run the
         strategy's server program, reaches the parts as `ctx.channel`."""
         template = self.models.model_for(task.spec)
@@ -245,6 +246,7 @@ class ClientProgram:
             params=params,
             buffers=buffers,
             channel=channel,
+            roles=tensor_roles(template),
         )
         with dropout_masks(template, sibling_generator(generator, "dropout", self.device)):
             stats = train_local(template, data, self.recipe, ctx, dict(private))

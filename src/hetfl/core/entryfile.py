@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-State = dict[str, torch.Tensor]
+from hetfl.core.state import State
 
 _LENGTH = struct.Struct("<Q")
 

@@ -7,6 +7,11 @@ and label-split aggregation (HeteroFL's head rows) need the first two sets; FedA
 singular-value thresholding needs the third (`linear_weight`). A normalisation layer is
 any PyTorch norm module or a module declaring `hetfl_role = "norm"`; the head is the
 module a model exposes as `model.head` (every HetFL model does).
+
+Other roles are declared the same way (`tensor_roles`): a module's `hetfl_role` gives every
+tensor under it that role, its `hetfl_tensor_roles` (own tensor name -> role) gives it to
+some of them. FLANC's composed layers declare their shared basis `{"basis": "basis"}`,
+which its orthogonality penalty looks for.
 """
 
 from __future__ import annotations
@@ -47,6 +52,20 @@ def linear_weight(model: nn.Module) -> str | None:
     dot = f"{prefix}." if prefix else ""
     owned = {dot + n for n, _ in layer.named_parameters()}
     return dot + "weight" if owned == {n for n, _ in model.named_parameters()} else None
+
+
+def tensor_roles(model: nn.Module) -> dict[str, str]:
+    """The role each declared tensor of `model` has, by state name (see the module
+    docstring); tensors whose module declares nothing are not listed."""
+    roles: dict[str, str] = {}
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        role = getattr(module, "hetfl_role", None)
+        if role is not None:
+            roles.update((name, role) for name in _own_state_names(prefix, module))
+        for own, own_role in getattr(module, "hetfl_tensor_roles", {}).items():
+            roles[dot + own] = own_role
+    return roles
 
 
 def _own_state_names(prefix: str, module: nn.Module) -> set[str]:

@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 import torch
 
-State = dict[str, torch.Tensor]
+from hetfl.core.state import State
+
 ServerOptKind = Literal["sgd", "adagrad", "adam", "yogi"]
 KINDS: tuple[str, ...] = ("sgd", "adagrad", "adam", "yogi")
 

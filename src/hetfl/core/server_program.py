@@ -9,13 +9,15 @@ and the engine runs:
     per task: session = program.open(task, private)   private = that client's kept server state
               client loop: parts call ctx.send(z, y) -> gradient or None, every batch
               result = session.close() -> ServerResult (tensors, passes, kept state)
-    engine -> strategy.aggregate(round, state, results, failures, server_results=[...])
+    engine -> strategy.aggregate(round, state, TrainedRound(trained, failures, server_results))
 
 The `Channel` is the client's end of that exchange. It copies what crosses it (the server
 never shares autograd graphs or storage with the client, as over a network), counts the
 bytes of activations and labels sent up and of gradients sent down, and measures the time
 the server spent. Activations are never collected as one payload: they cross per batch.
 
+`ServerProgram` and `ServerSession` are protocols: a method's server side is any object with
+their methods. `ServerResult`, the plain data a session returns, is in `hetfl.core.types`.
 `ServerProgram.parallel` declares how the two sides overlap in time, for the simulated
 clock: True when the server trains while the client goes on (DTFL: the round takes the
 longer of the two sides), False when the client waits for each answer (SplitFed: the sides
@@ -25,57 +27,40 @@ add up).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from hetfl.core.state import state_bytes
-from hetfl.core.types import ClientTask, PassRecord, Problem, State
+from hetfl.core.state import State, state_bytes
+from hetfl.core.types import ClientTask, Problem, ServerResult
 
 
-@dataclass
-class ServerResult:
-    """What one client's server side produced this round.
-
-    `tensors` are the trained server-side tensors (named as the strategy's server-side map
-    expects); `passes` the server's training passes, priced like a client's, over inputs of
-    `input_shape` (one activation, without the batch dimension); `private` what the server
-    keeps for this client until its next round (optimiser state of a persistent copy).
-    Results of clients that failed are dropped by the engine, like their client results.
-    """
-
-    cid: int
-    tensors: State
-    passes: list[PassRecord] = field(default_factory=list)
-    input_shape: tuple[int, ...] = ()
-    private: State = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class ServerSession:
-    """One client's server side for one round; the strategy subclasses it."""
+class ServerSession(Protocol):
+    """One client's server side for one round."""
 
     def batch(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Take one batch of activations `z` (a leaf copy) and labels `y`; return the
         gradient of the loss with respect to `z` (SplitFed) or None (DTFL)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement batch")
+        ...
 
     def close(self) -> ServerResult:
         """End the round: the trained server-side tensors and the passes run."""
-        raise NotImplementedError(f"{type(self).__name__} must implement close")
+        ...
 
 
-class ServerProgram:
-    """Opens a session per client; the strategy subclasses it and sets `parallel`."""
+class ServerProgram(Protocol):
+    """Opens a session per client.
 
-    #: True: the server side runs alongside the client's computation (DTFL, Eq. 5);
-    #: False: the client waits for every answer (SplitFed).
-    parallel: bool = False
+    `parallel` is True when the server side runs alongside the client's computation (DTFL,
+    Eq. 5), False when the client waits for every answer (SplitFed)."""
+
+    parallel: bool
 
     def open(self, task: ClientTask, private: State) -> ServerSession:
         """A session for `task`'s client; `private` is what the server kept for it (empty
         before its first round)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement open")
+        ...
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 
 from hetfl.core.spec import Index, IndexMap, MapEntry, first_entries, selected_shape
 
+#: Named tensors: the global state, a payload, a client's model (defined here, once).
 State = dict[str, torch.Tensor]
 Fill = Literal["keep", "zero"]
 

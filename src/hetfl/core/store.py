@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 from hetfl.core.entryfile import Entries, SpillSegment
-
-State = dict[str, torch.Tensor]
+from hetfl.core.state import State
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,13 @@ The strategy's parts:
 - evaluation parts (`hetfl.core.evaluation`): the models tested globally, each client's
   local task;
 - optionally a server side for split learning (`ServerSide`), declared global tensors,
-  a description for the run summary and an observer of metrics rows.
+  a description for the run summary, an observer of metrics rows and the fields it declares
+  per client for the per-client trace (`trace_fields`: a tier, a group).
 
 The global state flows through the round; the engine holds it and writes no attribute of
-the strategy. Engines (the simulator, the Flower adapter) call these verbs:
+the strategy, and the strategy keeps nothing between `plan` and `aggregate`: what
+aggregation needs of the plan comes back in the tasks of `TrainedRound`. Engines (the
+simulator, the Flower adapter) call these verbs:
 
 0. `setup(clients, generator, rounds)` -> the initial global state.
 1. `plan(round, state, available, rng)` -> tasks. `available` holds the clients the engine
@@ -29,13 +32,14 @@ the strategy. Engines (the simulator, the Flower adapter) call these verbs:
 2. the engine runs each task's client program and validates its result against the task's
    index map (names, shapes, finiteness); invalid results and clients that raised become
    `Failure`s.
-3. `aggregate(round, state, results, failures)` -> the new global state. `results` holds
-   every valid result at once, sorted by client id, so norms across clients and robust
-   rules are possible; without results the state comes back unchanged. In rounds where
-   `server_program(round, state, tasks)` returned a program (split learning,
-   `hetfl.core.server_program`), the engine ran one server session per client alongside
-   its training and adds the keyword `server_results=` (the valid clients'
-   `ServerResult`s, sorted by client id).
+3. `aggregate(round, state, trained)` -> the new global state. `trained` (a
+   `TrainedRound`) holds every valid result at once with the task it answered, sorted by
+   client id, so norms across clients and robust rules are possible, and each result is
+   written through the index map its task carried; without results the state comes back
+   unchanged. In rounds where `server_program(round, state, tasks)` returned a program
+   (split learning, `hetfl.core.server_program`), the engine ran one server session per
+   client alongside its training, and `trained.server_results` holds the valid clients'
+   `ServerResult`s in the same order (None in other rounds).
 4. every k rounds, `eval_models(state)` names the models to test on the global test set,
    and `eval_task(info, state, evaluated)` the client-side evaluation of a client's model
    with its private layers on its local test split (`evaluated`: the models just tested,
@@ -57,7 +61,7 @@ from hetfl.core.declared import DeclaredTensor, build_declared
 from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
 from hetfl.core.maps import MapTransform
-from hetfl.core.server_program import ServerProgram, ServerResult
+from hetfl.core.server_program import ServerProgram
 from hetfl.core.server_update import (
     Contribution,
     RoundResults,
@@ -69,13 +73,13 @@ from hetfl.core.state import Accumulator, ReducerFactory, extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientInfo,
-    ClientResult,
     ClientTask,
     EvalModel,
     EvalTask,
-    Failure,
     ModelFamily,
+    ServerResult,
     State,
+    TrainedRound,
 )
 from hetfl.core.weighting import Scaling, Weighting
 
@@ -90,6 +94,11 @@ class ServerSide(Protocol):
     ) -> ServerProgram | None: ...
 
     def index_map(self, served: ServerResult) -> IndexMap: ...
+
+
+#: `(info, task this round or None) -> {name: scalar}`: a method's fields for a client's
+#: row of the per-client trace (`Strategy.trace_fields`).
+TraceFields = Callable[[ClientInfo, ClientTask | None], Mapping[str, Any]]
 
 
 @runtime_checkable
@@ -124,6 +133,7 @@ class Strategy:
         server_side: ServerSide | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
         observer: Callable[[int, Mapping[str, Any]], None] | None = None,
+        trace_fields: TraceFields | None = None,
     ) -> None:
         """`train`: the run's local-training settings, with their lr schedule."""
         if not isinstance(train, LocalTraining):
@@ -141,11 +151,11 @@ class Strategy:
         self.declared = tuple(declared)
         self.server_side = server_side
         self._describe, self._observer = describe, observer
+        self._trace_fields = trace_fields
         self.rounds: int | None = None
         self._layout: Layout | None = None
         self._parameter_names: list[str] | None = None
         self._state_names: list[str] = []
-        self._planned: dict[int, ClientTask] = {}
 
     # -- set-up -----------------------------------------------------------------------
     def setup(
@@ -270,8 +280,8 @@ class Strategy:
         available: Sequence[ClientInfo],
         rng: torch.Generator,
     ) -> list[ClientTask]:
-        """Tasks for the sampled clients; each is remembered so that `aggregate` writes a
-        result through exactly the map its client was given."""
+        """Tasks for the sampled clients. The engine hands each back to `aggregate` with its
+        client's result, which is written through exactly the map the task carries."""
         tasks = []
         sampled = self.sampler.sample(round, available, rng)
         for info, spec in zip(
@@ -287,37 +297,25 @@ class Strategy:
                     config=self.task_config(round, info),
                 )
             )
-        self._planned = {t.cid: t for t in tasks}
         return tasks
 
-    def result_map(self, result: ClientResult) -> IndexMap:
-        """The map a result is written through: the one its task was planned with."""
-        task = self._planned.get(result.cid)
-        if task is None:
-            raise KeyError(f"client {result.cid} returned a result but was not planned this round")
-        return task.index_map
-
-    def aggregate(
-        self,
-        round: int,
-        state: State,
-        results: Sequence[ClientResult],
-        failures: Sequence[Failure],
-        server_results: Sequence[ServerResult] = (),
-    ) -> State:
-        """The new global state: the results reduced through their maps with their weights
-        (fill "keep"), then the server update. Unchanged without results."""
-        if not results:
+    def aggregate(self, round: int, state: State, trained: TrainedRound) -> State:
+        """The new global state: each result reduced through its task's map with its weight
+        (fill "keep"), with its server session's tensors in split learning, then the server
+        update. Unchanged without results."""
+        if not trained.trained:
             return dict(state)
-        maps = [self.result_map(r) for r in results]
+        results = trained.results
+        maps = [t.task.index_map for t in trained.trained]
         weights = [self.weighting(r) for r in results]
-        served = {s.cid: s for s in server_results}
+        served: Sequence[ServerResult | None] = (
+            [None] * len(results) if trained.server_results is None else trained.server_results
+        )
         contributions = []
-        for r, imap, w in zip(results, maps, weights, strict=True):
+        for r, imap, w, s in zip(results, maps, weights, served, strict=True):
             scale = None if self.scaling is None else self.scaling(r, imap)
             contributions.append(Contribution(r.tensors, imap, w, scale))
-            if r.cid in served and self.server_side is not None:
-                s = served[r.cid]
+            if s is not None and self.server_side is not None:
                 contributions.append(Contribution(s.tensors, self.server_side.index_map(s), w))
         average = reduce(self.reducer, state, contributions, fill="keep")
         done = RoundResults(results, maps, weights, self.parameter_names(), self.reducer)
@@ -362,6 +360,12 @@ class Strategy:
         anything an observer changes must be part of a part's `extra_state`."""
         if self._observer is not None:
             self._observer(round, row)
+
+    def trace_fields(self, info: ClientInfo, task: ClientTask | None) -> Mapping[str, Any]:
+        """What this method declares about client `info` for its row of the per-client
+        trace (`clients.jsonl`, `hetfl.engine.trace`): scalars by name, e.g. a tier. `task`
+        is its task this round, or None when it is only evaluated. Default: nothing."""
+        return {} if self._trace_fields is None else self._trace_fields(info, task)
 
     # -- checkpoints --------------------------------------------------------------------
     def _stateful_parts(self) -> list[Stateful]:

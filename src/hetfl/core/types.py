@@ -3,7 +3,7 @@
 These are the words of the round protocol (see `hetfl.core.strategy`):
 
     engine -> [ClientInfo] -> strategy.plan -> [ClientTask] -> client program -> ClientResult
-    engine -> strategy.aggregate(round, state, [ClientResult], [Failure]) -> new global state
+    engine -> strategy.aggregate(round, state, TrainedRound) -> new global state
     engine -> strategy.eval_models(state) -> [EvalModel]
 
 Everything here is a plain dataclass of tensors, numbers and strings, so that an engine
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -23,17 +23,17 @@ from torch import nn
 from hetfl.core.augment import Augmentation
 from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.spec import IndexMap, Spec
+from hetfl.core.state import State
 from hetfl.core.training import LocalTraining
-
-State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class ClientInfo:
     """What the server may know about a client before asking it to train.
 
-    `attrs` holds what the client declared (a chosen architecture, a device tier) and what
-    the engine measured (its simulated times last round, under `"sim_times"`).
+    `attrs` holds what the client declared (a chosen architecture, a device capacity).
+    `history` is what the engine measured: under device profiles, the client's simulated
+    times in the last round it trained (None before it has trained, and without profiles).
     """
 
     cid: int
@@ -41,6 +41,7 @@ class ClientInfo:
     input_shape: tuple[int, ...]
     labels: tuple[int, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    history: ClientTimes | None = None
 
 
 @dataclass
@@ -109,8 +110,8 @@ class ClientResult:
 class ClientTimes:
     """A client's simulated times in the last round it trained, under its device profile.
 
-    Engines with device profiles put it in `ClientInfo.attrs["sim_times"]` for the next
-    `plan` (DTFL's tier scheduler builds its history from it). `compute_s` is local
+    Engines with device profiles put it in `ClientInfo.history` for the next `plan` (DTFL's
+    tier scheduler builds its history from it). `compute_s` is local
     training, `server_s` its server program's side (0 without one), `down_s`/`up_s` the
     transfers at the link rates `down_mbps`/`up_mbps`; `total_s` combines them as the
     server program declared (`parallel`: comm + max(compute, server), else comm + compute +
@@ -136,6 +137,26 @@ class ClientTimes:
     @property
     def comm_s(self) -> float:
         return self.down_s + self.up_s
+
+
+@dataclass
+class ServerResult:
+    """What one client's server side produced this round (split learning,
+    `hetfl.core.server_program`).
+
+    `tensors` are the trained server-side tensors (named as the strategy's server-side map
+    expects); `passes` the server's training passes, priced like a client's, over inputs of
+    `input_shape` (one activation, without the batch dimension); `private` what the server
+    keeps for this client until its next round (optimiser state of a persistent copy).
+    Results of clients that failed are dropped by the engine, like their client results.
+    """
+
+    cid: int
+    tensors: State
+    passes: list[PassRecord] = field(default_factory=list)
+    input_shape: tuple[int, ...] = ()
+    private: State = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -179,6 +200,48 @@ class Failure:
     @classmethod
     def of(cls, cid: int, problem: Problem) -> Failure:
         return cls(cid, problem.detail, problem.kind)
+
+
+class Trained(NamedTuple):
+    """A valid result with the task it answered: aggregation writes the result through the
+    task's index map, the one its client was given."""
+
+    task: ClientTask
+    result: ClientResult
+
+
+@dataclass(frozen=True)
+class TrainedRound:
+    """What a round's training hands to `Strategy.aggregate`: every valid result with its
+    task, in client-id order; the clients whose result was excluded (`failures`); and, in a
+    round with a server program (split learning), the valid clients' `ServerResult`s in the
+    same order, one per trained client (None in rounds without one).
+
+    An engine builds it; the checks below catch an engine that pairs or orders them wrongly.
+    """
+
+    trained: tuple[Trained, ...] = ()
+    failures: tuple[Failure, ...] = ()
+    server_results: tuple[ServerResult, ...] | None = None
+
+    def __post_init__(self) -> None:
+        cids = [t.task.cid for t in self.trained]
+        if cids != sorted(set(cids)):
+            raise ValueError(f"trained clients must be distinct and in id order, got {cids}")
+        paired = [(t.task.cid, t.result.cid) for t in self.trained]
+        mismatched = [(task, result) for task, result in paired if task != result]
+        if mismatched:
+            raise ValueError(f"results paired with another client's task: {mismatched}")
+        if self.server_results is not None and [s.cid for s in self.server_results] != cids:
+            raise ValueError(
+                f"server results for clients {[s.cid for s in self.server_results]}, "
+                f"trained clients {cids}: one server result per trained client, in order"
+            )
+
+    @property
+    def results(self) -> list[ClientResult]:
+        """The valid results, in client-id order."""
+        return [t.result for t in self.trained]
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The server side under Flower: the HetFL round loop on a Flower `Grid`.
 
-This is the second engine of DESIGN.md, beside the simulator: the same strategy verbs in
+This is the second engine, beside the simulator (docs/deploy.md): the same strategy verbs in
 the same order, with clients reached through Flower messages instead of function calls.
 Both engines run the round template `hetfl.engine.rounds.RoundLoop` (costs, result
 checks, evaluation and metrics rows through `hetfl.engine.steps`), so both write the same
@@ -31,6 +31,8 @@ What differs from the simulator, and why:
   with these statistics already applied; the node only applies its label mask.
 - Methods with a server program (split learning) need a per-batch exchange this adapter
   does not have: they are refused up front.
+- The per-client trace (`clients.jsonl`) has the simulator's rows, with `sim` null: rounds
+  take real time here, and no simulated clock runs.
 """
 
 from __future__ import annotations
@@ -310,14 +312,14 @@ class FlowerServer(RoundLoop):
         messages: dict[int, Message] = {}
         by_cid = {t.cid: t for t in tasks}
         for task in sorted(tasks, key=lambda t: t.cid):
-            self.counters.bytes_down += state_bytes(task.payload)
+            outcome.charge(task.cid, bytes_down=state_bytes(task.payload))
             request = {"config": self.config_text, "round": rnd, "task": task}
             messages[task.cid] = Message(
                 to_content(request), self.node_of[task.cid], TRAIN, ttl=timeout, group_id=str(rnd)
             )
         replies = self._exchange(messages, timeout)
         for cid in sorted(messages):
-            result = self._result_of(by_cid[cid], replies.get(cid))
+            result = self._result_of(by_cid[cid], replies.get(cid), outcome)
             if isinstance(result, Problem):
                 outcome.failures.append(Failure.of(cid, result))
                 self.progress.message(f"warning: client {cid} excluded in round {rnd}: {result}")
@@ -326,8 +328,11 @@ class FlowerServer(RoundLoop):
             outcome.results.append(result)
         return outcome
 
-    def _result_of(self, task: ClientTask, reply: Message | None) -> ClientResult | Problem:
-        """A reply's result, counted and checked like the simulator's, or why it is excluded."""
+    def _result_of(
+        self, task: ClientTask, reply: Message | None, outcome: RoundOutcome
+    ) -> ClientResult | Problem:
+        """A reply's result, charged to `outcome` and checked like the simulator's, or why
+        it is excluded."""
         timeout = self.deploy.round_timeout_s
         answer, problem = self._answer(
             reply, ("result",), missing=f"no reply within deploy.round_timeout_s = {timeout:g} s"
@@ -338,7 +343,7 @@ class FlowerServer(RoundLoop):
         if not isinstance(result, ClientResult):
             return Problem("invalid", "malformed reply: no ClientResult")
         input_shape = self.infos[task.cid].input_shape
-        invalid = charge_result(self.counters, self.macs, task, result, input_shape)
+        invalid = charge_result(outcome, self.macs, task, result, input_shape)
         return result if invalid is None else invalid
 
     @staticmethod
@@ -432,7 +437,8 @@ class FlowerServer(RoundLoop):
                 )
             elif answer["n"] > 0:
                 n = answer["n"]
-                scores.append(LocalScore(answer["correct"] / n, answer["loss"] / n, tasks[c].group))
+                acc, loss = answer["correct"] / n, answer["loss"] / n
+                scores.append(LocalScore(c, acc, loss, tasks[c].group))
         return scores
 
     # -- checkpoints (server state only: private state stays on the nodes) ---------------

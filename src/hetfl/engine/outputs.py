@@ -1,7 +1,9 @@
-"""The run-output contract: `metrics.jsonl` rows and `summary.json` (DESIGN.md "Run outputs").
+"""The run-output contract (docs/contracts.md §1.7): `metrics.jsonl` rows and `summary.json`;
+the per-client trace `clients.jsonl` is `hetfl.engine.trace`'s.
 
 Every row has every key of `ROW_KEYS` (null where it does not apply), so other tools can
-read any run without knowing its method.
+read any run without knowing its method. Both files of rows are `JsonLines`: appended as
+rounds end, cleared on a fresh start, cut back to the checkpoint's round on resume.
 """
 
 from __future__ import annotations
@@ -65,37 +67,60 @@ class RowSink(Protocol):
         """Flush and release what the sink holds open."""
 
 
-class MetricsLog:
-    """Append-only `metrics.jsonl`, truncated to a checkpoint's round on resume; every
-    `sinks` entry receives the same rows and the same truncation."""
+class JsonLines:
+    """An append-only file of JSON rows, each with a `round`: appended as rounds end,
+    removed on a fresh start, cut back to a checkpoint's round on resume."""
 
-    def __init__(self, path: Path, sinks: Sequence[RowSink] = ()) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.sinks = tuple(sinks)
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Add rows, flushed at once (a run killed later keeps them)."""
         with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write("".join(json.dumps(row) + "\n" for row in rows))
             fh.flush()
-        for sink in self.sinks:
-            sink.append(row)
 
     def read(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
 
     def clear(self) -> None:
-        """A fresh start: no rows, here or in any sink."""
         self.path.unlink(missing_ok=True)
-        for sink in self.sinks:
-            sink.rewrite([])
 
     def truncate(self, last_round: int) -> list[dict[str, Any]]:
-        """Keep rows up to `last_round` (a partial last line from a crash is dropped); the
-        sinks are rewritten from the kept rows."""
+        """Keep rows up to `last_round` (a partial last line from a crash is dropped)."""
         rows = [r for r in self.read() if r["round"] <= last_round]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(self.path)
+        return rows
+
+
+class MetricsLog:
+    """`metrics.jsonl` (`JsonLines`, truncated to a checkpoint's round on resume); every
+    `sinks` entry receives the same rows and the same truncation."""
+
+    def __init__(self, path: Path, sinks: Sequence[RowSink] = ()) -> None:
+        self.path = path
+        self.lines = JsonLines(path)
+        self.sinks = tuple(sinks)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.lines.append([row])
+        for sink in self.sinks:
+            sink.append(row)
+
+    def read(self) -> list[dict[str, Any]]:
+        return self.lines.read()
+
+    def clear(self) -> None:
+        """A fresh start: no rows, here or in any sink."""
+        self.lines.clear()
+        for sink in self.sinks:
+            sink.rewrite([])
+
+    def truncate(self, last_round: int) -> list[dict[str, Any]]:
+        """Keep rows up to `last_round`; the sinks are rewritten from the kept rows."""
+        rows = self.lines.truncate(last_round)
         for sink in self.sinks:
             sink.rewrite(rows)
         return rows

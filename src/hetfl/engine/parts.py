@@ -2,7 +2,7 @@
 
 The engines (`hetfl.sim`, `hetfl.deploy`) take these pieces, never a config: the face
 (`hetfl.assembly.build_parts`) takes the validated config apart into them, so the engines
-know nothing of the config's layout (DESIGN.md "Layers").
+know nothing of the config's layout (docs/contracts.md, "Layers").
 """
 
 from __future__ import annotations

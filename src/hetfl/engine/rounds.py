@@ -1,12 +1,13 @@
 """The round loop both engines run: one template, with hooks for how clients are reached.
 
-`RoundLoop.run` is the orchestration loop of DESIGN.md "Data flow of one round", written
+`RoundLoop.run` is the orchestration loop of one round (docs/contracts.md §1.1), written
 once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 `hetfl.deploy.server.FlowerServer`) subclasses it and supplies only what is really its own:
 
 - `known_clients()`: the clients the strategy is set up with;
 - `available(rnd)`: whom the strategy may plan for this round;
-- `train(rnd, tasks)`: send the tasks, collect checked results and failures, charge costs;
+- `train(rnd, tasks)`: send the tasks, collect checked results and failures, charge each
+  client its costs;
 - `after_training(outcome)`: anything due once the round's results are aggregated (the
   simulator advances its clock here);
 - `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
@@ -17,14 +18,15 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
   own checkpoint entries, and whether it can continue a given checkpoint.
 
 Everything else (plan, aggregate, evaluate, record, observe, progress, checkpoint, resume)
-is here, in one order, so both engines write the same `metrics.jsonl` and `summary.json`.
+is here, in one order, so both engines write the same `metrics.jsonl`, `clients.jsonl`
+(the per-client trace, `hetfl.engine.trace`) and `summary.json`.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,7 +42,7 @@ from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
-from hetfl.engine.outputs import MetricsLog, RowSink, Target, summarise, write_json
+from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, Target, summarise, write_json
 from hetfl.engine.progress import Progress
 from hetfl.engine.steps import (
     Counters,
@@ -53,6 +55,7 @@ from hetfl.engine.steps import (
     mean_local_scores,
     metrics_row,
 )
+from hetfl.engine.trace import Scalar, TracedProgram, checked_fields, trace_rows
 from hetfl.systems.costs import MacCounter
 from hetfl.systems.profiles import SystemSettings
 
@@ -132,6 +135,7 @@ class RoundLoop(ABC):
         self.counters = Counters()
         self.macs = MacCounter(programs.family)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", sinks)
+        self.trace = JsonLines(self.run_dir / "clients.jsonl")
         #: The global state: the engine holds it and passes it through the strategy's verbs.
         self.state: State = {}
         system = settings.system
@@ -165,23 +169,21 @@ class RoundLoop(ABC):
                 self.counters.count_round(outcome)
                 if outcome.failures and not outcome.results:
                     self.progress.message(every_client_failed(rnd, outcome))
-                # Step 3: aggregate -- all valid results at once, sorted by client id.
-                split = (
-                    {}
-                    if outcome.server_results is None
-                    else {"server_results": outcome.server_results}
-                )
-                self.state = self.strategy.aggregate(
-                    rnd, self.state, outcome.results, outcome.failures, **split
-                )
+                # Step 3: aggregate -- all valid results at once with their tasks, by client id.
+                trained = outcome.trained_round(tasks)
+                self.state = self.strategy.aggregate(rnd, self.state, trained)
                 self.after_training(outcome)
                 # Step 4: evaluate and record.
-                row = self.evaluate(rnd, outcome) if self.settings.is_eval_round(rnd) else None
+                row: dict[str, Any] | None = None
+                local: list[LocalScore] = []
+                if self.settings.is_eval_round(rnd):
+                    row, local = self.evaluate(rnd, outcome)
                 self.counters.wall_time_s += time.perf_counter() - started
                 if row is not None:
                     row["wall_time_s"] = round(self.counters.wall_time_s, 3)
                     self.metrics.append(row)
                     self.strategy.observe(rnd, row)
+                self.trace.append(trace_rows(rnd, tasks, outcome, local, self._fields_of()))
                 self.progress.round(rnd, row)
                 # Step 5: checkpoint.
                 if self.settings.is_checkpoint_round(rnd):
@@ -200,9 +202,10 @@ class RoundLoop(ABC):
         write_json(self.run_dir / "summary.json", summary)
         return summary
 
-    def evaluate(self, rnd: int, outcome: RoundOutcome) -> dict[str, Any]:
+    def evaluate(self, rnd: int, outcome: RoundOutcome) -> tuple[dict[str, Any], list[LocalScore]]:
         """The round's metrics row (without `wall_time_s`): the strategy's models on the
-        global test set, then local accuracies unless `local_eval` is "none".
+        global test set, then local accuracies unless `local_eval` is "none"; and each
+        locally evaluated client's score on its test split, for the trace.
 
         `val_acc`/`val_loss` score the model `global_acc` scores, on the pooled validation
         samples; a method without a global model (private layers) is scored as `local_acc`
@@ -218,6 +221,7 @@ class RoundLoop(ABC):
             self.score,
         )
         local_acc = None
+        local: list[LocalScore] = []
         if self.settings.local_eval != "none":
             local = self.local_scores(rnd, outcome, scores.models)
             local_acc = mean_local_accuracy(local, scores.groups)
@@ -225,7 +229,29 @@ class RoundLoop(ABC):
                 scores.val_acc, scores.val_loss = mean_local_scores(
                     self.local_scores(rnd, outcome, scores.models, "validation")
                 )
-        return metrics_row(rnd, outcome, scores, local_acc, self.counters, self.sim_time_s())
+        row = metrics_row(rnd, outcome, scores, local_acc, self.counters, self.sim_time_s())
+        return row, local
+
+    def _fields_of(self) -> Callable[[int, ClientTask | None], dict[str, Scalar]]:
+        """A client's declared trace fields: the strategy's (`Strategy.trace_fields`), then
+        its client program's (`TracedProgram`); a name declared by both is an error."""
+        infos = {info.cid: info for info in self.known_clients()}
+
+        def fields_of(cid: int, task: ClientTask | None) -> dict[str, Scalar]:
+            fields = checked_fields(self.strategy.trace_fields(infos[cid], task), "the strategy")
+            program = self.programs.program_for(cid)
+            if isinstance(program, TracedProgram):
+                own = checked_fields(program.trace_fields(), f"client {cid}'s program")
+                clash = sorted(own.keys() & fields.keys())
+                if clash:
+                    raise ValueError(
+                        f"trace fields {clash} of client {cid} are declared by both the "
+                        "strategy and its client program; rename one"
+                    )
+                fields.update(own)
+            return fields
+
+        return fields_of
 
     # -- the engine's hooks -------------------------------------------------------------
     @abstractmethod
@@ -238,7 +264,8 @@ class RoundLoop(ABC):
 
     @abstractmethod
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
-        """Run the tasks; every valid result in client id order, costs charged."""
+        """Run the tasks; every valid result in client id order, each asked client's
+        costs charged to it (`RoundOutcome.charge`; the loop adds them to the counters)."""
 
     @abstractmethod
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
@@ -287,6 +314,7 @@ class RoundLoop(ABC):
 
     def _fresh_start(self) -> int:
         self.metrics.clear()
+        self.trace.clear()
         return 1
 
     def _checkpoint(self, rnd: int) -> None:
@@ -314,5 +342,6 @@ class RoundLoop(ABC):
         self.restore_extras(ckpt)
         self.counters = Counters(**ckpt["counters"])
         self.metrics.truncate(ckpt["round"])
+        self.trace.truncate(ckpt["round"])
         self.progress.message(f"resuming after round {ckpt['round']}")
         return int(ckpt["round"])

@@ -18,7 +18,6 @@ from torch import nn
 
 from hetfl.core.client import ModelCache
 from hetfl.core.pixels import PixelNorm
-from hetfl.core.server_program import ServerResult
 from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
@@ -30,7 +29,10 @@ from hetfl.core.types import (
     EvalModel,
     Failure,
     Problem,
+    ServerResult,
     State,
+    Trained,
+    TrainedRound,
 )
 from hetfl.core.validate import result_problem
 from hetfl.engine.outputs import make_row
@@ -55,21 +57,56 @@ class Counters:
     rounds_aggregated: int = 0
 
     def count_round(self, outcome: RoundOutcome) -> None:
-        """Add a trained round's failures and whether it aggregated anything."""
+        """Add a trained round's charges, its failures and whether it aggregated anything."""
+        for charge in outcome.charges.values():
+            self.bytes_down += charge.bytes_down
+            self.bytes_up += charge.bytes_up
+            self.macs += charge.macs
         for kind, n in Counter(f.kind for f in outcome.failures).items():
             self.failures[kind] = self.failures.get(kind, 0) + n
         self.rounds_aggregated += bool(outcome.results)
 
 
 @dataclass
+class Charge:
+    """What one client cost in one round, as the counters count it (see the simulator's
+    counting conventions, `hetfl.sim.engine`): bytes sent down and up, MACs of training."""
+
+    bytes_down: int = 0
+    bytes_up: int = 0
+    macs: int = 0
+
+
+@dataclass
 class RoundOutcome:
-    """`server_results` is None in rounds without a server program (split learning);
-    `times` holds the simulated times of the clients that returned (device profiles)."""
+    """A round's training as an engine saw it. `results` are the valid results in client-id
+    order; `server_results` is None in rounds without a server program (split learning);
+    `times` holds the simulated times of the clients that returned (device profiles);
+    `charges` what each asked client cost (`charge`), which `Counters.count_round` adds up
+    and the per-client trace reports (`hetfl.engine.trace`)."""
 
     results: list[ClientResult] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     server_results: list[ServerResult] | None = None
     times: dict[int, ClientTimes] = field(default_factory=dict)
+    charges: dict[int, Charge] = field(default_factory=dict)
+
+    def charge(self, cid: int, *, bytes_down: int = 0, bytes_up: int = 0, macs: int = 0) -> None:
+        """Charge client `cid` for what it sent, received or computed this round."""
+        charge = self.charges.setdefault(cid, Charge())
+        charge.bytes_down += bytes_down
+        charge.bytes_up += bytes_up
+        charge.macs += macs
+
+    def trained_round(self, tasks: Sequence[ClientTask]) -> TrainedRound:
+        """The hand-off to `Strategy.aggregate`: each valid result with the task it answered."""
+        by_cid = {t.cid: t for t in tasks}
+        served = self.server_results
+        return TrainedRound(
+            tuple(Trained(by_cid[r.cid], r) for r in self.results),
+            tuple(self.failures),
+            None if served is None else tuple(served),
+        )
 
 
 def every_client_failed(rnd: int, outcome: RoundOutcome) -> str:
@@ -84,19 +121,23 @@ def every_client_failed(rnd: int, outcome: RoundOutcome) -> str:
 
 
 def charge_result(
-    counters: Counters,
+    outcome: RoundOutcome,
     macs: MacCounter,
     task: ClientTask,
     result: ClientResult,
     input_shape: tuple[int, ...],
 ) -> Problem | None:
-    """Count a returned result's upload and training MACs, then check it against its task.
+    """Charge a returned result's upload and training MACs to its client, then check it
+    against its task.
 
-    Both are counted before the check: an invalid result still crossed the network and
+    Both are charged before the check: an invalid result still crossed the network and
     still cost its client the compute. Returns why the result cannot be aggregated, or None.
     """
-    counters.bytes_up += state_bytes(result.tensors)
-    counters.macs += macs.price(result.passes, input_shape)
+    outcome.charge(
+        task.cid,
+        bytes_up=state_bytes(result.tensors),
+        macs=macs.price(result.passes, input_shape),
+    )
     return result_problem(result, task)
 
 
@@ -205,8 +246,9 @@ def _pooled_scores(
 
 
 class LocalScore(NamedTuple):
-    """One client's model evaluated on one of its own splits (`EvalTask.split`)."""
+    """Client `cid`'s model evaluated on one of its own splits (`EvalTask.split`)."""
 
+    cid: int
     acc: float
     loss: float
     group: str | None

@@ -16,14 +16,17 @@ Supplementary §3 computes it in two equivalent ways, both here (`mode`):
   `DecomBlock`): convolve every chunk of the input with V, then mix the G·R2 maps with U as a
   1×1 convolution; cheaper (supplementary eq. 2) and what the cost model then prices.
 
-The parameters are plain `basis` and `coef` (no bias, as the code's `DecomBlock`), so
-that a regulariser finds the banks by name. `S_p/R1` must be an integer.
+The parameters are plain `basis` and `coef` (no bias, as the code's `DecomBlock`); each
+layer declares its `basis` in the role "basis" (`hetfl_tensor_roles`), by which FLANC's
+orthogonality penalty finds the banks (`hetfl.core.roles.tensor_roles`). `S_p/R1` must be
+an integer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +83,9 @@ class ComposedConv2d(nn.Module):
     """A k×k convolution S_p -> T_p composed from `basis` (R2, R1, k, k) and `coef`
     (T_p, (S_p/R1)·R2, 1, 1)."""
 
+    #: `basis` is a shared neural basis (`hetfl.core.roles.tensor_roles`).
+    hetfl_tensor_roles: ClassVar[Mapping[str, str]] = {"basis": "basis"}
+
     def __init__(
         self,
         in_channels: int,
@@ -131,6 +137,9 @@ class ComposedLinear(nn.Module):
     """A matrix S_p -> T_p composed from `basis` (R2, R1) and `coef` (T_p, (S_p/R1)·R2),
     applied to the last dimension of its input. No bias: a model keeps its biases as
     parameters of its own."""
+
+    #: `basis` is a shared neural basis (`hetfl.core.roles.tensor_roles`).
+    hetfl_tensor_roles: ClassVar[Mapping[str, str]] = {"basis": "basis"}
 
     def __init__(
         self,

@@ -17,8 +17,7 @@ are never sent, so never counted.
 
 With device profiles (`RoundSettings.system`), the clock (`hetfl.systems.clock`) turns each
 client's MACs and bytes into seconds, drops clients past the deadline, adds the round's time
-to `sim_time_s` and gives each client's times to the next `plan` in
-`ClientInfo.attrs["sim_times"]`.
+to `sim_time_s` and gives each client's times to the next `plan` in `ClientInfo.history`.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientData,
     ClientInfo,
-    ClientResult,
     ClientTask,
     ClientTimes,
     EvalModel,
@@ -56,6 +54,7 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundLoop, RoundSettings
 from hetfl.engine.statistics import add_bn_statistics, stats_shares
 from hetfl.engine.steps import (
+    Charge,
     LocalScore,
     RoundOutcome,
     charge_result,
@@ -129,7 +128,8 @@ class Simulation(RoundLoop):
             None if system is None else ProfileSchedule(system, settings.seed, [*self.clients])
         )
         self.clock = None if system is None else Clock(system)
-        self.sim_times: dict[int, ClientTimes] = {}
+        #: Each client's times of the last round it trained (device profiles), checkpointed.
+        self.history: dict[int, ClientTimes] = {}
 
     def run(self, resume: bool = False) -> dict[str, Any]:
         """Run (or continue) the experiment, with the run's data placed where the
@@ -201,20 +201,18 @@ class Simulation(RoundLoop):
         """Charge one client's traffic and compute, check its result, clock it, and keep
         a valid result (with its private state); returns why it is excluded, or None."""
         task = ran.task
-        self.counters.bytes_down += state_bytes(task.payload)
+        outcome.charge(task.cid, bytes_down=state_bytes(task.payload))
         if ran.channel is not None:  # it crossed, whether the client failed or not
-            self.counters.bytes_up += ran.channel.bytes_up
-            self.counters.bytes_down += ran.channel.bytes_down
+            channel = ran.channel
+            outcome.charge(task.cid, bytes_down=channel.bytes_down, bytes_up=channel.bytes_up)
         if isinstance(ran.output, Problem):
             return ran.output
         out, served = ran.output, ran.served
-        problem = charge_result(
-            self.counters, self.macs, task, out.result, self._input_shape(task.cid)
-        )
+        problem = charge_result(outcome, self.macs, task, out.result, self._input_shape(task.cid))
         if served is not None:
             problem = problem or server_result_problem(served, task.cid)
         if self.clock is not None:
-            usage = self._usage(ran, out.result, server)
+            usage = self._usage(ran, outcome.charges[task.cid], server)
             times = self.clock.client_times(rnd, task.spec, profiles[task.cid], usage)
             outcome.times[task.cid] = times
             problem = self.clock.deadline_problem(times) or problem
@@ -230,13 +228,14 @@ class Simulation(RoundLoop):
     def _input_shape(self, cid: int) -> tuple[int, ...]:
         return tuple(self.clients[cid].x_train.shape[1:])
 
-    def _usage(self, ran: TaskOutcome, result: ClientResult, server: ServerProgram | None) -> Usage:
-        """What one client consumed this round, for the clock."""
+    def _usage(self, ran: TaskOutcome, charged: Charge, server: ServerProgram | None) -> Usage:
+        """What one client consumed this round, for the clock: what it was charged (its
+        payload, result and channel bytes, its training MACs) and its server side's MACs."""
         channel, served = ran.channel or ChannelCounts(), ran.served
         return Usage(
-            macs=self.macs.price(result.passes, self._input_shape(ran.task.cid)),
-            bytes_down=state_bytes(ran.task.payload) + channel.bytes_down,
-            bytes_up=state_bytes(result.tensors) + channel.bytes_up,
+            macs=charged.macs,
+            bytes_down=charged.bytes_down,
+            bytes_up=charged.bytes_up,
             server_macs=0 if served is None else self.macs.price(served.passes, served.input_shape),
             parallel=server is not None and server.parallel,
             wall_s=ran.wall_s,
@@ -251,12 +250,11 @@ class Simulation(RoundLoop):
             return
         self.counters.sim_time_s += self.clock.round_time(outcome.times.values())
         for cid, times in outcome.times.items():
-            self._set_times(cid, times)
+            self._set_history(cid, times)
 
-    def _set_times(self, cid: int, times: ClientTimes) -> None:
-        self.sim_times[cid] = times
-        info = self.infos[cid]
-        self.infos[cid] = replace(info, attrs={**info.attrs, "sim_times": times})
+    def _set_history(self, cid: int, times: ClientTimes) -> None:
+        self.history[cid] = times
+        self.infos[cid] = replace(self.infos[cid], history=times)
 
     def _fail(self, outcome: RoundOutcome, cid: int, problem: Problem) -> None:
         outcome.failures.append(Failure.of(cid, problem))
@@ -289,7 +287,7 @@ class Simulation(RoundLoop):
         ]
         answers = self.executor.map(self.programs, score_client, items)
         return [
-            LocalScore(correct / n, loss_sum / n, item.task.group)
+            LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group)
             for item, (correct, loss_sum, n) in zip(items, answers, strict=True)
         ]
 
@@ -336,14 +334,14 @@ class Simulation(RoundLoop):
         return {
             "store": self.store.entries(),
             "server_store": self.server_store.entries(),
-            "sim_times": dict(self.sim_times),
+            "sim_times": dict(self.history),  # the entry's name in checkpoint format 3
         }
 
     def restore_extras(self, ckpt: dict[str, Any]) -> None:
         self.store.load_entries(ckpt["store"])
         self.server_store.load_entries(ckpt["server_store"])
         for cid, times in ckpt.get("sim_times", {}).items():
-            self._set_times(cid, times)
+            self._set_history(cid, times)
 
 
 def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from hetfl.core.client import BNStatistics, ModelCache, Programs, score_batch_of
 from hetfl.core.pixels import PixelNorm, model_inputs
-from hetfl.core.server_program import Channel, ChannelCounts, ServerResult
+from hetfl.core.server_program import Channel, ChannelCounts
 from hetfl.core.spec import Spec
 from hetfl.core.types import (
     ClientData,
@@ -33,6 +33,7 @@ from hetfl.core.types import (
     ClientTask,
     EvalTask,
     Problem,
+    ServerResult,
     State,
 )
 from hetfl.engine.statistics import client_bn_statistics

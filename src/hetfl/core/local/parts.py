@@ -54,7 +54,9 @@ class TrainContext:
     one default training pass of the task's spec. `channel` is the link to this client's
     server program in split learning (None when the strategy has none). `info` is the
     client's `ClientInfo` as the engine holds it: what it declared in `attrs` and, under
-    device profiles, its `attrs["sim_times"]` from the last round it trained.
+    device profiles, its `history` (its times in the last round it trained). `roles` gives
+    the role the model declares for a tensor, by local name (`hetfl.core.roles.tensor_roles`:
+    FLANC's bases are "basis"), so that parts find tensors by structure, never by name.
     """
 
     task: ClientTask
@@ -68,6 +70,7 @@ class TrainContext:
     step: int = 0
     passes: list[PassRecord] = field(default_factory=list)
     channel: Channel | None = None
+    roles: Mapping[str, str] = field(default_factory=dict)
     _scratch: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def scratch(self, part: object) -> dict[str, Any]:

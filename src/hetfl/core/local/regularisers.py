@@ -144,12 +144,12 @@ def orthogonality(bank: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class OrthogonalityPenalty:
     """A loss term: `lam` times the sum of `orthogonality` over the client's parameters
-    whose local name ends in `.<suffix>` (the composed layers' banks). Adds nothing when
-    `lam` is 0; a model without banks is an error, since the term would silently do
-    nothing."""
+    that its model declares in `role` (`ctx.roles`: the composed layers' banks declare
+    "basis", `hetfl.core.roles.tensor_roles`). Adds nothing when `lam` is 0; a model
+    without such parameters is an error, since the term would silently do nothing."""
 
     lam: float
-    suffix: str = "basis"
+    role: str = "basis"
 
     def __post_init__(self) -> None:
         if not (self.lam >= 0 and math.isfinite(self.lam)):
@@ -160,10 +160,10 @@ class OrthogonalityPenalty:
     ) -> torch.Tensor | None:
         if self.lam == 0:
             return None
-        banks = [p for name, p in ctx.params.items() if name.endswith(f".{self.suffix}")]
+        banks = [p for name, p in ctx.params.items() if ctx.roles.get(name) == self.role]
         if not banks:
             raise ValueError(
-                f"the orthogonality penalty found no parameter named '*.{self.suffix}' in the "
+                f"the orthogonality penalty found no parameter of role {self.role!r} in the "
                 "client's model: it needs a model of composed layers (composed-*)"
             )
         return self.lam * torch.stack([orthogonality(b) for b in banks]).sum()

@@ -133,7 +133,10 @@ class PreActBlock(nn.Module):
     """The pre-activation basic block (He et al., "Identity Mappings in Deep Residual
     Networks", ECCV 2016, Fig. 4(e); HeteroFL, FedFA and NeFL use it): norm-ReLU-conv3x3,
     norm-ReLU-conv3x3, plus the shortcut (taken after the first norm-ReLU where it is a
-    convolution). The first norm normalises the block's input, of `base_in` channels."""
+    convolution). The first norm normalises the block's input, of `base_in` base channels,
+    built at the block's own ratio: a section's first block therefore takes inputs at most
+    as wide as that ratio gives (per-section widths that shrink from one section to the
+    next need it built at the input's ratio, a change of tensor shapes)."""
 
     expansion: ClassVar[int] = 1
     preactivation: ClassVar[bool] = True

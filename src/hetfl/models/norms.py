@@ -19,7 +19,9 @@ the only place a kind's name means anything:
   `cap<p>/<name>` (`hetfl.core.spec.capacity_group`), so it is averaged only among the
   clients of that capacity, as FLANC's authors run every method (Mei et al., NeurIPS 2022,
   supplementary §1.2; their baseline trainer averages each BN tensor within its capacity
-  group, as FLANC's own family does for all of its non-basis tensors);
+  group, as FLANC's own family does for all of its non-basis tensors). The layer is the
+  `batch` one; each group's global tensors start as copies of the global model's (a
+  client uses their leading part, as of any sliced tensor);
 - `none`: identity; the convolution before it then has a bias of its own.
 
 HeteroFL's scaler (activations divided by the width ratio during training only) is an
@@ -110,7 +112,7 @@ def _per_width(spec: Spec) -> NormFactory:
             "the scaler is HeteroFL's; it does not combine with bn 'per-width' "
             "(set scaler to False, or use bn 'static')"
         )
-    return PerWidthNorm(tuple(float(p) for p in spec["levels"]))
+    return PerWidthNorm(tuple(spec["levels"]))
 
 
 #: The normalisation kinds: spec (its `scaler`, `levels`) -> the factory a model is given.

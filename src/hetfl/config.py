@@ -215,7 +215,9 @@ class ModelConfig(_Strict):
     )
     stages: int | None = Field(None, ge=1, description="stages or sections (scalable models)")
     blocks: int | list[int] | None = Field(None, description="residual blocks per stage")
-    bn: Literal["batch", "static", "per-width", "none"] | None = None
+    bn: Literal["batch", "static", "per-width", "per-capacity", "none"] | None = Field(
+        None, description="normalisation kind (scalable models; hetfl.models.norms)"
+    )
     stem: Literal["small", "imagenet"] | None = None
     compose: Literal["factorised", "explicit"] | None = Field(
         None, description="composed models: factorised (default) or explicit kernels"

@@ -17,10 +17,9 @@ from typing import cast
 import torch
 from torch import nn
 
+from hetfl.core.roles import NORM_LAYERS
 from hetfl.core.spec import Spec
 from hetfl.core.types import ModelFamily
-
-_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def build_model(family: ModelFamily, spec: Spec) -> nn.Module:
@@ -39,7 +38,7 @@ def initialize(module: nn.Module, generator: torch.Generator) -> nn.Module:
                 custom(generator)
             elif isinstance(sub, nn.Linear | nn.modules.conv._ConvNd):
                 _kaiming_default(sub.weight, sub.bias, generator)
-            elif isinstance(sub, _NORMS):
+            elif isinstance(sub, NORM_LAYERS):
                 if getattr(sub, "weight", None) is not None:
                     sub.weight.fill_(1.0)
                 if getattr(sub, "bias", None) is not None:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from torch import nn
 
-_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+#: PyTorch's normalisation layers (BatchNorm and InstanceNorm share `_NormBase`); the one
+#: definition that finding norm tensors and initialising them (`hetfl.core.init`) both use.
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, _NORMS) or getattr(module, "hetfl_role", None) == "norm"
+    return isinstance(module, NORM_LAYERS) or getattr(module, "hetfl_role", None) == "norm"
 
 
 def norm_tensor_names(model: nn.Module) -> set[str]:

@@ -164,6 +164,12 @@ def group_qualified(index_map: IndexMap, group: str, locals_: Iterable[str]) -> 
     ]
 
 
+def capacity_group(p: float) -> str:
+    """The group of capacity p's own tensors: `cap0.25`, `cap1` (FLANC's per-capacity
+    tensors, and the `per-capacity` normalisation of the scalable families)."""
+    return f"cap{p:g}"
+
+
 def ungrouped(global_name: str) -> str:
     """The global model's tensor behind a (possibly group-qualified) global name."""
     return global_name.rsplit(GROUP_SEP, 1)[-1]

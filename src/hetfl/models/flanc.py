@@ -35,7 +35,7 @@ from torch import nn
 
 from hetfl.core.declared import DeclaredTensor, InitFn, Role
 from hetfl.core.registry import Registry
-from hetfl.core.spec import GROUP_SEP, IndexMap, MapEntry, Spec
+from hetfl.core.spec import GROUP_SEP, IndexMap, MapEntry, Spec, capacity_group
 from hetfl.models.composed import COMPOSE_MODES, ComposedConv2d, ComposedLinear, chunk_count
 from hetfl.models.flanc_nets import (
     CNN_BASIS_SIZES,
@@ -52,11 +52,6 @@ from hetfl.models.scalable import SpecError
 
 #: The global bank `basis/<owner>` is in this group.
 BASIS_GROUP = "basis"
-
-
-def capacity_group(p: float) -> str:
-    """The group of capacity p's own tensors: `cap0.25`, `cap1`."""
-    return f"cap{p:g}"
 
 
 @dataclass(frozen=True)

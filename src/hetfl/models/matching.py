@@ -48,12 +48,7 @@ class ParameterCount:
 
     def __init__(self, family: ModelFamily, spec: Spec) -> None:
         self.family, self.spec = family, spec
-        bases = getattr(ARCHITECTURES.get(spec["family"]).make, "BASE", None)
-        if bases is None:
-            raise ValueError(
-                f"{spec['family']} declares no base widths (BASE), so its widths cannot be "
-                "matched to a parameter count"
-            )
+        bases = ARCHITECTURES.get(spec["family"]).base_widths
         self.bases = np.array(bases[: spec["stages"]])
         dim = len(self.bases)
 

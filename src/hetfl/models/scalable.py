@@ -7,7 +7,8 @@ A spec of a scalable family holds:
   defines them), relative to the family's base widths, so ratios may exceed 1;
 - `stages`: how many slots the model has (depth by stages or sections); `blocks`: residual
   blocks per slot (depth within a section, for the ResNets);
-- `bn` (`batch | static | per-width | none`, see `hetfl.models.slim`), `scaler`
+- `bn`, the normalisation kind (`batch | static | per-width | per-capacity | none`, see
+  `hetfl.models.norms`, which turns it into the factory the model is given), `scaler`
   (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (ResNets).
 
 Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
@@ -24,126 +25,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from hetfl.core.registry import Registry
-from hetfl.core.spec import IndexMap, MapEntry, Spec, prefix_index
-from hetfl.models.slim import NORM_MODES, SlimConv2d, SlimLinear, channels, make_norm
+from hetfl.core.roles import norm_tensor_names
+from hetfl.core.spec import IndexMap, MapEntry, Spec, capacity_group, group_qualified, prefix_index
+from hetfl.models.blocks import BasicBlock, ConvUnit, PreActBlock, ResidualBlock, slim_conv
+from hetfl.models.norms import NormFactory, norm_for
+from hetfl.models.slim import SlimLinear, channels
 
 
 class SpecError(ValueError):
     """A spec no model of the family can be built from."""
-
-
-# -- building blocks ---------------------------------------------------------------------------
-class ConvUnit(nn.Module):
-    """conv -> norm -> (ReLU) -> (max-pool), every part width-aware. `fixed` keeps the
-    output at `base_out` channels for every width (FLANC's stem)."""
-
-    def __init__(
-        self,
-        cin: int,
-        base_out: int,
-        ratio: float,
-        spec: Spec,
-        *,
-        fixed: bool = False,
-        kernel: int = 3,
-        stride: int = 1,
-        relu: bool = True,
-        pool: bool = False,
-    ) -> None:
-        super().__init__()
-        self.conv = SlimConv2d(
-            cin,
-            base_out if fixed else channels(ratio, base_out),
-            kernel,
-            base_out=None if fixed else base_out,
-            stride=stride,
-            padding=kernel // 2,
-            bias=spec["bn"] == "none",
-        )
-        self.norm = _norm(spec, base_out, 1.0 if fixed else ratio, fixed)
-        self.relu, self.pool = relu, pool
-
-    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        x = self.norm(self.conv(x, width), width)
-        if self.relu:
-            x = torch.relu(x)
-        return nn.functional.max_pool2d(x, 2) if self.pool else x
-
-
-def _norm(spec: Spec, base: int, ratio: float, fixed: bool = False) -> nn.Module:
-    """The spec's normalisation for a layer of `base` channels at `ratio`. A layer whose
-    width never changes (a fixed stem) keeps one set of statistics even in per-width mode:
-    its input does not depend on the width, so neither do its statistics."""
-    mode = spec["bn"]
-    if fixed and mode == "per-width":
-        mode = "batch"
-    return make_norm(
-        base,
-        ratio,
-        mode=mode,
-        scaler=bool(spec["scaler"]) and not fixed,
-        levels=spec["levels"],
-    )
-
-
-def _conv(cin: int, base_out: int, ratio: float, kernel: int, stride: int) -> SlimConv2d:
-    return SlimConv2d(
-        cin,
-        channels(ratio, base_out),
-        kernel,
-        base_out=base_out,
-        stride=stride,
-        padding=kernel // 2,
-        bias=False,
-    )
-
-
-class BasicBlock(nn.Module):
-    """A ResNet basic block, post-activation (ResNet-18, ScalableFL Table IV) or
-    pre-activation (Pre-ResNet: BN-ReLU-conv, as HeteroFL, FedFA and NeFL use).
-
-    The shortcut is a 1x1 convolution where the stride or the *base* widths differ, so
-    every sub-model of a family has the same blocks and names."""
-
-    def __init__(
-        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, spec: Spec
-    ) -> None:
-        super().__init__()
-        self.preact = spec["family"] == "preresnet"
-        cout = channels(ratio, base_out)
-        self.conv1 = _conv(cin, base_out, ratio, 3, stride)
-        self.conv2 = _conv(cout, base_out, ratio, 3, 1)
-        # Pre-activation normalises the block's input (base_in channels) first.
-        self.norm1 = _norm(spec, base_in if self.preact else base_out, ratio)
-        self.norm2 = _norm(spec, base_out, ratio)
-        self.shortcut: SlimConv2d | None = None
-        self.norm_sc: nn.Module | None = None
-        if stride != 1 or base_in != base_out:
-            self.shortcut = _conv(cin, base_out, ratio, 1, stride)
-            if not self.preact:
-                self.norm_sc = _norm(spec, base_out, ratio)
-
-    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        if self.preact:
-            h = torch.relu(self.norm1(x, width))
-            skip = x if self.shortcut is None else self.shortcut(h, width)
-            h = self.conv1(h, width)
-            h = self.conv2(torch.relu(self.norm2(h, width)), width)
-            return h + skip
-        h = torch.relu(self.norm1(self.conv1(x, width), width))
-        h = self.norm2(self.conv2(h, width), width)
-        skip = x
-        if self.shortcut is not None:
-            assert self.norm_sc is not None
-            skip = self.norm_sc(self.shortcut(x, width), width)
-        return torch.relu(h + skip)
 
 
 # -- the architectures ---------------------------------------------------------------------------
@@ -153,12 +50,12 @@ class StageCNN(nn.Module):
 
     BASE = (32, 64, 128, 256)
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, norm: NormFactory) -> None:
         super().__init__()
         cin = spec["input_shape"][0]
         self.stages = nn.ModuleList()
         for i in range(spec["stages"]):
-            unit = ConvUnit(cin, self.BASE[i], spec["widths"][i], spec, stride=2)
+            unit = ConvUnit(cin, self.BASE[i], spec["widths"][i], norm, stride=2)
             self.stages.append(unit)
             cin = unit.conv.out_channels
         self.head = SlimLinear(cin, spec["num_classes"], base_out=None)
@@ -177,18 +74,18 @@ class FlancCNN(nn.Module):
     the MACs of the supplement's Table 2), undecomposed:
     a 3x3 stem conv to 64 channels that no width changes (no activation, no pool), two 3x3
     convs to 128p channels each followed by ReLU and 2x2 max-pool, a linear head on the
-    flattened 128p x H/4 x W/4 features. `bn` other than `none` adds a norm after each conv,
-    as the HeteroFL and FjORD versions do. Width slots: the two sliced convs."""
+    flattened 128p x H/4 x W/4 features. A norm other than `none` follows each conv, as
+    the HeteroFL and FjORD versions have. Width slots: the two sliced convs."""
 
     BASE = (128, 128)
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, norm: NormFactory) -> None:
         super().__init__()
         c, h, w = spec["input_shape"]
-        self.stem = ConvUnit(c, 64, 1.0, spec, fixed=True, relu=False)
-        self.conv2 = ConvUnit(64, self.BASE[0], spec["widths"][0], spec, pool=True)
+        self.stem = ConvUnit(c, 64, 1.0, norm, fixed=True, relu=False)
+        self.conv2 = ConvUnit(64, self.BASE[0], spec["widths"][0], norm, pool=True)
         cin = self.conv2.conv.out_channels
-        self.conv3 = ConvUnit(cin, self.BASE[1], spec["widths"][1], spec, pool=True)
+        self.conv3 = ConvUnit(cin, self.BASE[1], spec["widths"][1], norm, pool=True)
         features = self.conv3.conv.out_channels * (h // 4) * (w // 4)
         self.head = SlimLinear(features, spec["num_classes"], base_out=None)
         self.pipeline = ["stem", "conv2", "conv3", "head"]
@@ -200,10 +97,11 @@ class FlancCNN(nn.Module):
 
 
 class ResNet(nn.Module):
-    """ResNet-18-style networks: a stem, `stages` residual stages of `blocks[i]` basic
-    blocks (base widths 64, 128, 256, 512; strides 1, 2, 2, 2), global average pooling, a
-    linear head. `family="resnet18"` is post-activation (ScalableFL's Table IV);
-    `family="preresnet"` is pre-activation with a final BN-ReLU (HeteroFL, FedFA, NeFL).
+    """ResNet-18-style networks of a given block class (`hetfl.models.blocks`): a stem,
+    `stages` residual stages of `blocks[i]` blocks (base widths 64, 128, 256, 512; strides
+    1, 2, 2, 2), global average pooling, a linear head. With `BasicBlock` it is
+    post-activation (`resnet18`, ScalableFL's Table IV); with `PreActBlock` pre-activation,
+    the stem without a norm and a final norm-ReLU (`preresnet`: HeteroFL, FedFA, NeFL).
 
     `stem="imagenet"`: 7x7 stride-2 conv, BN, ReLU, 3x3 stride-2 max-pool (ScalableFL counts
     the stem as its stage 1, so its c stages are `stages = c - 1` here); `stem="small"`: a
@@ -213,14 +111,13 @@ class ResNet(nn.Module):
     BASE = (64, 128, 256, 512)
     STRIDES = (1, 2, 2, 2)
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, norm: NormFactory, block: ResidualBlock) -> None:
         super().__init__()
-        self.preact = spec["family"] == "preresnet"
         cin, r0 = spec["input_shape"][0], spec["widths"][0]
         imagenet = spec["stem"] == "imagenet"
         kernel = 7 if imagenet else 3
-        self.stem = _conv(cin, self.BASE[0], r0, kernel, 2 if imagenet else 1)
-        self.stem_norm = None if self.preact else _norm(spec, self.BASE[0], r0)
+        self.stem = slim_conv(cin, self.BASE[0], r0, kernel, 2 if imagenet else 1)
+        self.stem_norm = None if block.preactivation else norm(self.BASE[0], r0)
         self.stem_pool = imagenet
         self.stages = nn.ModuleList()
         c, base_in = self.stem.out_channels, self.BASE[0]
@@ -228,14 +125,12 @@ class ResNet(nn.Module):
             blocks = nn.ModuleList()
             for b in range(spec["blocks"][i]):
                 stride = self.STRIDES[i] if b == 0 else 1
-                block = BasicBlock(c, base_in, self.BASE[i], spec["widths"][i], stride, spec)
-                blocks.append(block)
-                c, base_in = block.conv2.out_channels, self.BASE[i]
+                blocks.append(block(c, base_in, self.BASE[i], spec["widths"][i], stride, norm))
+                base_in = self.BASE[i] * block.expansion
+                c = channels(spec["widths"][i], base_in)
             self.stages.append(blocks)
         last = spec["stages"] - 1
-        self.final_norm = (
-            _norm(spec, self.BASE[last], spec["widths"][last]) if self.preact else None
-        )
+        self.final_norm = norm(base_in, spec["widths"][last]) if block.preactivation else None
         self.head = SlimLinear(c, spec["num_classes"], base_out=None)
         self.pipeline = (
             ["stem"]
@@ -264,39 +159,64 @@ class ResNet(nn.Module):
 # -- the family ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Architecture:
-    """One scalable architecture: its builder, its number of width slots, its depth limits
-    and how much a stage shrinks the input (for the 'input too small' check)."""
+    """One scalable architecture: its builder (given the spec and the normalisation
+    factory), its base channel counts per width slot, its depth limits and how much a stage
+    shrinks the input (for the 'input too small' check)."""
 
-    make: Callable[[Spec], nn.Module]
-    slots: int
+    make: Callable[[Spec, NormFactory], nn.Module]
+    base_widths: tuple[int, ...]
     max_stages: int
     default_blocks: tuple[int, ...] | None
     min_side: Callable[[Spec], int]
     summary: str
+
+    @property
+    def slots(self) -> int:
+        """Width slots: one ratio per stage (or layer group)."""
+        return len(self.base_widths)
 
 
 ARCHITECTURES: Registry[Architecture] = Registry("scalable model")
 ARCHITECTURES.register(
     "stage-cnn",
     Architecture(
-        StageCNN, 4, 4, None, lambda s: 2 ** s["stages"], "ScalableFL's stage CNN (32-256 ch)"
+        StageCNN,
+        StageCNN.BASE,
+        4,
+        None,
+        lambda s: 2 ** s["stages"],
+        "ScalableFL's stage CNN (32-256 ch)",
     ),
 )
 ARCHITECTURES.register(
     "flanc-cnn",
-    Architecture(FlancCNN, 2, 2, None, lambda s: 4, "FLANC's Fashion-MNIST CNN (64, 128, 128)"),
+    Architecture(
+        FlancCNN, FlancCNN.BASE, 2, None, lambda s: 4, "FLANC's Fashion-MNIST CNN (64, 128, 128)"
+    ),
 )
 _RESNET_SIDE = {  # input side halvings: stem (imagenet: conv and pool) + stages 2..4
     "imagenet": lambda s: 2 ** (2 + max(s["stages"] - 1, 0)),
     "small": lambda s: 2 ** max(s["stages"] - 1, 0),
 }
-for _name, _summary in (
-    ("resnet18", "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)"),
-    ("preresnet", "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)"),
-):
+_RESNET_BLOCKS: tuple[tuple[str, ResidualBlock, str], ...] = (
+    ("resnet18", BasicBlock, "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)"),
+    (
+        "preresnet",
+        PreActBlock,
+        "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",
+    ),
+)
+for _name, _block, _summary in _RESNET_BLOCKS:
     ARCHITECTURES.register(
         _name,
-        Architecture(ResNet, 4, 4, (2, 2, 2, 2), lambda s: _RESNET_SIDE[s["stem"]](s), _summary),
+        Architecture(
+            partial(ResNet, block=_block),
+            ResNet.BASE,
+            4,
+            (2, 2, 2, 2),
+            lambda s: _RESNET_SIDE[s["stem"]](s),
+            _summary,
+        ),
     )
 
 
@@ -367,12 +287,19 @@ class ScalableFamily:
         return spec
 
     def build(self, spec: Spec) -> nn.Module:
-        spec = self.checked(spec)
-        return ARCHITECTURES.get(spec["family"]).make(spec)
+        return _make(self.checked(spec))
 
     def index_map(self, spec: Spec) -> IndexMap:
-        shapes = _shapes(self.checked(spec))
-        return [MapEntry(name, name, prefix_index(*shape)) for name, shape in shapes.items()]
+        """Every tensor a prefix of the global tensor of the same name; with a
+        `per-capacity` norm, the normalisation tensors of `capacity_group(spec)`'s own
+        global copies (`hetfl.core.spec.group_qualified`), so that they are averaged only
+        among the clients of that capacity."""
+        spec = self.checked(spec)
+        shapes, per_capacity = _layout(spec)
+        imap = [MapEntry(name, name, prefix_index(*shape)) for name, shape in shapes.items()]
+        if not per_capacity:
+            return imap
+        return group_qualified(imap, spec_capacity_group(spec), per_capacity)
 
     def modules(self, spec: Spec) -> list[str]:
         with torch.device("meta"):
@@ -414,13 +341,31 @@ class ScalableFamily:
         return self.normalise(merged)
 
 
+def _make(spec: Spec) -> nn.Module:
+    """The model of a checked spec, given the normalisation its `bn` names."""
+    return ARCHITECTURES.get(spec["family"]).make(spec, norm_for(spec))
+
+
 @lru_cache(maxsize=256)
-def _shapes(spec: Spec) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of the model for `spec`, built on the meta device (no memory,
-    no random draws)."""
+def _layout(spec: Spec) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+    """Tensor names and shapes of the model for `spec`, and the names kept per capacity
+    (its normalisation tensors, found by structure, when the norm says so), built on the
+    meta device (no memory, no random draws)."""
     with torch.device("meta"):
-        model = ARCHITECTURES.get(spec["family"]).make(spec)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        model = _make(spec)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    kept = norm_tensor_names(model) if norm_for(spec).per_capacity else set()
+    return shapes, frozenset(kept)
+
+
+def spec_capacity_group(spec: Spec) -> str:
+    """The capacity group of a spec's per-capacity tensors: `capacity_group(r)` when every
+    width slot the model has is at ratio r (the width levels of HeteroFL and FjORD), else
+    one group per distinct set of slot widths (`cap1-0.5`)."""
+    used = spec["widths"][: spec["stages"]]
+    if len(set(used)) == 1:
+        return capacity_group(used[0])
+    return capacity_group(used[0]) + "".join(f"-{w:g}" for w in used[1:])
 
 
 def check_spec(spec: Spec) -> None:
@@ -442,10 +387,10 @@ def check_spec(spec: Spec) -> None:
             raise SpecError(f"{name}: blocks needs {arch.slots} integers >= 1, got {blocks}")
         if spec["stem"] not in ("small", "imagenet"):
             raise SpecError(f"{name}: stem must be 'small' or 'imagenet', got {spec['stem']!r}")
-    if spec["bn"] not in NORM_MODES:
-        raise SpecError(f"{name}: bn must be one of {', '.join(NORM_MODES)}, got {spec['bn']!r}")
-    if spec["bn"] == "per-width" and not spec["levels"]:
-        raise SpecError(f"{name}: bn 'per-width' needs the width levels (spec key 'levels')")
+    try:
+        norm_for(spec)
+    except ValueError as e:
+        raise SpecError(f"{name}: {e}") from None
     shape = spec["input_shape"]
     if len(shape) != 3:
         raise SpecError(f"{name}: input_shape must be (C, H, W), got {shape}")

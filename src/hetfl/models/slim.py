@@ -10,21 +10,11 @@ base)` for a width ratio relative to the layer's *base* channel count (the count
 `width=p` compute the same function on the same leading tensors, and FjORD can change the
 width every step without rebuilding anything.
 
-Normalisation layers come in the modes these methods use (the sources are cited per mode):
-
-- `batch`: BatchNorm with running statistics (averaged like any tensor, or kept private
-  for FedBN, or group-qualified for FLANC and NeFL by the strategy's index map: FLANC's
-  supplementary §1.2, NeFL's official code `utils/NeFedAvg.py`);
-- `static`: HeteroFL's sBN (§3 of the paper; authors' code `train_classifier_fed.py`:
-  `stats`), batch statistics always, no running statistics in training
-  (evaluation builds the same spec with `bn="batch"` and re-estimates them);
-- `per-width`: FjORD's one set of running statistics per width level, with a shared affine
-  sliced to the width (the authors' Flower baseline, `fjord/od/layers/batch_norm.py`);
-- `none`: identity.
-
-HeteroFL's scaler (activations divided by the width ratio during training only) lives in
-the normalisation layer, which is where the paper's code places it ("before every
-normalisation layer").
+The normalisation layers here (`SlimBatchNorm2d`, FjORD's `PerWidthBatchNorm2d`, `NoNorm`)
+take the same `width` argument; which one a model gets is the factory it is given
+(`hetfl.models.norms`), which also says where each kind comes from. HeteroFL's scaler
+(activations divided by the width ratio during training only) lives in the normalisation
+layer, which is where the paper's code places it ("before every normalisation layer").
 """
 
 from __future__ import annotations
@@ -36,8 +26,6 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-NORM_MODES = ("batch", "static", "per-width", "none")
 
 
 def channels(ratio: float, base: int) -> int:
@@ -121,18 +109,19 @@ def _in_channels(x: torch.Tensor, allocated: int, layer: nn.Module) -> int:
 
 
 class SlimBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm over the leading channels, in mode `batch` (running statistics) or `static`
-    (batch statistics always; HeteroFL's sBN). Stays a `_BatchNorm`, so HetFL's statistics
-    re-estimation (`recompute_bn_statistics`) and initialisation treat it as one.
+    """BatchNorm over the leading channels, with running statistics or, without
+    `track_running_stats`, batch statistics always (HeteroFL's sBN). Stays a `_BatchNorm`,
+    so HetFL's statistics re-estimation (`recompute_bn_statistics`) and initialisation treat
+    it as one.
 
     `ratio` is the layer's built width ratio, used by the scaler when no width is given.
     """
 
-    def __init__(self, num_features: int, *, mode: str, ratio: float, scaler: bool) -> None:
-        if mode not in ("batch", "static"):
-            raise ValueError(f"SlimBatchNorm2d mode must be 'batch' or 'static', got {mode!r}")
-        super().__init__(num_features, track_running_stats=mode == "batch")
-        self.mode, self.ratio, self.scaler = mode, ratio, scaler
+    def __init__(
+        self, num_features: int, *, ratio: float, scaler: bool, track_running_stats: bool = True
+    ) -> None:
+        super().__init__(num_features, track_running_stats=track_running_stats)
+        self.ratio, self.scaler = ratio, scaler
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         x = _scale(x, self.scaler and self.training, width or self.ratio)
@@ -199,25 +188,7 @@ def _scale(x: torch.Tensor, active: bool, ratio: float) -> torch.Tensor:
 
 
 class NoNorm(nn.Identity):
+    """No normalisation, with the `width` argument every slim layer takes."""
+
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         return x
-
-
-def make_norm(
-    base: int,
-    ratio: float,
-    *,
-    mode: str,
-    scaler: bool = False,
-    levels: Sequence[float] = (),
-) -> nn.Module:
-    """The normalisation layer of `mode` for a layer of `base` channels built at `ratio`."""
-    if mode == "per-width":
-        if scaler:
-            raise ValueError("the scaler is HeteroFL's; it does not combine with per-width BN")
-        return PerWidthBatchNorm2d(base, levels=levels, ratio=ratio)
-    if mode == "none":
-        return NoNorm()
-    if mode in ("batch", "static"):
-        return SlimBatchNorm2d(channels(ratio, base), mode=mode, ratio=ratio, scaler=scaler)
-    raise ValueError(f"unknown normalisation mode {mode!r} (allowed: {', '.join(NORM_MODES)})")

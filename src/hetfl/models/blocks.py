@@ -1,0 +1,198 @@
+"""Width-aware building blocks of the scalable families, each given its normalisation.
+
+Every block slices itself by width (`forward(x, width)`, `hetfl.models.slim`) and takes
+its normalisation as a factory (`hetfl.models.norms.NormFactory`), so it never asks which
+family or which kind of norm it belongs to. The residual blocks share one constructor
+signature, as torchvision's `BasicBlock` and `Bottleneck` do (`torchvision/models/
+resnet.py`), so a network is given its block class:
+
+    block(cin, base_in, base_out, ratio, stride, norm)
+
+- `cin`: the input's channels as built; `base_in`: the block input's *base* channels (at
+  ratio 1); `base_out`: the block's base planes, its output having
+  `channels(ratio, base_out * expansion)` channels;
+- `ratio`: the block's width ratio; `stride`: of its first spatial convolution;
+- `norm`: the normalisation factory.
+
+A block has a shortcut convolution where the stride or the *base* widths differ (never
+where only the built widths do), so every sub-model of a family has the same blocks and
+tensor names. `preactivation` says whether the block normalises its input (the network
+then ends with a norm and a ReLU and its stem has none) or its outputs.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+import torch
+from torch import nn
+
+from hetfl.models.norms import NormFactory
+from hetfl.models.slim import SlimConv2d, channels
+
+
+def slim_conv(cin: int, base_out: int, ratio: float, kernel: int, stride: int) -> SlimConv2d:
+    """A bias-free convolution to `channels(ratio, base_out)` channels, padded to keep the
+    side (divided by `stride`)."""
+    return SlimConv2d(
+        cin,
+        channels(ratio, base_out),
+        kernel,
+        base_out=base_out,
+        stride=stride,
+        padding=kernel // 2,
+        bias=False,
+    )
+
+
+class ConvUnit(nn.Module):
+    """conv -> norm -> (ReLU) -> (max-pool), every part width-aware. `fixed` keeps the
+    output at `base_out` channels for every width (FLANC's stem); the convolution has a
+    bias only where the norm has no affine (`norm.conv_bias`)."""
+
+    def __init__(
+        self,
+        cin: int,
+        base_out: int,
+        ratio: float,
+        norm: NormFactory,
+        *,
+        fixed: bool = False,
+        kernel: int = 3,
+        stride: int = 1,
+        relu: bool = True,
+        pool: bool = False,
+    ) -> None:
+        super().__init__()
+        self.conv = SlimConv2d(
+            cin,
+            base_out if fixed else channels(ratio, base_out),
+            kernel,
+            base_out=None if fixed else base_out,
+            stride=stride,
+            padding=kernel // 2,
+            bias=norm.conv_bias,
+        )
+        self.norm = norm(base_out, 1.0 if fixed else ratio, fixed=fixed)
+        self.relu, self.pool = relu, pool
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        x = self.norm(self.conv(x, width), width)
+        if self.relu:
+            x = torch.relu(x)
+        return nn.functional.max_pool2d(x, 2) if self.pool else x
+
+
+class ResidualBlock(Protocol):
+    """What a network needs of a block class (see the module docstring): its constructor,
+    its `expansion` (output base channels per base plane) and `preactivation`."""
+
+    @property
+    def expansion(self) -> int: ...
+
+    @property
+    def preactivation(self) -> bool: ...
+
+    def __call__(
+        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+    ) -> nn.Module: ...
+
+
+class BasicBlock(nn.Module):
+    """The post-activation basic block (He et al., "Deep Residual Learning for Image
+    Recognition", CVPR 2016, Fig. 2; ResNet-18, ScalableFL Table IV):
+    conv3x3-norm-ReLU-conv3x3-norm, plus the shortcut, then ReLU."""
+
+    expansion: ClassVar[int] = 1
+    preactivation: ClassVar[bool] = False
+
+    def __init__(
+        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+    ) -> None:
+        super().__init__()
+        self.conv1 = slim_conv(cin, base_out, ratio, 3, stride)
+        self.conv2 = slim_conv(channels(ratio, base_out), base_out, ratio, 3, 1)
+        self.norm1 = norm(base_out, ratio)
+        self.norm2 = norm(base_out, ratio)
+        self.shortcut: SlimConv2d | None = None
+        self.norm_sc: nn.Module | None = None
+        if stride != 1 or base_in != base_out:
+            self.shortcut = slim_conv(cin, base_out, ratio, 1, stride)
+            self.norm_sc = norm(base_out, ratio)
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        h = torch.relu(self.norm1(self.conv1(x, width), width))
+        h = self.norm2(self.conv2(h, width), width)
+        skip = x
+        if self.shortcut is not None and self.norm_sc is not None:
+            skip = self.norm_sc(self.shortcut(x, width), width)
+        return torch.relu(h + skip)
+
+
+class PreActBlock(nn.Module):
+    """The pre-activation basic block (He et al., "Identity Mappings in Deep Residual
+    Networks", ECCV 2016, Fig. 4(e); HeteroFL, FedFA and NeFL use it): norm-ReLU-conv3x3,
+    norm-ReLU-conv3x3, plus the shortcut (taken after the first norm-ReLU where it is a
+    convolution). The first norm normalises the block's input, of `base_in` base channels,
+    built at the block's own ratio: a section's first block therefore takes inputs at most
+    as wide as that ratio gives (per-section widths that shrink from one section to the
+    next need it built at the input's ratio, a change of tensor shapes)."""
+
+    expansion: ClassVar[int] = 1
+    preactivation: ClassVar[bool] = True
+
+    def __init__(
+        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+    ) -> None:
+        super().__init__()
+        self.conv1 = slim_conv(cin, base_out, ratio, 3, stride)
+        self.conv2 = slim_conv(channels(ratio, base_out), base_out, ratio, 3, 1)
+        self.norm1 = norm(base_in, ratio)
+        self.norm2 = norm(base_out, ratio)
+        self.shortcut: SlimConv2d | None = None
+        if stride != 1 or base_in != base_out:
+            self.shortcut = slim_conv(cin, base_out, ratio, 1, stride)
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        h = torch.relu(self.norm1(x, width))
+        skip = x if self.shortcut is None else self.shortcut(h, width)
+        h = self.conv1(h, width)
+        h = self.conv2(torch.relu(self.norm2(h, width)), width)
+        return h + skip
+
+
+class Bottleneck(nn.Module):
+    """The post-activation bottleneck block (He et al., CVPR 2016, Fig. 5 right, as
+    torchvision and DTFL's CIFAR ResNet-56/110 build it: the stride on the 3x3):
+    conv1x1-norm-ReLU, conv3x3-norm-ReLU, conv1x1 to `4 * base_out` base channels-norm,
+    plus the shortcut, then ReLU."""
+
+    expansion: ClassVar[int] = 4
+    preactivation: ClassVar[bool] = False
+
+    def __init__(
+        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+    ) -> None:
+        super().__init__()
+        base_wide = base_out * self.expansion
+        mid = channels(ratio, base_out)
+        self.conv1 = slim_conv(cin, base_out, ratio, 1, 1)
+        self.norm1 = norm(base_out, ratio)
+        self.conv2 = slim_conv(mid, base_out, ratio, 3, stride)
+        self.norm2 = norm(base_out, ratio)
+        self.conv3 = slim_conv(mid, base_wide, ratio, 1, 1)
+        self.norm3 = norm(base_wide, ratio)
+        self.shortcut: SlimConv2d | None = None
+        self.norm_sc: nn.Module | None = None
+        if stride != 1 or base_in != base_wide:
+            self.shortcut = slim_conv(cin, base_wide, ratio, 1, stride)
+            self.norm_sc = norm(base_wide, ratio)
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        h = torch.relu(self.norm1(self.conv1(x, width), width))  # (B, planes, H, W)
+        h = torch.relu(self.norm2(self.conv2(h, width), width))  # (B, planes, H/s, W/s)
+        h = self.norm3(self.conv3(h, width), width)  # (B, 4 planes, H/s, W/s)
+        skip = x
+        if self.shortcut is not None and self.norm_sc is not None:
+            skip = self.norm_sc(self.shortcut(x, width), width)
+        return torch.relu(h + skip)

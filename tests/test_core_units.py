@@ -15,11 +15,13 @@ from torch import nn
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import ConfigError, validate
 from hetfl.core.assign import CyclicSampling, UniformSampling, uniform_sample
-from hetfl.core.client import ModelCache, Programs, recompute_bn_statistics
+from hetfl.core.bn_statistics import recompute_bn_statistics
+from hetfl.core.client import Programs
 from hetfl.core.dropout import SeededDropout, dropout_masks
 from hetfl.core.init import initialize
 from hetfl.core.local.loop import batch_order, train_local
 from hetfl.core.local.parts import LocalRecipe, TrainContext
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.registry import Registry
 from hetfl.core.rng import (
     SERVER,

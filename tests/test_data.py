@@ -19,6 +19,7 @@ from hetfl.data import (
     build_clients,
     class_counts,
     dirichlet,
+    fashion_mnist,
     format_class_table,
     global_test,
     k_classes,
@@ -29,7 +30,6 @@ from hetfl.data import (
     local_test_indices,
     quantity_skew,
     read_idx,
-    sources,
 )
 
 BALANCED = np.repeat(np.arange(10, dtype=np.int64), 100)
@@ -386,7 +386,7 @@ def test_missing_fashion_mnist_names_the_places_and_fixes(tmp_path, monkeypatch)
     monkeypatch.delenv("HETFL_DATA", raising=False)
     monkeypatch.setenv("HETFL_CACHE", str(tmp_path / "cache"))
     system = tmp_path / "system"
-    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIR", system)
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_SYSTEM_DIR", system)
     empty = tmp_path / "empty"
     empty.mkdir()
     for path in (str(empty), None):
@@ -400,7 +400,7 @@ def test_missing_fashion_mnist_names_the_places_and_fixes(tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(
-    not (sources.FASHION_MNIST_SYSTEM_DIR / "train-images-idx3-ubyte.gz").exists(),
+    not (fashion_mnist.FASHION_MNIST_SYSTEM_DIR / "train-images-idx3-ubyte.gz").exists(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
 )
 def test_installed_fashion_mnist_loads(monkeypatch):

@@ -20,14 +20,14 @@ from flwr.common.config import parse_config_args
 
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import (
+from hetfl.core.bn_statistics import (
     BNStatistics,
-    ModelCache,
-    Programs,
     apply_bn_statistics,
     bn_batch_statistics,
     recompute_bn_statistics,
 )
+from hetfl.core.client import Programs
+from hetfl.core.model_cache import ModelCache
 from hetfl.deploy.node import Node, PrivateState
 from hetfl.deploy.records import from_content, to_content
 from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program

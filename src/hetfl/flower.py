@@ -27,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig, load_raw, validate
-from hetfl.core.client import ModelCache
+from hetfl.core.model_cache import ModelCache
 from hetfl.deploy.node import Node, make_client_app
 from hetfl.deploy.server import Deployment, FlowerServer
 from hetfl.engine.tracking import make_sinks

@@ -17,7 +17,7 @@ from hetfl.core.device import resolve_device
 from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
-from hetfl.sim.executor import ExecutorName
+from hetfl.sim.factory import ExecutorName
 
 
 def build_simulation(

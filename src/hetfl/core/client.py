@@ -8,8 +8,9 @@ splits them into what it sends (the tensors named by the task's index map) and w
 keeps (everything else, and with `keep_momentum` the optimiser's state).
 
 Engines get one program per client from `Programs.program_for(cid)`. Programs are light:
-they share the factory's training cache, whose models are stateless templates (called
-through `torch.func.functional_call`), so memory does not grow with the number of clients.
+they share the factory's training cache (`hetfl.core.model_cache`), whose models are
+stateless templates (called through `torch.func.functional_call`), so memory does not grow
+with the number of clients.
 `Programs` applies its wrappers to each honest program, so that a wrapper (an attack, a
 fault) can change what one client does; it refuses a wrapper that cannot be pickled (the
 process executor sends the programs, wrappers included, to its workers). Evaluation loads
@@ -20,20 +21,20 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from hetfl.core.bn_statistics import recompute_bn_statistics
 from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model, initialize
 from hetfl.core.local.loop import LocalStats, train_local
 from hetfl.core.local.parts import LocalRecipe, TrainContext
-from hetfl.core.local.terms import mask_logits
-from hetfl.core.pixels import PixelNorm, model_inputs
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator, torch_generator
 from hetfl.core.roles import tensor_roles
+from hetfl.core.scoring import evaluate_model
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (
@@ -61,72 +62,10 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
     ]
 
 
-#: Samples per batch of an evaluation; a parallel executor's unit of global evaluation.
-EVAL_BATCH = 1000
-
-
 def trainable_names(template: nn.Module) -> set[str]:
     """The names of `template`'s parameters that training updates (those requiring a
     gradient); its other state-dict tensors are buffers to the optimiser."""
     return {k for k, p in template.named_parameters() if p.requires_grad}
-
-
-@torch.no_grad()
-def score_batch_of(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, label_mask: tuple[int, ...] | None = None
-) -> tuple[int, float]:
-    """(correct, summed loss) of `model` on one batch, in eval mode, with the logits of
-    classes outside `label_mask` zeroed when it is given."""
-    model.eval()
-    out = mask_logits(model(x), label_mask)
-    return int((out.argmax(dim=1) == y).sum()), float(F.cross_entropy(out, y, reduction="sum"))
-
-
-def evaluate_model(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    batch_size: int = EVAL_BATCH,
-    label_mask: tuple[int, ...] | None = None,
-    pixels: PixelNorm | None = None,
-) -> tuple[int, float, int]:
-    """(correct, summed loss, count) of `model` on (x, y) in consecutive batches, the
-    losses added in batch order (a parallel executor adds its batches' the same way); each
-    batch standardised by `pixels` when the inputs are stored pixels."""
-    correct, loss_sum = 0, 0.0
-    for start in range(0, int(y.shape[0]), batch_size):
-        batch = model_inputs(x[start : start + batch_size], pixels)
-        c, loss = score_batch_of(model, batch, y[start : start + batch_size], label_mask)
-        correct += c
-        loss_sum += loss
-    return correct, loss_sum, int(y.shape[0])
-
-
-class ModelCache:
-    """One model per spec of a family, built on first use on `device`.
-
-    The training cache's models are templates: local training calls them on each client's
-    own tensors (`torch.func.functional_call`) and never loads a client's tensors into
-    them. An evaluation cache (the engine's own) loads the evaluated tensors in place."""
-
-    def __init__(self, family: ModelFamily, device: torch.device | str = "cpu") -> None:
-        self.family = family
-        self.device = torch.device(device)
-        self._models: dict[Spec, nn.Module] = {}
-
-    def model_for(self, spec: Spec) -> nn.Module:
-        model = self._models.get(spec)
-        if model is None:
-            model = build_model(self.family, spec).to(self.device)
-            self._models[spec] = model
-        return model
-
-    def __len__(self) -> int:
-        return len(self._models)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A cache pickles empty: a process that receives it (a worker) builds its own."""
-        return {**self.__dict__, "_models": {}}
 
 
 class Program(Protocol):
@@ -367,99 +306,3 @@ def _qualified_name(obj: object) -> str:
     """`module.qualname` of a function or class, else of the object's class."""
     named = obj if hasattr(obj, "__qualname__") else type(obj)
     return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', '?')}"
-
-
-#: Per BatchNorm layer (by module name): (sum of per-batch means, sum of per-batch unbiased
-#: variances, number of batches), the sufficient statistics of a static-BN pass.
-BNStatistics = dict[str, tuple[torch.Tensor, torch.Tensor, int]]
-
-
-def _batch_norms(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
-    return {
-        name: m
-        for name, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-    }
-
-
-def _running_stats(
-    m: nn.modules.batchnorm._BatchNorm,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(running_mean, running_var, num_batches_tracked) of `m`; the callers need a layer that
-    tracks running statistics (PyTorch types them Optional for layers that do not)."""
-    return (
-        cast(torch.Tensor, m.running_mean),
-        cast(torch.Tensor, m.running_var),
-        cast(torch.Tensor, m.num_batches_tracked),
-    )
-
-
-def bn_batch_statistics(
-    model: nn.Module, x: torch.Tensor, batch_size: int = 500, pixels: PixelNorm | None = None
-) -> BNStatistics:
-    """Sum each BatchNorm layer's per-batch statistics over one pass of `x` in train mode.
-
-    Batches are consecutive slices of `x`. For each batch the layer's running statistics are
-    reset and updated once with momentum None, so PyTorch's own kernel gives that batch's
-    mean and unbiased variance, which are summed. Parts of one data set (clients' data) are
-    combined by adding their sums (`apply_bn_statistics` divides). Stored pixels are
-    standardised batch by batch with `pixels`. Normalisation in train
-    mode uses batch statistics, so the resets do not change any layer's input. The model's
-    momenta are restored and its running statistics are left as the last batch's.
-    """
-    norms = _batch_norms(model)
-    saved = {k: m.momentum for k, m in norms.items()}
-    sums = {k: [torch.zeros_like(s) for s in _running_stats(m)[:2]] for k, m in norms.items()}
-    batches = 0
-    model.train()
-    with torch.no_grad():
-        for start in range(0, int(x.shape[0]), batch_size):
-            for m in norms.values():
-                m.reset_running_stats()
-                m.momentum = None
-            model(model_inputs(x[start : start + batch_size], pixels))
-            batches += 1
-            for k, m in norms.items():
-                mean, var, _ = _running_stats(m)
-                sums[k][0] += mean
-                sums[k][1] += var
-    for k, m in norms.items():
-        m.momentum = saved[k]
-    return {k: (mean, var, batches) for k, (mean, var) in sums.items()}
-
-
-@torch.no_grad()
-def apply_bn_statistics(model: nn.Module, stats: BNStatistics) -> None:
-    """Set each BatchNorm layer's running statistics to the cumulative average of `stats`
-    (mean of the per-batch means and of the per-batch unbiased variances, as PyTorch's
-    momentum None gives); the model is left in eval mode."""
-    norms = _batch_norms(model)
-    if set(stats) != set(norms):
-        raise ValueError(
-            f"BatchNorm statistics for layers {sorted(stats)}, the model has {sorted(norms)}"
-        )
-    for k, m in norms.items():
-        mean, var, n = stats[k]
-        if n < 1:
-            raise ValueError(f"no batches for BatchNorm layer {k!r}")
-        running_mean, running_var, tracked = _running_stats(m)
-        running_mean.copy_(mean / n)
-        running_var.copy_(var / n)
-        tracked.fill_(n)
-    model.eval()
-
-
-def recompute_bn_statistics(
-    model: nn.Module, x: torch.Tensor, batch_size: int = 500, pixels: PixelNorm | None = None
-) -> None:
-    """Re-estimate BatchNorm running statistics by one pass over `x` (HeteroFL's static BN).
-
-    As HeteroFL's code does it: statistics are reset and accumulated with momentum None,
-    PyTorch's cumulative average, so the running mean is the mean of the per-batch means and
-    the running variance the mean of the per-batch unbiased variances (equal to the exact
-    statistics of `x` only when it is one batch). Batches are consecutive slices of `x`, so
-    the result is deterministic; the model is left in eval mode. It is
-    `bn_batch_statistics` then `apply_bn_statistics`, which the Flower adapter splits
-    between clients and server.
-    """
-    apply_bn_statistics(model, bn_batch_statistics(model, x, batch_size, pixels))

@@ -7,6 +7,9 @@ The data layer knows no model.
 """
 
 from hetfl.data.cifar import load_cifar10, load_cifar100
+from hetfl.data.dataset import DATASETS, Dataset, stratified_split
+from hetfl.data.digits import load_digits
+from hetfl.data.fashion_mnist import load_fashion_mnist, read_idx
 from hetfl.data.federation import (
     build_clients,
     global_test,
@@ -16,6 +19,7 @@ from hetfl.data.federation import (
 from hetfl.data.leaf import LEAF_DATASETS, load_femnist, load_shakespeare
 from hetfl.data.libsvm import load_libsvm, read_libsvm
 from hetfl.data.locate import DatasetNotFoundError
+from hetfl.data.npz import load_npz
 from hetfl.data.partition import (
     PARTITIONERS,
     PartitionError,
@@ -26,16 +30,7 @@ from hetfl.data.partition import (
     k_classes,
     quantity_skew,
 )
-from hetfl.data.sources import (
-    DATASETS,
-    Dataset,
-    load_digits,
-    load_fashion_mnist,
-    load_npz,
-    load_synthetic,
-    read_idx,
-    stratified_split,
-)
+from hetfl.data.synthetic import load_synthetic
 from hetfl.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [

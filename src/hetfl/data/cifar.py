@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from hetfl.data.archives import ARCHIVES, Archive, find_extracted
+from hetfl.data.dataset import DATASETS, Dataset
 from hetfl.data.pixel_stats import pixel_norm_of
-from hetfl.data.sources import DATASETS, Dataset
 
 #: The pixels of one record: three 32 x 32 planes.
 IMAGE_SHAPE = (3, 32, 32)

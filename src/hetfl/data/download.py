@@ -2,7 +2,7 @@
 CIFAR and Tiny-ImageNet archives in `hetfl.data.archives`, and `DOWNLOADERS`, the table
 behind `hetfl data download NAME` and `data.download: true`.
 
-`hetfl.data.sources` never touches the network. Every file is verified before it is moved
+a dataset source never touches the network. Every file is verified before it is moved
 into place (`hetfl.data.fetch`, which also says why this is not pooch), because upstream
 mirrors are plain HTTP and a truncated or altered file would otherwise only show up later
 as a confusing decode error, or worse, as wrong data.

@@ -19,7 +19,7 @@ import torch
 from hetfl.core.augment import Augmentation
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
-from hetfl.data.sources import Dataset
+from hetfl.data.dataset import Dataset
 from hetfl.data.views import ClientView, remap_labels, resize_images, restrict
 
 

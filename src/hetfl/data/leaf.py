@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from hetfl.core.pixels import PIXEL_SCALE, PixelNorm
+from hetfl.data.dataset import DATASETS, Dataset
 from hetfl.data.fetch import default_cache_dir
 from hetfl.data.locate import DatasetNotFoundError, search_places
-from hetfl.data.sources import DATASETS, Dataset
 
 #: The datasets whose samples have natural owners (the `natural` partition needs them).
 LEAF_DATASETS = ("femnist", "shakespeare")

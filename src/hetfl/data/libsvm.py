@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hetfl.core.rng import SERVER, numpy_generator
-from hetfl.data.sources import DATASETS, Dataset, stratified_split
+from hetfl.data.dataset import DATASETS, Dataset, stratified_split
 
 #: The suffix of a LIBSVM test file, next to its training file.
 TEST_SUFFIX = ".t"

@@ -38,8 +38,8 @@ import numpy as np
 
 from hetfl.core.pixels import PixelNorm
 from hetfl.data.archives import ARCHIVES, find_extracted
+from hetfl.data.dataset import ARRAY_NAMES, DATASETS, Dataset
 from hetfl.data.pixel_stats import pixel_norm_of
-from hetfl.data.sources import ARRAY_NAMES, DATASETS, Dataset
 
 ARCHIVE = ARCHIVES["tiny-imagenet"]
 FOLDER = ARCHIVE.folder

@@ -34,7 +34,8 @@ from typing import Any, cast
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from hetfl.core.client import ModelCache, Program
+from hetfl.core.client import Program
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem

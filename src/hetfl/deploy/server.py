@@ -48,7 +48,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from torch import nn
 
-from hetfl.core.client import BNStatistics, apply_bn_statistics
+from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (

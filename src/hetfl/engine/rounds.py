@@ -35,9 +35,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from hetfl.core.client import ModelCache, Programs, evaluate_model
+from hetfl.core.client import Programs
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.scoring import evaluate_model
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State

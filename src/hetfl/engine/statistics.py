@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetfl.core.client import BNStatistics, bn_batch_statistics
+from hetfl.core.bn_statistics import BNStatistics, bn_batch_statistics
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import torch_generator
 from hetfl.data.federation import largest_remainder

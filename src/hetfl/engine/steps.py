@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from hetfl.core.client import ModelCache
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes

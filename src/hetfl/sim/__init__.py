@@ -1,7 +1,8 @@
 """The in-process engine: the simulator and the executors that run its units of work."""
 
 from hetfl.sim.engine import Simulation
-from hetfl.sim.executor import Executor, SequentialExecutor, make_executor
+from hetfl.sim.executor import Executor, SequentialExecutor
+from hetfl.sim.factory import make_executor
 from hetfl.sim.processes import ProcessExecutor
 from hetfl.sim.tasks import ClientJob, TaskOutcome
 from hetfl.sim.vectorised import VectorisedExecutor

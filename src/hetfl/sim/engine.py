@@ -30,7 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetfl.core.client import EVAL_BATCH, BNStatistics, Programs, apply_bn_statistics
+from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
+from hetfl.core.client import Programs
+from hetfl.core.scoring import EVAL_BATCH
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes

@@ -25,9 +25,8 @@ executor ran them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from hetfl.core.client import Programs
 from hetfl.core.server_program import Channel, ServerProgram
@@ -36,8 +35,6 @@ from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, fit_client, t
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-ExecutorName = Literal["sequential", "processes", "vectorised", "auto"]
 
 
 class Executor(Protocol):
@@ -133,54 +130,3 @@ def _train_with_server(
     out, wall_s = fit_client(programs, job, data, channel)
     served = None if isinstance(out, Problem) else session.close()
     return TaskOutcome(job.task, out, wall_s, served, channel.counts())
-
-
-def make_executor(
-    name: ExecutorName,
-    *,
-    workers: int | None,
-    threads: int,
-    device: str,
-    deterministic: bool,
-    clients_per_round: int,
-    measured_clock: bool,
-) -> tuple[Executor, str]:
-    """The executor a run asked for, and why it was chosen (for the start banner).
-
-    `auto` takes processes when there is more than one core and more than one client per
-    round, on the CPU, with a simulated clock; else sequential. `workers` defaults to the
-    usable cores divided by `threads`."""
-    cores = len(os.sched_getaffinity(0))
-    count = workers or max(1, cores // threads)
-    auto = name == "auto"
-    if auto:
-        reasons = []
-        if device != "cpu":
-            reasons.append(f"device {device}")
-        if cores < 2:
-            reasons.append("one core")
-        if clients_per_round < 2:
-            reasons.append("one client per round")
-        if measured_clock:
-            reasons.append("clock measured (parallel clients would contend)")
-        if reasons or count < 2:
-            why = ", ".join(reasons) or f"{count} worker"
-            return SequentialExecutor(), f"sequential (auto: {why})"
-        name = "processes"
-    if name == "processes":
-        if measured_clock:
-            raise ValueError(
-                "executor 'processes' with system.clock 'measured': clients training at "
-                "the same time contend for the cores, so their measured times would not be "
-                "theirs; use executor 'sequential' or the simulated clock"
-            )
-        from hetfl.sim.processes import ProcessExecutor
-
-        chosen = ProcessExecutor(count, threads, device=device, deterministic=deterministic)
-        return chosen, chosen.describe() + (" (auto)" if auto else "")
-    if name == "vectorised":
-        from hetfl.sim.vectorised import VectorisedExecutor
-
-        vectorised = VectorisedExecutor()
-        return vectorised, vectorised.describe()
-    return SequentialExecutor(), "sequential (in process)"

@@ -22,8 +22,11 @@ from typing import NamedTuple
 
 import torch
 
-from hetfl.core.client import BNStatistics, ModelCache, Programs, score_batch_of
+from hetfl.core.bn_statistics import BNStatistics
+from hetfl.core.client import Programs
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm, model_inputs
+from hetfl.core.scoring import score_batch_of
 from hetfl.core.server_program import Channel, ChannelCounts
 from hetfl.core.spec import Spec
 from hetfl.core.types import (

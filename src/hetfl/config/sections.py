@@ -1,36 +1,25 @@
-"""Typed, validated run configuration: YAML in, plain frozen models out.
+"""One job: the config's sections as typed, frozen records (data, model, training,
+evaluation, deployment, store), each validating its own fields and the names it refers to
+against the registries.
 
-Everything a run needs is checked here, before anything runs: types and ranges by the
-pydantic models, names against the registries, and cross-field rules (more clients per
-round than clients). Errors become one `ConfigError` whose message names each field, the
-value received and what is allowed; an unknown key suggests the closest known one.
-Algorithms receive only their own options (explicit constructor arguments), never this
-config.
+Every record refuses unknown keys; what crosses sections is checked by `RunConfig`
+(`hetfl.config.run`).
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
-import itertools
 import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hetfl.algorithms import ALGORITHMS
 from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
-from hetfl.core.wrappers import WrapperChoice
 from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import ViewGroup
-from hetfl.models import ARCHITECTURES, is_composed, is_scalable
 from hetfl.models.factory import (
     COMPOSED_OPTIONS,
     SHAPE_OPTIONS,
@@ -39,7 +28,6 @@ from hetfl.models.factory import (
     unknown_model_message,
 )
 from hetfl.models.flanc import COMPOSED
-from hetfl.systems.profiles import SystemConfig
 
 
 class ConfigError(ValueError):
@@ -422,283 +410,3 @@ class StoreConfig(_Strict):
 
     def settings(self) -> StoreSettings:
         return StoreSettings(self.memory_budget)
-
-
-class RunConfig(_Strict):
-    name: str = Field("run", pattern=r"^[A-Za-z0-9_.\-]+$")
-    seed: int = Field(0, ge=0)
-    algorithm: str = "fedavg"
-    options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="per-algorithm options, keyed by algorithm name"
-    )
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    train: TrainConfig = TrainConfig()
-    eval: EvalConfig = EvalConfig()
-    checkpoint_every: int = Field(1, ge=1)
-    availability: float = Field(1.0, gt=0, le=1)
-    system: SystemConfig = Field(
-        SystemConfig(), description="device profiles, simulated clock, deadline"
-    )
-    store: StoreConfig = StoreConfig()
-    targets: list[TargetConfig] = Field(default_factory=list)
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
-    deterministic: bool = Field(
-        True,
-        description="on CUDA, deterministic kernels (false is faster and not bit-reproducible)",
-    )
-    threads: int = Field(
-        1,
-        ge=1,
-        description="intra-op threads of every unit of work (a client's training, an "
-        "evaluation batch) in every executor; results depend on it, the executor does not",
-    )
-    executor: Literal["sequential", "processes", "vectorised", "auto"] | None = Field(
-        None,
-        description="where clients train and evaluation batches run: sequential (in "
-        "process), processes (worker processes on the CPU), vectorised (same-spec clients "
-        "trained together with vmap, for a GPU; agrees to about 1e-5, not bit for bit), "
-        "auto (processes with more than one core and one client per round); unset: auto "
-        "from the CLI, sequential from the library",
-    )
-    workers: int | None = Field(
-        None, ge=1, description="worker processes of executor processes (default: cores / threads)"
-    )
-    output_dir: str = "runs"
-    tracking: Literal["none", "tensorboard"] = Field(
-        "none",
-        description="where the metrics rows go besides metrics.jsonl: tensorboard writes "
-        "event files to <run>/tensorboard (needs pip install 'hetfl[tensorboard]')",
-    )
-    wrappers: list[WrapperChoice] = Field(
-        default_factory=list,
-        description="client-program wrappers (attacks, faults), applied in this order to "
-        "every client's program: [{kind: <name>, ...its options}] (`hetfl list`)",
-    )
-    deploy: DeployConfig = DeployConfig()
-    sweep: dict[str, list[Any]] | None = None
-
-    @field_validator("algorithm")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in ALGORITHMS:
-            raise ValueError(ALGORITHMS.unknown_message(v))
-        return v
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> RunConfig:
-        for algo, opts in self.options.items():
-            if algo not in ALGORITHMS:
-                raise ValueError(f"options: {ALGORITHMS.unknown_message(algo)}")
-            try:
-                ALGORITHMS.get(algo).options(**opts)
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(['options', algo, *map(str, e['loc'])])}: "
-                    f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
-                    for e in exc.errors()
-                )
-                raise ValueError(problems) from None
-        if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):
-            raise ValueError(
-                f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
-                f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is not one"
-            )
-        if ALGORITHMS.get(self.algorithm).needs == "composed" and not is_composed(self.model.name):
-            raise ValueError(
-                f"algorithm {self.algorithm!r} composes kernels from shared bases: it needs a "
-                f"composed model (model.name one of {', '.join(COMPOSED.names())}); "
-                f"{self.model.name!r} is not one"
-            )
-        sizes = {g.size for g in self.data.groups or []}
-        if len(sizes) > 1 and not is_scalable(self.model.name):
-            raise ValueError(
-                f"data.groups give clients different input sizes ({sorted(sizes, key=str)}); "
-                f"{self.model.name!r} takes one input size: use a scalable model "
-                f"({', '.join(ARCHITECTURES.names())})"
-            )
-        if self.train.clients_per_round > self.data.num_clients:
-            raise ValueError(
-                f"train.clients_per_round = {self.train.clients_per_round} is more than "
-                f"data.num_clients = {self.data.num_clients}"
-            )
-        if self.workers is not None and self.executor == "sequential":
-            raise ValueError(
-                f"workers = {self.workers} is for executor 'processes' (or 'auto'), "
-                "but executor is 'sequential'"
-            )
-        if self.executor == "processes" and self.measured_clock:
-            raise ValueError(
-                "executor 'processes' with system.clock 'measured': clients training at the "
-                "same time contend for the cores, so their measured times would not be "
-                "theirs; use executor 'sequential' or the simulated clock"
-            )
-        if self.deploy.min_clients is not None and self.deploy.min_clients > self.data.num_clients:
-            raise ValueError(
-                f"deploy.min_clients = {self.deploy.min_clients} is more than "
-                f"data.num_clients = {self.data.num_clients}"
-            )
-        return self
-
-    @property
-    def measured_clock(self) -> bool:
-        """Whether clients are clocked by their measured wall time (device profiles on,
-        `system.clock: measured`)."""
-        system = self.system.settings()
-        return system is not None and system.clock == "measured"
-
-    def algorithm_options(self) -> dict[str, Any]:
-        return dict(self.options.get(self.algorithm, {}))
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-# -- loading, overrides, errors ------------------------------------------------------------
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`["train.lr=0.1", "sweep.seed=[0,1]"]` -> `{"train.lr": 0.1, ...}` (values as YAML)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"override {pair!r} is not of the form key=value (e.g. train.lr=0.1)")
-        key, _, raw = pair.partition("=")
-        if not key:
-            raise ConfigError(f"override {pair!r} has an empty key")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-    return out
-
-
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = tree
-    for p in parts[:-1]:
-        child = node.get(p)
-        if not isinstance(child, dict):
-            child = {}
-            node[p] = child
-        node = child
-    node[parts[-1]] = value
-
-
-def load_raw(path: str | Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(raw).__name__}")
-    return raw
-
-
-def validate(raw: Mapping[str, Any]) -> RunConfig:
-    try:
-        return RunConfig.model_validate(dict(raw))
-    except ValidationError as exc:
-        raise ConfigError(format_errors(exc, raw)) from None
-
-
-def format_errors(exc: ValidationError, raw: Mapping[str, Any]) -> str:
-    lines = [f"invalid configuration ({exc.error_count()} problem(s)):"]
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        field = ".".join(loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  - {field}: unknown key{_suggestion(loc)}")
-            continue
-        msg = err["msg"].removeprefix("Value error, ")
-        got = _lookup(raw, loc)
-        shown = "" if got is _MISSING else f" (got {got!r})"
-        lines.append(f"  - {field}: {msg}{shown}")
-    return "\n".join(lines)
-
-
-_MISSING = object()
-
-
-def _lookup(raw: Any, loc: Sequence[str]) -> Any:
-    node = raw
-    for p in loc:
-        if isinstance(node, Mapping) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and p.isdigit() and int(p) < len(node):
-            node = node[int(p)]
-        else:
-            return _MISSING
-    return node
-
-
-def _suggestion(loc: Sequence[str]) -> str:
-    """'; did you mean X?' from the fields of the model that holds the unknown key."""
-    model: type[BaseModel] = RunConfig
-    for p in loc[:-1]:
-        field = model.model_fields.get(p)
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
-        model = annotation
-    allowed = list(model.model_fields)
-    close = difflib.get_close_matches(loc[-1], allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (allowed: {', '.join(allowed)})"
-
-
-# -- sweeps --------------------------------------------------------------------------------
-def expand_sweep(raw: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """One (point name, raw config) per combination of the `sweep:` values.
-
-    Keys are `algorithm`, `seed` or any dotted key; names read `<algorithm>-s<seed>` plus
-    `-<key>=<value>` for every other swept key. A key that lists several dotted keys
-    separated by commas sets each value into all of them (one sweep dimension): a server
-    step tuned for two methods whose options live under their own names.
-    """
-    sweep = raw.get("sweep") or {}
-    if not isinstance(sweep, Mapping):
-        raise ConfigError("sweep: must map keys to lists of values, e.g. {algorithm: [fedavg]}")
-    base = copy.deepcopy(dict(raw))
-    base.pop("sweep", None)
-    if not sweep:
-        return [(_point_name(base, {}), base)]
-    keys = list(sweep)
-    for k in keys:
-        values = sweep[k]
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep.{k}: needs a non-empty list of values (got {values!r})")
-    points = []
-    for combo in itertools.product(*(sweep[k] for k in keys)):
-        point = copy.deepcopy(base)
-        for k, v in zip(keys, combo, strict=True):
-            for target in _tied_keys(k):
-                set_dotted(point, target, v)
-        extra = {k: v for k, v in zip(keys, combo, strict=True) if k not in ("algorithm", "seed")}
-        points.append((_point_name(point, extra), point))
-    names = [n for n, _ in points]
-    if len(set(names)) != len(names):
-        raise ConfigError("sweep: two points get the same name; sweep distinct values")
-    return points
-
-
-def _tied_keys(key: str) -> list[str]:
-    """The dotted keys a sweep key sets: itself, or each of a comma-separated list."""
-    keys = [k.strip() for k in key.split(",")]
-    if not all(keys):
-        raise ConfigError(
-            f"sweep.{key}: an empty key in a comma-separated list; write the dotted keys that "
-            "take the same value, e.g. 'options.fedadagrad.server_lr, options.fedyogi.server_lr'"
-        )
-    return keys
-
-
-def _point_name(point: Mapping[str, Any], extra: Mapping[str, Any]) -> str:
-    name = f"{point.get('algorithm', 'fedavg')}-s{point.get('seed', 0)}"
-    for k, v in extra.items():
-        name += f"-{_tied_keys(k)[0].split('.')[-1]}={v}"
-    return name.replace("/", "_")
-
-
-def default_config_path() -> Path:
-    return Path(__file__).parent / "configs" / "default.yaml"

@@ -1,0 +1,157 @@
+"""One job: the whole run's record, `RunConfig`, and the checks that cross its sections
+(an algorithm's options against its own model of them, a method's model requirement, more
+clients per round than clients, executor and clock settings that cannot work together).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from hetfl.algorithms import ALGORITHMS
+from hetfl.config.sections import (
+    DataConfig,
+    DeployConfig,
+    EvalConfig,
+    ModelConfig,
+    StoreConfig,
+    TargetConfig,
+    TrainConfig,
+    _Strict,
+)
+from hetfl.core.wrappers import WrapperChoice
+from hetfl.models import ARCHITECTURES, is_composed, is_scalable
+from hetfl.models.flanc import COMPOSED
+from hetfl.systems.profiles import SystemConfig
+
+
+class RunConfig(_Strict):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.\-]+$")
+    seed: int = Field(0, ge=0)
+    algorithm: str = "fedavg"
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-algorithm options, keyed by algorithm name"
+    )
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint_every: int = Field(1, ge=1)
+    availability: float = Field(1.0, gt=0, le=1)
+    system: SystemConfig = Field(
+        SystemConfig(), description="device profiles, simulated clock, deadline"
+    )
+    store: StoreConfig = StoreConfig()
+    targets: list[TargetConfig] = Field(default_factory=list)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    deterministic: bool = Field(
+        True,
+        description="on CUDA, deterministic kernels (false is faster and not bit-reproducible)",
+    )
+    threads: int = Field(
+        1,
+        ge=1,
+        description="intra-op threads of every unit of work (a client's training, an "
+        "evaluation batch) in every executor; results depend on it, the executor does not",
+    )
+    executor: Literal["sequential", "processes", "vectorised", "auto"] | None = Field(
+        None,
+        description="where clients train and evaluation batches run: sequential (in "
+        "process), processes (worker processes on the CPU), vectorised (same-spec clients "
+        "trained together with vmap, for a GPU; agrees to about 1e-5, not bit for bit), "
+        "auto (processes with more than one core and one client per round); unset: auto "
+        "from the CLI, sequential from the library",
+    )
+    workers: int | None = Field(
+        None, ge=1, description="worker processes of executor processes (default: cores / threads)"
+    )
+    output_dir: str = "runs"
+    tracking: Literal["none", "tensorboard"] = Field(
+        "none",
+        description="where the metrics rows go besides metrics.jsonl: tensorboard writes "
+        "event files to <run>/tensorboard (needs pip install 'hetfl[tensorboard]')",
+    )
+    wrappers: list[WrapperChoice] = Field(
+        default_factory=list,
+        description="client-program wrappers (attacks, faults), applied in this order to "
+        "every client's program: [{kind: <name>, ...its options}] (`hetfl list`)",
+    )
+    deploy: DeployConfig = DeployConfig()
+    sweep: dict[str, list[Any]] | None = None
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in ALGORITHMS:
+            raise ValueError(ALGORITHMS.unknown_message(v))
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        for algo, opts in self.options.items():
+            if algo not in ALGORITHMS:
+                raise ValueError(f"options: {ALGORITHMS.unknown_message(algo)}")
+            try:
+                ALGORITHMS.get(algo).options(**opts)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(['options', algo, *map(str, e['loc'])])}: "
+                    f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
+                    for e in exc.errors()
+                )
+                raise ValueError(problems) from None
+        if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):
+            raise ValueError(
+                f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
+                f"{', '.join(ARCHITECTURES.names())}); {self.model.name!r} is not one"
+            )
+        if ALGORITHMS.get(self.algorithm).needs == "composed" and not is_composed(self.model.name):
+            raise ValueError(
+                f"algorithm {self.algorithm!r} composes kernels from shared bases: it needs a "
+                f"composed model (model.name one of {', '.join(COMPOSED.names())}); "
+                f"{self.model.name!r} is not one"
+            )
+        sizes = {g.size for g in self.data.groups or []}
+        if len(sizes) > 1 and not is_scalable(self.model.name):
+            raise ValueError(
+                f"data.groups give clients different input sizes ({sorted(sizes, key=str)}); "
+                f"{self.model.name!r} takes one input size: use a scalable model "
+                f"({', '.join(ARCHITECTURES.names())})"
+            )
+        if self.train.clients_per_round > self.data.num_clients:
+            raise ValueError(
+                f"train.clients_per_round = {self.train.clients_per_round} is more than "
+                f"data.num_clients = {self.data.num_clients}"
+            )
+        if self.workers is not None and self.executor == "sequential":
+            raise ValueError(
+                f"workers = {self.workers} is for executor 'processes' (or 'auto'), "
+                "but executor is 'sequential'"
+            )
+        if self.executor == "processes" and self.measured_clock:
+            raise ValueError(
+                "executor 'processes' with system.clock 'measured': clients training at the "
+                "same time contend for the cores, so their measured times would not be "
+                "theirs; use executor 'sequential' or the simulated clock"
+            )
+        if self.deploy.min_clients is not None and self.deploy.min_clients > self.data.num_clients:
+            raise ValueError(
+                f"deploy.min_clients = {self.deploy.min_clients} is more than "
+                f"data.num_clients = {self.data.num_clients}"
+            )
+        return self
+
+    @property
+    def measured_clock(self) -> bool:
+        """Whether clients are clocked by their measured wall time (device profiles on,
+        `system.clock: measured`)."""
+        system = self.system.settings()
+        return system is not None and system.clock == "measured"
+
+    def algorithm_options(self) -> dict[str, Any]:
+        return dict(self.options.get(self.algorithm, {}))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

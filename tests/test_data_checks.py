@@ -139,7 +139,7 @@ def test_a_flower_node_refuses_its_partition_with_the_same_check(tmp_path):
 
 def test_hetfl_client_checks_its_data_before_becoming_a_node(tmp_path, capsys, monkeypatch):
     pytest.importorskip("flwr")
-    from hetfl import launch
+    from hetfl.launch import client as launch
 
     def became_a_node(argv: list[str]) -> None:
         raise AssertionError("the node started before its data was checked")

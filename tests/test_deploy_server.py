@@ -238,8 +238,8 @@ def test_nodes_with_other_data_settings_are_refused(change, tmp_path):
     node_cfgs[2]["hetfl-config"] = str(other)
     raw = config(**{"deploy.min_clients": 2, "deploy.registration_timeout_s": 1})
     server, rows = serve(LoopbackGrid(node_cfgs), raw, tmp_path / "run")
-    assert server.refused == {1002}
-    assert sorted(server.infos) == [0, 1]
+    assert server.members.refused == {1002}
+    assert sorted(server.members.infos) == [0, 1]
     assert all(r["clients"] == 2 for r in rows)
 
 
@@ -372,4 +372,4 @@ def test_a_node_with_other_client_groups_is_refused(tmp_path):
     raw = scalablefl_config(deploy={"min_clients": 2, "registration_timeout_s": 1})
     raw["train"]["rounds"] = 1
     server, _ = serve(LoopbackGrid(node_cfgs), raw, tmp_path / "run")
-    assert server.refused == {1002}
+    assert server.members.refused == {1002}

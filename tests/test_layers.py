@@ -207,3 +207,34 @@ def test_method_modules_stay_short(tmp_path):
     (tmp_path / "fits.py").write_text("x = 1\n" * 160)
     (tmp_path / "widths.py").write_text("x = 1\n" * 400)
     assert long_method_modules(tmp_path) == {"big.py": 161}
+
+
+# -- the layout: one job per module -------------------------------------------------------------
+def documented_layout() -> list[str]:
+    """The module paths listed in docs/contracts.md, "The layout: one job per module"."""
+    text = (REPO / "docs" / "contracts.md").read_text()
+    section = text.split("### The layout: one job per module", 1)[1]
+    block = section.split("```", 2)[1]
+    return [line.split()[0] for line in block.splitlines() if line.strip()]
+
+
+def test_the_documented_layout_names_every_module_and_no_other():
+    actual = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py"))
+    listed = documented_layout()
+    missing = sorted(set(actual) - set(listed))
+    stale = sorted(set(listed) - set(actual))
+    assert not missing and not stale, (
+        f"docs/contracts.md's layout misses {missing} and lists modules that do not exist "
+        f"{stale}: give every module one line there, `path  its one job`"
+    )
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+
+
+def test_a_module_over_400_lines_says_its_one_job():
+    long = {
+        str(p.relative_to(SRC)): ast.get_docstring(ast.parse(p.read_text())) or ""
+        for p in SRC.rglob("*.py")
+        if len(p.read_text().splitlines()) > 400
+    }
+    vague = sorted(name for name, doc in long.items() if not doc.startswith("One job: "))
+    assert not vague, f"over 400 lines without a docstring opening 'One job: ...': {vague}"

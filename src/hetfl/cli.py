@@ -1,4 +1,5 @@
-"""`hetfl`: run, resume, compare and plot federated experiments.
+"""One job: the `hetfl` command line (run, resume, list, compare, plot, serve, client) and its
+exit statuses.
 
 User errors (a bad config, a missing dataset, an impossible partition, malformed data) end
 with a message and exit status 2, without a traceback; set HETFL_DEBUG=1 to see one. A run

@@ -1,4 +1,5 @@
-"""LEAF's FEMNIST and Shakespeare, read from the JSON folders that LEAF's scripts write.
+"""One job: LEAF's FEMNIST and Shakespeare, read from the JSON folders that LEAF's scripts
+write.
 
 LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018, §3; repository
 TalwalkarLab/leaf) publishes no data files: users run its `preprocess.sh`, which downloads

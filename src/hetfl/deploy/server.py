@@ -37,14 +37,12 @@ What differs from the simulator, and why:
 
 from __future__ import annotations
 
-import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from flwr.app import Message
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -58,12 +56,12 @@ from hetfl.core.types import (
     EvalModel,
     EvalSplit,
     Failure,
-    FailureKind,
     Problem,
     State,
 )
-from hetfl.deploy.codec import CodecError
-from hetfl.deploy.records import EVALUATE, REGISTER, STATS, TRAIN, from_content, to_content
+from hetfl.deploy.exchange import Exchange, answer_of, failure_kind
+from hetfl.deploy.membership import Membership
+from hetfl.deploy.records import EVALUATE, STATS, TRAIN, to_content
 from hetfl.engine.outputs import RowSink
 from hetfl.engine.parts import Parts
 from hetfl.engine.rounds import RoundLoop
@@ -74,20 +72,6 @@ from hetfl.engine.steps import (
     charge_result,
     pooled_validation,
     run_pixels,
-)
-
-K = TypeVar("K", bound=Hashable)
-
-#: Flower error codes that say nothing about the node's answer (a message expired or could
-#: not be delivered, the node is offline or its process died): worth asking again.
-_TRANSIENT = frozenset(
-    {
-        ErrorCode.UNKNOWN,
-        ErrorCode.MESSAGE_UNAVAILABLE,
-        ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
-        ErrorCode.NODE_UNAVAILABLE,
-        ErrorCode.CLIENT_APP_CRASHED,
-    }
 )
 
 
@@ -152,15 +136,17 @@ class FlowerServer(RoundLoop):
             sinks,
         )
         self.info["engine"] = "flower"
-        self.grid = grid
         self.deploy = deployment
         self.config_text = deployment.config_text
-        self.fingerprint = deployment.fingerprint
-        self.expected = deployment.num_clients
         self.poll_s = poll_s
-        self.infos: dict[int, ClientInfo] = {}
-        self.node_of: dict[int, int] = {}
-        self.refused: set[int] = set()
+        self.exchange = Exchange(grid, poll_s)
+        self.members = Membership(
+            self.exchange,
+            deployment.config_text,
+            deployment.fingerprint,
+            deployment.num_clients,
+            self.progress.message,
+        )
         self.participated: set[int] = set()
         if self.settings.availability < 1:
             self.progress.message(
@@ -177,134 +163,20 @@ class FlowerServer(RoundLoop):
     def run(self, resume: bool = False) -> dict[str, Any]:
         """Register clients, run (or continue) to the configured rounds; returns the summary."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._wait_for_clients()
+        need = self.deploy.min_clients or self.deploy.num_clients
+        self.members.wait_for(need, self.deploy.registration_timeout_s, self.poll_s)
         return super().run(resume)
 
     # -- clients ------------------------------------------------------------------------
-    def _wait_for_clients(self) -> None:
-        """Register nodes until `min_clients` (default: all) clients are known, or fail
-        after `registration_timeout_s` naming the partitions still missing."""
-        need = self.deploy.min_clients or self.expected
-        deadline = time.monotonic() + self.deploy.registration_timeout_s
-        self.progress.message(f"waiting for {need} of {self.expected} clients to register")
-        while len(self.infos) < need:
-            if time.monotonic() >= deadline:
-                missing = sorted(set(range(self.expected)) - set(self.infos))
-                raise TimeoutError(
-                    f"only {len(self.infos)} of the {need} clients needed registered within "
-                    f"deploy.registration_timeout_s = {self.deploy.registration_timeout_s:g} s; "
-                    f"missing partitions: {missing}. Start them with "
-                    "`hetfl client --partition-id I --config CONFIG`, or lower deploy.min_clients"
-                )
-            unknown = self._unknown_nodes()
-            if unknown:
-                self._register(unknown, timeout=deadline - time.monotonic())
-            else:
-                time.sleep(self.poll_s)
-        self.progress.message(f"{len(self.infos)} clients registered: {sorted(self.infos)}")
-
-    def _unknown_nodes(self) -> list[int]:
-        known = set(self.node_of.values()) | self.refused
-        return sorted(n for n in self.grid.get_node_ids() if n not in known)
-
-    def _register(self, node_ids: Iterable[int], timeout: float) -> None:
-        """Ask nodes who they are; admit them, or refuse them for good when their answer
-        (or their ClientApp failing) rules them out. A node that did not answer, or whose
-        message Flower could not deliver in time, is asked again later."""
-        request = to_content({"config": self.config_text})
-        messages = {
-            nid: Message(request, nid, REGISTER, ttl=timeout, group_id="register")
-            for nid in node_ids
-        }
-        replies = self._exchange(messages, timeout)
-        connected = set(self.grid.get_node_ids())
-        for nid in sorted(replies):
-            reply = replies[nid]
-            answer, problem = self._answer(reply, ("partition_id", "info", "data"))
-            if problem is not None and reply.has_error() and reply.error.code in _TRANSIENT:
-                self.progress.message(f"warning: node {nid} not registered yet: {problem}")
-                continue
-            if problem is None:
-                problem = self._admit(nid, answer, connected)
-            if problem is not None:
-                self.refused.add(nid)
-                self.progress.message(f"warning: node {nid} refused: {problem}")
-
-    def _admit(self, nid: int, answer: Mapping[str, Any], connected: set[int]) -> str | None:
-        cid, info = answer["partition_id"], answer["info"]
-        if not isinstance(info, ClientInfo) or info.cid != cid:
-            return f"malformed registration (partition {cid!r}, info {info!r:.80})"
-        if answer["data"] != self.fingerprint:
-            diff = {
-                k: (answer["data"].get(k), v)
-                for k, v in self.fingerprint.items()
-                if answer["data"].get(k) != v
-            }
-            return (
-                f"its data settings differ from the server's, so partition {cid} would not be "
-                f"the same data; (node, server): {diff}"
-            )
-        if not 0 <= cid < self.expected:
-            return f"partition {cid} is outside 0..{self.expected - 1}"
-        holder = self.node_of.get(cid)
-        if holder is not None and holder != nid and holder in connected:
-            return f"partition {cid} is already served by node {holder}"
-        if holder is not None and info != self.infos[cid]:
-            return f"it serves partition {cid} with other data than its previous node"
-        self.node_of[cid] = nid
-        self.infos[cid] = info
-        return None
 
     def known_clients(self) -> list[ClientInfo]:
-        return [self.infos[c] for c in sorted(self.infos)]
+        return self.members.known()
 
     def available(self, rnd: int) -> list[ClientInfo]:
         """The registered clients whose node is connected, after registering new nodes."""
-        self._register(self._unknown_nodes(), timeout=self.deploy.round_timeout_s)
-        connected = set(self.grid.get_node_ids())
-        return [self.infos[c] for c in sorted(self.infos) if self.node_of[c] in connected]
+        return self.members.available(self.deploy.round_timeout_s)
 
-    # -- exchanges ----------------------------------------------------------------------
-    def _exchange(self, messages: Mapping[K, Message], timeout: float) -> dict[K, Message]:
-        """Push all messages, then pull replies until each is answered or `timeout` passes.
-
-        Replies are matched to requests by message id (an error reply for an unreachable
-        node comes from the SuperLink, not from the node).
-        """
-        if not messages:
-            return {}
-        keys = list(messages)
-        ids = list(self.grid.push_messages([messages[k] for k in keys]))
-        pending = {mid: k for k, mid in zip(keys, ids, strict=False) if mid}
-        replies: dict[K, Message] = {}
-        deadline = time.monotonic() + timeout
-        while pending:
-            for reply in self.grid.pull_messages(list(pending)):
-                key = pending.pop(reply.metadata.reply_to_message_id, None)
-                if key is not None:
-                    replies[key] = reply
-            if not pending or time.monotonic() >= deadline:
-                break
-            time.sleep(self.poll_s)
-        return replies
-
-    @staticmethod
-    def _answer(
-        reply: Message | None, keys: tuple[str, ...], missing: str = "no reply in time"
-    ) -> tuple[dict[str, Any], str | None]:
-        """The decoded reply, or why there is none usable (`missing` when none came)."""
-        if reply is None:
-            return {}, missing
-        if reply.has_error():
-            return {}, f"client error: {(reply.error.reason or '').strip()}"
-        try:
-            answer = from_content(reply.content)
-        except CodecError as exc:
-            return {}, f"malformed reply: {exc}"
-        if not isinstance(answer, dict) or any(k not in answer for k in keys):
-            return {}, f"malformed reply: expected fields {list(keys)}"
-        return answer, None
-
+    # -- training -----------------------------------------------------------------------
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
         """Every task as a message; replies checked and charged, in client id order."""
         outcome = RoundOutcome()
@@ -315,9 +187,13 @@ class FlowerServer(RoundLoop):
             outcome.charge(task.cid, bytes_down=state_bytes(task.payload))
             request = {"config": self.config_text, "round": rnd, "task": task}
             messages[task.cid] = Message(
-                to_content(request), self.node_of[task.cid], TRAIN, ttl=timeout, group_id=str(rnd)
+                to_content(request),
+                self.members.node_of[task.cid],
+                TRAIN,
+                ttl=timeout,
+                group_id=str(rnd),
             )
-        replies = self._exchange(messages, timeout)
+        replies = self.exchange(messages, timeout)
         for cid in sorted(messages):
             result = self._result_of(by_cid[cid], replies.get(cid), outcome)
             if isinstance(result, Problem):
@@ -334,25 +210,17 @@ class FlowerServer(RoundLoop):
         """A reply's result, charged to `outcome` and checked like the simulator's, or why
         it is excluded."""
         timeout = self.deploy.round_timeout_s
-        answer, problem = self._answer(
+        answer, problem = answer_of(
             reply, ("result",), missing=f"no reply within deploy.round_timeout_s = {timeout:g} s"
         )
         if problem is not None:
-            return Problem(self._failure_kind(reply), problem)
+            return Problem(failure_kind(reply), problem)
         result = answer["result"]
         if not isinstance(result, ClientResult):
             return Problem("invalid", "malformed reply: no ClientResult")
-        input_shape = self.infos[task.cid].input_shape
+        input_shape = self.members.infos[task.cid].input_shape
         invalid = charge_result(outcome, self.macs, task, result, input_shape)
         return result if invalid is None else invalid
-
-    @staticmethod
-    def _failure_kind(reply: Message | None) -> FailureKind:
-        """The kind of a reply `_answer` found unusable: none came, an error came, or what
-        came did not decode."""
-        if reply is None:
-            return "timeout"
-        return "client-error" if reply.has_error() else "invalid"
 
     # -- evaluation ---------------------------------------------------------------------
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
@@ -362,16 +230,15 @@ class FlowerServer(RoundLoop):
         sums over its batches, and the server adds them in client-id order and sets the
         cumulative average. Clients that fail are left out (with a warning); with none left
         the round's evaluation fails. Bytes are not counted (evaluation traffic)."""
-        connected = set(self.grid.get_node_ids())
-        asked = [c for c in sorted(self.infos) if self.node_of[c] in connected]
-        sizes = {c: self.infos[c].n_train for c in asked}
+        asked = self.members.connected_clients(self.members.infos)
+        sizes = {c: self.members.infos[c].n_train for c in asked}
         shares = stats_shares(sizes, self.settings.stats_samples)
         timeout = self.deploy.round_timeout_s
         request = {"config": self.config_text, "spec": em.spec, "tensors": em.tensors}
         messages = {
             c: Message(
                 to_content({**request, "share": n}),
-                self.node_of[c],
+                self.members.node_of[c],
                 STATS,
                 ttl=timeout,
                 group_id=str(rnd),
@@ -379,10 +246,10 @@ class FlowerServer(RoundLoop):
             for c, n in shares.items()
             if n
         }
-        replies = self._exchange(messages, timeout)
+        replies = self.exchange(messages, timeout)
         total: BNStatistics = {}
         for c in sorted(messages):
-            answer, problem = self._answer(replies.get(c), ("stats",))
+            answer, problem = answer_of(replies.get(c), ("stats",))
             if problem is None:
                 problem = bn_statistics_problem(total, answer["stats"])
             if problem is None:
@@ -409,27 +276,26 @@ class FlowerServer(RoundLoop):
         state; clients that do not answer are left out (with a warning)."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
-        connected = set(self.grid.get_node_ids())
+        infos = self.members.infos
         timeout = self.deploy.round_timeout_s
         tasks = {
-            c: replace(self.strategy.eval_task(self.infos[c], self.state, evaluated), split=split)
+            c: replace(self.strategy.eval_task(infos[c], self.state, evaluated), split=split)
             for c in cids
         }
         messages = {
             c: Message(
-                to_content({"config": self.config_text, "task": task}),
-                self.node_of[c],
+                to_content({"config": self.config_text, "task": tasks[c]}),
+                self.members.node_of[c],
                 EVALUATE,
                 ttl=timeout,
                 group_id=str(rnd),
             )
-            for c, task in tasks.items()
-            if self.node_of[c] in connected
+            for c in self.members.connected_clients(tasks)
         }
-        replies = self._exchange(messages, timeout)
+        replies = self.exchange(messages, timeout)
         scores: list[LocalScore] = []
         for c in sorted(messages):
-            answer, problem = self._answer(replies.get(c), ("correct", "loss", "n"))
+            answer, problem = answer_of(replies.get(c), ("correct", "loss", "n"))
             if problem is not None:
                 self.progress.message(
                     f"warning: client {c} not evaluated on its {split} split in round {rnd}: "

@@ -1,4 +1,5 @@
-"""Scalable model families: one global model, sub-models sliced from it by width and depth.
+"""One job: scalable model families, one global model with sub-models sliced from it by width
+and depth.
 
 A spec of a scalable family holds:
 

@@ -1,4 +1,4 @@
-"""The vectorised executor: clients of a round with the same model trained together.
+"""One job: the vectorised executor, clients of a round with the same model trained together.
 
 For a GPU, where one small client's step leaves the device mostly idle. Clients whose jobs
 have the same spec, the same training settings and the same payload names form a group;

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hetfl.data import sources
+from hetfl.data import fashion_mnist
 from hetfl.data.download import (
     FASHION_MNIST_FILES,
     IDX_SHA256,
@@ -97,8 +97,8 @@ def test_download_passes_the_decompressed_hash_check_and_loads(downloaded, monke
         assert mine[-1] == (size, size)
         assert [got for got, _ in mine] == sorted(got for got, _ in mine)
 
-    monkeypatch.setattr(sources, "_FASHION_MNIST_CACHE", {})  # free the arrays afterwards
-    ds = sources.load_fashion_mnist(dest)
+    monkeypatch.setattr(fashion_mnist, "_FASHION_MNIST_CACHE", {})  # free the arrays afterwards
+    ds = fashion_mnist.load_fashion_mnist(dest)
     assert ds.x_train.shape == (60000, 1, 28, 28) and ds.y_train.shape == (60000,)
     assert ds.x_test.shape == (10000, 1, 28, 28) and ds.y_test.shape == (10000,)
 
@@ -243,7 +243,7 @@ def test_cli_download_and_config_download(server, tmp_path, capsys, monkeypatch)
     assert _leftovers(dest) == sorted(FASHION_MNIST_FILES)
     # a config with `download: true` fetches into the cache before the run
     monkeypatch.setenv("HETFL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "no-system")
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "no-system")
     monkeypatch.delenv("HETFL_DATA", raising=False)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
@@ -252,7 +252,7 @@ def test_cli_download_and_config_download(server, tmp_path, capsys, monkeypatch)
         "train: {rounds: 1, clients_per_round: 1, local_steps: 1}\n"
         f"eval: {{local_eval: none}}\noutput_dir: {tmp_path / 'runs'}\n"
     )
-    monkeypatch.setattr(sources, "_FASHION_MNIST_CACHE", {})
+    monkeypatch.setattr(fashion_mnist, "_FASHION_MNIST_CACHE", {})
     assert main(["run", str(cfg), "--quiet"]) == 0
     assert _leftovers(tmp_path / "cache" / "fashion-mnist") == sorted(FASHION_MNIST_FILES)
 

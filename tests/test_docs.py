@@ -50,8 +50,7 @@ def test_config_page_is_what_the_generator_writes(generator):
 
 def test_every_key_has_a_description(generator):
     assert generator.undescribed() == [], (
-        "give these keys a Field(description=...) in their record, then run "
-        f"`{generator.COMMAND}`"
+        f"give these keys a Field(description=...) in their record, then run `{generator.COMMAND}`"
     )
 
 
@@ -132,3 +131,87 @@ def test_a_record_becomes_sections_with_types_bounds_and_defaults(generator):
     assert [(r.key, r.type) for r in sections[2].rows] == [("`toy.many[].depth`", "int > 0, ≤ 8")]
     rendered = generator.render_section(sections[0])
     assert "| `toy.need` | str | required | &lt;name> \\| other |" in rendered
+
+
+# -- docs/api.md ---------------------------------------------------------------------------------
+def python_blocks(text: str) -> list[str]:
+    """The ```python blocks of a Markdown page, in order."""
+    return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def test_python_blocks_are_found_in_order():
+    page = "a\n```python\nx = 1\n```\n```sh\nls\n```\n```python\ny = x\n```\n"
+    assert python_blocks(page) == ["x = 1\n", "y = x\n"]
+
+
+def test_every_python_block_of_the_api_page_runs(tmp_path):
+    """The blocks, in order, as one script in a fresh interpreter (what they register stays
+    there) in an empty folder (what they write, too)."""
+    blocks = python_blocks((REPO / "docs" / "api.md").read_text())
+    assert len(blocks) >= 6
+    script = tmp_path / "api_page.py"
+    script.write_text("\n\n".join(blocks))
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"docs/api.md failed:\n{done.stdout}\n{done.stderr}"
+    assert (tmp_path / "runs" / "small" / "summary.json").exists()
+
+
+# -- links ---------------------------------------------------------------------------------------
+LINKED_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """A Markdown page without its fenced code blocks (links in code are not links)."""
+    return re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation other than `-` and
+    `_` dropped, spaces to hyphens, `-1`, `-2`, ... after repeats."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", prose(text), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def dead_links(page: Path) -> list[str]:
+    """The relative links of `page` whose file, or heading in a Markdown file, is missing."""
+    dead = []
+    for target in LINK.findall(prose(page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or (
+            anchor and file.suffix == ".md" and anchor not in anchors(file.read_text())
+        ):
+            dead.append(target)
+    return dead
+
+
+def test_anchors_follow_github():
+    page = "# Run outputs\n## `data.groups[]`\n```\n# not a heading\n```\n## Run outputs\n"
+    assert anchors(page) == {"run-outputs", "datagroups", "run-outputs-1"}
+
+
+def test_a_dead_link_is_found(tmp_path):
+    (tmp_path / "there.md").write_text("# A heading\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[ok](there.md) [ok](there.md#a-heading) [web](https://example.org/x) [self](#top)\n"
+        "# Top\n[gone](missing.md) [no heading](there.md#elsewhere)\n"
+        "```\n[in code](nowhere.md)\n```\n"
+    )
+    assert dead_links(page) == ["missing.md", "there.md#elsewhere"]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: p.name)
+def test_links_reach_their_files_and_headings(page):
+    assert dead_links(page) == []

@@ -67,7 +67,11 @@ class ScalableFLOptions(ReducerOptions):
     base_size: int = Field(8, ge=1, description="H0, the side of the last feature map (§III-A)")
     base_classes: int = Field(10, ge=2, description="K0, the class count of width ratio 1")
     participation: float | None = Field(
-        None, gt=0, le=1, description="ξ, each group's sampled share (default: per round / clients)"
+        None,
+        gt=0,
+        le=1,
+        description="ξ, the share of each group sampled per round (default: "
+        "train.clients_per_round / data.num_clients)",
     )
     variant: Variant = "scalablefl"
     match_tolerance: float = Field(
@@ -126,11 +130,7 @@ def describe(variant: Variant, groups: PerGroup[ScaledModel]) -> dict[str, Any]:
     return {"variant": variant, "groups": summaries}
 
 
-@register_algorithm(
-    "scalablefl",
-    ScalableFLOptions,
-    needs="scalable",
-)
+@register_algorithm("scalablefl", ScalableFLOptions, needs="scalable")
 def _make(
     family: ModelFamily, opts: ScalableFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

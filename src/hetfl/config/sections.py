@@ -244,7 +244,7 @@ class ModelConfig(_Strict):
         "base widths, one for every stage or one per stage (default 1)",
     )
     stages: int | None = Field(
-        None, ge=1, description="scalable models: stages or sections (default: the family's all)"
+        None, ge=1, description="scalable models: stages or sections (default: all the family has)"
     )
     blocks: int | list[int] | None = Field(
         None,
@@ -375,8 +375,9 @@ class TrainConfig(_Strict):
     )
     keep_momentum: bool = Field(
         _local("keep_momentum"),
-        description="the optimiser is fresh each round; true keeps each client's momentum "
-        "buffers as its private state between its rounds (needs momentum > 0)",
+        description="the optimiser is fresh each round; true keeps each client's optimiser "
+        "state (SGD's momentum buffers, Adam's moments) as its private state between its "
+        "rounds (sgd: needs momentum > 0)",
     )
     weight_decay: float = Field(
         _local("weight_decay"), ge=0, description="L2 weight decay of the local optimiser"

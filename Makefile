@@ -27,12 +27,12 @@ data:
 	@if [ -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ]; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
-		|| echo "warning: could not install dataset-fashion-mnist; see README (Data)"; \
+		|| echo "warning: could not install dataset-fashion-mnist; see docs/data.md"; \
 	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
 		(sudo apt-get update -qq && sudo apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
-		|| echo "warning: could not install dataset-fashion-mnist; see README (Data)"; \
+		|| echo "warning: could not install dataset-fashion-mnist; see docs/data.md"; \
 	else \
-		echo "note: Fashion-MNIST not installed (no usable apt); set HETFL_DATA, see README (Data)"; \
+		echo "note: Fashion-MNIST not installed (no usable apt); set HETFL_DATA, see docs/data.md"; \
 	fi
 
 demo: setup
@@ -60,9 +60,9 @@ bench-scale: setup
 	$(PY) benchmarks/bench_scale.py
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
-	$(VENV)/bin/mypy src/hetfl benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(VENV)/bin/ruff format --check src tests benchmarks tools
+	$(VENV)/bin/mypy src/hetfl benchmarks tools
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -37,6 +37,16 @@ from hetfl.core.weighting import WeightingName
 #: The kind of model a method requires (`Algorithm.needs`).
 ModelKind = Literal["any", "scalable", "composed"]
 
+#: The `weighting` option with its description, for every method that weights clients (a
+#: method that changes its default keeps the description).
+WeightingOption = Annotated[
+    WeightingName,
+    Field(
+        description="each client's weight in the average: samples, its training-sample count "
+        "(FedAvg's p_k), or uniform, 1 each"
+    ),
+]
+
 
 class Options(BaseModel):
     """Base of every algorithm's options: frozen, unknown keys refused."""
@@ -53,7 +63,9 @@ class ReducerOptions(Options):
 
     reducer: ReducerChoice = Field(
         default_factory=partial(choose, REDUCERS, "mean"),
-        description="{kind: mean | median | trimmed-mean | ..., ...its options}",
+        description="how every reduction of a round combines the clients' tensors: mean, "
+        "weighted by the method's weighting, or a robust kind such as median or trimmed-mean "
+        "(unweighted)",
     )
 
     @model_validator(mode="before")
@@ -73,8 +85,12 @@ class AggregationOptions(ReducerOptions):
     `uniform`, afresh each round (FedAvg's Algorithm 1), or `cyclic`, uniformly without
     replacement across rounds (`hetfl.core.assign.CyclicSampling`)."""
 
-    weighting: WeightingName = "samples"
-    sampling: Literal["uniform", "cyclic"] = "uniform"
+    weighting: WeightingOption = "samples"
+    sampling: Literal["uniform", "cyclic"] = Field(
+        "uniform",
+        description="how a round's clients are drawn: uniform, afresh each round, or cyclic, "
+        "without replacement across rounds (each client once before any twice)",
+    )
 
     def sampler(self, clients_per_round: int) -> UniformSampling | CyclicSampling:
         if self.sampling == "cyclic":

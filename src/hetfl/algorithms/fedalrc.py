@@ -62,15 +62,19 @@ Form = Literal["auto", "linear", "deep"]
 
 
 class FedALRCOptions(AggregationOptions):
-    alpha: float = Field(0.1, ge=0, allow_inf_nan=False, description="regulariser weight")
-    gamma: float = Field(1.5, gt=0, allow_inf_nan=False, description="server lr scale")
+    alpha: float = Field(0.1, ge=0, allow_inf_nan=False, description="α, the regulariser's weight")
+    gamma: float = Field(1.5, gt=0, allow_inf_nan=False, description="γ, factor on FedNova's step")
     Q: int = Field(5, ge=1, description="Rademacher draws per batch (deep models)")
-    theta: int = Field(5, ge=0, description="singular values kept (linear models)")
-    r: float = Field(1.0, gt=0, allow_inf_nan=False, description="locality gate radius")
+    theta: int = Field(5, ge=0, description="ϑ, leading singular values kept (linear models)")
+    r: float = Field(1.0, gt=0, allow_inf_nan=False, description="locality gate: mean ℓ² ≤ r")
     variant: Literal["l", "g"] = Field(
         "l", description="l: local (gate, tail thresholding); g: global (no gate, theta = 0)"
     )
-    form: Form = Field("auto", description="linear (thresholding) or deep (Rademacher term)")
+    form: Form = Field(
+        "auto",
+        description="linear (thresholding) or deep (Rademacher term); auto: linear when the "
+        "model is one nn.Linear",
+    )
 
     @model_validator(mode="after")
     def _global_variant_keeps_nothing(self) -> FedALRCOptions:

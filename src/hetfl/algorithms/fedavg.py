@@ -28,6 +28,9 @@ judged by `local_acc` (each client's model with its private layers on its local 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
+
+from pydantic import Field
 
 from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.core.assign import one_spec
@@ -39,18 +42,25 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import weighting
 
+PrivateNorm = Annotated[
+    bool, Field(description="FedBN: every normalisation tensor stays on its client, never sent")
+]
+PrivateHead = Annotated[
+    bool, Field(description="FedPer: the classifier head stays on its client, never sent")
+]
+
 
 class FedAvgOptions(AggregationOptions):
-    private_norm: bool = False
-    private_head: bool = False
+    private_norm: PrivateNorm = False
+    private_head: PrivateHead = False
 
 
 class FedBNOptions(FedAvgOptions):
-    private_norm: bool = True
+    private_norm: PrivateNorm = True
 
 
 class FedPerOptions(FedAvgOptions):
-    private_head: bool = True
+    private_head: PrivateHead = True
 
 
 def one_model_strategy(

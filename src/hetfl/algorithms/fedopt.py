@@ -34,20 +34,20 @@ from hetfl.core.types import ModelFamily
 
 class FedAdagradOptions(AggregationOptions):
     server_optimizer: ClassVar[ServerOptKind] = "adagrad"
-    server_lr: float = Field(0.1, gt=0, description="server learning rate eta")
-    tau: float = Field(1e-3, gt=0, description="adaptivity tau")
-    v0: float | None = Field(None, ge=0, description="initial second moment (default tau^2)")
+    server_lr: float = Field(0.1, gt=0, description="η, the server optimiser's step size")
+    tau: float = Field(1e-3, gt=0, description="τ, the adaptivity added to √v in the step")
+    v0: float | None = Field(None, ge=0, description="initial second moment v (default τ²)")
 
 
 class FedAdamOptions(FedAdagradOptions):
     server_optimizer: ClassVar[ServerOptKind] = "adam"
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, ge=0, lt=1)
+    beta1: float = Field(0.9, ge=0, lt=1, description="decay of the first moment (momentum)")
+    beta2: float = Field(0.99, ge=0, lt=1, description="decay of the second moment")
 
 
 class FedYogiOptions(FedAdamOptions):
     server_optimizer: ClassVar[ServerOptKind] = "yogi"
-    server_lr: float = Field(0.01, gt=0, description="server learning rate eta")
+    server_lr: float = Field(0.01, gt=0, description="η, the server optimiser's step size")
 
 
 @register_algorithm("fedadagrad", FedAdagradOptions)

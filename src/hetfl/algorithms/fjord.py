@@ -35,11 +35,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.width_assignment import (
-    AssignmentMode,
+    Assignment,
+    Capacities,
+    Levels,
+    Proportions,
     WidthAssignment,
     check_every_level_fits,
 )
@@ -89,11 +93,15 @@ class OrderedDropout:
 
 
 class FjORDOptions(FedAvgOptions):
-    levels: tuple[float, ...] = DEFAULT_LEVELS
-    proportions: tuple[float, ...] | None = None
-    distill: bool = False
-    assignment: AssignmentMode = "fixed"
-    capacities: tuple[float, ...] | None = None
+    levels: Levels = DEFAULT_LEVELS
+    proportions: Proportions = None
+    distill: bool = Field(
+        False,
+        description="self-distillation (§3.2): each step also runs the client's widest width, "
+        "whose softmax the width-p pass learns from",
+    )
+    assignment: Assignment = "fixed"
+    capacities: Capacities = None
 
 
 def fjord_strategy(

@@ -34,18 +34,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
-from hetfl.algorithms.base import register_algorithm
+from hetfl.algorithms.base import WeightingOption, register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.width_assignment import (
-    AssignmentMode,
+    Assignment,
+    Capacities,
+    Levels,
+    Proportions,
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, OwnLevel
+from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, LocalEvalModel, OwnLevel
 from hetfl.algorithms.widths import LevelSpec, check_levels, full_width_base, level_specs
 from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
@@ -55,22 +58,20 @@ from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName, weighting
+from hetfl.core.weighting import weighting
 
-#: How local accuracy is measured (`evaluation`).
-LocalEvalModel = Literal["global-masked", "own-level"]
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 #: The gradient-norm clipping of the authors' code, used when `train.clip_grad_norm` is unset.
 DEFAULT_CLIP = 1.0
 
 
 class HeteroFLOptions(FedAvgOptions):
-    weighting: WeightingName = "uniform"
-    levels: tuple[float, ...] = DEFAULT_LEVELS
-    proportions: tuple[float, ...] | None = None
-    assignment: AssignmentMode = "fixed"
-    capacities: tuple[float, ...] | None = None
-    label_split: bool = True
+    weighting: WeightingOption = "uniform"
+    levels: Levels = DEFAULT_LEVELS
+    proportions: Proportions = None
+    assignment: Assignment = "fixed"
+    capacities: Capacities = None
+    label_split: bool = Field(True, description="masked loss and label-split head rows")
     local_eval_model: LocalEvalModel = "global-masked"
 
     @model_validator(mode="before")
@@ -114,11 +115,7 @@ def evaluation(
     return levels, FullRateMasked(widest, level_spec, eval_spec, label_mask=mask)
 
 
-@register_algorithm(
-    "heterofl",
-    HeteroFLOptions,
-    needs="scalable",
-)
+@register_algorithm("heterofl", HeteroFLOptions, needs="scalable")
 def _make(
     family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -52,23 +52,33 @@ from hetfl.core.types import ClientInfo, ModelFamily
 from hetfl.core.weighting import uniform
 from hetfl.models.scaling import ScaledModel, ScalingRule, check_depth_scalable
 
-Variant = Literal["scalablefl", "heterofl-max", "heterofl-max-1", "individual"]
+Variant = Annotated[
+    Literal["scalablefl", "heterofl-max", "heterofl-max-1", "individual"],
+    Field(
+        description="scalablefl, the method; heterofl-max (-1), §V's HeteroFL, every group at "
+        "depth c_max (- 1), widths matched to its parameter count; individual, each client alone"
+    ),
+]
 #: §V's HeteroFL variants: how many halvings below c_max every group trains.
 BELOW_MAX = {"heterofl-max": 0, "heterofl-max-1": 1}
 
 
 class ScalableFLOptions(ReducerOptions):
-    base_size: int = Field(8, ge=1, description="H0: the side of the last feature map")
-    base_classes: int = Field(10, ge=2, description="K0: the classes of width ratio 1")
+    base_size: int = Field(8, ge=1, description="H0, the side of the last feature map (§III-A)")
+    base_classes: int = Field(10, ge=2, description="K0, the class count of width ratio 1")
     participation: float | None = Field(
-        None, gt=0, le=1, description="xi: share of each group sampled (default: per round)"
+        None,
+        gt=0,
+        le=1,
+        description="ξ, the share of each group sampled per round (default: "
+        "train.clients_per_round / data.num_clients)",
     )
     variant: Variant = "scalablefl"
-    match_tolerance: float = Field(0.01, ge=0, description="heterofl: one ratio if this close")
-    max_ratio: float = Field(4.0, gt=0, description="heterofl: widest ratio considered")
-    max_spread: float = Field(
-        1.5, ge=1, description="heterofl: per-stage ratios within this factor"
+    match_tolerance: float = Field(
+        0.01, ge=0, description="heterofl-max (-1): relative parameter gap one ratio may leave"
     )
+    max_ratio: float = Field(4.0, gt=0, description="heterofl-max (-1): widest ratio tried")
+    max_spread: float = Field(1.5, ge=1, description="heterofl-max (-1): per-stage ratio spread")
 
 
 def group_key(info: ClientInfo) -> tuple[int, int]:
@@ -120,11 +130,7 @@ def describe(variant: Variant, groups: PerGroup[ScaledModel]) -> dict[str, Any]:
     return {"variant": variant, "groups": summaries}
 
 
-@register_algorithm(
-    "scalablefl",
-    ScalableFLOptions,
-    needs="scalable",
-)
+@register_algorithm("scalablefl", ScalableFLOptions, needs="scalable")
 def _make(
     family: ModelFamily, opts: ScalableFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import torch
+from pydantic import Field
 
 from hetfl.algorithms.widths import LevelSpec, shares
 from hetfl.core.spec import Spec
@@ -47,6 +48,35 @@ def draw_level(
 #: How a client's width level is chosen (`WidthAssignment`).
 AssignmentMode = Literal["fixed", "dynamic", "dynamic-all-levels", "declared"]
 ASSIGNMENT_MODES: tuple[str, ...] = get_args(AssignmentMode)
+
+# The options the width-sliced methods share, each with its description written once.
+Levels = Annotated[
+    tuple[float, ...],
+    Field(description="the width ratios in (0, 1] of the full model that clients train"),
+]
+Proportions = Annotated[
+    tuple[float, ...] | None,
+    Field(
+        description="the share of clients (fixed) or of draws (dynamic) of each level, paired "
+        "with levels in their order (default: equal shares)"
+    ),
+]
+Assignment = Annotated[
+    AssignmentMode,
+    Field(
+        description="how a client's level is chosen: fixed, dealt at set-up in proportion, "
+        "narrowest first by client id; dynamic, redrawn per client and round; "
+        "dynamic-all-levels, the round's clients redrawn together until every level appears; "
+        "declared, the client's capacity quantised down to a level"
+    ),
+]
+Capacities = Annotated[
+    tuple[float, ...] | None,
+    Field(
+        description="declared: the capacity of the i-th client in client-id order, used when "
+        "it declares none itself (attrs['capacity'])"
+    ),
+]
 
 
 def quantise_capacity(capacity: float, levels: Sequence[float], cid: int) -> float:

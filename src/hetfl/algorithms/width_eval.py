@@ -6,8 +6,10 @@ model on the global test set (`LevelModels`), and a client judged by the full-ra
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 
 from hetfl.algorithms.widths import LevelSpec
 from hetfl.core.evaluation import Layout
@@ -15,6 +17,16 @@ from hetfl.core.init import build_model
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import State, extract
 from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily
+
+#: How HeteroFL measures a client's local accuracy (`FullRateMasked` or `OwnLevel`).
+LocalEvalModel = Annotated[
+    Literal["global-masked", "own-level"],
+    Field(
+        description="local_acc's model: global-masked, the full-rate model with the global "
+        "statistics and the client's label mask (the authors' code); own-level, the client's "
+        "own level after a statistics pass over its training data"
+    ),
+]
 
 
 def eval_model_at(

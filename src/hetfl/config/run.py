@@ -10,6 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config.sections import (
     DataConfig,
@@ -28,27 +29,63 @@ from hetfl.systems.profiles import SystemConfig
 
 
 class RunConfig(_Strict):
-    name: str = Field("run", pattern=r"^[A-Za-z0-9_.\-]+$")
-    seed: int = Field(0, ge=0)
-    algorithm: str = "fedavg"
+    """The whole run: every section, and the keys that belong to no section."""
+
+    name: str = Field(
+        "run",
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="the run's name: its outputs go to `<output_dir>/<name>/`",
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        description="every random draw (partition, sampling, initialisation, batch order, "
+        "...) comes from a generator derived from (seed, round, client, purpose)",
+    )
+    algorithm: str = Field("fedavg", description="the method: " + ", ".join(catalogue.ALGORITHMS))
     options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="per-algorithm options, keyed by algorithm name"
+        default_factory=dict,
+        description="each method's options, keyed by its name: `options.<algorithm>.<key>`",
     )
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    train: TrainConfig = TrainConfig()
-    eval: EvalConfig = EvalConfig()
-    checkpoint_every: int = Field(1, ge=1)
-    availability: float = Field(1.0, gt=0, le=1)
+    data: DataConfig = Field(
+        DataConfig(), description="the dataset, its partition and each client's splits"
+    )
+    model: ModelConfig = Field(ModelConfig(), description="the model and its shape options")
+    train: TrainConfig = Field(TrainConfig(), description="rounds, sampling and local training")
+    eval: EvalConfig = Field(EvalConfig(), description="when and whom to evaluate")
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        description="write a checkpoint every this many rounds (and after the last); "
+        "hetfl resume restarts from the latest",
+    )
+    availability: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="the probability that a client is reachable in a round (one seeded draw "
+        "per client and round, times its device profile's availability); simulator only",
+    )
     system: SystemConfig = Field(
-        SystemConfig(), description="device profiles, simulated clock, deadline"
+        SystemConfig(),
+        description="device profiles, the simulated clock and deadlines (docs/system.md)",
     )
-    store: StoreConfig = StoreConfig()
-    targets: list[TargetConfig] = Field(default_factory=list)
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    store: StoreConfig = Field(
+        StoreConfig(), description="the simulator's store of client private state"
+    )
+    targets: list[TargetConfig] = Field(
+        default_factory=list,
+        description="levels of a metric whose first reaching summary.json records",
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
+        description="where tensors live: auto takes a GPU where one is present, else the CPU",
+    )
     deterministic: bool = Field(
         True,
-        description="on CUDA, deterministic kernels (false is faster and not bit-reproducible)",
+        description="on CUDA, deterministic PyTorch, cuDNN and cuBLAS kernels, set at run start "
+        "(false is faster and not bit-reproducible)",
     )
     threads: int = Field(
         1,
@@ -67,19 +104,26 @@ class RunConfig(_Strict):
     workers: int | None = Field(
         None, ge=1, description="worker processes of executor processes (default: cores / threads)"
     )
-    output_dir: str = "runs"
+    output_dir: str = Field("runs", description="the folder that holds the run folders")
     tracking: Literal["none", "tensorboard"] = Field(
         "none",
         description="where the metrics rows go besides metrics.jsonl: tensorboard writes "
-        "event files to <run>/tensorboard (needs pip install 'hetfl[tensorboard]')",
+        "event files to `<run>/tensorboard` (needs `pip install 'hetfl[tensorboard]'`)",
     )
     wrappers: list[WrapperChoice] = Field(
         default_factory=list,
         description="client-program wrappers (attacks, faults), applied in this order to "
-        "every client's program: [{kind: <name>, ...its options}] (`hetfl list`)",
+        "every client's program: `[{kind: <name>, ...its options}]` (`hetfl list`)",
     )
-    deploy: DeployConfig = DeployConfig()
-    sweep: dict[str, list[Any]] | None = None
+    deploy: DeployConfig = Field(
+        DeployConfig(), description="Flower settings (docs/deploy.md); the simulator ignores them"
+    )
+    sweep: dict[str, list[Any]] | None = Field(
+        None,
+        description="a grid: each dotted key (algorithm, seed, train.lr, ...) with its values; "
+        "every combination runs into its own folder, with comparison.md at the top; a key "
+        "naming several dotted keys, comma-separated, sets them all to each value",
+    )
 
     @field_validator("algorithm")
     @classmethod

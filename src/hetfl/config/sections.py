@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hetfl import catalogue
 from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
@@ -39,11 +40,27 @@ class _Strict(BaseModel):
 
 
 class PartitionConfig(_Strict):
-    kind: str = Field("iid", description="partitioner name (hetfl list)")
-    alpha: float | None = Field(None, gt=0, description="Dirichlet concentration")
-    min_size: int = Field(10, ge=1)
-    max_retries: int = Field(100, ge=1)
-    k: int | None = Field(None, ge=1, description="classes per client (kind: classes)")
+    kind: str = Field(
+        "iid",
+        description="how the training set is dealt to clients: "
+        + ", ".join(catalogue.PARTITIONERS)
+        + " (docs/data.md)",
+    )
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="Dirichlet concentration: dirichlet's label skew (required) or quantity's "
+        "size skew (default 1); smaller is more skewed",
+    )
+    min_size: int = Field(
+        10, ge=1, description="dirichlet, quantity: redraw until every client has this many samples"
+    )
+    max_retries: int = Field(
+        100, ge=1, description="dirichlet, quantity: draws tried before the partition fails"
+    )
+    k: int | None = Field(
+        None, ge=1, description="classes: the number of classes each client holds (required)"
+    )
 
     @field_validator("kind")
     @classmethod
@@ -76,7 +93,7 @@ class GroupConfig(_Strict):
     """A group of clients with one client view (`hetfl.data.views`): input size, number
     of classes (a seeded subset per client, labels remapped to 0..K-1), training samples."""
 
-    clients: int = Field(..., ge=1)
+    clients: int = Field(..., ge=1, description="the number of clients in the group")
     size: int | None = Field(None, ge=1, description="images resized to size x size pixels")
     classes: int | None = Field(None, ge=1, description="classes per client (default: all)")
     samples: int | None = Field(None, ge=1, description="training samples per client")
@@ -122,11 +139,25 @@ class AugmentConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    dataset: str = "fashion-mnist"
-    path: str | None = Field(None, description="dataset file or directory")
-    num_clients: int = Field(20, ge=1)
-    partition: PartitionConfig = PartitionConfig()
-    test_per_client: int = Field(100, ge=0)
+    dataset: str = Field(
+        "fashion-mnist",
+        description=f"the data source: {', '.join(catalogue.DATASETS)} (docs/data.md)",
+    )
+    path: str | None = Field(
+        None,
+        description="where the data is: the file (npz, libsvm) or directory to read; default: "
+        "$HETFL_DATA, then the dataset's usual places (docs/data.md)",
+    )
+    num_clients: int = Field(20, ge=1, description="clients the training set is dealt to")
+    partition: PartitionConfig = Field(
+        PartitionConfig(), description="how the training set is dealt to the clients"
+    )
+    test_per_client: int = Field(
+        100,
+        ge=0,
+        description="size of each client's local test split, drawn from the global test set "
+        "in the client's class proportions (0: none)",
+    )
     validation: float | None = Field(
         None,
         gt=0,
@@ -197,16 +228,39 @@ class ModelConfig(_Strict):
     client's spec from this base.
     """
 
-    name: str = "small-cnn"
+    name: str = Field(
+        "small-cnn",
+        description="the model: a plain one ("
+        + ", ".join(catalogue.MODELS)
+        + "), a scalable family ("
+        + ", ".join(catalogue.ARCHITECTURES)
+        + ") or a composed one ("
+        + ", ".join(catalogue.COMPOSED)
+        + ")",
+    )
     width: float | list[float] | None = Field(
-        None, description="width ratio, global or one per stage (scalable models)"
+        None,
+        description="scalable models: the global model's width ratio relative to the family's "
+        "base widths, one for every stage or one per stage (default 1)",
     )
-    stages: int | None = Field(None, ge=1, description="stages or sections (scalable models)")
-    blocks: int | list[int] | None = Field(None, description="residual blocks per stage")
+    stages: int | None = Field(
+        None, ge=1, description="scalable models: stages or sections (default: all the family has)"
+    )
+    blocks: int | list[int] | None = Field(
+        None,
+        description="resnet18, preresnet: residual blocks per stage, one for all or one per "
+        "stage (default 2)",
+    )
     bn: Literal["batch", "static", "per-width", "per-capacity", "none"] | None = Field(
-        None, description="normalisation kind (scalable models; hetfl.models.norms)"
+        None,
+        description="scalable models: the normalisation after each convolution "
+        "(hetfl.models.norms; default batch; HeteroFL and FjORD set their own)",
     )
-    stem: Literal["small", "imagenet"] | None = None
+    stem: Literal["small", "imagenet"] | None = Field(
+        None,
+        description="resnet18, preresnet: small, a 3x3 stride-1 convolution (CIFAR-size "
+        "inputs; the default), or imagenet, a 7x7 stride-2 convolution and a max-pool",
+    )
     compose: Literal["factorised", "explicit"] | None = Field(
         None, description="composed models: factorised (default) or explicit kernels"
     )
@@ -243,7 +297,12 @@ class LrScheduleConfig(_Strict):
     """The lr by round (`hetfl.core.schedule.LrSchedule`, which checks it and holds the
     defaults)."""
 
-    kind: Literal["constant", "cosine", "step", "exponential"] = default_of(LrSchedule, "kind")
+    kind: Literal["constant", "cosine", "step", "exponential"] = Field(
+        default_of(LrSchedule, "kind"),
+        description="the factor on train.lr in round r of R: constant 1; cosine "
+        "(1 + cos(pi (r - 1) / R)) / 2; step gamma per milestone passed; exponential "
+        "gamma ** (r - 1)",
+    )
     milestones: list[float] = Field(
         default_factory=list, description="step: rounds, or fractions of the run in (0, 1)"
     )
@@ -277,27 +336,58 @@ class TrainConfig(_Strict):
     """Rounds and sampling, and the local-training settings, whose defaults are
     `hetfl.core.training.LocalTraining`'s."""
 
-    rounds: int = Field(10, ge=1)
-    clients_per_round: int = Field(10, ge=1)
-    local_epochs: int = Field(_local("epochs"), ge=1)
-    local_steps: int | None = Field(
-        _local("steps"), ge=1, description="mini-batches; overrides epochs"
+    rounds: int = Field(10, ge=1, description="federated rounds of the run")
+    clients_per_round: int = Field(
+        10,
+        ge=1,
+        description="clients a round asks to train, drawn by the method's sampler "
+        "(ScalableFL: per group, options.scalablefl.participation)",
     )
-    batch_size: int = Field(_local("batch_size"), ge=1)
-    lr: float = Field(_local("lr"), gt=0, allow_inf_nan=False)
-    lr_schedule: LrScheduleConfig = LrScheduleConfig()
+    local_epochs: int = Field(
+        _local("epochs"), ge=1, description="passes over its training data a client makes per round"
+    )
+    local_steps: int | None = Field(
+        _local("steps"),
+        ge=1,
+        description="mini-batches a client trains per round; when set, overrides local_epochs",
+    )
+    batch_size: int = Field(_local("batch_size"), ge=1, description="local mini-batch size")
+    lr: float = Field(
+        _local("lr"),
+        gt=0,
+        allow_inf_nan=False,
+        description="the local optimiser's learning rate (scaled by round by lr_schedule)",
+    )
+    lr_schedule: LrScheduleConfig = Field(
+        LrScheduleConfig(), description="the lr by round (default constant)"
+    )
     optimizer: Literal["sgd", "adam", "amsgrad"] = Field(
         _local("optimizer"), description="the local optimiser (hetfl.core.local.optim)"
     )
-    momentum: float = Field(_local("momentum"), ge=0, lt=1, description="SGD's momentum")
-    betas: tuple[float, float] = Field(_local("betas"), description="Adam's betas")
-    eps: float = Field(_local("eps"), gt=0, allow_inf_nan=False, description="Adam's eps")
+    momentum: float = Field(
+        _local("momentum"), ge=0, lt=1, description="sgd: momentum (PyTorch's semantics)"
+    )
+    betas: tuple[float, float] = Field(
+        _local("betas"), description="adam, amsgrad: the moment decay rates"
+    )
+    eps: float = Field(
+        _local("eps"), gt=0, allow_inf_nan=False, description="adam, amsgrad: the denominator's eps"
+    )
     keep_momentum: bool = Field(
         _local("keep_momentum"),
-        description="momentum buffers persist across rounds as private client state",
+        description="the optimiser is fresh each round; true keeps each client's optimiser "
+        "state (SGD's momentum buffers, Adam's moments) as its private state between its "
+        "rounds (sgd: needs momentum > 0)",
     )
-    weight_decay: float = Field(_local("weight_decay"), ge=0)
-    clip_grad_norm: float | None = Field(_local("clip_grad_norm"), gt=0)
+    weight_decay: float = Field(
+        _local("weight_decay"), ge=0, description="L2 weight decay of the local optimiser"
+    )
+    clip_grad_norm: float | None = Field(
+        _local("clip_grad_norm"),
+        gt=0,
+        description="clip each step's gradient to this total norm (default: no clipping; "
+        "HeteroFL clips at 1 unless set)",
+    )
 
     @model_validator(mode="after")
     def _settings_fit_the_optimizer(self) -> TrainConfig:
@@ -325,8 +415,16 @@ class TrainConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    every: int = Field(1, ge=1)
-    local_eval: Literal["sampled", "all", "none"] = "sampled"
+    """When models are tested and which clients are judged locally (metrics.jsonl)."""
+
+    every: int = Field(
+        1, ge=1, description="evaluate every this many rounds (and always after the last)"
+    )
+    local_eval: Literal["sampled", "all", "none"] = Field(
+        "sampled",
+        description="the clients whose local accuracy (local_acc) is measured: the round's "
+        "sampled clients, every client that has trained, or none",
+    )
     test_samples: int | None = Field(
         None, ge=1, description="a fixed seeded subsample of the global test set (default: all)"
     )
@@ -340,8 +438,13 @@ class EvalConfig(_Strict):
 
 
 class TargetConfig(_Strict):
-    metric: Literal["global_acc", "local_acc", "loss", "test_loss"]
-    value: float
+    """A level to reach: summary.json records the round, simulated time, bytes and MACs at
+    which the metric first reached it."""
+
+    metric: Literal["global_acc", "local_acc", "loss", "test_loss"] = Field(
+        description="the metrics.jsonl key watched"
+    )
+    value: float = Field(description="reached when accuracy is at least, or a loss at most, this")
 
 
 class DeployConfig(_Strict):

@@ -267,7 +267,7 @@ class _Strict(BaseModel):
 class ProfileConfig(_Strict):
     """One custom profile: `rate` in MAC/s, or `cpus` times `system.cpu_rate`."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="the profile's name (system.assignment uses it)")
     rate: float | None = Field(None, gt=0, allow_inf_nan=False, description="MAC/s")
     cpus: float | None = Field(None, gt=0, allow_inf_nan=False, description="x system.cpu_rate")
     down_mbps: float = Field(gt=0, allow_inf_nan=False, description="downlink, Mbit/s")
@@ -289,17 +289,52 @@ class ProfileConfig(_Strict):
 class SystemConfig(_Strict):
     """Device profiles and the simulated clock (off unless `preset` or `profiles` is set)."""
 
-    preset: str | None = Field(None, description=f"built-in profiles: {', '.join(PRESETS)}")
-    profiles: list[ProfileConfig] | None = None
-    fastest_rate: float = Field(DEFAULT_RATE, gt=0, allow_inf_nan=False, description="MAC/s")
-    cpu_rate: float = Field(DEFAULT_RATE, gt=0, allow_inf_nan=False, description="MAC/s per CPU")
-    server_rate: float = Field(DEFAULT_SERVER_RATE, gt=0, allow_inf_nan=False)
-    fractions: list[float] | None = Field(None, description="share of clients per profile")
-    assignment: list[str] | None = Field(None, description="a profile name per client")
+    preset: str | None = Field(
+        None,
+        description=f"built-in profiles ({', '.join(PRESETS)}: DTFL's five, by its code's "
+        "slowdowns or its paper's CPU counts)",
+    )
+    profiles: list[ProfileConfig] | None = Field(
+        None, description="custom profiles (instead of a preset)"
+    )
+    fastest_rate: float = Field(
+        DEFAULT_RATE, gt=0, allow_inf_nan=False, description="MAC/s of a preset's fastest profile"
+    )
+    cpu_rate: float = Field(
+        DEFAULT_RATE,
+        gt=0,
+        allow_inf_nan=False,
+        description="MAC/s of one CPU: the unit of a profile's cpus, and this machine's rate "
+        "for the measured clock",
+    )
+    server_rate: float = Field(
+        DEFAULT_SERVER_RATE,
+        gt=0,
+        allow_inf_nan=False,
+        description="MAC/s of the server (its side of split learning)",
+    )
+    fractions: list[float] | None = Field(
+        None, description="share of clients per profile, summing to 1 (default: equal shares)"
+    )
+    assignment: list[str] | None = Field(
+        None, description="a profile name per client, in client-id order (instead of fractions)"
+    )
     switch_every: int | None = Field(None, ge=1, description="rounds between profile switches")
-    switch_fraction: float = Field(0.0, ge=0, le=1)
-    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    clock: Clock = "simulated"
+    switch_fraction: float = Field(
+        0.0, ge=0, le=1, description="share of the clients moved to another profile at a switch"
+    )
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="simulated seconds a client's round may take; slower clients are "
+        "dropped from the round (default: no deadline)",
+    )
+    clock: Clock = Field(
+        "simulated",
+        description="simulated: MACs / rate + bytes / bandwidth (reproducible); measured: "
+        "measured wall time x cpu_rate / rate (not reproducible)",
+    )
 
     @field_validator("preset")
     @classmethod

@@ -1,10 +1,7 @@
-"""Run by tests/test_plugins.py in a fresh interpreter (never collected): what a process
-that imports plugins sees. `python plugin_probe.py SWEEP_DIR WORK_DIR` writes its findings
-to WORK_DIR/probe.json.
-
-SWEEP_DIR is the example's sweep, already run by `hetfl run`: `hetfl resume` reads each
-point's saved config, in this process, which has imported no plugin yet, and finds every
-point finished.
+"""Run by tests/test_plugins.py in a fresh interpreter (never collected): a process that
+imports plugins. `python plugin_probe.py WORK_DIR`, from the repository's root, runs the
+example through `hetfl run` into WORK_DIR/runs, then checks what else a plugin reaches, and
+writes its findings to WORK_DIR/probe.json.
 """
 
 from __future__ import annotations
@@ -63,19 +60,35 @@ def fedavgm_steps(server_lr: float, momentum: float, rounds: int) -> dict[str, A
     return {"max_gap": max(gaps), "rounds": len(gaps)}
 
 
-def main(sweep: Path, work: Path) -> None:
+def main(work: Path) -> None:
     out: dict[str, Any] = {"imported_at_start": EXAMPLE_MODULE in sys.modules}
 
-    # hetfl resume imports the plugins the saved configs name (to validate them)
-    with contextlib.redirect_stdout(io.StringIO()) as table:
-        out["resume_status"] = cli.main(["resume", str(sweep), "--quiet"])
-    out["resume_table"] = table.getvalue()
-    out["imported_by_resume"] = EXAMPLE_MODULE in sys.modules
+    # hetfl run: the example config (its plugin relative to the config's folder, not the
+    # current directory), as a sweep over the two CPU executors, two rounds
+    example = Path("examples/plugin/config.yaml").resolve()
+    run = ["run", str(example), "sweep.executor=[sequential, processes]", "train.rounds=2"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        out["run_status"] = cli.main([*run, f"output_dir={work / 'runs'}", "device=cpu", "--quiet"])
 
-    # hetfl list --plugin, with a path relative to the current directory
+    # hetfl list --plugin: the example (a path relative to the current directory) and a
+    # plugin nothing else imports, with a partitioner and a client-program wrapper
+    (work / "extra.py").write_text(
+        "from hetfl.core.wrappers import register_wrapper\n"
+        "from hetfl.data import PARTITIONERS\n"
+        "PARTITIONERS.register('halves', print)\n"
+        "register_wrapper('silent', summary='a client that sends nothing')(print)\n"
+    )
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):
-        out["list_status"] = cli.main(["list", "--plugin", "examples/plugin/fedavgm_plugin.py"])
+        out["list_status"] = cli.main(
+            [
+                "list",
+                "--plugin",
+                "examples/plugin/fedavgm_plugin.py",
+                "--plugin",
+                str(work / "extra.py"),
+            ]
+        )
     out["list"] = listing.getvalue().splitlines()
 
     # the example's method is Hsu et al.'s server momentum
@@ -115,4 +128,4 @@ def main(sweep: Path, work: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]))

@@ -72,6 +72,18 @@ def test_a_config_files_plugin_paths_are_relative_to_its_folder(tmp_path, monkey
     assert validate({}).plugins == []
 
 
+def test_plugin_options_add_to_the_configs_plugins(tmp_path):
+    from hetfl.cli import _parser, _raw_config
+
+    for command in (["run"], ["partition"], ["serve", "c.yaml"], ["list"]):
+        args = _parser().parse_args([*command, "--plugin", "a.b", "--plugin", "./c.py"])
+        assert args.plugins == ["a.b", "./c.py"], command
+    (tmp_path / "run.yaml").write_text("plugins: [json]\n")
+    raw = _raw_config(str(tmp_path / "run.yaml"), ["seed=1"], ["a.b", "./c.py"])
+    assert raw["plugins"] == ["json", "a.b", "./c.py"]  # validation resolves ./c.py (CWD)
+    assert _raw_config(str(tmp_path / "run.yaml"), [])["plugins"] == ["json"]
+
+
 def test_a_registration_remembers_its_plugin_and_a_second_is_refused_naming_both():
     methods: Registry[int] = Registry("algorithm")
     methods.register("own", 1)
@@ -145,6 +157,21 @@ def test_plugins_that_cannot_load_are_config_errors_naming_them(tmp_path):
         validate({"plugins": "./mine.py"})
 
 
+def test_resume_imports_the_plugins_its_saved_config_names(tmp_path):
+    """`hetfl resume` validates each saved config (`_saved_config`) before it runs; the
+    plugin here only leaves a mark, so importing it changes no registry."""
+    from hetfl.cli import _saved_config
+
+    spy = tmp_path / "resume_spy.py"
+    spy.write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    (tmp_path / "config.yaml").write_text(
+        validate({}).to_yaml().replace("plugins: []", f"plugins: [{spy}]")
+    )
+    assert not (tmp_path / "imported").exists()
+    assert _saved_config(tmp_path).plugins == [str(spy)]
+    assert (tmp_path / "imported").exists()
+
+
 def test_a_node_imports_no_plugin_that_a_servers_config_names(tmp_path):
     from hetfl.flower import parse_config
 
@@ -159,25 +186,30 @@ def test_a_node_imports_no_plugin_that_a_servers_config_names(tmp_path):
     assert "hetfl_plugin_spy" not in sys.modules
 
 
-# -- in fresh interpreters: the example plugin ---------------------------------------------
+def test_a_node_imports_its_own_configs_plugins_before_reading_the_servers(tmp_path):
+    """The server names the node's plugin by the server's path (a file is known by its
+    name); a partition id out of range stops the build right after both configs are read."""
+    from hetfl.flower import build_node
+
+    (tmp_path / "node_spy.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    small = {"data": {"dataset": "digits", "num_clients": 4}, "train": {"clients_per_round": 2}}
+    own = tmp_path / "node.yaml"
+    own.write_text(yaml.safe_dump({"plugins": ["./node_spy.py"], **small}))
+    server = yaml.safe_dump({"plugins": ["/on/the/server/node_spy.py"], **small})
+    with pytest.raises(ValueError, match=r"partition-id 7 is outside 0\.\.3"):
+        build_node({"partition-id": 7, "hetfl-config": str(own)}, server)
+    assert (tmp_path / "imported").exists()
+
+
+# -- in a fresh interpreter: the example plugin --------------------------------------------
 @pytest.fixture(scope="module")
-def example_sweep(tmp_path_factory):
-    """The example config run by `hetfl run` from another folder than the config's, as a
-    sweep over the two CPU executors, two rounds."""
-    where = tmp_path_factory.mktemp("example")
-    done = _fresh_python(
-        "-m",
-        "hetfl.cli",
-        "run",
-        str(EXAMPLE / "config.yaml"),
-        "sweep.executor=[sequential, processes]",
-        "train.rounds=2",
-        "device=cpu",
-        "--quiet",
-        cwd=where,
-    )
+def probe(tmp_path_factory):
+    """tests/plugin_probe.py's findings: it runs the example through `hetfl run` (under the
+    sequential and the process executor), then lists, validates and refuses plugins."""
+    work = tmp_path_factory.mktemp("probe")
+    done = _fresh_python(str(REPO / "tests" / "plugin_probe.py"), str(work), cwd=REPO)
     assert done.returncode == 0, done.stderr
-    return where / "runs" / "fedavgm-digits"
+    return json.loads((work / "probe.json").read_text()) | {"work": str(work)}
 
 
 def _rows(point: Path) -> list[dict]:
@@ -185,36 +217,22 @@ def _rows(point: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in rows]
 
 
-def test_the_example_plugin_runs_under_both_executors(example_sweep):
-    rows = _rows(example_sweep / SEQUENTIAL)
+def test_the_example_plugin_runs_under_both_executors(probe):
+    assert probe["imported_at_start"] is False and probe["run_status"] == 0
+    sweep = Path(probe["work"]) / "runs" / "fedavgm-digits"
+    rows = _rows(sweep / SEQUENTIAL)
     assert [(r["round"], r["clients"], r["failed"]) for r in rows] == [(1, 4, 0), (2, 4, 0)]
     assert all(0 < r["global_acc"] <= 1 for r in rows)
-    assert _rows(example_sweep / PROCESSES) == rows  # the same bits in worker processes
+    assert _rows(sweep / PROCESSES) == rows  # the same bits in worker processes
     for point in (SEQUENTIAL, PROCESSES):
-        summary = json.loads((example_sweep / point / "summary.json").read_text())
+        summary = json.loads((sweep / point / "summary.json").read_text())
         assert summary["algorithm"] == "fedavgm"
         assert summary["strategy"] == {"server": "SGD with momentum 0.5 (FedAvgM), lr 1.0"}
-        saved = yaml.safe_load((example_sweep / point / "config.yaml").read_text())
-        assert saved["plugins"] == [PLUGIN]  # relative to the config's folder, not the CWD
+        saved = yaml.safe_load((sweep / point / "config.yaml").read_text())
+        assert saved["plugins"] == [PLUGIN]  # resolved against the config's folder
         assert saved["model"]["name"] == "tiny-mlp"
-    summary = json.loads((example_sweep / PROCESSES / "summary.json").read_text())
+    summary = json.loads((sweep / PROCESSES / "summary.json").read_text())
     assert summary["executor"].startswith("processes (")
-
-
-@pytest.fixture(scope="module")
-def probe(example_sweep, tmp_path_factory):
-    work = tmp_path_factory.mktemp("probe")
-    done = _fresh_python(
-        str(REPO / "tests" / "plugin_probe.py"), str(example_sweep), str(work), cwd=REPO
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads((work / "probe.json").read_text()) | {"work": str(work)}
-
-
-def test_resume_imports_the_plugins_its_saved_config_names(probe):
-    assert probe["imported_at_start"] is False
-    assert probe["resume_status"] == 0 and probe["imported_by_resume"] is True
-    assert "| fedavgm-executor=processes  | 1     |" in probe["resume_table"]
 
 
 def test_list_with_a_plugin_adds_its_entries_and_says_whose_they_are(probe):
@@ -227,7 +245,14 @@ def test_list_with_a_plugin_adds_its_entries_and_says_whose_they_are(probe):
     models = next(line for line in lines if line.startswith("models: "))
     assert "tiny-mlp" in models.split(": ")[1].split(", ") and "mlp" in models
     assert "  fedavg       FedAvg (McMahan et al. 2017): sample-weighted averaging" in lines
-    assert lines[-1] == f"plugin {PLUGIN}: algorithm fedavgm, model tiny-mlp"
+    partitioners = next(line for line in lines if line.startswith("partitioners: "))
+    assert partitioners == "partitioners: classes, dirichlet, halves, iid, natural, quantity"
+    assert "  silent       a client that sends nothing" in lines
+    extra = Path(probe["work"]) / "extra.py"
+    assert lines[-2:] == [
+        f"plugin {PLUGIN}: algorithm fedavgm, model tiny-mlp",
+        f"plugin {extra}: client-program wrapper silent, partitioner halves",
+    ]
 
 
 def test_the_example_method_is_server_sgd_with_momentum_as_hsu_et_al_write_it(probe):

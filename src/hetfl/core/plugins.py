@@ -56,8 +56,7 @@ def resolve(plugin: str, base: Path | None = None) -> str:
             f"a plugin is a module name (my_package.my_module) or a .py file's path; got {plugin!r}"
         )
     if is_file(plugin):
-        path = Path(plugin).expanduser()
-        return str(((base or Path.cwd()) / path).resolve() if not path.is_absolute() else path)
+        return str(((base or Path.cwd()) / Path(plugin).expanduser()).resolve())
     if not all(part.isidentifier() for part in plugin.split(".")):
         raise PluginError(
             f"plugin {plugin!r} is neither a module name (dotted identifiers, "
@@ -81,11 +80,11 @@ def is_loaded(plugin: str) -> bool:
     return module_name(plugin) in sys.modules
 
 
-def load_plugins(plugins: Iterable[str], base: Path | None = None) -> list[str]:
-    """Imports each plugin not imported yet, in order; returns them resolved (`resolve`).
-    PluginError names the plugin that cannot be found or fails to import (a name it
-    registers twice included), with the error."""
-    resolved = [resolve(p, base) for p in plugins]
+def load_plugins(plugins: Iterable[str]) -> list[str]:
+    """Imports each plugin not imported yet, in order (a relative path against the current
+    directory); returns them resolved (`resolve`). PluginError names the plugin that cannot
+    be found or fails to import (a name it registers twice included), with the error."""
+    resolved = [resolve(p) for p in plugins]
     for plugin in resolved:
         _load(plugin)
     return resolved
@@ -125,7 +124,7 @@ def _import(plugin: str, name: str) -> None:
         return
     spec = importlib.util.spec_from_file_location(name, plugin)
     if spec is None or spec.loader is None:
-        raise PluginError(f"plugin {plugin!r}: not a Python file Python can import")
+        raise ImportError("not a Python source file (.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it: pickle finds its classes by this name
     try:

@@ -35,7 +35,7 @@ def registering_for(plugin: str) -> Iterator[None]:
         _PLUGIN.reset(token)
 
 
-def describe_origin(plugin: str | None) -> str:
+def _origin_text(plugin: str | None) -> str:
     return "HetFL (built in)" if plugin is None else f"plugin {plugin!r}"
 
 
@@ -63,8 +63,8 @@ class Registry(Generic[T]):
                 taken = registry._entries[name].plugin
                 again = "" if registry is self else f" as a {self.kind}"
                 raise ValueError(
-                    f"{registry.kind} {name!r} is already registered by {describe_origin(taken)}; "
-                    f"{describe_origin(plugin)} registers it again{again}: give it another name"
+                    f"{registry.kind} {name!r} is already registered by {_origin_text(taken)}; "
+                    f"{_origin_text(plugin)} registers it again{again}: give it another name"
                 )
         self._entries[name] = _Entry(entry, plugin)
         return entry

@@ -22,6 +22,7 @@ FACE = (
     "hetfl.config",
     "hetfl.report",
     "hetfl.cli",
+    "hetfl.listing",
     "hetfl.runner",
     "hetfl.assembly",
     "hetfl.flower",

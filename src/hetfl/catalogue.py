@@ -10,6 +10,9 @@ kind or a client-program wrapper is written only here (its registration reads it
 refuses a name missing here); the registries remain what runs and validates, and
 tests/test_startup.py asserts that this catalogue equals them entry for entry, so an entry
 added or renamed in one place only fails the tests.
+
+It names HetFL's own entries only: a plugin's (docs/plugins.md) carry their summaries with
+them, and `hetfl list --plugin MODULE` lists them from the registries (`hetfl.listing`).
 """
 
 from __future__ import annotations

@@ -55,18 +55,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=0.1")
     run.add_argument("--overwrite", action="store_true", help="replace existing run folders")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    _plugin_option(run)
 
     resume = sub.add_parser("resume", help="continue a run (or every point of a sweep)")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
 
-    sub.add_parser(
+    listing = sub.add_parser(
         "list", help="registered algorithms, models, datasets, partitioners, reducers, wrappers"
     )
+    _plugin_option(listing)
 
     part = sub.add_parser("partition", help="print and save the per-client class counts")
     part.add_argument("config", nargs="?", help="YAML config (default: the built-in demo job)")
     part.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    _plugin_option(part)
 
     data = sub.add_parser("data", help="dataset tools")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -108,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind", help="listen address (default: deploy.superlink's host)")
     serve.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     serve.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    _plugin_option(serve)
 
     client = sub.add_parser("client", help="start a client node on one data partition")
     client.add_argument("--partition-id", type=int, required=True, help="client id, 0-based")
@@ -121,6 +125,18 @@ def _parser() -> argparse.ArgumentParser:
         "--attr", action="append", default=[], metavar="KEY=VALUE", help="declared attribute"
     )
     return p
+
+
+def _plugin_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        dest="plugins",
+        metavar="MODULE",
+        help="import a module (my_package.my_module) or a .py file first, for what it "
+        "registers; repeatable; added to the config's plugins (docs/plugins.md)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,15 +178,15 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        return cmd_run(args.config, args.overrides, args.overwrite, args.quiet)
+        return cmd_run(args.config, args.overrides, args.overwrite, args.quiet, args.plugins)
     if args.command == "resume":
         return cmd_resume(args.run_dir, args.quiet)
     if args.command == "list":
-        return cmd_list()
+        return cmd_list(args.plugins)
     if args.command == "data":
         return cmd_download(args.dataset, args.dest, args.mirror)
     if args.command == "partition":
-        return cmd_partition(args.config, args.overrides)
+        return cmd_partition(args.config, args.overrides, args.plugins)
     if args.command == "compare":
         return cmd_compare(args.runs, args.select)
     if args.command == "plot":
@@ -178,7 +194,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from hetfl.launch import serve_config
 
-        raw = _raw_config(args.config, args.overrides)
+        raw = _raw_config(args.config, args.overrides, args.plugins)
         return serve_config(raw, args)
     if args.command == "client":
         from hetfl.launch import start_client
@@ -187,8 +203,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
-def _raw_config(config: str | None, overrides: Sequence[str]) -> dict:
-    """The config as loaded (the built-in default when none is named), overrides applied."""
+def _raw_config(config: str | None, overrides: Sequence[str], plugins: Sequence[str] = ()) -> dict:
+    """The config as loaded (the built-in default when none is named), overrides applied,
+    `--plugin`s added to its plugins (validation imports them)."""
     from hetfl.config import default_config_path, load_raw, parse_overrides, set_dotted
 
     if config is not None and "=" in config and not Path(config).exists():
@@ -196,14 +213,23 @@ def _raw_config(config: str | None, overrides: Sequence[str]) -> dict:
     raw = load_raw(config if config is not None else default_config_path())
     for key, value in parse_overrides(overrides).items():
         set_dotted(raw, key, value)
+    named = raw.get("plugins") or []
+    if plugins and isinstance(named, list):  # anything else: validation says what is wrong
+        raw["plugins"] = [*named, *plugins]
     return raw
 
 
-def cmd_run(config: str | None, overrides: Sequence[str], overwrite: bool, quiet: bool) -> int:
+def cmd_run(
+    config: str | None,
+    overrides: Sequence[str],
+    overwrite: bool,
+    quiet: bool,
+    plugins: Sequence[str] = (),
+) -> int:
     from hetfl.config import ConfigError, expand_sweep, validate
     from hetfl.runner import run_one
 
-    raw = _raw_config(config, overrides)
+    raw = _raw_config(config, overrides, plugins)
     points = [(name, validate(point)) for name, point in expand_sweep(raw)]
     first = points[0][1]
     base = Path(first.output_dir) / first.name
@@ -296,46 +322,24 @@ def _finished(run_dir: Path, cfg: RunConfig) -> bool:
     )
 
 
-def cmd_list() -> int:
-    """The registries' names and summaries, from the torch-free catalogue (which the tests
-    hold equal to the registries)."""
-    from hetfl import catalogue
+def cmd_list(plugins: Sequence[str] = ()) -> int:
+    """The registries' names and summaries: HetFL's own from the torch-free catalogue
+    (which the tests hold equal to the registries), or, with `plugins`, every entry once
+    they are imported, and what each registered."""
+    from hetfl.listing import built_in, lines, with_plugins
 
-    print("algorithms:")
-    for name, summary in sorted(catalogue.ALGORITHMS.items()):
-        print(f"  {name:<12} {summary}")
-    print(f"models: {', '.join(sorted(catalogue.MODELS))}")
-    print("scalable models (model.width, stages, blocks, bn, stem):")
-    for name, summary in sorted(catalogue.ARCHITECTURES.items()):
-        print(f"  {name:<12} {summary}")
-    print("composed models (model.compose, basis):")
-    for name, summary in sorted(catalogue.COMPOSED.items()):
-        print(f"  {name:<12} {summary}")
-    for title, names in (
-        ("datasets", catalogue.DATASETS),
-        ("partitioners", catalogue.PARTITIONERS),
-    ):
-        print(f"{title}: {', '.join(sorted(names))}")
-    print("reducers (options.<method>.reducer: {kind: ..., ...}):")
-    for name, summary in sorted(catalogue.REDUCERS.items()):
-        print(f"  {name:<12} {summary}")
-    print(
-        "client-program wrappers (wrappers: [{kind: ..., ...}]):"
-        + ("" if catalogue.WRAPPERS else " none")
-    )
-    for name, summary in sorted(catalogue.WRAPPERS.items()):
-        print(f"  {name:<12} {summary}")
+    print("\n".join(lines(with_plugins(plugins) if plugins else built_in())))
     return 0
 
 
-def cmd_partition(config: str | None, overrides: Sequence[str]) -> int:
+def cmd_partition(config: str | None, overrides: Sequence[str], plugins: Sequence[str] = ()) -> int:
     """The class counts of every client, as the run with this config would partition them
     (the first sweep point's seed, when the config is a sweep)."""
     from hetfl.assembly import load_dataset, partition
     from hetfl.config import expand_sweep, validate
     from hetfl.data import class_counts, format_class_table
 
-    raw = _raw_config(config, overrides)
+    raw = _raw_config(config, overrides, plugins)
     cfg = validate(next(iter(expand_sweep(raw)))[1])
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)

@@ -12,6 +12,10 @@ The server sends its resolved config as YAML text with every request; each node 
 here (`build_node`), takes `data`, `device` and `threads` from its own config, and builds
 its client with the simulator's `build_parts`, so both engines train the same client on
 the same data by construction.
+
+Plugins (docs/plugins.md): a node imports the plugins its own config names, never one a
+server's message names (a message must not make a node run code); a plugin of the server's
+config that the node has not imported is an error on the node, naming it.
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ def data_fingerprint(cfg: RunConfig) -> dict[str, Any]:
 
 
 def parse_config(text: str) -> RunConfig:
-    """A config sent as YAML text (the server's resolved config)."""
-    return validate(yaml.safe_load(text) or {})
+    """A config sent as YAML text (the server's resolved config). It imports nothing: each
+    plugin it names must be imported already, by the node's own config (a file plugin is
+    known by its file name, `hetfl.core.plugins.module_name`), else a ConfigError names it."""
+    return validate(yaml.safe_load(text) or {}, import_plugins=False)
 
 
 def build_node(node_config: Mapping[str, Any], server_config: str) -> Node:
@@ -61,9 +67,10 @@ def build_node(node_config: Mapping[str, Any], server_config: str) -> Node:
     if "partition-id" not in node_config:
         raise ValueError("the node has no partition-id in its node config (hetfl client sets it)")
     cid = int(node_config["partition-id"])
+    own = node_config.get("hetfl-config")  # first: it imports the node's plugins
+    own_config = validate(load_raw(str(own))) if "hetfl-config" in node_config else None
     server = parse_config(server_config)
-    own = node_config.get("hetfl-config")
-    local = validate(load_raw(str(own))) if "hetfl-config" in node_config else server
+    local = server if own_config is None else own_config
     if not 0 <= cid < local.data.num_clients:
         raise ValueError(
             f"partition-id {cid} is outside 0..{local.data.num_clients - 1} "

@@ -43,6 +43,7 @@ def build_simulation(
         deterministic=cfg.deterministic,
         clients_per_round=cfg.train.clients_per_round,
         measured_clock=cfg.measured_clock,
+        plugins=cfg.plugins,
     )
     p = build_parts(cfg, show_progress=show_progress, label=label)
     info = {**p.info, "executor": described}

@@ -4,10 +4,11 @@ enumerate them.
 
 A method registers with one decorator per name on its `make` function,
 `@register_algorithm(name, OptionsClass)`; methods that share a `make` (FedAvg, FedBN,
-FedPer) stack one decorator per name. Registering a name twice is an error. A method's
-one-line summary is written once, in `hetfl.catalogue` (what `hetfl list` prints without
-importing torch), and read from there at registration: a name missing from the catalogue
-cannot register.
+FedPer) stack one decorator per name. Registering a name twice is an error. A built-in
+method's one-line summary is written once, in `hetfl.catalogue` (what `hetfl list` prints
+without importing torch), and read from there at registration: a name missing from the
+catalogue cannot register. A plugin's method (`hetfl.core.plugins`, docs/plugins.md)
+carries its own, `register_algorithm(name, Options, summary="...")`.
 
 An algorithm's options are a pydantic model (validated at the config edge, unknown keys
 refused); `make` turns them into explicit constructor arguments — a method never sees the
@@ -135,21 +136,25 @@ def register_algorithm(
     options: type[Options],
     *,
     needs: ModelKind = "any",
+    summary: str | None = None,
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
-    """Registers the decorated `make` in `ALGORITHMS` as `name`, with its summary from
-    `summaries` (the catalogue), and returns it unchanged, so decorators stack: one per
-    name that `make` builds. A taken name raises ValueError; a name without a summary,
-    KeyError."""
-    if name not in summaries:
-        raise KeyError(
-            f"algorithm {name!r} has no summary in hetfl.catalogue.ALGORITHMS; add its "
-            "one-line summary there (what `hetfl list` prints)"
-        )
-    summary = summaries[name]
+    """Registers the decorated `make` in `ALGORITHMS` as `name`, with its `summary` (a
+    plugin's) or else its summary from `summaries` (the catalogue, for a built-in method),
+    and returns it unchanged, so decorators stack: one per name that `make` builds. A taken
+    name raises ValueError; a name without a summary, KeyError."""
+    if summary is None:
+        if name not in summaries:
+            raise KeyError(
+                f"algorithm {name!r} has no summary in hetfl.catalogue.ALGORITHMS; add its "
+                "one-line summary there (what `hetfl list` prints), or, in a plugin, pass "
+                "it: register_algorithm(name, Options, summary='...')"
+            )
+        summary = summaries[name]
+    described = summary
 
     def register(make: Make) -> Make:
-        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs))
+        ALGORITHMS.register(name, Algorithm(name, described, options, make, needs))
         return make
 
     return register

@@ -1,6 +1,10 @@
 """One job: a config from YAML and overrides to a validated `RunConfig`, with errors that
 name each field, the value received, what is allowed, and for an unknown key the closest
 known one.
+
+Plugins (`hetfl.core.plugins`) are imported here, at the edge, before validation: `validate`
+imports the plugins a config names, so that the names they register validate; `load_raw`
+makes a plugin file's relative path absolute against the config file's folder.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from hetfl.config.run import RunConfig
 from hetfl.config.sections import ConfigError
+from hetfl.core.plugins import PluginError, is_file, load_plugins, resolve
 
 
 # -- loading, overrides, errors ------------------------------------------------------------
@@ -55,10 +60,31 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(raw).__name__}")
+    plugins = raw.get("plugins")
+    if isinstance(plugins, list):
+        folder = p.resolve().parent
+        raw["plugins"] = [
+            resolve(x, folder) if isinstance(x, str) and is_file(x) else x for x in plugins
+        ]
     return raw
 
 
-def validate(raw: Mapping[str, Any]) -> RunConfig:
+def validate(raw: Mapping[str, Any], *, import_plugins: bool = True) -> RunConfig:
+    """`raw` as a `RunConfig`, or a ConfigError naming every problem. The plugins `raw`
+    names are imported first; with `import_plugins=False` (a config that arrived in a
+    message, which must never make this process import code) they must be imported
+    already, which the record checks."""
+    if import_plugins:
+        plugins = raw.get("plugins") or []
+        if not isinstance(plugins, list):
+            raise ConfigError(
+                "plugins: a list of module names or .py files, e.g. [my_package.my_module, "
+                f"./my_file.py] (got {plugins!r})"
+            )
+        try:
+            load_plugins(plugins)
+        except PluginError as exc:
+            raise ConfigError(f"plugins: {exc}") from exc
     try:
         return RunConfig.model_validate(dict(raw))
     except ValidationError as exc:

@@ -22,6 +22,7 @@ from hetfl.config.sections import (
     TrainConfig,
     _Strict,
 )
+from hetfl.core.plugins import is_loaded, resolve
 from hetfl.core.wrappers import WrapperChoice
 from hetfl.models import ARCHITECTURES, is_composed, is_scalable
 from hetfl.models.flanc import COMPOSED
@@ -41,6 +42,12 @@ class RunConfig(_Strict):
         ge=0,
         description="every random draw (partition, sampling, initialisation, batch order, "
         "...) comes from a generator derived from (seed, round, client, purpose)",
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules imported before validation, whose registered names the config "
+        "may use: module names (my_package.my_module) or .py files (./my_file.py, relative "
+        "to the config file's folder); see docs/plugins.md",
     )
     algorithm: str = Field("fedavg", description="the method: " + ", ".join(catalogue.ALGORITHMS))
     options: dict[str, dict[str, Any]] = Field(
@@ -124,6 +131,23 @@ class RunConfig(_Strict):
         "every combination runs into its own folder, with comparison.md at the top; a key "
         "naming several dotted keys, comma-separated, sets them all to each value",
     )
+
+    @field_validator("plugins")
+    @classmethod
+    def _loaded(cls, v: list[str]) -> list[str]:
+        """Each plugin resolved (a file's path absolute), once, and already imported:
+        `hetfl.config.validate` imports them; a config received in a message imports
+        nothing."""
+        resolved = list(dict.fromkeys(resolve(p) for p in v))
+        missing = [p for p in resolved if not is_loaded(p)]
+        if missing:
+            raise ValueError(
+                f"plugin(s) {', '.join(map(repr, missing))} not imported in this process: "
+                "hetfl.config.validate imports the plugins a config names, but never those of "
+                "a config received from a Flower server; on a Flower node, name them in the "
+                "node's own config (hetfl client --config FILE, plugins: [...])"
+            )
+        return resolved
 
     @field_validator("algorithm")
     @classmethod

@@ -11,8 +11,9 @@ kind and its typed options), refusing an unknown kind with the known ones and a 
 with the kind, the option, the value and the rule. `Chosen.build()` makes the part;
 `Chosen.describe()` is what the run's outputs record.
 
-Each kind's one-line summary is written in `hetfl.catalogue` (what `hetfl list` prints
-without importing torch) and read from there at registration, as for the algorithms.
+Each built-in kind's one-line summary is written in `hetfl.catalogue` (what `hetfl list`
+prints without importing torch) and read from there at registration, as for the
+algorithms; a plugin's kind passes its own (`summary=`).
 """
 
 from __future__ import annotations
@@ -69,16 +70,20 @@ def register_kind(
     build: Callable[[Any], Built],
     *,
     summaries: Mapping[str, str],
+    summary: str | None = None,
 ) -> Kind[Built]:
-    """Registers `name` in `registry` with its summary from `summaries` (the catalogue's
-    entry for this registry). A taken name raises ValueError; a name without a summary,
-    KeyError."""
-    if name not in summaries:
-        raise KeyError(
-            f"{registry.kind} {name!r} has no summary in hetfl.catalogue; add its one-line "
-            "summary there (what `hetfl list` prints)"
-        )
-    return registry.register(name, Kind(name, summaries[name], options, build))
+    """Registers `name` in `registry` with its `summary` (a plugin's) or else its summary
+    from `summaries` (the catalogue's entry for this registry). A taken name raises
+    ValueError; a name without a summary, KeyError."""
+    if summary is None:
+        if name not in summaries:
+            raise KeyError(
+                f"{registry.kind} {name!r} has no summary in hetfl.catalogue; add its one-line "
+                "summary there (what `hetfl list` prints), or, in a plugin, pass it "
+                "(summary='...')"
+            )
+        summary = summaries[name]
+    return registry.register(name, Kind(name, summary, options, build))
 
 
 def choose(registry: Registry[Kind[Built]], value: object) -> Chosen[Built]:

@@ -51,13 +51,15 @@ def register_reducer(
     name: str,
     options: type[KindOptions] = KindOptions,
     *,
+    summary: str | None = None,
     summaries: Mapping[str, str] = catalogue.REDUCERS,
 ) -> Callable[[Build], Build]:
     """Registers the decorated `build(options) -> ReducerFactory` in `REDUCERS` as `name`
-    with its `options` model and its summary from `summaries`; returns it unchanged."""
+    with its `options` model and its `summary` (a plugin's) or else its summary from
+    `summaries` (the catalogue); returns it unchanged."""
 
     def register(build: Build) -> Build:
-        register_kind(REDUCERS, name, options, build, summaries=summaries)
+        register_kind(REDUCERS, name, options, build, summaries=summaries, summary=summary)
         return build
 
     return register

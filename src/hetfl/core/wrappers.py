@@ -37,13 +37,15 @@ def register_wrapper(
     name: str,
     options: type[KindOptions] = KindOptions,
     *,
+    summary: str | None = None,
     summaries: Mapping[str, str] = catalogue.WRAPPERS,
 ) -> Callable[[Build], Build]:
     """Registers the decorated `build(options) -> Wrapper` in `WRAPPERS` as `name` with its
-    `options` model and its summary from `summaries`; returns it unchanged."""
+    `options` model and its `summary` (a plugin's) or else its summary from `summaries` (the
+    catalogue); returns it unchanged."""
 
     def register(build: Build) -> Build:
-        register_kind(WRAPPERS, name, options, build, summaries=summaries)
+        register_kind(WRAPPERS, name, options, build, summaries=summaries, summary=summary)
         return build
 
     return register

@@ -36,6 +36,7 @@ from torch import nn
 from hetfl.core.declared import DeclaredTensor, InitFn, Role
 from hetfl.core.registry import Registry
 from hetfl.core.spec import GROUP_SEP, IndexMap, MapEntry, Spec, capacity_group
+from hetfl.models.base import MODELS
 from hetfl.models.composed import COMPOSE_MODES, ComposedConv2d, ComposedLinear, chunk_count
 from hetfl.models.flanc_nets import (
     CNN_BASIS_SIZES,
@@ -69,7 +70,7 @@ class ComposedArchitecture:
     summary: str
 
 
-COMPOSED: Registry[ComposedArchitecture] = Registry("composed model")
+COMPOSED: Registry[ComposedArchitecture] = Registry("composed model", shares_names_with=MODELS)
 COMPOSED.register(
     "composed-cnn",
     ComposedArchitecture(

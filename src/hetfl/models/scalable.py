@@ -35,6 +35,7 @@ from torch import nn
 from hetfl.core.registry import Registry
 from hetfl.core.roles import norm_tensor_names
 from hetfl.core.spec import IndexMap, MapEntry, Spec, capacity_group, group_qualified, prefix_index
+from hetfl.models.base import MODELS
 from hetfl.models.blocks import BasicBlock, ConvUnit, PreActBlock, ResidualBlock, slim_conv
 from hetfl.models.norms import NormFactory, norm_for
 from hetfl.models.slim import SlimLinear, channels
@@ -177,7 +178,7 @@ class Architecture:
         return len(self.base_widths)
 
 
-ARCHITECTURES: Registry[Architecture] = Registry("scalable model")
+ARCHITECTURES: Registry[Architecture] = Registry("scalable model", shares_names_with=MODELS)
 ARCHITECTURES.register(
     "stage-cnn",
     Architecture(

@@ -7,6 +7,7 @@ executors' modules import the protocol and this module imports them, with no cir
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Literal
 
 from hetfl.sim.executor import Executor, SequentialExecutor
@@ -23,12 +24,14 @@ def make_executor(
     deterministic: bool,
     clients_per_round: int,
     measured_clock: bool,
+    plugins: Sequence[str] = (),
 ) -> tuple[Executor, str]:
     """The executor a run asked for, and why it was chosen (for the start banner).
 
     `auto` takes processes when there is more than one core and more than one client per
     round, on the CPU, with a simulated clock; else sequential. `workers` defaults to the
-    usable cores divided by `threads`."""
+    usable cores divided by `threads`. `plugins`: the run's, for worker processes to
+    import."""
     cores = len(os.sched_getaffinity(0))
     count = workers or max(1, cores // threads)
     auto = name == "auto"
@@ -55,7 +58,9 @@ def make_executor(
             )
         from hetfl.sim.processes import ProcessExecutor
 
-        chosen = ProcessExecutor(count, threads, device=device, deterministic=deterministic)
+        chosen = ProcessExecutor(
+            count, threads, device=device, deterministic=deterministic, plugins=plugins
+        )
         return chosen, chosen.describe() + (" (auto)" if auto else "")
     if name == "vectorised":
         from hetfl.sim.vectorised import VectorisedExecutor

@@ -5,7 +5,8 @@ faster than one two-thread process (intra-op threading scales poorly at small ba
 This executor keeps `workers` processes (`hetfl.sim.worker`) for the run:
 
 - Started by `forkserver`, never by `fork` after torch has run parallel work; the fork
-  server preloads torch and HetFL once, so a worker (and a restarted one) starts warm.
+  server preloads torch and HetFL once, so a worker (and a restarted one) starts warm. A
+  worker imports the run's `plugins` (`hetfl.core.plugins`) before it receives anything.
 - The run's data (clients' samples, the test and validation sets) is placed once in one
   shared-memory block (`share`); the engine keeps views of it and they travel by reference.
 - The programs go to each worker once; within one exchange (a round's trainings, one
@@ -85,8 +86,8 @@ class ProcessExecutor:
     """Runs units in `workers` worker processes of `threads` intra-op threads each.
 
     `in_process` runs what cannot go to workers (split learning); it must be an executor
-    of the same `threads`. Use as a context manager, or call `close()`; the workers start
-    at the first unit."""
+    of the same `threads`. `plugins`: the run's, which every worker imports first. Use as a
+    context manager, or call `close()`; the workers start at the first unit."""
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class ProcessExecutor:
         device: str = "cpu",
         deterministic: bool = True,
         in_process: Executor | None = None,
+        plugins: Sequence[str] = (),
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -108,6 +110,7 @@ class ProcessExecutor:
 
         self.workers, self.threads = workers, threads
         self.device, self.deterministic = device, deterministic
+        self.plugins = tuple(plugins)
         self.in_process: Executor = in_process or SequentialExecutor()
         self._context = mp.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
@@ -251,7 +254,7 @@ class ProcessExecutor:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=serve,
-            args=(child, self.threads, self.device, self.deterministic),
+            args=(child, self.threads, self.device, self.deterministic, self.plugins),
             daemon=True,
             name="hetfl-worker",
         )

@@ -45,6 +45,7 @@ UNDER_PROCESSES = [
     "fedbn",
     "fedper-local-eval-all",
     "split-server-program",
+    "splitfed",
 ]
 
 

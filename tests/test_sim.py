@@ -33,7 +33,7 @@ from hetfl.engine.checkpoint import CheckpointFormatError, load_checkpoint, save
 from hetfl.engine.outputs import ROW_KEYS
 from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
-from hetfl.models import ComposedFamily, ScalableFamily
+from hetfl.models import ComposedFamily, ScalableFamily, make_family
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation
 from strategies import fedavg, trained
 
@@ -513,6 +513,8 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
         family = ComposedFamily(
             {"family": "composed-cnn", "input_shape": (1, 8, 8), "num_classes": 10}
         )
+    if ALGORITHMS.get(name).needs == "split":
+        family = make_family("resnet-cifar", (1, 8, 8), 10, blocks=1)
     whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3)
     summary = whole.run()
     assert summary["final"]["clients"] == 4 and summary["final"]["failed"] == 0

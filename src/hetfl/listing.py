@@ -23,6 +23,7 @@ class Listing:
     models: Sequence[str]
     architectures: Mapping[str, str]
     composed: Mapping[str, str]
+    split: Mapping[str, str]
     datasets: Sequence[str]
     partitioners: Sequence[str]
     reducers: Mapping[str, str]
@@ -37,6 +38,7 @@ def built_in() -> Listing:
         catalogue.MODELS,
         catalogue.ARCHITECTURES,
         catalogue.COMPOSED,
+        catalogue.SPLIT,
         catalogue.DATASETS,
         catalogue.PARTITIONERS,
         catalogue.REDUCERS,
@@ -52,11 +54,11 @@ def with_plugins(plugins: Sequence[str]) -> Listing:
     from hetfl.core.reducers import REDUCERS
     from hetfl.core.wrappers import WRAPPERS
     from hetfl.data import DATASETS, PARTITIONERS
-    from hetfl.models import ARCHITECTURES, COMPOSED, MODELS
+    from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 
     loaded = load_plugins(plugins)
-    summarised = (ALGORITHMS, ARCHITECTURES, COMPOSED, REDUCERS, WRAPPERS)
-    algorithms, architectures, composed, reducers, wrappers = (
+    summarised = (ALGORITHMS, ARCHITECTURES, COMPOSED, SPLIT, REDUCERS, WRAPPERS)
+    algorithms, architectures, composed, split, reducers, wrappers = (
         {n: r.get(n).summary for n in r} for r in summarised
     )
     registries: list[Registry[Any]] = [*summarised, MODELS, DATASETS, PARTITIONERS]
@@ -69,6 +71,7 @@ def with_plugins(plugins: Sequence[str]) -> Listing:
         MODELS.names(),
         architectures,
         composed,
+        split,
         DATASETS.names(),
         PARTITIONERS.names(),
         reducers,
@@ -84,6 +87,8 @@ def lines(listing: Listing) -> list[str]:
     out += _summaries(listing.architectures)
     out.append("composed models (model.compose, basis):")
     out += _summaries(listing.composed)
+    out.append("split models, in modules for split learning (model.blocks):")
+    out += _summaries(listing.split)
     out.append(f"datasets: {', '.join(sorted(listing.datasets))}")
     out.append(f"partitioners: {', '.join(sorted(listing.partitioners))}")
     out.append("reducers (options.<method>.reducer: {kind: ..., ...}):")

@@ -36,7 +36,7 @@ from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName
 
 #: The kind of model a method requires (`Algorithm.needs`).
-ModelKind = Literal["any", "scalable", "composed"]
+ModelKind = Literal["any", "scalable", "composed", "split"]
 
 #: The `weighting` option with its description, for every method that weights clients (a
 #: method that changes its default keeps the description).
@@ -105,7 +105,13 @@ class Algorithm:
 
     `needs` names the kind of model the method requires, so that a config pairing it with
     another fails at validation: `scalable` for methods that slice sub-models or keep
-    normalisation private, `composed` for FLANC's composed layers, `any` otherwise.
+    normalisation private, `composed` for FLANC's composed layers, `split` for split
+    learning (a model cut into modules, `hetfl.models.resnet_cifar`), `any` otherwise.
+
+    `simulator_only`, when set, says why the method runs in the simulator only (split
+    learning's per-batch exchange with the server; FedGKT's later): `hetfl serve` and the
+    Flower server refuse it before anything starts, with this reason
+    (`refuse_simulator_only`).
     """
 
     name: str
@@ -113,6 +119,7 @@ class Algorithm:
     options: type[Options]
     make: Callable[..., tuple[Strategy, LocalRecipe]]
     needs: ModelKind = "any"
+    simulator_only: str | None = None
 
     def build(
         self,
@@ -128,6 +135,29 @@ class Algorithm:
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
 
+
+class SimulatorOnlyError(ValueError):
+    """A method that only the simulator can run (`Algorithm.simulator_only`)."""
+
+
+#: Why a strategy with a server program, built outside the registry, cannot run elsewhere.
+NEEDS_SERVER_PROGRAM = (
+    "it needs a server program (split learning): a per-batch exchange with the server"
+)
+
+
+def refuse_simulator_only(algorithm: str, why: str | None) -> None:
+    """Refuse a method whose `why` (its `Algorithm.simulator_only`) is set, before an
+    engine other than the simulator starts anything: `hetfl serve` after validating the
+    config, the Flower server when it is built."""
+    if why is not None:
+        raise SimulatorOnlyError(
+            f"algorithm {algorithm!r} runs in the simulator only: {why}. Run it with "
+            "`hetfl run CONFIG` (the in-process simulator; device profiles give its "
+            "simulated time); `hetfl serve` and the Flower adapter cannot run it yet"
+        )
+
+
 Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, LocalRecipe]])
 
 
@@ -136,13 +166,15 @@ def register_algorithm(
     options: type[Options],
     *,
     needs: ModelKind = "any",
+    simulator_only: str | None = None,
     summary: str | None = None,
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
     """Registers the decorated `make` in `ALGORITHMS` as `name`, with its `summary` (a
     plugin's) or else its summary from `summaries` (the catalogue, for a built-in method),
-    and returns it unchanged, so decorators stack: one per name that `make` builds. A taken
-    name raises ValueError; a name without a summary, KeyError."""
+    and returns it unchanged, so decorators stack: one per name that `make` builds. `needs`
+    and `simulator_only` are `Algorithm`'s. A taken name raises ValueError; a name without a
+    summary, KeyError."""
     if summary is None:
         if name not in summaries:
             raise KeyError(
@@ -154,7 +186,7 @@ def register_algorithm(
     described = summary
 
     def register(make: Make) -> Make:
-        ALGORITHMS.register(name, Algorithm(name, described, options, make, needs))
+        ALGORITHMS.register(name, Algorithm(name, described, options, make, needs, simulator_only))
         return make
 
     return register

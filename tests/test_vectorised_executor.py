@@ -120,11 +120,14 @@ def test_agrees_with_the_sequential_executor(tmp_path, algorithm, dotted, groups
 def test_flanc_orthogonality_penalty_agrees_and_a_lone_capacity_says_why(tmp_path):
     """FLANC's loss term reads the client's bases from `ctx.params` (per client under vmap).
     Three clients, two capacities drawn until both appear: the two that share one are
-    stacked, the third trains alone and the executor says why. (Batches of 32 and the
-    smallest capacities: the composed CNN is slow on a CPU.)"""
+    stacked, the third trains alone and the executor says why. (4 steps of 32 samples at
+    the smallest capacities: the composed CNN is slow on a CPU. lambda 10 and lr 0.1: the
+    banks start orthogonal, and with the penalty's weight and lr of the golden scenario it
+    moves the weights by less than the tolerance; here by 4e-5.)"""
     dotted = {**WIDTHS, "model.name": "composed-cnn", "model.stages": None,
-              "options.flanc": {"lambda_orth": 0.1, "levels": [0.25, 0.5]}, "train.lr": 0.01,
-              "train.clients_per_round": 3, "train.batch_size": 32}  # fmt: skip
+              "options.flanc": {"lambda_orth": 10.0, "levels": [0.25, 0.5]}, "train.lr": 0.1,
+              "train.clients_per_round": 3, "train.batch_size": 32,
+              "train.local_steps": 4}  # fmt: skip
     sim = _simulation(tmp_path, "flanc", dotted)
     alone, together, executor = _both(sim)
     assert executor.grouped == [(0, 1)]
@@ -192,7 +195,7 @@ def test_a_group_that_raises_is_trained_sequentially_and_says_so(tmp_path, monke
 
         return step
 
-    monkeypatch.setattr(vectorised, "_vmapped_gradient", failing)
+    monkeypatch.setattr(vectorised, "stacked_gradient", failing)
     executor = VectorisedExecutor()
     message = (
         r"clients \[0, 1, 2, 3, 4, 5\] raised RuntimeError: CUDA out of memory; "
@@ -349,19 +352,72 @@ class _Clamp:
             p.clamp_(-self.limit, self.limit)
 
 
+@dataclass(frozen=True, eq=False)
+class _Sizes:
+    """A tracker written once, here: the number of parameter numbers its client had at
+    each step (its own, not the stack's)."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
+
+    def after_step(self, ctx: TrainContext) -> None:
+        sizes = ctx.scratch(self).setdefault("sizes", [])
+        sizes.append(sum(p.numel() for p in ctx.params.values()))
+
+    def finish(self, ctx: TrainContext) -> dict[str, Any]:
+        return {"sizes": ctx.scratch(self)["sizes"]}
+
+
 def test_parts_written_once_run_in_both_executors(tmp_path):
     """Parts the executor has never heard of, declared per client (a loss term reading the
-    parameters, the payload and a per-client constant) and elementwise (a projection):
-    stacked, and in agreement with their sequential training."""
+    parameters, the payload and a per-client constant; a tracker reading the parameters)
+    and elementwise (a projection): stacked, and in agreement with their sequential
+    training."""
     sim = _simulation(tmp_path, "fedavg", {"train.momentum": 0.9})
-    recipe = LocalRecipe(loss_terms=(_PullBack(5.0),), projections=(_Clamp(0.2),))
+    recipe = LocalRecipe(
+        loss_terms=(_PullBack(5.0),), projections=(_Clamp(0.2),), trackers=(_Sizes(),)
+    )
     sim.programs = Programs(sim.programs.family, recipe, seed=0)
     shares = {len(sim.clients[c].labels) for c in sim.clients}
     assert len(shares) > 1  # the constant differs between the stacked clients
     alone, together, executor = _both(sim)
     assert executor.grouped == [(0, 1, 2, 3, 4, 5)]
     _assert_agree(alone, together)
+    assert len(set(_output(alone[0]).result.extras["sizes"])) == 1  # extras agree (above)
     plain = SequentialExecutor().run(
         Programs(sim.programs.family, seed=0), _jobs(sim)[:1], sim.clients, None
     )
     assert _max_diff(_output(plain[0]).result.tensors, _output(alone[0]).result.tensors) > 1e-3
+
+
+@dataclass(frozen=True)
+class _LateConstant:
+    """A loss term that makes its constant only from the second step on, after the
+    executor's probe of each client's first forward."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
+
+    def __call__(
+        self, outputs: torch.Tensor, y: torch.Tensor, per_sample: torch.Tensor, ctx: TrainContext
+    ) -> torch.Tensor | None:
+        if ctx.step == 0:
+            return None
+        return ctx.constant(self, "late", lambda: torch.tensor(0.01)) * outputs.sum()
+
+
+def test_a_constant_made_in_a_stacked_step_sends_the_group_back(synthetic_federation, tmp_path):
+    """Its stacked step would have no client's context to make it from: the group is
+    trained sequentially instead, and the warning names the part."""
+    family, clients, test = _sizes_federation(synthetic_federation, [30, 30])
+    programs = Programs(family, LocalRecipe(loss_terms=(_LateConstant(),)), seed=0)
+    strategy, _ = ALGORITHMS.get("fedavg").build(
+        family, None, clients_per_round=2, train=LocalTraining(lr=0.1, batch_size=10)
+    )
+    sim = Simulation(strategy, programs, clients, test, RoundSettings(rounds=1, seed=0), tmp_path)
+    sim.setup()
+    executor = VectorisedExecutor()
+    with pytest.warns(RuntimeWarning, match="_LateConstant made its constant 'late' in a stack"):
+        executor.run(programs, _jobs(sim), sim.clients, None)
+    assert executor.grouped == []
+    assert executor.alone == dict.fromkeys(
+        [0, 1], "its group's vectorised training raised RuntimeError"
+    )

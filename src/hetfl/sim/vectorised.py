@@ -3,8 +3,8 @@
 For a GPU, where one small client's step leaves the device mostly idle. Clients whose jobs
 have the same spec, the same training settings and the same payload names form a group;
 their tensors are stacked on a leading client dimension (K, ...), and every step runs the
-one local step (`hetfl.core.local.loop.LocalStep`) on the stack: its loss under one
-`torch.func.vmap` of `torch.func.grad` (`torch.func.functional_call` on the shared
+one local step (`hetfl.core.local.loop.LocalStep`) on the stack (`hetfl.core.local.stacked`):
+its loss's gradient under one `torch.func.vmap` (`torch.func.functional_call` on the shared
 template), then its update, each part as it declares (`hetfl.core.local.parts.Vectorises`):
 a per-client part under `vmap`, an elementwise one (SGD, the proximal term) on the stack as
 it is. On a CPU it is slower than the sequential executor: there the lever is processes.
@@ -55,19 +55,12 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
-from torch.func import grad, vmap
 
 from hetfl.core.client import ClientProgram, Programs, trainable_names
 from hetfl.core.dropout import SeededDropout
-from hetfl.core.local.loop import (
-    LocalStep,
-    PartCall,
-    StepTensors,
-    Tally,
-    batch_order,
-    model_call,
-)
-from hetfl.core.local.parts import TrainContext, Vectorises, vectorisation
+from hetfl.core.local.loop import LocalStep, Tally, batch_order, model_call
+from hetfl.core.local.parts import TrainContext
+from hetfl.core.local.stacked import on_stack, stacked_gradient
 from hetfl.core.pixels import model_inputs
 from hetfl.core.roles import tensor_roles
 from hetfl.core.server_program import ServerProgram
@@ -278,53 +271,6 @@ class _Stack:
         return self.params, self.buffers, self.state, self.received
 
 
-def _row_context(
-    ctx: TrainContext, rows: Mapping[str, Any], params: dict[str, torch.Tensor]
-) -> TrainContext:
-    """`ctx` (a stack's) as one client's under `vmap`: `rows` holds that client's rows of
-    the received payload and of the constants (`_stacked_rows`)."""
-    return replace(ctx, params=params, received=rows["received"], constants=rows["constants"])
-
-
-def _stacked_rows(ctx: TrainContext) -> dict[str, Any]:
-    """The per-client tensors of a stack's context that parts read, for `vmap`."""
-    return {"received": ctx.received, "constants": ctx.constants}
-
-
-def _on_stack(part: object, call: PartCall, tensors: StepTensors, ctx: TrainContext) -> None:
-    """Run a part of the update on a stack (`LocalStep.update`'s `run`): an elementwise
-    part on the stack as it is, a per-client part under `vmap`, one client per row."""
-    if vectorisation(part) is Vectorises.ELEMENTWISE:
-        call(tensors, ctx)
-        return
-
-    def one(rows_tensors: StepTensors, rows: dict[str, Any]) -> None:
-        call(rows_tensors, _row_context(ctx, rows, rows_tensors["params"]))
-
-    vmap(one, out_dims=None)(tensors, _stacked_rows(ctx))
-
-
-def _vmapped_gradient(template: nn.Module, step: LocalStep) -> Callable[..., Any]:
-    """`(params, buffers, x, y, ctx rows, ctx) -> (grads, (losses, buffers))` over stacks:
-    each client's gradient of its batch's total loss (`LocalStep.loss`), its mean loss and
-    its buffers after the forward (BatchNorm updates them; on copies, as vmap needs)."""
-
-    def total(
-        params: State,
-        buffers: State,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        rows: dict[str, Any],
-        ctx: TrainContext,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, State]]:
-        own = {k: v.clone() for k, v in buffers.items()}
-        inner = replace(_row_context(ctx, rows, params), buffers=own, batch=(x, y))
-        total, loss = step.loss(model_call(template, params, own), x, y, inner)
-        return total, (loss.detach(), own)
-
-    return vmap(grad(total, has_aux=True), in_dims=(0, 0, 0, 0, 0, None))
-
-
 def _copy_generator(generator: torch.Generator) -> torch.Generator:
     """A generator in `generator`'s state, so that drawing from it leaves the job's own
     untouched (a fall-back to the sequential executor must draw the same batches)."""
@@ -395,7 +341,7 @@ class _GroupTraining:
             constants=self.stack.constants,
             constants_made=True,
         )
-        self.gradient = _vmapped_gradient(template, self.step_def)
+        self.gradient = stacked_gradient(template, self.step_def)
         for k, ctx in enumerate(self.contexts):  # views of its rows, for the trackers
             ctx.params = {n: v[k] for n, v in self.stack.params.items()}
         self.losses: list[tuple[list[int], int, torch.Tensor]] = []
@@ -481,12 +427,10 @@ class _GroupTraining:
             params=rows.params,
             step=step,
         )
-        g, (loss, rows.buffers) = self.gradient(
-            rows.params, rows.buffers, x, y, _stacked_rows(ctx), ctx
-        )
+        g, (loss, rows.buffers) = self.gradient(rows.params, rows.buffers, x, y, ctx)
         grads = {k: g[k] for k in self.names if k in self.used}
         self.step_def.update(
-            {"grads": grads, "params": rows.params, "state": rows.state}, ctx, _on_stack
+            {"grads": grads, "params": rows.params, "state": rows.state}, ctx, on_stack
         )
         if not whole:
             self.stack.put(idx, rows)

@@ -363,10 +363,10 @@ class _GroupTraining:
             params = {n: own[n].detach().clone().requires_grad_(k == 0) for n in self.names}
             buffers = {n: v.clone() for n, v in own.items() if n not in params}
             x, y = self._first_batch(k)
+            # `replace` keeps `ctx.constants` (the same dict): the constants land there.
+            probe = replace(ctx, params=params, buffers=buffers, batch=(x, y))
             with torch.set_grad_enabled(k == 0):
-                probe = replace(ctx, params=params, buffers=buffers, batch=(x, y))
                 total, _ = self.step_def.loss(model_call(template, params, buffers), x, y, probe)
-            ctx.constants.update(probe.constants)
             if k == 0:
                 grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
                 used = {n for n, g in zip(params, grads, strict=True) if g is not None}

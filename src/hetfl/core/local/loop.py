@@ -3,11 +3,11 @@
 `LocalStep` is the one definition of a step, over plain dicts: the client's parameters
 (leaf tensors whose `.grad` the backward fills), its buffers, and the optimiser's state.
 `train_local` runs it for one client; the vectorised executor (`hetfl.sim.vectorised`) runs
-the same step for clients stacked on a leading dimension, each part as it declares
-(`hetfl.core.local.parts.Vectorises`). The model is a shared stateless template called
-through `torch.func.functional_call`, so no client's tensors live in it; BatchNorm updates
-its running statistics and `num_batches_tracked` in place on the buffer tensors passed,
-i.e. in the client's dict. Per step the order is PyTorch's usual one (see
+the same step for clients stacked on a leading dimension (`hetfl.core.local.stacked`), each
+part as it declares (`hetfl.core.local.parts.Vectorises`). The model is a shared stateless
+template called through `torch.func.functional_call`, so no client's tensors live in it;
+BatchNorm updates its running statistics and `num_batches_tracked` in place on the buffer
+tensors passed, i.e. in the client's dict. Per step the order is PyTorch's usual one (see
 `hetfl.core.local.parts` for where each part runs): forward, loss, zeroed gradients,
 backward, gradient transforms, clipping, optimiser step, projections, trackers.
 """

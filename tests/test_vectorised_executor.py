@@ -1,12 +1,16 @@
 """The vectorised executor against the sequential one: the same clients' answers to 1e-5
-after a round of at least 10 steps, padded steps that leave a finished client alone, the
-parts it refuses and the fall-backs (bit for bit, since they are the sequential executor)."""
+after a round of at least 10 steps, for every kind of part that declares it vectorises
+(generic and method parts, and parts written here, once, that the executor does not know);
+padded steps that leave a finished client alone; the parts that declare they cannot, the
+reasons the executor and the start banner give, and the fall-backs (bit for bit, since
+they are the sequential executor)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -16,15 +20,16 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fjord import OrderedDropout
 from hetfl.config import validate
 from hetfl.core.client import Programs
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.regularisers import PartialSVT, RademacherTerm
+from hetfl.core.local.loop import LocalStep
+from hetfl.core.local.parts import LocalRecipe, TrainContext, Vectorises
+from hetfl.core.local.regularisers import RademacherTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput
 from hetfl.engine.rounds import RoundSettings
-from hetfl.runner import build_simulation
+from hetfl.runner import build_simulation, start_banner
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation, TaskOutcome, vectorised
-from hetfl.sim.vectorised import VectorisedExecutor, unsupported
+from hetfl.sim.vectorised import VectorisedExecutor, run_fallback
 
 TOL = 1e-5
 #: Digits over 6 clients of unequal sizes (Dirichlet 0.5), all in the round, batches of 16:
@@ -98,6 +103,8 @@ def _assert_agree(alone: list[TaskOutcome], together: list[TaskOutcome]) -> None
         ("fednova", {"train.momentum": 0.9, "options.fednova.mu": 0.1}, 1),
         # two width levels, each a spec of its own: two stacks (static BN, masked loss, clipping)
         ("heterofl", {**WIDTHS, "options.heterofl": {"levels": [1.0, 0.5]}}, 2),
+        # a projection (partial SVT, per client under vmap) and the step counter
+        ("fedalrc", {"model.name": "linear", "options.fedalrc.theta": 3, "train.momentum": 0.9}, 1),
     ],
 )
 def test_agrees_with_the_sequential_executor(tmp_path, algorithm, dotted, groups):
@@ -105,31 +112,27 @@ def test_agrees_with_the_sequential_executor(tmp_path, algorithm, dotted, groups
     alone, together, executor = _both(sim)
     steps = [_output(r).result.num_steps for r in alone]
     assert max(steps) >= 10 and min(steps) < max(steps)  # padded steps happened
-    assert len(executor.grouped) == groups
+    assert len(executor.grouped) == groups and executor.alone == {}
     assert sorted(c for group in executor.grouped for c in group) == [r.task.cid for r in alone]
     _assert_agree(alone, together)
 
 
-def test_kept_momentum_and_batchnorm_agree_over_rounds(tmp_path):
-    """FedBN on the stage CNN (BatchNorm statistics kept privately) with kept momentum: two
-    rounds, so round 2 starts from the private state round 1 stored. Batches of 32: no
-    client's last batch is a single sample, whose BatchNorm statistics would amplify
-    rounding (see the module docstring of hetfl.sim.vectorised)."""
-    dotted = {"model.name": "stage-cnn", "model.stages": 2, "train.rounds": 2,
-              "train.batch_size": 32, "train.lr": 0.1, "train.momentum": 0.9,
-              "train.keep_momentum": True}  # fmt: skip
-    sequential = _simulation(tmp_path / "s", "fedbn", dotted)
-    sequential.run()
-    together = _simulation(tmp_path / "v", "fedbn", dotted)
-    together.executor = VectorisedExecutor()
-    together.run()
-    assert _max_diff(sequential.state, together.state) <= TOL
-    assert list(sequential.store) == list(together.store)
-    for cid in sequential.store:
-        kept = sequential.store.get(cid)
-        assert any(k.startswith("momentum/") for k in kept)
-        assert any(k.endswith("running_mean") for k in kept)
-        assert _max_diff(kept, together.store.get(cid)) <= TOL
+def test_flanc_orthogonality_penalty_agrees_and_a_lone_capacity_says_why(tmp_path):
+    """FLANC's loss term reads the client's bases from `ctx.params` (per client under vmap).
+    Three clients, two capacities drawn until both appear: the two that share one are
+    stacked, the third trains alone and the executor says why. (4 steps of 32 samples at
+    the smallest capacities: the composed CNN is slow on a CPU. lambda 10 and lr 0.1: the
+    banks start orthogonal, and with the penalty's weight and lr of the golden scenario it
+    moves the weights by less than the tolerance; here by 4e-5.)"""
+    dotted = {**WIDTHS, "model.name": "composed-cnn", "model.stages": None,
+              "options.flanc": {"lambda_orth": 10.0, "levels": [0.25, 0.5]}, "train.lr": 0.1,
+              "train.clients_per_round": 3, "train.batch_size": 32,
+              "train.local_steps": 4}  # fmt: skip
+    sim = _simulation(tmp_path, "flanc", dotted)
+    alone, together, executor = _both(sim)
+    assert executor.grouped == [(0, 1)]
+    assert executor.alone == {5: "no other client shares its model, settings and payload"}
+    _assert_agree(alone, together)
 
 
 def _sizes_federation(synthetic_federation, sizes: list[int]):
@@ -164,11 +167,16 @@ def _fallback_case(tmp_path) -> Simulation:
     return _simulation(tmp_path, "fjord", {**WIDTHS, "options.fjord.levels": [0.5, 1.0]})
 
 
+FJORD = "forward OrderedDropout: it draws a width per batch from the client's generator"
+
+
 def test_fjord_falls_back_to_the_sequential_executor_bit_for_bit(tmp_path):
     sim = _fallback_case(tmp_path)
     assert isinstance(sim.programs.recipe.forward, OrderedDropout)
     alone, together, executor = _both(sim)
     assert executor.grouped == []
+    assert sorted(executor.alone) == [0, 1, 2, 3, 4, 5]
+    assert all(why.startswith(FJORD) for why in executor.alone.values())
     for a, b in zip(alone, together, strict=True):
         ra, rb = _output(a).result, _output(b).result
         assert all(torch.equal(ra.tensors[k], rb.tensors[k]) for k in ra.tensors)
@@ -181,13 +189,13 @@ def test_a_group_that_raises_is_trained_sequentially_and_says_so(tmp_path, monke
     sim = _simulation(tmp_path, "fedavg", {"train.momentum": 0.9})
     expected = SequentialExecutor().run(sim.programs, _jobs(sim), sim.clients, None)
 
-    def failing(template, masked):
+    def failing(template, step):
         def step(*args):
             raise RuntimeError("CUDA out of memory")
 
         return step
 
-    monkeypatch.setattr(vectorised, "_vmapped_step", failing)
+    monkeypatch.setattr(vectorised, "stacked_gradient", failing)
     executor = VectorisedExecutor()
     message = (
         r"clients \[0, 1, 2, 3, 4, 5\] raised RuntimeError: CUDA out of memory; "
@@ -252,19 +260,164 @@ def test_wrapped_programs_are_trained_sequentially(tmp_path):
     assert executor.grouped == []
 
 
+def _halve(grads: dict[str, torch.Tensor], params: Any, ctx: TrainContext) -> None:
+    """A gradient transform that declares nothing (a function has no `vectorises`)."""
+    for g in grads.values():
+        g.mul_(0.5)
+
+
 @pytest.mark.parametrize(
     ("recipe", "settings", "reason"),
     [
         (LocalRecipe(), LocalTraining(), None),
-        (LocalRecipe(), LocalTraining(optimizer="adam"), "optimizer 'adam'"),
+        (LocalRecipe(), LocalTraining(optimizer="adam"),
+         "optimizer Adam: torch's adam reads each tensor's step count as a Python number"),
         (LocalRecipe(forward=OrderedDropout((0.5, 1.0), distill=False)), LocalTraining(),
-         "forward OrderedDropout"),
+         FJORD),
         (LocalRecipe(loss_terms=(RademacherTerm(0.1),)), LocalTraining(),
-         "loss terms ['RademacherTerm']"),
-        (LocalRecipe(projections=(PartialSVT("w", (4, 4), 0.1, 1),)), LocalTraining(),
-         "projections ['PartialSVT']"),
+         "loss term RademacherTerm: it opens its gate on the value of the batch's loss"),
+        (LocalRecipe(grad_transforms=(_halve,)), LocalTraining(),
+         "gradient transform _halve: declares no `vectorises`"),
     ],
 )  # fmt: skip
-def test_unsupported_names_the_part_it_cannot_vectorise(recipe, settings, reason):
-    got = unsupported(recipe, settings)
-    assert got == reason
+def test_a_step_names_the_part_that_cannot_vectorise(recipe, settings, reason):
+    got = LocalStep(recipe, settings).why_not_vectorised()
+    assert got == reason if reason is None else got.startswith(reason)
+
+
+def test_the_start_banner_says_why_every_client_falls_back(tmp_path):
+    def banner(algorithm: str, dotted: dict[str, Any], run_dir: Path) -> str:
+        cfg = validate(configured(algorithm, {**ROUND, **dotted, "executor": "vectorised"}))
+        sim = build_simulation(cfg, run_dir, show_progress=False)
+        sim.setup()
+        return start_banner(cfg, sim, run_dir)
+
+    fjord = {**WIDTHS, "options.fjord.levels": [0.5, 1.0]}
+    falls_back = "  executor: vectorised, falling back to sequential for every client: " + FJORD
+    assert falls_back in banner("fjord", fjord, tmp_path / "fjord")
+    agrees = "  executor: vectorised (agrees with sequential to about 1e-5, not bit for bit), "
+    assert agrees in banner("fedavg", {}, tmp_path / "fedavg")
+
+
+def test_a_part_that_declares_nothing_trains_alone_and_says_why(tmp_path):
+    sim = _simulation(tmp_path, "fedavg", {"train.momentum": 0.9})
+    recipe = LocalRecipe(grad_transforms=(_halve,))
+    programs = Programs(sim.programs.family, recipe, seed=0)
+    why = run_fallback(programs, LocalTraining())
+    assert why is not None and why.startswith("gradient transform _halve: declares no")
+    executor = VectorisedExecutor()
+    assert executor.describe(why).endswith(f"sequential for every client: {why}")
+    expected = SequentialExecutor().run(programs, _jobs(sim), sim.clients, None)
+    got = executor.run(programs, _jobs(sim), sim.clients, None)
+    assert executor.grouped == [] and executor.alone == dict.fromkeys(range(6), why)
+    for a, b in zip(expected, got, strict=True):
+        ra, rb = _output(a).result, _output(b).result
+        assert all(torch.equal(ra.tensors[k], rb.tensors[k]) for k in ra.tensors)
+
+
+@dataclass(frozen=True)
+class _PullBack:
+    """A loss term written once, here: (mu / 2) s ||w - w_received||² over the received
+    parameters, with s the share of the classes the client holds (a per-client constant),
+    so that stacked clients must each get their own anchor, parameters and constant."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
+    mu: float
+
+    def __call__(
+        self, outputs: torch.Tensor, y: torch.Tensor, per_sample: torch.Tensor, ctx: TrainContext
+    ) -> torch.Tensor:
+        assert ctx.info is None or ctx.info.labels  # the stacked step has no one's info
+        share = ctx.constant(self, "share", lambda: _share(ctx, outputs))
+        gaps = [(ctx.params[k] - w).pow(2).sum() for k, w in ctx.received.items()]
+        return self.mu / 2 * share * torch.stack(gaps).sum()
+
+
+def _share(ctx: TrainContext, outputs: torch.Tensor) -> torch.Tensor:
+    assert ctx.info is not None
+    return torch.tensor(len(ctx.info.labels) / outputs.shape[-1], device=outputs.device)
+
+
+@dataclass(frozen=True)
+class _Clamp:
+    """A projection written once, here: every parameter clamped to [-limit, limit] after
+    the step; elementwise, so it runs on the stack as it is."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.ELEMENTWISE
+    limit: float
+
+    @torch.no_grad()
+    def __call__(self, params: Mapping[str, torch.Tensor], ctx: TrainContext) -> None:
+        for p in params.values():
+            p.clamp_(-self.limit, self.limit)
+
+
+@dataclass(frozen=True, eq=False)
+class _Sizes:
+    """A tracker written once, here: the number of parameter numbers its client had at
+    each step (its own, not the stack's)."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
+
+    def after_step(self, ctx: TrainContext) -> None:
+        sizes = ctx.scratch(self).setdefault("sizes", [])
+        sizes.append(sum(p.numel() for p in ctx.params.values()))
+
+    def finish(self, ctx: TrainContext) -> dict[str, Any]:
+        return {"sizes": ctx.scratch(self)["sizes"]}
+
+
+def test_parts_written_once_run_in_both_executors(tmp_path):
+    """Parts the executor has never heard of, declared per client (a loss term reading the
+    parameters, the payload and a per-client constant; a tracker reading the parameters)
+    and elementwise (a projection): stacked, and in agreement with their sequential
+    training."""
+    sim = _simulation(tmp_path, "fedavg", {"train.momentum": 0.9})
+    recipe = LocalRecipe(
+        loss_terms=(_PullBack(5.0),), projections=(_Clamp(0.2),), trackers=(_Sizes(),)
+    )
+    sim.programs = Programs(sim.programs.family, recipe, seed=0)
+    shares = {len(sim.clients[c].labels) for c in sim.clients}
+    assert len(shares) > 1  # the constant differs between the stacked clients
+    alone, together, executor = _both(sim)
+    assert executor.grouped == [(0, 1, 2, 3, 4, 5)]
+    _assert_agree(alone, together)
+    assert len(set(_output(alone[0]).result.extras["sizes"])) == 1  # extras agree (above)
+    plain = SequentialExecutor().run(
+        Programs(sim.programs.family, seed=0), _jobs(sim)[:1], sim.clients, None
+    )
+    assert _max_diff(_output(plain[0]).result.tensors, _output(alone[0]).result.tensors) > 1e-3
+
+
+@dataclass(frozen=True)
+class _LateConstant:
+    """A loss term that makes its constant only from the second step on, after the
+    executor's probe of each client's first forward."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
+
+    def __call__(
+        self, outputs: torch.Tensor, y: torch.Tensor, per_sample: torch.Tensor, ctx: TrainContext
+    ) -> torch.Tensor | None:
+        if ctx.step == 0:
+            return None
+        return ctx.constant(self, "late", lambda: torch.tensor(0.01)) * outputs.sum()
+
+
+def test_a_constant_made_in_a_stacked_step_sends_the_group_back(synthetic_federation, tmp_path):
+    """Its stacked step would have no client's context to make it from: the group is
+    trained sequentially instead, and the warning names the part."""
+    family, clients, test = _sizes_federation(synthetic_federation, [30, 30])
+    programs = Programs(family, LocalRecipe(loss_terms=(_LateConstant(),)), seed=0)
+    strategy, _ = ALGORITHMS.get("fedavg").build(
+        family, None, clients_per_round=2, train=LocalTraining(lr=0.1, batch_size=10)
+    )
+    sim = Simulation(strategy, programs, clients, test, RoundSettings(rounds=1, seed=0), tmp_path)
+    sim.setup()
+    executor = VectorisedExecutor()
+    with pytest.warns(RuntimeWarning, match="_LateConstant made its constant 'late' in a stack"):
+        executor.run(programs, _jobs(sim), sim.clients, None)
+    assert executor.grouped == []
+    assert executor.alone == dict.fromkeys(
+        [0, 1], "its group's vectorised training raised RuntimeError"
+    )

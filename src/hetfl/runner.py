@@ -18,6 +18,7 @@ from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
 from hetfl.sim.factory import ExecutorName
+from hetfl.sim.vectorised import VectorisedExecutor, run_fallback
 
 
 def build_simulation(
@@ -46,6 +47,8 @@ def build_simulation(
         plugins=cfg.plugins,
     )
     p = build_parts(cfg, show_progress=show_progress, label=label)
+    if isinstance(chosen, VectorisedExecutor):
+        described = chosen.describe(run_fallback(p.programs, p.strategy.train))
     info = {**p.info, "executor": described}
     return Simulation(
         p.strategy,

@@ -32,6 +32,7 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +69,9 @@ class OrderedDropout:
     cross-entropy plus the width-p pass's cross-entropy against the detached p_max softmax
     (§3.2). Outputs (B, C) of the width-p pass, loss (B,); one `PassRecord` per pass."""
 
+    vectorises: ClassVar[str] = (
+        "it draws a width per batch from the client's generator and records its passes"
+    )
     levels: tuple[float, ...]
     distill: bool
 

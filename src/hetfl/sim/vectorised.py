@@ -2,42 +2,40 @@
 
 For a GPU, where one small client's step leaves the device mostly idle. Clients whose jobs
 have the same spec, the same training settings and the same payload names form a group;
-their tensors are stacked on a leading client dimension, and every step runs one
-`torch.func.vmap` of the gradient of the loss (`torch.func.functional_call` on the shared
-template) over the stack, then one optimiser update of the whole stack (PyTorch's
-functional SGD is elementwise, so `hetfl.core.local.optim.SGD` runs on stacked tensors as
-it is). On a CPU it is slower than the sequential executor: there the lever is processes.
+their tensors are stacked on a leading client dimension (K, ...), and every step runs the
+one local step (`hetfl.core.local.loop.LocalStep`) on the stack (`hetfl.core.local.stacked`):
+its loss's gradient under one `torch.func.vmap` (`torch.func.functional_call` on the shared
+template), then its update, each part as it declares (`hetfl.core.local.parts.Vectorises`):
+a per-client part under `vmap`, an elementwise one (SGD, the proximal term) on the stack as
+it is. On a CPU it is slower than the sequential executor: there the lever is processes.
+
+What it vectorises is what the parts declare; no list of parts is kept here. A client
+trains alone, in the sequential executor, when a part of its step declares why it cannot
+(FjORD's per-batch width draw, FedALRC's gated Rademacher term, Adam), when its program is
+wrapped (an attack, a fault), when its inputs are augmented or its model has dropout (draws
+per client, batch by batch), when it has no step, or when no other client shares its group;
+`alone` says why for each, and for a reason that holds for the whole run the start banner
+says it (`describe`). A round with a server program (split learning exchanges with the
+server every batch) runs entirely in the sequential executor.
 
 What it reproduces. Each client draws its mini-batches from its own generator exactly as
 `hetfl.core.local.loop.batch_order` does in its sequential training, in the same order, and
 starts from the same tensors (`ClientProgram.own_tensors`); its answer is built by the same
-`ClientProgram.output`. A client whose batches run out before the group's longest is not
-stepped: each step trains only the clients that have a batch at that step, and among those
-one sub-stack per batch size (the last batch of an epoch may be short), gathered from the
-stack and written back, so a finished client's parameters, momentum and BatchNorm statistics
-are not touched at all (no zero-gradient step, which momentum and weight decay would still
-move). The outputs agree with `SequentialExecutor`'s to about 1e-5, not bit for bit: a
-vmapped convolution (a grouped one) or matrix product sums in another order than the
-unbatched one, and training amplifies the difference. In float64 the two agree to 1e-13 or
-better, so what remains is float32 rounding; but it can grow past 1e-5 where a step is
-ill-conditioned: a BatchNorm layer fed a last batch of one sample (6.5e-4 after two rounds on
-digits), or a max-pool CNN on Fashion-MNIST at momentum 0.9 (`benchmarks/bench_vectorised.py`:
-4 of 20 clients 3e-5 to 4e-4 after 10 steps, the other 16 below 5e-6).
-
-What it vectorises, decided from the recipe's parts against explicit lists (anything else
-runs in the sequential executor, job by job): the forwards `CrossEntropy` and
-`MaskedCrossEntropy` (the client's absent classes masked per client), no loss terms, the
-gradient transform `ProximalTerm` (elementwise, run on the stacked tensors with the stacked
-payload as its anchor) and the settings' gradient clipping (one norm per client), no
-projections, the tracker `StepNormaliser` (run per client: it counts steps), the `Autograd`
-backward, and the SGD optimiser (momentum, weight decay, kept momentum). So FedAvg,
-FedProx, FedNova and HeteroFL (per width level: a level is a spec) are vectorised; FjORD's
-ordered dropout, FedALRC's Rademacher term and thresholding, Adam, models with dropout,
-wrapped programs (attacks, faults), clients with augmentation (their draws are per
-client, batch by batch), clients without a step and groups of one are not. Stored pixels
-are standardised per stacked batch.
-Server programs (split learning) exchange with the server every batch: a round with one
-runs entirely in the sequential executor.
+`ClientProgram.output`. A part's per-client constants (`TrainContext.constant`: HeteroFL's
+mask of a client's classes) are made on each client's own context by one forward of its
+first batch before training, and stacked. A client whose batches run out before the group's
+longest is not stepped: each step trains only the clients that have a batch at that step,
+and among those one sub-stack per batch size (the last batch of an epoch may be short),
+gathered from the stack and written back, so a finished client's parameters, momentum and
+BatchNorm statistics are not touched at all (no zero-gradient step, which momentum and
+weight decay would still move). The outputs agree with `SequentialExecutor`'s to about
+1e-5, not bit for bit: a vmapped convolution (a grouped one) or matrix product sums in
+another order than the unbatched one, and training amplifies the difference. In float64 the
+two agree to 1e-13 or better, so what remains is float32 rounding; but it can grow past
+1e-5 where a step is ill-conditioned: a BatchNorm layer fed a last batch of one sample
+(6.5e-4 after two rounds on digits), or a max-pool CNN on Fashion-MNIST at momentum 0.9
+(`benchmarks/bench_vectorised.py`: 4 of 20 clients 3e-5 to 4e-4 after 10 steps, the other
+16 below 5e-6). Stored pixels are standardised per stacked batch.
 
 Failures: a group whose vectorised training raises is run again in the sequential executor,
 job by job, from untouched inputs (each job's generator is copied, never drawn from), with
@@ -52,27 +50,19 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
 
 from hetfl.core.client import ClientProgram, Programs, trainable_names
 from hetfl.core.dropout import SeededDropout
-from hetfl.core.local.loop import LocalStats, batch_order, grad_transforms
-from hetfl.core.local.optim import MOMENTUM, optimiser_for, param_groups
-from hetfl.core.local.parts import Autograd, CrossEntropy, LocalRecipe, TrainContext
-from hetfl.core.local.terms import (
-    ClipGradNorm,
-    MaskedCrossEntropy,
-    ProximalTerm,
-    StepNormaliser,
-    kept_classes,
-)
+from hetfl.core.local.loop import LocalStep, Tally, batch_order, model_call
+from hetfl.core.local.parts import TrainContext
+from hetfl.core.local.stacked import on_stack, stacked_gradient
 from hetfl.core.pixels import model_inputs
+from hetfl.core.roles import tensor_roles
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
@@ -83,32 +73,16 @@ from hetfl.sim.tasks import ClientJob, TaskOutcome
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: The parts the vectorised step runs; a recipe with any other part is trained sequentially.
-FORWARDS = (CrossEntropy, MaskedCrossEntropy)
-GRAD_TRANSFORMS = (ProximalTerm,)
-TRACKERS = (StepNormaliser,)
-BACKWARDS = (Autograd,)
+AGREEMENT = "agrees with sequential to about 1e-5, not bit for bit"
+WRAPPED = "its program is wrapped (an attack or a fault changes what the client does)"
 
 
-def unsupported(recipe: LocalRecipe, settings: LocalTraining) -> str | None:
-    """Why clients trained with `recipe` and `settings` cannot be vectorised, or None."""
-    if not isinstance(recipe.forward, FORWARDS):
-        return f"forward {type(recipe.forward).__name__}"
-    if recipe.loss_terms:
-        return f"loss terms {[type(t).__name__ for t in recipe.loss_terms]}"
-    odd = [t for t in recipe.grad_transforms if not isinstance(t, GRAD_TRANSFORMS)]
-    if odd:
-        return f"gradient transforms {[type(t).__name__ for t in odd]}"
-    if recipe.projections:
-        return f"projections {[type(p).__name__ for p in recipe.projections]}"
-    unknown = [t for t in recipe.trackers if not isinstance(t, TRACKERS)]
-    if unknown:
-        return f"trackers {[type(t).__name__ for t in unknown]}"
-    if not isinstance(recipe.backward, BACKWARDS):
-        return f"backward {type(recipe.backward).__name__}"
-    if settings.optimizer != "sgd":
-        return f"optimizer {settings.optimizer!r}"
-    return None
+def run_fallback(programs: Programs, settings: LocalTraining) -> str | None:
+    """Why no client of a run with `programs` and `settings` can be trained stacked, known
+    before it starts: wrapped programs, or a part of the step that cannot (None if none)."""
+    if programs.wrappers:
+        return WRAPPED
+    return LocalStep(programs.recipe, settings).why_not_vectorised()
 
 
 def _has_dropout(template: nn.Module) -> bool:
@@ -146,6 +120,8 @@ class VectorisedExecutor:
         #: The client ids trained together in the last `run`, one tuple per group (a group
         #: that fell back to the sequential executor is not listed).
         self.grouped: list[tuple[int, ...]] = []
+        #: The client ids trained alone in the last `run`, each with why.
+        self.alone: dict[int, str] = {}
 
     def share(self, data: T) -> T:
         return data
@@ -163,8 +139,12 @@ class VectorisedExecutor:
     def close(self) -> None:
         self.sequential.close()
 
-    def describe(self) -> str:
-        return "vectorised (agrees with sequential to about 1e-5, not bit for bit)"
+    def describe(self, fallback: str | None = None) -> str:
+        """The banner's line; with `fallback` (`run_fallback`), that every client will be
+        trained sequentially, and why."""
+        if fallback is None:
+            return f"vectorised ({AGREEMENT})"
+        return f"vectorised, falling back to sequential for every client: {fallback}"
 
     def run(
         self,
@@ -173,15 +153,18 @@ class VectorisedExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        if server is not None:
-            return self.sequential.run(programs, jobs, clients, server)
-        groups, alone = _groups(programs, jobs, clients)
         self.grouped = []
-        done: dict[int, TaskOutcome] = {}
+        if server is not None:
+            self.alone = {job.task.cid: "the round has a server program" for job in jobs}
+            return self.sequential.run(programs, jobs, clients, server)
+        groups, self.alone = _groups(programs, jobs, clients)
+        done: dict[int, TaskOutcome] = {
+            i: self.sequential.run(programs, [job], clients, None)[0]
+            for i, job in enumerate(jobs)
+            if job.task.cid in self.alone
+        }
         for group in groups:
             done.update(self._run_group(programs, group, clients))
-        for i in alone:
-            [done[i]] = self.sequential.run(programs, [jobs[i]], clients, None)
         return [done[i] for i in range(len(jobs))]
 
     def _run_group(
@@ -201,6 +184,8 @@ class VectorisedExecutor:
                 RuntimeWarning,
                 stacklevel=2,
             )
+            for cid in cids:
+                self.alone[cid] = f"its group's vectorised training raised {type(exc).__name__}"
             return {
                 i: self.sequential.run(programs, [m.job], clients, None)[0]
                 for i, m in group.items()
@@ -213,99 +198,77 @@ class VectorisedExecutor:
         }
 
 
+def _why_alone(
+    programs: Programs, program: ClientProgram, job: ClientJob, data: ClientData
+) -> str | None:
+    """Why `job`'s client, with its honest `program`, cannot be trained in a stack (None if
+    it can)."""
+    settings = job.task.config
+    reason = LocalStep(program.recipe, settings).why_not_vectorised()
+    if reason is not None:
+        return reason
+    if settings.num_steps(data.n_train) < 1:
+        return "it has no training step"
+    if data.augment is not None and data.augment.active:
+        return "its inputs are augmented (draws per client, batch by batch)"
+    if _has_dropout(programs.models.model_for(job.task.spec)):
+        return "its model has dropout (masks drawn per client, batch by batch)"
+    return None
+
+
 def _groups(
     programs: Programs, jobs: Sequence[ClientJob], clients: Mapping[int, ClientData]
-) -> tuple[list[dict[int, _Member]], list[int]]:
-    """Groups (by job position, in job order) of two or more vectorisable clients with the
-    same key, and the positions of the jobs to run alone in the sequential executor."""
+) -> tuple[list[dict[int, _Member]], dict[int, str]]:
+    """Groups (by job position, in job order) of two or more clients with the same key, and
+    the clients to train alone in the sequential executor, with why."""
     by_key: dict[_GroupKey, dict[int, _Member]] = {}
-    alone: list[int] = []
+    alone: dict[int, str] = {}
     for i, job in enumerate(jobs):
         task, data = job.task, clients[job.task.cid]
         program = programs.program_for(task.cid)
-        if (
-            type(program) is not ClientProgram  # a wrapper changes what the client does
-            or unsupported(program.recipe, task.config) is not None
-            or task.config.num_steps(data.n_train) < 1
-            or (data.augment is not None and data.augment.active)
-            or _has_dropout(programs.models.model_for(task.spec))
-        ):
-            alone.append(i)
+        if type(program) is not ClientProgram:
+            alone[task.cid] = WRAPPED
+            continue
+        reason = _why_alone(programs, program, job, data)
+        if reason is not None:
+            alone[task.cid] = reason
             continue
         key = _GroupKey(task.spec, task.config, tuple(task.payload), tuple(data.x_train.shape[1:]))
         by_key.setdefault(key, {})[i] = _Member(job, program, data)
     groups = [group for group in by_key.values() if len(group) > 1]
-    alone += [i for group in by_key.values() if len(group) == 1 for i in group]
-    return groups, sorted(alone)
+    for group in by_key.values():
+        if len(group) == 1:
+            [member] = group.values()
+            alone[member.job.task.cid] = "no other client shares its model, settings and payload"
+    return groups, alone
 
 
 @dataclass
 class _Stack:
     """The group's tensors stacked on a leading client dimension (K, ...): trainable
     `params`, `buffers` (BatchNorm statistics, frozen tensors), the optimiser's `state`
-    (momentum buffers, by their `hetfl.core.local.optim` names) and the `received` payload
-    (the proximal anchor; read only)."""
+    (by its `hetfl.core.local.optim` names), the `received` payload (the proximal anchor)
+    and the parts' `constants` (`TrainContext.constant`); the last two read only."""
 
     params: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
     state: dict[str, torch.Tensor]
     received: dict[str, torch.Tensor]
+    constants: dict[tuple[int, str], torch.Tensor]
 
     def rows(self, idx: torch.Tensor) -> _Stack:
         """Copies of the rows `idx` (a sub-stack of some clients)."""
-        return _Stack(*({k: v[idx] for k, v in part.items()} for part in self._parts()))
+        p, b, s, r = ({k: v[idx] for k, v in part.items()} for part in self._tensors())
+        return _Stack(p, b, s, r, {k: v[idx] for k, v in self.constants.items()})
 
     def put(self, idx: torch.Tensor, rows: _Stack) -> None:
         """Write a trained sub-stack back into rows `idx`; no other row changes."""
-        for mine, theirs in zip(self._parts()[:3], rows._parts()[:3], strict=True):
+        for mine, theirs in zip(self._tensors()[:3], rows._tensors()[:3], strict=True):
             for k, v in mine.items():
                 v.index_copy_(0, idx, theirs[k])
 
-    def _parts(self) -> tuple[dict[str, torch.Tensor], ...]:
+    def _tensors(self) -> tuple[dict[str, torch.Tensor], ...]:
         return self.params, self.buffers, self.state, self.received
-
-
-def _used_parameters(
-    template: nn.Module, own: Mapping[str, torch.Tensor], names: Sequence[str], x: torch.Tensor
-) -> tuple[set[str], int]:
-    """(names of the parameters the forward uses, number of outputs), from one unbatched
-    pass of one client's batch `x` on copies of its tensors `own` (trainable: `names`).
-    Sequential training steps only parameters that get a gradient; a vmapped gradient gives
-    the others zeros, which weight decay and momentum would still move."""
-    probe = {k: own[k].detach().clone().requires_grad_(True) for k in names}
-    rest = {k: v.clone() for k, v in own.items() if k not in probe}
-    out = functional_call(template, (probe, rest), (x,))
-    grads = torch.autograd.grad(out.sum(), list(probe.values()), allow_unused=True)
-    return {k for k, g in zip(probe, grads, strict=True) if g is not None}, int(out.shape[-1])
-
-
-def _vmapped_step(template: nn.Module, masked: bool) -> Callable[..., Any]:
-    """`(params, buffers, x, y, keep) -> (grads, (losses, buffers))` over stacks: each
-    client's gradient of its batch's mean cross-entropy (`CrossEntropy`, or with `masked`
-    the logits of its absent classes zeroed first, `MaskedCrossEntropy`), its loss and its
-    buffers after the forward (BatchNorm updates them; on copies, as vmap needs)."""
-
-    def loss(
-        params: State, buffers: State, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, State]]:
-        own = {k: v.clone() for k, v in buffers.items()}
-        outputs = functional_call(template, (params, own), (x,))  # (B, C)
-        if masked:
-            outputs = outputs.masked_fill(~keep, 0.0)
-        mean = F.cross_entropy(outputs, y, reduction="none").mean()
-        return mean, (mean.detach(), own)
-
-    return vmap(grad(loss, has_aux=True), in_dims=(0, 0, 0, 0, 0 if masked else None))
-
-
-def _clip_rows(grads: dict[str, torch.Tensor], max_norm: float) -> None:
-    """`ClipGradNorm` per client: each row's gradients scaled together so that their joint
-    L2 norm is at most `max_norm` (coefficient max_norm / (norm + 1e-6), capped at 1)."""
-    tensors = list(grads.values())
-    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in tensors])
-    coef = torch.clamp(max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6), max=1.0)
-    for g in tensors:
-        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
 
 
 def _copy_generator(generator: torch.Generator) -> torch.Generator:
@@ -326,8 +289,9 @@ def _by_batch_size(batches: Sequence[Sequence[torch.Tensor]], step: int) -> dict
 
 
 def train_together(template: nn.Module, members: Sequence[_Member]) -> list[ClientOutput]:
-    """Train the members (same spec, settings and payload names, a supported recipe) on one
-    stack; each one's `ClientOutput`, as its `ClientProgram.fit` would return it."""
+    """Train the members (same spec, settings and payload names, a step whose parts all
+    vectorise) on one stack; each one's `ClientOutput`, as its `ClientProgram.fit` would
+    return it."""
     group = _GroupTraining(template, members)
     for step in range(max(len(own) for own in group.batches)):
         group.step(step)
@@ -340,13 +304,13 @@ class _GroupTraining:
     def __init__(self, template: nn.Module, members: Sequence[_Member]) -> None:
         first = members[0]
         self.members = members
-        self.settings, self.recipe = first.job.task.config, first.program.recipe
+        self.settings = first.job.task.config
         template.train()
         self.owns = [m.program.own_tensors(m.job.task, m.job.info, m.job.private) for m in members]
         trainable = trainable_names(template)
         self.names = [k for k in self.owns[0] if k in trainable]
         self.device = self.owns[0][self.names[0]].device
-        self.generators = [_copy_generator(m.job.generator) for m in members]
+        generators = [_copy_generator(m.job.generator) for m in members]
         # All members' data in one tensor, so that a step gathers its batches at once;
         # row k's batches index it past the data of rows before k.
         self.x = torch.cat([m.data.x_train for m in members])
@@ -356,57 +320,92 @@ class _GroupTraining:
             starts.append(starts[-1] + m.data.n_train)
         self.batches = [
             [start + idx.to(self.device) for idx in batch_order(m.data.n_train, self.settings, g)]
-            for m, g, start in zip(members, self.generators, starts, strict=True)
+            for m, g, start in zip(members, generators, starts, strict=True)
         ]
         self.pixels = first.data.pixels  # one dataset's: the same for every member
-        first_x = model_inputs(self.x[self.batches[0][0]], self.pixels)
-        self.used, classes = _used_parameters(template, self.owns[0], self.names, first_x)
-        self.optimiser = optimiser_for(self.settings)
-        self.groups = param_groups(template, self.names, self.settings)
-        self.transforms = grad_transforms(self.recipe, self.settings)
+        self.step_def = LocalStep.of(first.program.recipe, self.settings, template, self.names)
+        roles = tensor_roles(template)
+        self.contexts = [
+            TrainContext(m.job.task, m.job.task.payload, g, self.settings, m.job.info, roles=roles)
+            for m, g in zip(members, generators, strict=True)
+        ]
+        self.used = self._probe(template)
         self.kept = [self._restored(m, own) for m, own in zip(members, self.owns, strict=True)]
         self.stack = self._stacked()
-        masked = isinstance(self.recipe.forward, MaskedCrossEntropy)
-        self.keep = None
-        if masked:
-            labels = [kept_classes(m.job.info.labels, classes, self.device) for m in members]
-            self.keep = torch.stack(labels)  # (K, C)
-        self.vmapped = _vmapped_step(template, masked)
-        self.contexts = [
-            TrainContext(m.job.task, m.job.task.payload, g, self.settings, m.job.info)
-            for m, g in zip(members, self.generators, strict=True)
-        ]
+        # The stack's context: one client's in what all share (task spec, settings,
+        # roles); its per-client tensors are the stack's rows; no constant is made in it.
+        self.ctx = replace(
+            self.contexts[0],
+            info=None,
+            received=self.stack.received,
+            constants=self.stack.constants,
+            constants_made=True,
+        )
+        self.gradient = stacked_gradient(template, self.step_def)
+        for k, ctx in enumerate(self.contexts):  # views of its rows, for the trackers
+            ctx.params = {n: v[k] for n, v in self.stack.params.items()}
         self.losses: list[tuple[list[int], int, torch.Tensor]] = []
+
+    def _first_batch(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.batches[k][0]
+        return model_inputs(self.x[idx], self.pixels), self.y[idx]
+
+    def _probe(self, template: nn.Module) -> set[str]:
+        """One unbatched forward of each member's first batch on copies of its tensors, in
+        its own context, so that its parts make their constants there; the first member's
+        also back-propagated, for the names of the parameters the step uses. Sequential
+        training steps only parameters that get a gradient; a vmapped gradient gives the
+        others zeros, which weight decay and momentum would still move."""
+        used: set[str] = set()
+        for k, (own, ctx) in enumerate(zip(self.owns, self.contexts, strict=True)):
+            if k > 0 and not self.contexts[0].constants:
+                break  # the parts make no constants: nothing more to learn
+            params = {n: own[n].detach().clone().requires_grad_(k == 0) for n in self.names}
+            buffers = {n: v.clone() for n, v in own.items() if n not in params}
+            x, y = self._first_batch(k)
+            # `replace` keeps `ctx.constants` (the same dict): the constants land there.
+            probe = replace(ctx, params=params, buffers=buffers, batch=(x, y))
+            with torch.set_grad_enabled(k == 0):
+                total, _ = self.step_def.loss(model_call(template, params, buffers), x, y, probe)
+            if k == 0:
+                grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
+                used = {n for n, g in zip(params, grads, strict=True) if g is not None}
+        return used
 
     def _restored(self, member: _Member, own: Mapping[str, torch.Tensor]) -> State:
         """The optimiser state the client kept that still fits (`Optimiser.restore`)."""
         if not self.settings.keep_momentum:
             return {}
-        return self.optimiser.restore(member.job.private, {k: own[k] for k in self.names})
+        optimiser = self.step_def.optimiser
+        return optimiser.restore(member.job.private, {k: own[k] for k in self.names})
 
     def _stacked(self) -> _Stack:
-        """The members' tensors stacked. A momentum buffer a client did not keep starts at
-        zero, which gives its first step exactly the buffer SGD creates: 0 * momentum + the
-        gradient."""
-        owns, names = self.owns, self.names
+        """The members' tensors stacked. The optimiser state of the used parameters is
+        completed per client (`Optimiser.full_state`: what a client did not keep starts
+        where its first step gives what a fresh state gives), in the order the optimiser
+        creates it."""
+        owns, members = self.owns, self.members
         stacked = {k: torch.stack([own[k] for own in owns]) for k in owns[0]}
-        state = {}
-        if self.settings.momentum != 0:
-            for k in (k for k in names if k in self.used):
-                rows = [
-                    kept.get(MOMENTUM + k, torch.zeros_like(own[k]))
-                    for kept, own in zip(self.kept, owns, strict=True)
-                ]
-                state[MOMENTUM + k] = torch.stack([r.to(self.device) for r in rows])
-        payload = self.members[0].job.task.payload
+        order = [k for group in self.step_def.groups for k in group.names if k in self.used]
+        full = [
+            self.step_def.optimiser.full_state(kept, {k: own[k] for k in order})
+            for kept, own in zip(self.kept, owns, strict=True)
+        ]
+        keys = list(self.step_def.optimiser.full_state({}, {k: owns[0][k] for k in order}))
+        state = {k: torch.stack([f[k].to(self.device) for f in full]) for k in keys}
+        payload = members[0].job.task.payload
         received = {
-            k: torch.stack([m.job.task.payload[k].to(self.device) for m in self.members])
-            for k in names
+            k: torch.stack([m.job.task.payload[k].to(self.device) for m in members])
+            for k in self.names
             if k in payload
         }
-        params = {k: stacked[k] for k in names}
+        constants = {
+            key: torch.stack([ctx.constants[key] for ctx in self.contexts])
+            for key in self.contexts[0].constants
+        }
+        params = {k: stacked[k] for k in self.names}
         buffers = {k: v for k, v in stacked.items() if k not in params}
-        return _Stack(params, buffers, state, received)
+        return _Stack(params, buffers, state, received, constants)
 
     def step(self, step: int) -> None:
         """Step `step` of every client that has a batch there, one sub-stack per size."""
@@ -414,62 +413,46 @@ class _GroupTraining:
             self._step_rows(step, rows)
 
     def _step_rows(self, step: int, ks: list[int]) -> None:
-        """One step of the rows `ks` (batches of one size): forward and gradient (vmapped),
-        gradient transforms, the optimiser, the trackers; other rows are not touched."""
-        members, settings = self.members, self.settings
+        """One step of the rows `ks` (batches of one size): the loss's gradient (vmapped),
+        the update, the trackers; other rows are not touched."""
         idx = torch.tensor(ks, device=self.device)
-        whole = len(ks) == len(members)
+        whole = len(ks) == len(self.members)
         rows = self.stack if whole else self.stack.rows(idx)
         batch = torch.stack([self.batches[k][step] for k in ks])  # (K', B)
         x, y = model_inputs(self.x[batch], self.pixels), self.y[batch]  # (K', B, ...), (K', B)
-        keep = None if self.keep is None else self.keep[idx]
-        g, (loss, rows.buffers) = self.vmapped(rows.params, rows.buffers, x, y, keep)
+        ctx = replace(
+            self.ctx,
+            received=rows.received,
+            constants=rows.constants,
+            params=rows.params,
+            step=step,
+        )
+        g, (loss, rows.buffers) = self.gradient(rows.params, rows.buffers, x, y, ctx)
         grads = {k: g[k] for k in self.names if k in self.used}
-        ctx = TrainContext(members[0].job.task, rows.received, self.generators[0], settings)
-        for transform in self.transforms:
-            if isinstance(transform, ClipGradNorm):
-                _clip_rows(grads, transform.max_norm)
-            else:  # elementwise (ProximalTerm): the same on a stack as on one client
-                transform(grads, rows.params, ctx)
-        with torch.no_grad():
-            self.optimiser.step(self.groups, rows.params, grads, rows.state)
+        self.step_def.update(
+            {"grads": grads, "params": rows.params, "state": rows.state}, ctx, on_stack
+        )
         if not whole:
             self.stack.put(idx, rows)
         self.losses.append((ks, int(y.shape[1]), loss))
         for k in ks:
             self.contexts[k].step = step
-            for tracker in self.recipe.trackers:
-                tracker.after_step(self.contexts[k])
+            self.step_def.observe(self.contexts[k])
 
     def outputs(self) -> list[ClientOutput]:
         """Each member's answer, from its rows of the stack and its steps' losses."""
-        steps: list[list[tuple[float, int]]] = [[] for _ in self.members]
+        tallies = [Tally() for _ in self.members]
         for ks, b, loss in self.losses:
             for k, value in zip(ks, loss.tolist(), strict=True):
-                steps[k].append((value, b))
+                tallies[k].add(value, b, recorded=False)
+        stacked = {**self.stack.params, **self.stack.buffers}
         out = []
         for k, m in enumerate(self.members):
-            stacked = {**self.stack.params, **self.stack.buffers}
             own = {name: stacked[name][k].clone() for name in self.owns[k]}
-            out.append(m.program.output(m.job.task, m.data, own, self._stats(k, steps[k])))
+            state: State = {}
+            if self.settings.keep_momentum:
+                state = {n: v.detach().clone() for n, v in self.kept[k].items()}
+                state.update({n: v[k].clone() for n, v in self.stack.state.items()})
+            stats = tallies[k].stats(state, self.step_def.finish(self.contexts[k]))
+            out.append(m.program.output(m.job.task, m.data, own, stats))
         return out
-
-    def _stats(self, k: int, steps: list[tuple[float, int]]) -> LocalStats:
-        """Row `k`'s `LocalStats`, summed as `train_local` sums them, step by step."""
-        loss_sum, seen = 0.0, 0
-        passes: dict[int, int] = {}
-        for value, b in steps:
-            passes[b] = passes.get(b, 0) + 1
-            loss_sum += value * b
-            seen += b
-        extras: dict[str, Any] = {}
-        for tracker in self.recipe.trackers:
-            extras.update(tracker.finish(self.contexts[k]))
-        state: State = {}
-        if self.settings.keep_momentum:
-            state = {n: v.detach().clone() for n, v in self.kept[k].items()}
-            for group in self.groups:
-                for name in group.names:
-                    if MOMENTUM + name in self.stack.state:
-                        state[MOMENTUM + name] = self.stack.state[MOMENTUM + name][k].clone()
-        return LocalStats(len(steps), seen, loss_sum / max(seen, 1), passes, state, extras)

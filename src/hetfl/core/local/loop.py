@@ -1,29 +1,57 @@
-"""The local-training loop: mini-batches, the recipe's parts and the optimiser's step.
+"""The local-training step and loop: mini-batches, the recipe's parts and the optimiser.
 
-It works on plain dicts: the client's parameters (leaf tensors whose `.grad` the backward
-fills), its buffers, and the optimiser's state. The model is a shared stateless template
-called through `torch.func.functional_call`, so no client's tensors live in it; BatchNorm
-updates its running statistics and `num_batches_tracked` in place on the buffer tensors
-passed, i.e. in the client's dict. Per step the order is PyTorch's usual one (see
+`LocalStep` is the one definition of a step, over plain dicts: the client's parameters
+(leaf tensors whose `.grad` the backward fills), its buffers, and the optimiser's state.
+`train_local` runs it for one client; the vectorised executor (`hetfl.sim.vectorised`) runs
+the same step for clients stacked on a leading dimension (`hetfl.core.local.stacked`), each
+part as it declares (`hetfl.core.local.parts.Vectorises`). The model is a shared stateless
+template called through `torch.func.functional_call`, so no client's tensors live in it;
+BatchNorm updates its running statistics and `num_batches_tracked` in place on the buffer
+tensors passed, i.e. in the client's dict. Per step the order is PyTorch's usual one (see
 `hetfl.core.local.parts` for where each part runs): forward, loss, zeroed gradients,
 backward, gradient transforms, clipping, optimiser step, projections, trackers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from hetfl.core.local.optim import optimiser_for, param_groups
-from hetfl.core.local.parts import GradTransform, LocalRecipe, ModelCall, TrainContext
+from hetfl.core.local.optim import Optimiser, ParamGroup, optimiser_for, param_groups
+from hetfl.core.local.parts import (
+    GradTransform,
+    LocalRecipe,
+    ModelCall,
+    Projection,
+    TrainContext,
+    part_name,
+    vectorisation,
+)
 from hetfl.core.local.terms import ClipGradNorm
 from hetfl.core.rng import sibling_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, State
+
+#: The tensors of one step's update by role: "grads", "params" and "state" (the
+#: optimiser's), each a dict by name.
+StepTensors = dict[str, dict[str, torch.Tensor]]
+#: A part of the update bound to its arguments: `call(tensors, ctx)`, in place.
+PartCall = Callable[[StepTensors, TrainContext], None]
+#: How a step runs a part of its update: `run(part, call, tensors, ctx)` runs `call` on
+#: `tensors` as the part declares it may run (`Vectorises`). The per-client loop calls it
+#: on the client's own tensors (`direct`); the vectorised executor on a stack.
+PartRunner = Callable[[object, PartCall, StepTensors, TrainContext], None]
+
+
+def direct(part: object, call: PartCall, tensors: StepTensors, ctx: TrainContext) -> None:
+    """Run a part of the update on one client's tensors."""
+    call(tensors, ctx)
 
 
 @dataclass
@@ -40,6 +68,28 @@ class LocalStats:
     default_passes: dict[int, int]
     optimiser_state: State = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Tally:
+    """A client's `LocalStats` summed step by step, as both loops sum them."""
+
+    steps: int = 0
+    loss_sum: float = 0.0
+    seen: int = 0
+    default_passes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, loss: float, batch: int, recorded: bool) -> None:
+        """One step: its batch's mean loss, its size, whether a part recorded its passes."""
+        self.steps += 1
+        if not recorded:
+            self.default_passes[batch] = self.default_passes.get(batch, 0) + 1
+        self.loss_sum += loss * batch
+        self.seen += batch
+
+    def stats(self, state: State, extras: dict[str, Any]) -> LocalStats:
+        mean = self.loss_sum / max(self.seen, 1)
+        return LocalStats(self.steps, self.seen, mean, self.default_passes, state, extras)
 
 
 def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> list[torch.Tensor]:
@@ -68,12 +118,100 @@ def model_call(
     return call
 
 
-def grad_transforms(recipe: LocalRecipe, settings: LocalTraining) -> tuple[GradTransform, ...]:
-    """The recipe's gradient transforms, then clipping when the settings ask for it (last,
-    so that it bounds the gradient the optimiser sees)."""
-    if settings.clip_grad_norm is None:
-        return recipe.grad_transforms
-    return (*recipe.grad_transforms, ClipGradNorm(settings.clip_grad_norm))
+@dataclass(frozen=True)
+class LocalStep:
+    """One local step of `recipe` under `settings`, over parameter dicts: `loss` (the
+    forward and the loss terms), the backward, then `update` (the gradient transforms,
+    clipping when the settings ask for it, the optimiser over its param `groups`, the
+    projections), then `observe` (the trackers)."""
+
+    recipe: LocalRecipe
+    settings: LocalTraining
+    groups: tuple[ParamGroup, ...] = ()
+    optimiser: Optimiser = field(init=False)
+    transforms: tuple[GradTransform, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Clipping comes last, so that it bounds the gradient the optimiser sees.
+        limit = self.settings.clip_grad_norm
+        clip = () if limit is None else (ClipGradNorm(limit),)
+        object.__setattr__(self, "optimiser", optimiser_for(self.settings))
+        object.__setattr__(self, "transforms", (*self.recipe.grad_transforms, *clip))
+
+    @classmethod
+    def of(
+        cls, recipe: LocalRecipe, settings: LocalTraining, template: nn.Module, names: list[str]
+    ) -> LocalStep:
+        """The step for the trainable parameters `names` of `template`."""
+        return cls(recipe, settings, tuple(param_groups(template, names, settings)))
+
+    def parts(self) -> tuple[tuple[str, object], ...]:
+        """Every part the step runs, with its place in it, the optimiser included."""
+        clip = self.transforms[len(self.recipe.grad_transforms) :]
+        return (
+            *self.recipe.parts(),
+            *(("gradient clipping", c) for c in clip),
+            ("optimizer", self.optimiser),
+        )
+
+    def why_not_vectorised(self) -> str | None:
+        """Why clients cannot be trained with this step stacked together: the first part
+        that does not declare a `Vectorises` (None if every part does)."""
+        for place, part in self.parts():
+            declared = vectorisation(part)
+            if isinstance(declared, str):
+                return f"{place} {part_name(part)}: {declared}"
+        return None
+
+    def loss(
+        self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the total to back-propagate, the batch's mean loss) for x (B, ...), y (B,)."""
+        recipe = self.recipe
+        outputs, per_sample = recipe.forward(model, x, y, ctx)
+        loss = per_sample.mean()
+        total = loss
+        for term in recipe.loss_terms:
+            extra = term(outputs, y, per_sample, ctx)
+            if extra is not None:
+                total = total + extra
+        return total, loss
+
+    def update(self, tensors: StepTensors, ctx: TrainContext, run: PartRunner = direct) -> None:
+        """The step from the gradients on, in place on `tensors`: the transforms, the
+        optimiser and the projections, each through `run`."""
+        for transform in self.transforms:
+            run(transform, partial(_transform, transform), tensors, ctx)
+        run(self.optimiser, partial(_optimise, self.optimiser, list(self.groups)), tensors, ctx)
+        for project in self.recipe.projections:
+            run(project, partial(_project, project), tensors, ctx)
+
+    def observe(self, ctx: TrainContext) -> None:
+        """The trackers, after the step."""
+        for tracker in self.recipe.trackers:
+            tracker.after_step(ctx)
+
+    def finish(self, ctx: TrainContext) -> dict[str, Any]:
+        """The trackers' extras, merged."""
+        extras: dict[str, Any] = {}
+        for tracker in self.recipe.trackers:
+            extras.update(tracker.finish(ctx))
+        return extras
+
+
+def _transform(transform: GradTransform, tensors: StepTensors, ctx: TrainContext) -> None:
+    transform(tensors["grads"], tensors["params"], ctx)
+
+
+def _optimise(
+    optimiser: Optimiser, groups: list[ParamGroup], tensors: StepTensors, ctx: TrainContext
+) -> None:
+    with torch.no_grad():
+        optimiser.step(groups, tensors["params"], tensors["grads"], tensors["state"])
+
+
+def _project(project: Projection, tensors: StepTensors, ctx: TrainContext) -> None:
+    project(tensors["params"], ctx)
 
 
 def train_local(
@@ -90,54 +228,32 @@ def train_local(
     settings = ctx.settings
     template.train()
     params = ctx.params
-    optimiser = optimiser_for(settings)
-    groups = param_groups(template, list(params), settings)
-    state = optimiser.restore(kept or {}, params) if settings.keep_momentum else {}
-    transforms = grad_transforms(recipe, settings)
+    step = LocalStep.of(recipe, settings, template, list(params))
+    state = step.optimiser.restore(kept or {}, params) if settings.keep_momentum else {}
     model = model_call(template, params, ctx.buffers)
     device = next(iter(params.values())).device
-    loss_sum, seen = 0.0, 0
-    default_passes: dict[int, int] = {}
+    tally = Tally()
     batches = batch_order(data.n_train, settings, ctx.generator)
     augment = sibling_generator(ctx.generator, "augment", data.x_train.device)
-    for step, idx in enumerate(batches):
-        ctx.step = step
+    for index, idx in enumerate(batches):
+        ctx.step = index
         idx = idx.to(device)
         x, y = data.train_inputs(data.x_train[idx], augment), data.y_train[idx]
         ctx.batch = (x, y)
         recorded = len(ctx.passes)
-        outputs, per_sample = recipe.forward(model, x, y, ctx)
-        loss = per_sample.mean()
-        total = loss
-        for term in recipe.loss_terms:
-            extra = term(outputs, y, per_sample, ctx)
-            if extra is not None:
-                total = total + extra
+        total, loss = step.loss(model, x, y, ctx)
         _zero_grads(params)
         recipe.backward(total, ctx)
         grads = {k: p.grad for k, p in params.items() if p.grad is not None}
-        for transform in transforms:
-            transform(grads, params, ctx)
-        with torch.no_grad():
-            optimiser.step(groups, params, grads, state)
-        for project in recipe.projections:
-            project(params, ctx)
-        for tracker in recipe.trackers:
-            tracker.after_step(ctx)
-        b = int(y.shape[0])
-        if len(ctx.passes) == recorded:
-            default_passes[b] = default_passes.get(b, 0) + 1
-        loss_sum += float(loss.detach()) * b
-        seen += b
+        step.update({"grads": grads, "params": params, "state": state}, ctx)
+        step.observe(ctx)
+        tally.add(float(loss.detach()), int(y.shape[0]), len(ctx.passes) > recorded)
     ctx.batch = None
-    extras: dict[str, Any] = {}
-    for tracker in recipe.trackers:
-        extras.update(tracker.finish(ctx))
     keep = {k: v.detach().clone() for k, v in state.items()} if settings.keep_momentum else {}
-    return LocalStats(len(batches), seen, loss_sum / max(seen, 1), default_passes, keep, extras)
+    return tally.stats(keep, step.finish(ctx))
 
 
-def _zero_grads(params: dict[str, torch.Tensor]) -> None:
+def _zero_grads(params: Mapping[str, torch.Tensor]) -> None:
     """Zero the gradients in place, as `Optimizer.zero_grad(set_to_none=False)` does, so
     that a backward accumulates into zeros exactly as `torch.optim` training does."""
     grads = [p.grad for p in params.values() if p.grad is not None]

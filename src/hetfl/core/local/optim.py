@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
+from hetfl.core.local.parts import Vectorises
 from hetfl.core.roles import norm_tensor_names
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import State
@@ -66,7 +67,9 @@ def param_groups(model: nn.Module, names: list[str], settings: LocalTraining) ->
 class Optimiser(Protocol):
     """`step`: one local step, in place on `params` (and on `state`, the optimiser's own
     tensors by the names of the module docstring); `restore`: what of a client's kept state
-    fits its parameters."""
+    fits its parameters; `full_state`: a state with every entry a step would create, so that
+    the states of clients stacked on a leading dimension have the same entries. Like a part
+    of the recipe, an optimiser declares `vectorises` (`hetfl.core.local.parts`)."""
 
     def step(
         self,
@@ -78,6 +81,10 @@ class Optimiser(Protocol):
 
     def restore(
         self, kept: State, params: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]: ...
+
+    def full_state(
+        self, state: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]: ...
 
 
@@ -101,8 +108,10 @@ def _fitting(
 @dataclass(frozen=True)
 class SGD:
     """`torch.optim.SGD` (momentum without dampening or Nesterov; L2 weight decay added to
-    the gradient), per group as `SGD.step` calls `sgd(..., foreach=True)`."""
+    the gradient), per group as `SGD.step` calls `sgd(..., foreach=True)`. Elementwise, so
+    it steps a stack of clients as it is (`foreach` kernels, which vmap cannot batch)."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.ELEMENTWISE
     lr: float
     momentum: float
 
@@ -137,6 +146,17 @@ class SGD:
     def restore(self, kept: State, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return _fitting(kept, params, (MOMENTUM,), MOMENTUM)
 
+    def full_state(
+        self, state: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """`state` and, with momentum, a zero buffer for each of `params` (in their order)
+        without one: its first step makes it 0 * momentum + the gradient, exactly the
+        buffer SGD creates."""
+        if self.momentum == 0:
+            return dict(state)
+        zeros = {MOMENTUM + k: torch.zeros_like(p) for k, p in params.items()}
+        return {**state, **{k: v for k, v in zeros.items() if k not in state}}
+
 
 _STEP, _AVG, _SQ, _MAX = (
     f"{ADAM}{k}/" for k in ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -149,6 +169,10 @@ class Adam:
     decay), with `amsgrad` its AMSGrad variant; per group as `Adam.step` calls
     `adam(..., foreach=True)`, state created lazily as `Adam._init_group` does."""
 
+    vectorises: ClassVar[str] = (
+        "torch's adam reads each tensor's step count as a Python number, which clients "
+        "stacked together do not share"
+    )
     lr: float
     betas: tuple[float, float]
     eps: float
@@ -195,6 +219,16 @@ class Adam:
         restored = _fitting(kept, params, kinds, _AVG)
         complete = {k for k in params if all(kind + k in restored for kind in kinds)}
         return {n: v for n, v in restored.items() if n.split("/", 1)[1] in complete}
+
+    def full_state(
+        self, state: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """`state` and a fresh state (`_init`) for each of `params` without one."""
+        full = dict(state)
+        for k, p in params.items():
+            if _STEP + k not in full:
+                self._init(k, p, full)
+        return full
 
 
 def optimiser_for(settings: LocalTraining) -> Optimiser:

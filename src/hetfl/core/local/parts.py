@@ -18,13 +18,29 @@ shared by every client of a run, so it keeps no state of its own: per-round scra
 lives in `ctx.scratch(part)`. Parts never modify `ctx.received` (the payload), the global
 state, the client store or another client's tensors; in-place updates of this client's
 parameters, gradients and optimiser state inside the step are theirs to make.
+
+Every part declares, in a class attribute `vectorises`, how it runs when the vectorised
+executor (`hetfl.sim.vectorised`) trains clients stacked on a leading dimension (K, ...):
+
+- `Vectorises.PER_CLIENT`: a pure function of one client's tensors (its context's `params`,
+  `buffers`, `received`, `batch` and `constant`s): no draw from `ctx.generator`, no Python
+  branch on a tensor's value, no write to `ctx.scratch` or `ctx.passes`, no channel. The
+  executor runs it under `torch.func.vmap`, one client per row (a tracker: on each client's
+  own context, after the step);
+- `Vectorises.ELEMENTWISE`: besides, applied once to the whole stack as it is, it does to
+  each row what it does to one client (no reduction over a tensor): the executor runs it
+  so, which is cheaper than vmap and works for `foreach` kernels, which vmap cannot batch;
+- a string: why it cannot (a per-batch generator draw, a data-dependent gate, a server
+  channel); the executor then trains the client alone with `train_local`, and the start
+  banner says why. A part that declares nothing cannot either (`vectorisation`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +48,29 @@ import torch.nn.functional as F
 from hetfl.core.server_program import Channel
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientTask, PassRecord, State
+
+
+class Vectorises(enum.Enum):
+    """How a part runs on clients stacked on a leading dimension (the module docstring)."""
+
+    PER_CLIENT = "per client"
+    ELEMENTWISE = "elementwise"
+
+
+def vectorisation(part: object) -> Vectorises | str:
+    """`part`'s declared `vectorises`: a `Vectorises`, or why it cannot run on a stack of
+    clients (also for a part that declares nothing, such as a bound method)."""
+    declared = getattr(part, "vectorises", None)
+    if isinstance(declared, Vectorises | str):
+        return declared
+    return "declares no `vectorises` (hetfl.core.local.parts.Vectorises, or why not)"
+
+
+def part_name(part: object) -> str:
+    """A part's name for messages: its class, or a function's qualified name."""
+    if callable(part) and hasattr(part, "__qualname__"):
+        return str(part.__qualname__)
+    return type(part).__name__
 
 
 class ModelCall(Protocol):
@@ -57,6 +96,8 @@ class TrainContext:
     device profiles, its `history` (its times in the last round it trained). `roles` gives
     the role the model declares for a tensor, by local name (`hetfl.core.roles.tensor_roles`:
     FLANC's bases are "basis"), so that parts find tensors by structure, never by name.
+    `constants` holds the tensors parts made with `constant`; `constants_made` is True where
+    every constant must already be there (the vectorised executor's stacked step).
     """
 
     task: ClientTask
@@ -71,7 +112,27 @@ class TrainContext:
     passes: list[PassRecord] = field(default_factory=list)
     channel: Channel | None = None
     roles: Mapping[str, str] = field(default_factory=dict)
+    constants: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    constants_made: bool = False
     _scratch: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def constant(self, part: object, name: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """`part`'s tensor `name` for this client's round, made by `make` on first use: a
+        tensor that depends on the client (its `info`) and on the model's shapes, never on
+        a batch, the step or the parameters' values (HeteroFL's mask of the client's
+        classes). Under the vectorised executor each client's is made on its own context
+        before training and stacked, so a per-client part reads its row here."""
+        key = (id(part), name)
+        made = self.constants.get(key)
+        if made is None:
+            if self.constants_made:
+                raise RuntimeError(
+                    f"{part_name(part)} made its constant {name!r} in a stacked step: a "
+                    "constant must be made on a client's first forward, which the vectorised "
+                    "executor runs on each client's own context before training"
+                )
+            made = self.constants[key] = make()
+        return made
 
     def scratch(self, part: object) -> dict[str, Any]:
         """`part`'s own scratch space for this client's round (keyed by the part's
@@ -109,7 +170,9 @@ class LossTerm(Protocol):
 
 class Backward(Protocol):
     """`(total loss (scalar), ctx) -> None`: leaves each parameter's gradient of this batch
-    in `ctx.params[name].grad` (which the loop zeroed before)."""
+    in `ctx.params[name].grad` (which the loop zeroed before). A backward that declares
+    `Vectorises.PER_CLIENT` promises that this gradient is the gradient of `total`: the
+    vectorised executor takes that with `torch.func.grad` instead of calling it."""
 
     def __call__(self, total: torch.Tensor, ctx: TrainContext) -> None: ...
 
@@ -141,6 +204,8 @@ class Tracker(Protocol):
 class CrossEntropy:
     """The default forward: `model(x)` and its per-sample cross-entropy with `y`."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
+
     def __call__(
         self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +217,8 @@ class CrossEntropy:
 class Autograd:
     """The default backward: back-propagation of the total loss through the client's
     model (split learning replaces it with an exchange with the server program)."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
 
     def __call__(self, total: torch.Tensor, ctx: TrainContext) -> None:
         total.backward()
@@ -169,3 +236,15 @@ class LocalRecipe:
     projections: tuple[Projection, ...] = ()
     trackers: tuple[Tracker, ...] = ()
     backward: Backward = Autograd()
+
+    def parts(self) -> tuple[tuple[str, object], ...]:
+        """Every part with its place in the recipe ("forward", "loss term", ...), in the
+        order a step runs them."""
+        return (
+            ("forward", self.forward),
+            *(("loss term", t) for t in self.loss_terms),
+            ("backward", self.backward),
+            *(("gradient transform", t) for t in self.grad_transforms),
+            *(("projection", p) for p in self.projections),
+            *(("tracker", t) for t in self.trackers),
+        )

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from hetfl.core.local.parts import TrainContext
+from hetfl.core.local.parts import TrainContext, Vectorises
 
 #: `(Q, B, C, ctx) -> signs` of shape (Q, B, C) in {-1, +1}; tests inject fixed signs.
 SignSource = Callable[[int, int, int, TrainContext], torch.Tensor]
@@ -59,6 +59,10 @@ class RademacherTerm:
     added on, so that the gate can be observed. List it in both `loss_terms` and
     `trackers`."""
 
+    vectorises: ClassVar[str] = (
+        "it opens its gate on the value of the batch's loss and then draws Rademacher signs "
+        "from the client's generator"
+    )
     alpha: float
     q: int = 5
     radius: float = 1.0
@@ -104,6 +108,7 @@ class PartialSVT:
     singular-value thresholding, keeping the first `theta` and shrinking the rest by
     α·η_l (this round's lr)."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
     weight: str
     shape: Sequence[int]
     alpha: float
@@ -148,6 +153,7 @@ class OrthogonalityPenalty:
     "basis", `hetfl.core.roles.tensor_roles`). Adds nothing when `lam` is 0; a model
     without such parameters is an error, since the term would silently do nothing."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
     lam: float
     role: str = "basis"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from hetfl.core.local.parts import ModelCall, TrainContext
+from hetfl.core.local.parts import ModelCall, TrainContext, Vectorises
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,10 @@ class ProximalTerm:
     the client received, the gradient of FedProx's proximal term (mu/2) ||w - w^t||²
     (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020, Algorithm
     2). Parameters the client did not receive (private ones) have no anchor and get none.
-    Shapes: each gradient and its parameter and anchor alike; in place on the gradients."""
+    Shapes: each gradient and its parameter and anchor alike; in place on the gradients.
+    Elementwise, so it runs on a stack of clients as it is, the stacked payload as anchor."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.ELEMENTWISE
     mu: float
 
     def __post_init__(self) -> None:
@@ -43,8 +45,11 @@ class ClipGradNorm:
     """A gradient transform: scales all gradients together so that their joint L2 norm is
     at most `max_norm`, as `torch.nn.utils.clip_grad_norm_` does (coefficient
     max_norm / (norm + 1e-6), capped at 1). The loop appends it after the recipe's
-    transforms when `LocalTraining.clip_grad_norm` is set."""
+    transforms when `LocalTraining.clip_grad_norm` is set. Per-tensor kernels, not the
+    `foreach` ones, which `torch.func.vmap` cannot batch (on a CPU the `foreach` kernels
+    loop over these same kernels: the bits are `clip_grad_norm_`'s)."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
     max_norm: float
 
     def __call__(
@@ -53,16 +58,17 @@ class ClipGradNorm:
         clip_grads(grads, self.max_norm)
 
 
-@torch.no_grad()
 def clip_grads(grads: Mapping[str, torch.Tensor], max_norm: float) -> None:
     """Scale the gradients in place so that their joint L2 norm is at most `max_norm`
-    (`ClipGradNorm`; a split-learning server copy clips its own side with it)."""
+    (`ClipGradNorm`; a split-learning server copy clips its own side with it), with
+    per-tensor kernels, which `torch.func.vmap` can batch."""
     tensors = list(grads.values())
     if not tensors:
         return
-    total = torch.nn.utils.get_total_norm(tensors)
+    total = torch.nn.utils.get_total_norm(tensors, foreach=False)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    torch._foreach_mul_(tensors, coef)
+    for grad in tensors:
+        grad.mul_(coef)
 
 
 def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.Tensor:
@@ -87,14 +93,27 @@ def kept_classes(
 @dataclass(frozen=True)
 class MaskedCrossEntropy:
     """A forward: cross-entropy with the logits of the classes the client lacks
-    (`ClientInfo.labels`) set to 0 (`mask_logits`). Outputs (B, C) masked, loss (B,)."""
+    (`ClientInfo.labels`) set to 0 (`mask_logits`). Outputs (B, C) masked, loss (B,). The
+    mask of the lacking classes is the client's `constant`, so clients stacked with
+    different classes each have their own."""
+
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
 
     def __call__(
         self, model: ModelCall, x: torch.Tensor, y: torch.Tensor, ctx: TrainContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = ctx.info.labels if ctx.info is not None else None
-        outputs = mask_logits(model(x), labels)
+        outputs = model(x)
+        lacking = ctx.constant(self, "lacking", lambda: _lacking(ctx, outputs))
+        outputs = outputs.masked_fill(lacking, 0.0)
         return outputs, F.cross_entropy(outputs, y, reduction="none")
+
+
+def _lacking(ctx: TrainContext, outputs: torch.Tensor) -> torch.Tensor:
+    """(C,) bool, True for the classes the client lacks (none without its `ClientInfo`)."""
+    classes = outputs.shape[-1]
+    if ctx.info is None:
+        return torch.zeros(classes, dtype=torch.bool, device=outputs.device)
+    return ~kept_classes(ctx.info.labels, classes, outputs.device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,8 +122,10 @@ class StepNormaliser:
     `mu` (0 without one); `finish` gives the result's `a_norm` and `steps` extras (Wang et
     al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
     Optimization", NeurIPS 2020, §4 and Appendix C: the normalised averaging of FedNova,
-    which FedALRC also uses)."""
+    which FedALRC also uses). It counts on each client's own context, under the vectorised
+    executor too."""
 
+    vectorises: ClassVar[Vectorises] = Vectorises.PER_CLIENT
     mu: float = 0.0
 
     @staticmethod

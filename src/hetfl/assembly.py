@@ -122,6 +122,12 @@ def chosen_parts(options: Options, wrappers: Sequence[Chosen[Wrapper]]) -> dict[
     return chosen
 
 
+def plateau_part(cfg: RunConfig) -> dict[str, Any]:
+    """The lr's plateau rule as summary.json names it (`"lr_plateau"`), when it is on."""
+    plateau = cfg.train.lr_plateau
+    return {} if plateau is None else {"lr_plateau": plateau.model_dump()}
+
+
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
@@ -161,6 +167,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         "algorithm": cfg.algorithm,
         "seed": cfg.seed,
         **chosen_parts(options, cfg.wrappers),
+        **plateau_part(cfg),
         "provenance": provenance(cfg),
     }
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)

@@ -18,7 +18,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.core.reducers import REDUCERS
 from hetfl.core.wrappers import WRAPPERS
 from hetfl.data import DATASETS, PARTITIONERS
-from hetfl.models import ARCHITECTURES, COMPOSED, MODELS
+from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 
 HEAVY = ("torch", "flwr", "matplotlib", "rich", "tensorboard")
 
@@ -63,6 +63,8 @@ def test_list_shows_every_registered_entry():
         assert f"  {name:<12} {ARCHITECTURES.get(name).summary}" in lines
     for name in COMPOSED:
         assert f"  {name:<12} {COMPOSED.get(name).summary}" in lines
+    for name in SPLIT:
+        assert f"  {name:<12} {SPLIT.get(name).summary}" in lines
     for title, registry in (
         ("models", MODELS),
         ("datasets", DATASETS),
@@ -78,6 +80,7 @@ def test_the_catalogue_equals_the_registries():
     assert {n: ALGORITHMS.get(n).summary for n in ALGORITHMS} == catalogue.ALGORITHMS
     assert {n: ARCHITECTURES.get(n).summary for n in ARCHITECTURES} == catalogue.ARCHITECTURES
     assert {n: COMPOSED.get(n).summary for n in COMPOSED} == catalogue.COMPOSED
+    assert {n: SPLIT.get(n).summary for n in SPLIT} == catalogue.SPLIT
     assert sorted(catalogue.MODELS) == MODELS.names()
     assert sorted(catalogue.DATASETS) == DATASETS.names()
     assert sorted(catalogue.PARTITIONERS) == PARTITIONERS.names()

@@ -1,8 +1,8 @@
 """What `hetfl list` prints: every registered name, with its one-line summary where the
 registry has one, in a module that imports nothing.
 
-The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS`, `ARCHITECTURES` and
-`COMPOSED`, `hetfl.data.DATASETS` and `PARTITIONERS`, `hetfl.core.reducers.REDUCERS`,
+The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS`, `ARCHITECTURES`,
+`COMPOSED` and `SPLIT`, `hetfl.data.DATASETS` and `PARTITIONERS`, `hetfl.core.reducers.REDUCERS`,
 `hetfl.core.wrappers.WRAPPERS`) are filled by importing the modules that build
 each entry, and those import torch: seconds of start-up for a command that only names
 things. This catalogue names them at no import cost. The summary of an algorithm, a reducer
@@ -52,6 +52,12 @@ COMPOSED: dict[str, str] = {
     "composed-cnn": "FLANC's Fashion-MNIST CNN, composed convolutions (basis: paper | code)",
     "composed-resnet18": "FLANC's ResNet-18, composed 3x3 convolutions, BN per capacity",
     "composed-rnn": "FLANC's character RNN (512), composed matrices",
+}
+
+SPLIT: dict[str, str] = {
+    "resnet-cifar": (
+        "DTFL's CIFAR bottleneck ResNet in modules md1..md8 (blocks 3: ResNet-56, 6: -110)"
+    ),
 }
 
 DATASETS: tuple[str, ...] = (

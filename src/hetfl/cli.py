@@ -311,6 +311,9 @@ def cmd_list() -> int:
     print("composed models (model.compose, basis):")
     for name, summary in sorted(catalogue.COMPOSED.items()):
         print(f"  {name:<12} {summary}")
+    print("split models, in modules for split learning (model.blocks):")
+    for name, summary in sorted(catalogue.SPLIT.items()):
+        print(f"  {name:<12} {summary}")
     for title, names in (
         ("datasets", catalogue.DATASETS),
         ("partitioners", catalogue.PARTITIONERS),

@@ -35,7 +35,7 @@ from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import WeightingName
 
 #: The kind of model a method requires (`Algorithm.needs`).
-ModelKind = Literal["any", "scalable", "composed"]
+ModelKind = Literal["any", "scalable", "composed", "split"]
 
 
 class Options(BaseModel):
@@ -88,7 +88,8 @@ class Algorithm:
 
     `needs` names the kind of model the method requires, so that a config pairing it with
     another fails at validation: `scalable` for methods that slice sub-models or keep
-    normalisation private, `composed` for FLANC's composed layers, `any` otherwise.
+    normalisation private, `composed` for FLANC's composed layers, `split` for split
+    learning (a model cut into modules, `hetfl.models.resnet_cifar`), `any` otherwise.
     """
 
     name: str

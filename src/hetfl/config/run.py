@@ -22,7 +22,7 @@ from hetfl.config.sections import (
     _Strict,
 )
 from hetfl.core.wrappers import WrapperChoice
-from hetfl.models import ARCHITECTURES, is_composed, is_scalable
+from hetfl.models import ARCHITECTURES, SPLIT, is_composed, is_scalable, is_split
 from hetfl.models.flanc import COMPOSED
 from hetfl.systems.profiles import SystemConfig
 
@@ -111,6 +111,12 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"algorithm {self.algorithm!r} composes kernels from shared bases: it needs a "
                 f"composed model (model.name one of {', '.join(COMPOSED.names())}); "
+                f"{self.model.name!r} is not one"
+            )
+        if ALGORITHMS.get(self.algorithm).needs == "split" and not is_split(self.model.name):
+            raise ValueError(
+                f"algorithm {self.algorithm!r} trains a model cut into a client and a server "
+                f"side: it needs a split model (model.name one of {', '.join(SPLIT.names())}); "
                 f"{self.model.name!r} is not one"
             )
         sizes = {g.size for g in self.data.groups or []}

@@ -24,6 +24,7 @@ from hetfl.data.views import ViewGroup
 from hetfl.models.factory import (
     COMPOSED_OPTIONS,
     SHAPE_OPTIONS,
+    is_split,
     misplaced_options,
     model_names,
     unknown_model_message,
@@ -190,12 +191,14 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """A plain model by name, a scalable family with the shape of its (global) model, or a
-    composed family (FLANC's, `hetfl.models.flanc`) with its composition options.
+    """A plain model by name, a scalable family with the shape of its (global) model, a
+    composed family (FLANC's, `hetfl.models.flanc`) with its composition options, or a
+    split model (DTFL's ResNet in modules, `hetfl.models.resnet_cifar`) with its blocks.
 
     The shape options apply to the scalable families only, `compose` and `basis` to the
-    composed ones; a method that assigns sub-models (HeteroFL, FjORD, ...) derives each
-    client's spec from this base.
+    composed ones, `blocks` (one integer, per group) to the scalable and the split ones; a
+    method that assigns sub-models (HeteroFL, FjORD, ...) or cuts the model (SplitFed,
+    DTFL) derives each client's spec from this base.
     """
 
     name: str = "small-cnn"
@@ -228,6 +231,15 @@ class ModelConfig(_Strict):
         problem = misplaced_options(self.name, given)
         if problem is not None:
             raise ValueError(problem)
+        if (
+            is_split(self.name)
+            and self.blocks is not None
+            and (not isinstance(self.blocks, int) or self.blocks < 1)
+        ):
+            raise ValueError(
+                f"model.blocks of {self.name!r} is one integer >= 1, the blocks of every "
+                f"group (3: ResNet-56, 6: ResNet-110), got {self.blocks!r}"
+            )
         if self.basis is not None and self.basis not in COMPOSED.get(self.name).presets:
             raise ValueError(
                 f"basis {self.basis!r} is not a preset of {self.name!r} (allowed: "

@@ -6,7 +6,8 @@ Private-layer options (FedBN keeps normalisation private, FedPer the head, Scala
 and label-split aggregation (HeteroFL's head rows) need the first two sets; FedALRC's
 singular-value thresholding needs the third (`linear_weight`). A normalisation layer is
 any PyTorch norm module or a module declaring `hetfl_role = "norm"`; the head is the
-module a model exposes as `model.head` (every HetFL model does).
+module a model exposes as `model.head` (every HetFL model does, as a submodule or a
+property naming one).
 
 Other roles are declared the same way (`tensor_roles`): a module's `hetfl_role` gives every
 tensor under it that role, its `hetfl_tensor_roles` (own tensor name -> role) gives it to
@@ -37,11 +38,14 @@ def norm_tensor_names(model: nn.Module) -> set[str]:
 
 
 def head_tensor_names(model: nn.Module) -> set[str]:
-    """State names of `model.head`; an error when the model does not mark its head."""
+    """State names of `model.head`, under the head's own path in the model (a model may
+    name its classifier otherwise and expose it as a `head` property: DTFL's `md8`); an
+    error when the model does not mark its head."""
     head = getattr(model, "head", None)
     if not isinstance(head, nn.Module):
         raise ValueError(f"{type(model).__name__} does not mark its classifier as `self.head`")
-    return {f"head.{k}" for k in head.state_dict()}
+    prefix = next(name for name, module in model.named_modules() if module is head)
+    return {f"{prefix}.{k}" for k in head.state_dict()}
 
 
 def linear_weight(model: nn.Module) -> str | None:

@@ -1,17 +1,20 @@
 """Model families. Importing this package registers every built-in model: the plain ones in
 `MODELS`, the scalable (width- and depth-sliced) ones in `ARCHITECTURES`, FLANC's composed
-ones in `COMPOSED`."""
+ones in `COMPOSED`, the split ones (DTFL's ResNet in modules) in `SPLIT`."""
 
 from hetfl.models import plain as _plain  # noqa: F401  (registers the plain models)
 from hetfl.models.base import MODELS, ModelBuilder, PlainFamily
-from hetfl.models.factory import is_composed, is_scalable, make_family, model_names
+from hetfl.models.factory import is_composed, is_scalable, is_split, make_family, model_names
 from hetfl.models.flanc import COMPOSED, ComposedFamily
+from hetfl.models.resnet_cifar import SPLIT, CifarResNetFamily
 from hetfl.models.scalable import ARCHITECTURES, ScalableFamily, SpecError
 
 __all__ = [
     "ARCHITECTURES",
     "COMPOSED",
     "MODELS",
+    "SPLIT",
+    "CifarResNetFamily",
     "ComposedFamily",
     "ModelBuilder",
     "PlainFamily",
@@ -19,6 +22,7 @@ __all__ = [
     "SpecError",
     "is_composed",
     "is_scalable",
+    "is_split",
     "make_family",
     "model_names",
 ]

@@ -36,6 +36,7 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import make_family
 from hetfl.provenance import provenance
+from hetfl.systems.split_pricing import SplitPricer
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
@@ -143,11 +144,16 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     )
     algorithm = ALGORITHMS.get(cfg.algorithm)
     options = algorithm.options(**cfg.algorithm_options())
+    system = cfg.system.settings()
+    costs = None
+    if algorithm.needs_costs and system is not None:  # DTFL's tier profiles
+        costs = SplitPricer(family, fed.input_shape, system.server_rate)
     strategy, recipe = algorithm.build(
         family,
         options,
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
+        costs=costs,
     )
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
@@ -160,7 +166,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         availability=cfg.availability,
         targets=tuple(Target(t.metric, t.value) for t in cfg.targets),
         stats_samples=cfg.eval.stats_samples,
-        system=cfg.system.settings(),
+        system=system,
     )
     info = {
         "name": cfg.name,

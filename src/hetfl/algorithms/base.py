@@ -29,6 +29,7 @@ from hetfl.core.kinds import choose
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.reducers import REDUCERS, ReducerChoice
 from hetfl.core.registry import Registry
+from hetfl.core.split_costs import SplitPricing
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -90,6 +91,10 @@ class Algorithm:
     another fails at validation: `scalable` for methods that slice sub-models or keep
     normalisation private, `composed` for FLANC's composed layers, `split` for split
     learning (a model cut into modules, `hetfl.models.resnet_cifar`), `any` otherwise.
+
+    `needs_costs` marks a method that plans from the cost model (DTFL's tier scheduler): its
+    `make` also takes `costs`, a `hetfl.core.split_costs.SplitPricing` the face builds from
+    the run's device profiles, and a run without profiles cannot build it.
     """
 
     name: str
@@ -97,6 +102,7 @@ class Algorithm:
     options: type[Options]
     make: Callable[..., tuple[Strategy, LocalRecipe]]
     needs: ModelKind = "any"
+    needs_costs: bool = False
 
     def build(
         self,
@@ -105,9 +111,21 @@ class Algorithm:
         *,
         clients_per_round: int,
         train: LocalTraining,
+        costs: SplitPricing | None = None,
     ) -> tuple[Strategy, LocalRecipe]:
+        """The method's strategy and recipe; `costs` reaches `make` only when the method
+        `needs_costs`, and must then be given."""
         opts = options if isinstance(options, Options) else self.options(**(options or {}))
-        return self.make(family, opts, clients_per_round=clients_per_round, train=train)
+        if not self.needs_costs:
+            return self.make(family, opts, clients_per_round=clients_per_round, train=train)
+        if costs is None:
+            raise ValueError(
+                f"{self.name} plans from the clients' simulated times and the cost model: "
+                "add a system: section with device profiles (e.g. system: {preset: dtfl})"
+            )
+        return self.make(
+            family, opts, clients_per_round=clients_per_round, train=train, costs=costs
+        )
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
@@ -120,6 +138,7 @@ def register_algorithm(
     options: type[Options],
     *,
     needs: ModelKind = "any",
+    needs_costs: bool = False,
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
     """Registers the decorated `make` in `ALGORITHMS` as `name`, with its summary from
@@ -134,7 +153,7 @@ def register_algorithm(
     summary = summaries[name]
 
     def register(make: Make) -> Make:
-        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs))
+        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs, needs_costs))
         return make
 
     return register

@@ -119,6 +119,12 @@ class RunConfig(_Strict):
                 f"side: it needs a split model (model.name one of {', '.join(SPLIT.names())}); "
                 f"{self.model.name!r} is not one"
             )
+        if ALGORITHMS.get(self.algorithm).needs_costs and self.system.settings() is None:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} assigns work from the clients' simulated times "
+                "and the cost model, so it needs device profiles: add a system: section, "
+                "e.g. system: {preset: dtfl} (docs/system.md)"
+            )
         sizes = {g.size for g in self.data.groups or []}
         if len(sizes) > 1 and not is_scalable(self.model.name):
             raise ValueError(

@@ -44,6 +44,15 @@ class CutCost:
             if getattr(self, name) < 0:
                 raise ValueError(f"CutCost.{name} must be >= 0, got {getattr(self, name)}")
 
+    def summary(self) -> dict[str, float]:
+        """The profile as a run's summary and start banner show it."""
+        return {
+            "client GMAC/batch": round(self.client_macs / 1e9, 4),
+            "server GMAC/batch": round(self.server_macs / 1e9, 4),
+            "sent MB/batch": round(self.batch_bytes / 1e6, 4),
+            "model MB": round(self.model_bytes / 1e6, 4),
+        }
+
 
 class SplitPricing(Protocol):
     """Prices the two sides of a split model (`hetfl.systems.costs.SplitPricer`).

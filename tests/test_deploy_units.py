@@ -1,11 +1,12 @@
 """The Flower adapter's parts that need no federation: command checks, security flags,
-node config strings, split-learning refusal, static-BN statistics combination, private
-state on a node, process clean-up."""
+node config strings, the refusal of simulator-only methods, static-BN statistics
+combination, private state on a node, process clean-up."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ pytest.importorskip("flwr")
 from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
+from hetfl.algorithms.base import SimulatorOnlyError, refuse_simulator_only
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
 from hetfl.core.bn_statistics import (
@@ -30,7 +32,7 @@ from hetfl.core.client import Programs
 from hetfl.core.model_cache import ModelCache
 from hetfl.deploy.node import Node, PrivateState
 from hetfl.deploy.records import from_content, to_content
-from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
+from hetfl.engine.parts import Parts
 from hetfl.engine.statistics import add_bn_statistics, bn_statistics_problem
 from hetfl.launch import Processes, Security, node_config
 from hetfl.models import PlainFamily
@@ -130,8 +132,20 @@ def test_node_config_parses_back_as_flower_reads_it(tmp_path):
 
 
 # -- split learning is simulator-only ------------------------------------------------------
-def test_methods_with_a_server_program_are_refused():
-    class SplitSide:  # a split-learning strategy's server side
+def test_serve_refuses_a_simulator_only_method_before_anything_starts(tmp_path, capsys):
+    split = "algorithm: splitfed\nmodel: {name: resnet-cifar, blocks: 1}\n"
+    code, err = run_cli(capsys, "serve", str(cfg_file(tmp_path, split)), "--insecure")
+    assert code == 2
+    assert "algorithm 'splitfed' runs in the simulator only" in err
+    assert "activations and gradients with the server every batch" in err
+    assert "`hetfl run CONFIG`" in err
+    assert not (tmp_path / "runs").exists()  # nothing written, no process started
+
+
+def test_the_flower_server_refuses_simulator_only_methods_and_server_programs():
+    from hetfl.deploy.server import Deployment, FlowerServer
+
+    class SplitSide:  # a split-learning strategy's server side, built outside the registry
         def program(self, round, state, tasks):
             return None
 
@@ -140,10 +154,19 @@ def test_methods_with_a_server_program_are_refused():
 
     family = PlainFamily("mlp", (1, 8, 8), 10)
     train = LocalTraining(lr=0.1)
-    split = fedavg(family, clients_per_round=1, train=train, server_side=SplitSide())
-    with pytest.raises(SimulatorOnlyError, match="simulator-only for now"):
-        refuse_server_program(split, "split")
-    refuse_server_program(fedavg(family, clients_per_round=1, train=train), "fedavg")
+    deployment = Deployment("fedavg", "", {}, 1, None, 1.0, 1.0)
+    for strategy, why, expected in [
+        (fedavg(family, clients_per_round=1, train=train), "why not", "why not"),
+        (
+            fedavg(family, clients_per_round=1, train=train, server_side=SplitSide()),
+            None,
+            "it needs a server program",
+        ),
+    ]:
+        parts = Parts(strategy, None, [], None, None, None, None, None)  # refused before use
+        with pytest.raises(SimulatorOnlyError, match=f"simulator only: {expected}"):
+            FlowerServer(None, parts, replace(deployment, simulator_only=why), Path("unused"))
+    refuse_simulator_only("fedavg", None)  # declares nothing: served
 
 
 def test_clients_bn_statistics_combine_to_the_pass_over_all_their_batches():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
+from hetfl.algorithms.base import SimulatorOnlyError, refuse_simulator_only
 from hetfl.algorithms.tier_scheduler import estimate
 from hetfl.config import validate
 from hetfl.core.client import Programs
@@ -19,12 +20,11 @@ from hetfl.core.local.parts import TrainContext
 from hetfl.core.local.privacy import distance_correlation
 from hetfl.core.local.split import LocalLoss
 from hetfl.core.plateau import PlateauSettings
-from hetfl.core.server_copies import CopySession
+from hetfl.core.server_copies import CopiesSide, CopySession
 from hetfl.core.split_costs import CutCost
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientResult, ClientTask, ServerResult
-from hetfl.deploy.server import SimulatorOnlyError, refuse_server_program
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import make_family
 from hetfl.models.scalable import SpecError
@@ -72,7 +72,6 @@ def test_md_tensors_average_over_all_tiers_by_samples_and_heads_within_their_tie
         spec = FAMILY.side_spec("client", m, aux=True)
         imap = strategy.index_map_in_round(infos[cid], spec, state)
         tasks.append(ClientTask(cid, spec, extract(state, imap), imap, TRAIN))
-    strategy.server_program(1, state, tasks)
     # client k's side holds 1 + k everywhere, its head 100 (k + 1), its server copy 10 + k
     results = []
     for t in tasks:
@@ -173,9 +172,10 @@ def test_eq_5_a_split_client_takes_the_time_the_scheduler_estimates(tmp_path, mo
     first = {r["cid"]: r for r in rows if r["round"] == 1 and r["sampled"]}
     second = {r["cid"]: r for r in rows if r["round"] == 2 and r["sampled"]}
     assert {r["fields"]["tier"] for r in first.values()} == {2}  # no history: the default
-    costs = sim.strategy.assignment.costs
+    scheduler = sim.strategy.assignment
     for cid, n in enumerate(SIZES):
         times, tier = sim.infos[cid].history, second[cid]["fields"]["tier"]
+        assert scheduler.batches(sim.infos[cid]) == n / 16  # a short last batch counts as such
         # Eq. (5): comm + max(client, server), the two sides in parallel
         assert times.total_s == pytest.approx(
             times.down_s + times.up_s + max(times.compute_s, times.server_s), rel=1e-12
@@ -183,7 +183,7 @@ def test_eq_5_a_split_client_takes_the_time_the_scheduler_estimates(tmp_path, mo
         # what the scheduler estimated for the tier it chose, from round 1 in tier 2, is
         # what the clock then gave: the profiles are the cost model's own prices
         guess = estimate(
-            costs,
+            scheduler.costs,
             SYSTEM.server_rate,
             2,
             first[cid]["sim"]["compute_s"],
@@ -276,17 +276,18 @@ def test_local_loss_trains_on_its_head_alone_and_adds_dcor_by_hand():
 def test_the_server_copy_starts_from_the_global_model_and_its_optimiser_as_asked(fresh, steps):
     state = {k: v.clone() for k, v in FAMILY.build(FAMILY.side_spec("whole")).state_dict().items()}
     task = ClientTask(0, FAMILY.side_spec("client", 6, aux=True), {}, [], TRAIN)
-    spec = FAMILY.side_spec("server", 6)
-    payload = extract(state, FAMILY.index_map(spec))
-    session = CopySession(FAMILY, task, spec, payload, answer=False, fresh_optimiser=fresh)
-    assert torch.equal(session.model.md8.weight, state["md8.weight"])
+    side = CopiesSide(
+        FAMILY, FAMILY.server_spec, answers=False, parallel=True, fresh_optimiser=fresh
+    )
+    session = side.program(1, state, [task]).open(task, {})
+    assert torch.equal(session.params["md8.weight"], state["md8.weight"])
     z = torch.randn(5, 256, 2, 2, generator=torch.Generator().manual_seed(0))
     for _ in range(2):
         assert session.batch(z, torch.tensor([0, 1, 2, 3, 0])) is None  # no answer
     # Adam's step count: two steps of one optimiser, or one of the optimiser made afresh
-    assert float(session.state["adam.step/md8.weight"]) == steps
+    assert float(session.opt_state["adam.step/md8.weight"]) == steps
     served = session.close()
-    assert served.input_shape == (256, 2, 2) and len(served.passes) == 2
+    assert served.input_shape == (256, 2, 2) and [p.count for p in served.passes] == [2]
     assert not torch.equal(served.tensors["md8.weight"], state["md8.weight"])
 
 
@@ -318,6 +319,7 @@ def test_dtfl_needs_profiles_a_split_model_and_the_simulator():
     with pytest.raises(ValueError, match="add a system: section"):
         DTFL.build(FAMILY, {}, clients_per_round=1, train=TRAIN)
     strategy, _ = _build()
-    with pytest.raises(SimulatorOnlyError, match="simulator-only"):
-        refuse_server_program(strategy, "dtfl")
+    with pytest.raises(SimulatorOnlyError, match="runs in the simulator only"):
+        refuse_simulator_only("dtfl", DTFL.simulator_only)
+    assert strategy.needs_server_program
     assert math.isfinite(SYSTEM.server_rate)

@@ -13,21 +13,27 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from golden.harness import BY_NAME, compare, run_scenario
 from hetfl.config import validate
-from hetfl.core.client import Program
+from hetfl.core.assign import one_spec
+from hetfl.core.client import Program, Programs
 from hetfl.core.types import ClientData, ClientOutput, ClientTask
 from hetfl.engine.outputs import read_metrics
+from hetfl.engine.rounds import RoundSettings
 from hetfl.runner import build_simulation
-from hetfl.sim import ProcessExecutor, SequentialExecutor, make_executor
+from hetfl.sim import ProcessExecutor, SequentialExecutor, Simulation, make_executor
+from strategies import fedavg
 
 #: Golden scenarios that must also hold under two worker processes: every kind of local
-#: training, a stats pass, kept state, private layers, failures and the simulated clock.
+#: training, a stats pass, kept state, private layers, failures, the simulated clock and
+#: split learning (a client and its server session in one worker).
 UNDER_PROCESSES = [
     "fedavg",
     "fednova-momentum",
@@ -38,6 +44,9 @@ UNDER_PROCESSES = [
     "fedavg-deadline",
     "fedbn",
     "fedper-local-eval-all",
+    "split-server-program",
+    "splitfed",
+    "dtfl",
 ]
 
 
@@ -188,6 +197,76 @@ def test_resume_under_another_number_of_workers_equals_an_uninterrupted_run(pool
     for k, v in whole.state.items():
         assert torch.equal(v, rest.state[k])
     assert _trace(tmp_path / "whole") == _trace(tmp_path / "part")
+
+
+# -- split learning in the workers -------------------------------------------------------------
+class RecordsPid:
+    """A client-program wrapper: the client keeps the id of the process it trained in."""
+
+    def __call__(self, program: Program) -> Program:
+        return _PidClient(program)
+
+
+class _PidClient(_Killing):
+    def __init__(self, program: Program) -> None:
+        self.program = program
+
+    def fit(self, *args, **kwargs) -> ClientOutput:
+        out = self.program.fit(*args, **kwargs)
+        return replace(out, private={**out.private, "pid": torch.tensor(os.getpid())})
+
+
+@dataclass(frozen=True)
+class _PidSide:
+    """A server side whose sessions keep the id of the process they ran in."""
+
+    inner: Any
+
+    def program(self, round, state, tasks):
+        return _PidProgram(self.inner.program(round, state, tasks))
+
+    def index_map(self, served):
+        return self.inner.index_map(served)
+
+
+@dataclass(frozen=True)
+class _PidProgram:
+    inner: Any
+    parallel: bool = False
+
+    def open(self, task, private):
+        return _PidSession(self.inner.open(task, private))
+
+
+@dataclass(frozen=True)
+class _PidSession:
+    inner: Any
+
+    def batch(self, z, y):
+        return self.inner.batch(z, y)
+
+    def close(self):
+        served = self.inner.close()
+        return replace(served, private={**served.private, "pid": torch.tensor(os.getpid())})
+
+
+def test_a_client_and_its_server_session_train_in_the_same_worker(pool, tmp_path):
+    from test_server_program import CLIENT, TRAIN, _client_side, _clients, _SplitFamily, _SplitSide
+
+    family = _SplitFamily()
+    side = _PidSide(_SplitSide(family, parallel=False))
+    split = fedavg(
+        family, clients_per_round=3, train=TRAIN, assignment=one_spec(CLIENT), server_side=side
+    )
+    clients, test = _clients()
+    programs = Programs(family, _client_side(), seed=0, wrappers=(RecordsPid(),))
+    settings = RoundSettings(rounds=1, seed=0)
+    sim = Simulation(split, programs, clients, test, settings, tmp_path, executor=pool)
+    sim.run()
+    workers = {w.process.pid for w in pool._pool}
+    for cid in range(3):
+        pid = int(sim.store.get(cid)["pid"])
+        assert pid in workers and int(sim.server_store.get(cid)["pid"]) == pid
 
 
 def _trace(run_dir: Path) -> list[dict]:

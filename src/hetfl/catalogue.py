@@ -41,6 +41,10 @@ ALGORITHMS: dict[str, str] = {
         "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
         "private BN and heads"
     ),
+    "splitfed": (
+        "SplitFed SFLV1 (Thapa et al. 2022): one cut, a server copy per client, "
+        "gradients sent back every batch"
+    ),
 }
 
 MODELS: tuple[str, ...] = ("char-lstm", "lenet5", "linear", "mlp", "small-cnn", "vgg11")

@@ -25,6 +25,7 @@ import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig, load_raw, validate
 from hetfl.core.model_cache import ModelCache
@@ -101,6 +102,7 @@ def deployment(cfg: RunConfig) -> Deployment:
         registration_timeout_s=cfg.deploy.registration_timeout_s,
         round_timeout_s=cfg.deploy.round_timeout_s,
         device_profiles=bool(cfg.system.preset or cfg.system.profiles),
+        simulator_only=ALGORITHMS.get(cfg.algorithm).simulator_only,
     )
 
 

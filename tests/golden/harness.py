@@ -251,6 +251,23 @@ SCENARIOS: tuple[Scenario, ...] = (
         "ScalableFL, two groups of input size and classes",
         configured("scalablefl", {**GROUPS, "options.scalablefl": {"base_size": 2}}),
     ),
+    Scenario(
+        "splitfed",
+        "SplitFed SFLV1, resnet-cifar of 1 block per group cut after md2, AMSGrad on both "
+        "sides (DTFL's settings), 2 rounds of 3 clients under the dtfl device profiles",
+        configured(
+            "splitfed",
+            {
+                "model": {"name": "resnet-cifar", "blocks": 1},
+                "train.optimizer": "amsgrad",
+                "train.lr": 1e-3,
+                "train.weight_decay": 5e-4,
+                "train.rounds": 2,
+                "train.clients_per_round": 3,
+                "system": {"preset": "dtfl"},
+            },
+        ),
+    ),
     # extra scenarios
     Scenario(
         "fednova-momentum",

@@ -11,6 +11,7 @@ from hetfl.algorithms import flanc as _flanc  # noqa: F401
 from hetfl.algorithms import heterofl as _heterofl  # noqa: F401
 from hetfl.algorithms import local_only as _local_only  # noqa: F401
 from hetfl.algorithms import scalablefl as _scalablefl  # noqa: F401
+from hetfl.algorithms import splitfed as _splitfed  # noqa: F401
 from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
 
 __all__ = ["ALGORITHMS", "Algorithm", "Options"]

@@ -92,6 +92,11 @@ class Algorithm:
     normalisation private, `composed` for FLANC's composed layers, `split` for split
     learning (a model cut into modules, `hetfl.models.resnet_cifar`), `any` otherwise.
 
+    `simulator_only`, when set, says why the method runs in the simulator only (split
+    learning's per-batch exchange with the server; FedGKT's later): `hetfl serve` and the
+    Flower server refuse it before anything starts, with this reason
+    (`refuse_simulator_only`).
+
     `needs_costs` marks a method that plans from the cost model (DTFL's tier scheduler): its
     `make` also takes `costs`, a `hetfl.core.split_costs.SplitPricing` the face builds from
     the run's device profiles, and a run without profiles cannot build it.
@@ -102,6 +107,7 @@ class Algorithm:
     options: type[Options]
     make: Callable[..., tuple[Strategy, LocalRecipe]]
     needs: ModelKind = "any"
+    simulator_only: str | None = None
     needs_costs: bool = False
 
     def build(
@@ -130,6 +136,29 @@ class Algorithm:
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
 
+
+class SimulatorOnlyError(ValueError):
+    """A method that only the simulator can run (`Algorithm.simulator_only`)."""
+
+
+#: Why a strategy with a server program, built outside the registry, cannot run elsewhere.
+NEEDS_SERVER_PROGRAM = (
+    "it needs a server program (split learning): a per-batch exchange with the server"
+)
+
+
+def refuse_simulator_only(algorithm: str, why: str | None) -> None:
+    """Refuse a method whose `why` (its `Algorithm.simulator_only`) is set, before an
+    engine other than the simulator starts anything: `hetfl serve` after validating the
+    config, the Flower server when it is built."""
+    if why is not None:
+        raise SimulatorOnlyError(
+            f"algorithm {algorithm!r} runs in the simulator only: {why}. Run it with "
+            "`hetfl run CONFIG` (the in-process simulator; device profiles give its "
+            "simulated time); `hetfl serve` and the Flower adapter cannot run it yet"
+        )
+
+
 Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, LocalRecipe]])
 
 
@@ -138,13 +167,14 @@ def register_algorithm(
     options: type[Options],
     *,
     needs: ModelKind = "any",
+    simulator_only: str | None = None,
     needs_costs: bool = False,
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
     """Registers the decorated `make` in `ALGORITHMS` as `name`, with its summary from
     `summaries` (the catalogue), and returns it unchanged, so decorators stack: one per
-    name that `make` builds. A taken name raises ValueError; a name without a summary,
-    KeyError."""
+    name that `make` builds. `needs`, `simulator_only` and `needs_costs` are `Algorithm`'s.
+    A taken name raises ValueError; a name without a summary, KeyError."""
     if name not in summaries:
         raise KeyError(
             f"algorithm {name!r} has no summary in hetfl.catalogue.ALGORITHMS; add its "
@@ -153,7 +183,8 @@ def register_algorithm(
     summary = summaries[name]
 
     def register(make: Make) -> Make:
-        ALGORITHMS.register(name, Algorithm(name, summary, options, make, needs, needs_costs))
+        algorithm = Algorithm(name, summary, options, make, needs, simulator_only, needs_costs)
+        ALGORITHMS.register(name, algorithm)
         return make
 
     return register

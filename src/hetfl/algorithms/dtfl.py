@@ -3,20 +3,19 @@ Approach" (§3, Algorithm 1, Eq. (5), App. A.3, A.5, A.7), with the authors' cod
 (mahmoudsajjadi/DTFL: `main.py`, `utils/TierScheduler.py`, `utils/fedavg.py`) where the
 text is silent.
 
-Reproduced: the model is cut into modules md1..md8 (`resnet-cifar`); a client in tier m
-trains md1..md_m and tier m's auxiliary head on the head's cross-entropy (local-loss
-training, `hetfl.core.local.split.LocalLoss`), sending each batch's activations and labels
-to the server without waiting; the server trains a copy of md_{m+1}..md8 per client on them,
-reset from the global model each round (`hetfl.core.server_copies`). Both sides use the
-task's optimiser and lr (App. A.3: Adam, "the same hyperparameters for the client and
-server sides"; the shipped configs set the code's AMSGrad, weight decay 5e-4, lr 1e-3),
-fresh each round. Aggregation joins each client's part and its server copy into a full
-model and averages every md tensor over all of the round's clients by n_k whatever their
-tier, BatchNorm statistics included, and each tier's head uniformly over that tier's
-clients (`aux<m>.*` are tier m's own global tensors; a tier without clients keeps its head).
-The evaluated model is the aggregated md1..md8, without heads, also for `local_acc`. The
-tier scheduler (`hetfl.algorithms.tier_scheduler`) assigns tiers each round from the
-clients' simulated times and per-tier profiles of HetFL's cost model (`costs`).
+Reproduced: a client in tier m trains modules md1..md_m of `resnet-cifar` and tier m's
+auxiliary head on the head's cross-entropy (`hetfl.core.local.split.LocalLoss`), sending
+each batch's activations and labels to the server without waiting; the server trains a
+copy of md_{m+1}..md8 per client on them, reset from the global model each round
+(`hetfl.core.server_copies`). Both sides use the task's optimiser and lr, fresh each round
+(App. A.3: "the same hyperparameters for the client and server sides"; the configs set
+the code's AMSGrad, lr 1e-3, weight decay 5e-4). Every md tensor (BatchNorm statistics
+included) is averaged over the round's clients by n_k whatever their tier, each client
+contributing its part and its server copy; each head `aux<m>.*` uniformly over its tier's
+clients, kept by a tier without clients. The aggregated md1..md8 without heads is
+evaluated, also for `local_acc`. The tier scheduler (`hetfl.algorithms.tier_scheduler`)
+assigns tiers from the clients' simulated times and per-tier profiles of HetFL's cost
+model (`costs`). Simulator-only.
 
 Choices where the paper is silent or inconsistent: weights are n_k over the round's
 participants (Alg. 1 line 12 prints 1/K, App. A.7 1/N; the code's n_k are computed after
@@ -33,6 +32,7 @@ plateau (App. A.3) is `train.lr_plateau`, any method's; docs/methods.md has the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -42,9 +42,8 @@ from hetfl.algorithms.tier_scheduler import Observed, TierScheduler
 from hetfl.core.assign import UniformSampling
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.split import LocalLoss
-from hetfl.core.server_copies import FreshOptimiser, ServerCopies
+from hetfl.core.server_copies import CopiesSide, FreshOptimiser
 from hetfl.core.server_update import Averaged
-from hetfl.core.spec import Spec
 from hetfl.core.split_costs import SplitPricing
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
@@ -96,7 +95,14 @@ def _tier_field(info: ClientInfo, task: ClientTask | None) -> Mapping[str, Any]:
     return {} if task is None else {"tier": task.spec["tier"]}
 
 
-@register_algorithm("dtfl", DTFLOptions, needs="split", needs_costs=True)
+@register_algorithm(
+    "dtfl",
+    DTFLOptions,
+    needs="split",
+    needs_costs=True,
+    simulator_only="its server trains on each batch's activations (split learning), which "
+    "the Flower adapter does not carry yet",
+)
 def _make(
     family: ModelFamily,
     opts: DTFLOptions,
@@ -107,13 +113,11 @@ def _make(
 ) -> tuple[Strategy, LocalRecipe]:
     split = split_family(family)
 
-    def client(tier: int) -> Spec:  # md1..md_tier and the tier's head
-        return split.side_spec("client", tier, aux=True)
-
-    def server(tier: int) -> Spec:  # md_(tier+1)..md8
-        return split.side_spec("server", tier)
-
-    profiles = {m: costs.cut_cost(client(m), server(m), train.batch_size) for m in opts.tiers}
+    client = partial(split.side_spec, "client", aux=True)  # tier m: md1..md_m and its head
+    profiles = {
+        m: costs.cut_cost(client(m), split.server_spec(client(m)), train.batch_size)
+        for m in opts.tiers
+    }
     whole = split.side_spec("whole")
     main = [e.global_name for e in split.index_map(whole)]
     heads = [d.name for d in split.declared_tensors([client(m) for m in opts.tiers])]
@@ -138,9 +142,10 @@ def _make(
         ),
         weighting=weights,
         server_update=Averaged(),
-        server_side=ServerCopies(
+        server_side=CopiesSide(
             family,
-            lambda spec: server(spec["tier"]),
+            split.server_spec,
+            answers=False,
             parallel=True,
             fresh_optimiser=opts.server_optimiser,
         ),

@@ -81,3 +81,20 @@ class OwnModel:
         imap = layout.shared_map(spec)
         task = EvalTask(cid=info.cid, spec=spec, payload=extract(state, imap), index_map=imap)
         return task if self.group is None else replace(task, group=self.group(info))
+
+
+class GlobalOnClient:
+    """The global model (the global spec with the shared tensors) on the client's local
+    split: split learning, where a client's model is its side joined to a server side, so
+    its own spec alone classifies nothing (SplitFed, DTFL)."""
+
+    def eval_task(
+        self,
+        layout: Layout,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        spec = layout.global_spec
+        imap = layout.shared_map(spec)
+        return EvalTask(cid=info.cid, spec=spec, payload=extract(state, imap), index_map=imap)

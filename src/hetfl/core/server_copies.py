@@ -1,154 +1,166 @@
-"""A server side that trains one copy per client of the model's server part, on the
-activations that client sends (split learning, `hetfl.core.server_program`).
+"""Per-client server copies: the server side of split learning as SplitFed and DTFL run it.
 
-DTFL ("Speed up Federated Learning in Heterogeneous Environment: A Dynamic Tiering
-Approach", Algorithm 1 lines 4-8, §3.2) keeps one server-side model per client, starts it
-from the global model each round, and trains it with cross-entropy on the client's
-activations and labels, in parallel with the client and without answering (the client
-learns from its own head). SplitFed (Thapa et al., AAAI 2022) trains the same copies but
-answers every batch with the activations' gradient and the client waits: `answer=True`.
+Both keep on the server one copy of the server-side model per client, started each round
+from the global state and trained on the activations that client sends every batch, with
+cross-entropy against its labels: SplitFed's main server (Thapa et al., "SplitFed: When
+Federated Learning Meets Split Learning", AAAI 2022, §3, Algorithm 1, SFLV1) and DTFL's
+server ("Speed up Federated Learning in Heterogeneous Environment: A Dynamic Tiering
+Approach", §3.2, Algorithm 1 lines 5-8). They differ in what the server answers: SplitFed
+returns the activations' gradient, for which its client waits; DTFL returns nothing, and
+its client trains on its own auxiliary loss.
 
-The copy of a client whose task has spec s is the family's model of `server_spec(s)`,
-loaded from the round's global state through that spec's index map, and its trained
-tensors (parameters and BatchNorm buffers) go back into aggregation through the same map,
-with its client's weight. The optimiser is the task's own settings (optimiser, lr of the
-round, weight decay: the same on both sides, DTFL App. A.3), run by the client's functional
-optimisers (`hetfl.core.local.optim`); its state starts afresh each round, or, with
-`fresh_optimiser="batch"`, before every batch, as the authors' code re-creates the server's
-optimiser per batch (`main.py`, `train_server`). Each batch records one training pass of
-the server spec over the activation's shape, which the engine prices for the clock.
+`CopiesSide` is the strategy's server side (`hetfl.core.strategy.ServerSide`):
+
+- `program(round, state, tasks)`: `ServerCopies` on the round's global state;
+- `ServerCopies.open(task, private)`: the copy of `server_spec(task.spec)` (a function of
+  the client's spec: the same tier's server side), built from the state through the
+  family's map of that spec, whose entries must be whole tensors; its optimiser is the
+  task's own local settings (`LocalTraining`: the optimiser, this round's lr, betas,
+  weight decay, and `clip_grad_norm` on the server side's gradient alone), fresh each
+  round, or with `keep_momentum` kept per client in `ServerResult.private`, as the client
+  keeps its own; with `fresh_optimiser="batch"` it starts afresh before every batch, as
+  DTFL's code re-creates its server's optimiser (mahmoudsajjadi/DTFL `main.py`,
+  `train_server`);
+- `CopySession.batch(z, y)`: the copy's forward, the batch's mean cross-entropy, the
+  backward and the optimiser's step; the answer is ∂loss/∂z (`answers`) or None;
+- `CopySession.close()`: the copy's tensors under their global names (so `index_map` is
+  the identity over them), its passes (`train+input` when it answers, else `train`), the
+  shape of one activation, and its mean training loss in `metrics` under `"loss"` when
+  the loss is the client's (`client_loss`: SplitFed's client has no head, so the engine
+  reports the server's loss as its training loss) or under `"server_loss"` otherwise.
+
+The copy is trained through `torch.func.functional_call` on plain dicts, with the same
+functional optimiser as a client (`hetfl.core.local.optim`), so that a client side and its
+server copy stepped apart equal the joined model stepped whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from hetfl.core.init import build_model
+from hetfl.core.local.loop import model_call
 from hetfl.core.local.optim import optimiser_for, param_groups
-from hetfl.core.server_program import ServerSession
-from hetfl.core.spec import IndexMap, Spec
-from hetfl.core.state import State, extract
-from hetfl.core.types import ClientTask, ModelFamily, PassRecord, ServerResult
+from hetfl.core.local.terms import clip_grads
+from hetfl.core.spec import IndexMap, Spec, full_map
+from hetfl.core.state import extract
+from hetfl.core.types import ClientTask, ModelFamily, PassRecord, ServerResult, State
 
-#: When a copy's optimiser state starts afresh: each round (HetFL's default) or each batch.
+#: When a copy's optimiser state starts afresh: each round, or before each batch.
 FreshOptimiser = Literal["round", "batch"]
 
 
+@dataclass(frozen=True)
+class CopiesSide:
+    """The server side of a strategy whose server trains a copy per client (see the module
+    docstring). `server_spec` must pickle (a module-level function or a family's bound
+    method): the process executor sends the round's program to its workers."""
+
+    family: ModelFamily
+    server_spec: Callable[[Spec], Spec]
+    answers: bool
+    parallel: bool
+    client_loss: bool = False
+    fresh_optimiser: FreshOptimiser = "round"
+
+    def __post_init__(self) -> None:
+        if self.fresh_optimiser not in ("round", "batch"):
+            raise ValueError(
+                f"fresh_optimiser must be 'round' or 'batch', got {self.fresh_optimiser!r}"
+            )
+
+    def program(
+        self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
+    ) -> ServerCopies:
+        return ServerCopies(self, dict(state))
+
+    def index_map(self, served: ServerResult) -> IndexMap:
+        return full_map(served.tensors)
+
+
+@dataclass(frozen=True)
+class ServerCopies:
+    """One round's server program: a `CopySession` per client, from the round's state."""
+
+    side: CopiesSide
+    state: State
+
+    @property
+    def parallel(self) -> bool:
+        return self.side.parallel
+
+    def open(self, task: ClientTask, private: State) -> CopySession:
+        spec = self.side.server_spec(task.spec)
+        imap = self.side.family.index_map(spec)
+        partial = [e.local for e in imap if e.index != () or e.mask is not None]
+        if partial:
+            raise ValueError(
+                f"server copies are built from whole global tensors, but the map of {spec} "
+                f"slices or masks {partial[:3]}"
+            )
+        return CopySession(self.side, task, spec, imap, extract(self.state, imap), private)
+
+
 class CopySession:
-    """One client's server copy for one round (a `ServerSession`)."""
+    """One client's server copy for one round."""
 
     def __init__(
         self,
-        family: ModelFamily,
+        side: CopiesSide,
         task: ClientTask,
         spec: Spec,
-        payload: State,
-        *,
-        answer: bool,
-        fresh_optimiser: FreshOptimiser,
+        imap: IndexMap,
+        tensors: State,
+        private: State,
     ) -> None:
-        self.cid, self.spec, self.answer = task.cid, spec, answer
-        self.fresh_optimiser = fresh_optimiser
-        device = next(iter(payload.values())).device  # the global state's
-        self.model = build_model(family, spec).to(device)
-        self.model.load_state_dict(payload, strict=True)
-        self.model.train()
-        self.params = dict(self.model.named_parameters())
-        self.optimiser = optimiser_for(task.config)
-        self.groups = param_groups(self.model, list(self.params), task.config)
-        self.state: dict[str, torch.Tensor] = {}
-        self.passes: list[PassRecord] = []
+        self.side, self.cid, self.spec, self.imap = side, task.cid, spec, imap
+        self.settings = task.config
+        self.template = build_model(side.family, spec)
+        self.template.train()
+        names = {k for k, _ in self.template.named_parameters()}
+        self.params = {k: v.clone().requires_grad_(True) for k, v in tensors.items() if k in names}
+        self.buffers = {k: v.clone() for k, v in tensors.items() if k not in names}
+        self.model = model_call(self.template, self.params, self.buffers)
+        self.optimiser = optimiser_for(self.settings)
+        self.groups = param_groups(self.template, list(self.params), self.settings)
+        keep = self.settings.keep_momentum
+        self.opt_state = self.optimiser.restore(private, self.params) if keep else {}
+        self.batches: dict[int, int] = {}  # batch size -> batches of that size
+        self.loss_sum, self.seen = 0.0, 0
         self.input_shape: tuple[int, ...] = ()
 
     def batch(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """One step of the copy on (z (B, ...), y (B,)); the gradient of its loss with
-        respect to z when it answers, else None."""
-        z.requires_grad_(self.answer)
+        z.requires_grad_(self.side.answers)
         loss = F.cross_entropy(self.model(z), y)
         for p in self.params.values():
             p.grad = None
         loss.backward()
-        if self.fresh_optimiser == "batch":
-            self.state = {}
         grads = {k: p.grad for k, p in self.params.items() if p.grad is not None}
+        if self.settings.clip_grad_norm is not None:
+            clip_grads(grads, self.settings.clip_grad_norm)
+        if self.side.fresh_optimiser == "batch":
+            self.opt_state = {}
         with torch.no_grad():
-            self.optimiser.step(self.groups, self.params, grads, self.state)
-        kind = "train+input" if self.answer else "train"
-        self.passes.append(PassRecord(self.spec, kind, int(y.shape[0]), 1))
+            self.optimiser.step(self.groups, self.params, grads, self.opt_state)
+        b = int(y.shape[0])
+        self.batches[b] = self.batches.get(b, 0) + 1
+        self.loss_sum += float(loss.detach()) * b
+        self.seen += b
         self.input_shape = tuple(z.shape[1:])
-        return z.grad if self.answer else None
+        return z.grad if self.side.answers else None
 
     def close(self) -> ServerResult:
-        tensors = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return ServerResult(self.cid, tensors, self.passes, self.input_shape)
-
-
-class CopyProgram:
-    """The round's server program: a fresh copy per client from the round's global state."""
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        state: Mapping[str, torch.Tensor],
-        specs: Mapping[int, Spec],
-        *,
-        parallel: bool,
-        fresh_optimiser: FreshOptimiser,
-    ) -> None:
-        self.family, self.state, self.specs = family, state, specs
-        self.parallel, self.fresh_optimiser = parallel, fresh_optimiser
-
-    def open(self, task: ClientTask, private: State) -> ServerSession:
-        spec = self.specs[task.cid]
-        payload = extract(self.state, self.family.index_map(spec))
-        return CopySession(
-            self.family,
-            task,
-            spec,
-            payload,
-            answer=not self.parallel,
-            fresh_optimiser=self.fresh_optimiser,
-        )
-
-
-class ServerCopies:
-    """The server side of a split strategy (`hetfl.core.strategy.ServerSide`): per round a
-    `CopyProgram` over the tasks' server specs (`server_spec(task.spec)`), and each
-    session's tensors placed through its spec's index map. `parallel` is DTFL's (the
-    sides overlap, Eq. 5; no answer), not SplitFed's (the client waits for the gradient).
-
-    The round's server specs, by client, are kept from `program` to `index_map` within the
-    round (a checkpoint falls between rounds, never inside one)."""
-
-    def __init__(
-        self,
-        family: ModelFamily,
-        server_spec: Callable[[Spec], Spec],
-        *,
-        parallel: bool,
-        fresh_optimiser: FreshOptimiser = "round",
-    ) -> None:
-        if fresh_optimiser not in ("round", "batch"):
-            raise ValueError(f"fresh_optimiser must be 'round' or 'batch', got {fresh_optimiser!r}")
-        self.family, self.server_spec = family, server_spec
-        self.parallel, self.fresh_optimiser = parallel, fresh_optimiser
-        self.specs: dict[int, Spec] = {}
-
-    def program(
-        self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
-    ) -> CopyProgram:
-        self.specs = {t.cid: self.server_spec(t.spec) for t in tasks}
-        return CopyProgram(
-            self.family,
-            state,
-            self.specs,
-            parallel=self.parallel,
-            fresh_optimiser=self.fresh_optimiser,
-        )
-
-    def index_map(self, served: ServerResult) -> IndexMap:
-        return self.family.index_map(self.specs[served.cid])
+        local = {**self.params, **self.buffers}
+        tensors = {e.global_name: local[e.local].detach().clone() for e in self.imap}
+        kind = "train+input" if self.side.answers else "train"
+        passes = [PassRecord(self.spec, kind, b, n) for b, n in self.batches.items()]
+        keep = self.settings.keep_momentum
+        kept = {k: v.detach().clone() for k, v in self.opt_state.items()} if keep else {}
+        loss = "loss" if self.side.client_loss else "server_loss"
+        metrics = {loss: self.loss_sum / max(self.seen, 1)}
+        return ServerResult(self.cid, tensors, passes, self.input_shape, kept, metrics)

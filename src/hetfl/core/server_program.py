@@ -55,7 +55,8 @@ class ServerProgram(Protocol):
     `parallel` is True when the server side runs alongside the client's computation (DTFL,
     Eq. 5), False when the client waits for every answer (SplitFed)."""
 
-    parallel: bool
+    @property
+    def parallel(self) -> bool: ...
 
     def open(self, task: ClientTask, private: State) -> ServerSession:
         """A session for `task`'s client; `private` is what the server kept for it (empty

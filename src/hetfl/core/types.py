@@ -148,7 +148,10 @@ class ServerResult:
     expects); `passes` the server's training passes, priced like a client's, over inputs of
     `input_shape` (one activation, without the batch dimension); `private` what the server
     keeps for this client until its next round (optimiser state of a persistent copy).
-    Results of clients that failed are dropped by the engine, like their client results.
+    `metrics` are scalars by name; `metrics["loss"]`, when given, is the client's training
+    loss, which the engine reports in place of the client's own (SplitFed: the loss is
+    computed on the server, the client has no head). Results of clients that failed are
+    dropped by the engine, like their client results.
     """
 
     cid: int

@@ -29,8 +29,9 @@ What differs from the simulator, and why:
   simulator's. The bytes of this exchange are not counted, as evaluation traffic is not
   in the simulator. HeteroFL's local evaluation sends each client the full-rate model
   with these statistics already applied; the node only applies its label mask.
-- Methods with a server program (split learning) need a per-batch exchange this adapter
-  does not have: they are refused up front.
+- Methods that declare themselves simulator-only (`Algorithm.simulator_only`: split
+  learning's per-batch exchange, which this adapter does not have) are refused up front,
+  as is any strategy with a server program.
 - The per-client trace (`clients.jsonl`) has the simulator's rows, with `sim` null: rounds
   take real time here, and no simulated clock runs.
 """
@@ -46,9 +47,9 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from torch import nn
 
+from hetfl.algorithms.base import NEEDS_SERVER_PROGRAM, refuse_simulator_only
 from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
 from hetfl.core.state import state_bytes
-from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientInfo,
     ClientResult,
@@ -75,20 +76,6 @@ from hetfl.engine.steps import (
 )
 
 
-class SimulatorOnlyError(ValueError):
-    """A method this engine cannot run yet."""
-
-
-def refuse_server_program(strategy: Strategy, algorithm: str) -> None:
-    """Split learning exchanges with the server every batch; this adapter has no such
-    channel yet, so such methods are refused before anything starts."""
-    if strategy.needs_server_program:
-        raise SimulatorOnlyError(
-            f"algorithm {algorithm!r} needs a server program (split learning), which the "
-            "Flower adapter does not run yet: it is simulator-only for now (use `hetfl run`)"
-        )
-
-
 @dataclass(frozen=True)
 class Deployment:
     """What the Flower server needs besides a run's `Parts` (the face builds it from the
@@ -103,6 +90,7 @@ class Deployment:
     registration_timeout_s: float
     round_timeout_s: float
     device_profiles: bool = False
+    simulator_only: str | None = None
 
 
 class FlowerServer(RoundLoop):
@@ -121,8 +109,13 @@ class FlowerServer(RoundLoop):
         """`parts` are built exactly as for the simulator; their clients' data is used here
         only for the pooled validation samples that a global model is scored on (as in the
         simulator). `poll_s` is how often replies are pulled from the SuperLink while
-        waiting. `sinks` receive the metrics rows too (experiment tracking)."""
-        refuse_server_program(parts.strategy, deployment.algorithm)
+        waiting. `sinks` receive the metrics rows too (experiment tracking). A method that
+        declares itself simulator-only (`deployment.simulator_only`, from its registry
+        entry), or a strategy with a server program, is refused before anything starts."""
+        why = deployment.simulator_only
+        if why is None and parts.strategy.needs_server_program:
+            why = NEEDS_SERVER_PROGRAM
+        refuse_simulator_only(deployment.algorithm, why)
         super().__init__(
             parts.strategy,
             parts.programs,

@@ -176,17 +176,20 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
 
     A sweep cannot be served (a federation runs one configuration). Everything that can be
     checked without the network is checked before any process starts: the config, that
-    the method needs no server program, that the strategy sets up, that the dataset
-    loads (the server tests on it).
+    the method is not simulator-only (`Algorithm.simulator_only`, checked first, before
+    even Flower's presence), that the strategy sets up, that the dataset loads (the
+    server tests on it).
     """
+    from hetfl.algorithms import ALGORITHMS
+    from hetfl.algorithms.base import refuse_simulator_only
     from hetfl.assembly import build_parts
-    from hetfl.deploy.server import refuse_server_program
     from hetfl.engine.rounds import setup_strategy
 
-    require_flower()
     if raw.get("sweep"):
         raise ConfigError("a sweep cannot be served: serve one point (sweep=null key=value ...)")
     cfg = validate(next(iter(expand_sweep(raw)))[1])
+    refuse_simulator_only(cfg.algorithm, ALGORITHMS.get(cfg.algorithm).simulator_only)
+    require_flower()
     run_dir = Path(cfg.output_dir) / cfg.name
     saved = run_dir / "config.yaml"
     if args.resume:
@@ -210,7 +213,6 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     )
     security.check(server=True)
     parts = build_parts(cfg, show_progress=False)
-    refuse_server_program(parts.strategy, cfg.algorithm)
     # With the server's own view of the clients; the run registers the real ones.
     setup_strategy(parts.strategy, [c.info() for c in parts.clients], parts.settings)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,8 @@ same eight modules for a small machine. Any input channel count and size is acce
   `aux: False` none (SplitFed's client: its output is the activation it sends);
 - `side: "server"`, `tier: m`: md_{m+1}..md8, taking md_m's output.
 
-`family.side_spec(side, tier, aux=...)` builds one from the family's base. A tier outside
+`family.side_spec(side, tier, aux=...)` builds one from the family's base, and
+`family.server_spec(client_spec)` the server side of a client spec's tier. A tier outside
 1..7 (a cut before md1, or after md8, beyond the model) and `aux` off the client side are
 `SpecError`s naming the field, the allowed values and the value given.
 
@@ -180,7 +181,7 @@ def _module_range(spec: Spec) -> tuple[int, int]:
 class CifarResNetFamily:
     """The family of a `SPLIT` model's sides (see the module docstring): `build(spec)`,
     `index_map(spec)`, `global_spec(specs)` (the whole model), `modules(spec)`,
-    `declared_tensors(specs)` (the auxiliary heads) and `side_spec(...)`."""
+    `declared_tensors(specs)` (the auxiliary heads), `side_spec(...)` and `server_spec`."""
 
     def __init__(self, base: Mapping[str, Any]) -> None:
         self.base = normalise({**base, "side": "whole", "tier": None, "aux": False})
@@ -188,6 +189,10 @@ class CifarResNetFamily:
     def side_spec(self, side: Side, tier: int | None = None, *, aux: bool = False) -> Spec:
         """The base spec's `side` at `tier` (None for the whole model)."""
         return self.checked(self.base.replace(side=side, tier=tier, aux=aux))
+
+    def server_spec(self, client: Spec) -> Spec:
+        """The server side of a client spec's tier (what its server copy trains)."""
+        return self.side_spec("server", self.checked(client)["tier"])
 
     def checked(self, spec: Mapping[str, Any]) -> Spec:
         """`spec` completed and checked, and of this family's model."""

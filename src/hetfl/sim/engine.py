@@ -210,6 +210,8 @@ class Simulation(RoundLoop):
         if isinstance(ran.output, Problem):
             return ran.output
         out, served = ran.output, ran.served
+        if served is not None and "loss" in served.metrics:  # the loss lives on the server
+            out = replace(out, result=replace(out.result, loss=served.metrics["loss"]))
         problem = charge_result(outcome, self.macs, task, out.result, self._input_shape(task.cid))
         if served is not None:
             problem = problem or server_result_problem(served, task.cid)

@@ -10,9 +10,10 @@ only computes: it never touches counters, the clock or a store, and what it rece
 plain and picklable, so that an executor in other processes runs the same units.
 
 - `SequentialExecutor` runs every unit in this process, in order (the library's default).
-  It also runs split learning: a server program's sessions are opened, fed per batch
-  through a `Channel` and closed in job order, interleaved with the clients' training.
-- `ProcessExecutor` (`hetfl.sim.processes`) runs units in worker processes, on the CPU.
+  In split learning each client's unit (`train_with_server`) opens its session of the
+  round's server program, feeds it per batch through a `Channel` and closes it.
+- `ProcessExecutor` (`hetfl.sim.processes`) runs units in worker processes, on the CPU,
+  split learning's included: a client and its server session run in the same worker.
 - `VectorisedExecutor` (`hetfl.sim.vectorised`) trains same-spec clients together with
   `torch.func.vmap`, for a GPU; it alone agrees with the others to about 1e-5 only.
 
@@ -29,9 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from hetfl.core.client import Programs
-from hetfl.core.server_program import Channel, ServerProgram
-from hetfl.core.types import ClientData, Problem
-from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, fit_client, train_client
+from hetfl.core.server_program import ServerProgram
+from hetfl.core.types import ClientData
+from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, train_client, train_with_server
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -93,10 +94,10 @@ class SequentialExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
+        ctx = self._context(programs)
         if server is None:
-            ctx = self._context(programs)
             return [train_client(ctx, (job, clients[job.task.cid])) for job in jobs]
-        return [_train_with_server(programs, job, clients[job.task.cid], server) for job in jobs]
+        return [train_with_server(ctx, (job, clients[job.task.cid], server)) for job in jobs]
 
     def map(
         self,
@@ -118,15 +119,3 @@ class SequentialExecutor:
         if self._ctx is None or self._ctx.programs is not programs:
             self._ctx = WorkerContext(programs)
         return self._ctx
-
-
-def _train_with_server(
-    programs: Programs, job: ClientJob, data: ClientData, server: ServerProgram
-) -> TaskOutcome:
-    """One client's training against its own session of the round's server program; the
-    session is closed only when the client did not raise."""
-    session = server.open(job.task, job.server_private)
-    channel = Channel(session)
-    out, wall_s = fit_client(programs, job, data, channel)
-    served = None if isinstance(out, Problem) else session.close()
-    return TaskOutcome(job.task, out, wall_s, served, channel.counts())

@@ -26,8 +26,11 @@ with the signal in its reason), is replaced, and the other units go on. Ctrl-C r
 parent only (workers ignore it) and `close` stops every worker; a worker whose parent dies
 sees its pipe close and exits.
 
-Split learning (a round with a server program) runs in the parent, sequentially: its
-server sessions are fed per batch through an in-process channel.
+Split learning (a round with a server program) runs in the workers too: the round's
+server program travels with each client's unit (`train_with_server`), which opens that
+client's session in the worker and feeds it per batch through an in-process channel, so
+a client and its server side compute in the same process, whichever side the simulated
+clock says they ran on. Server programs must therefore pickle (`CopiesSide`'s do).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing
@@ -48,12 +51,9 @@ import torch.multiprocessing
 from hetfl.core.client import Programs
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData, Problem
-from hetfl.sim.tasks import ClientJob, TaskOutcome, train_client
+from hetfl.sim.tasks import ClientJob, TaskOutcome, train_client, train_with_server
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 from hetfl.sim.worker import serve
-
-if TYPE_CHECKING:
-    from hetfl.sim.executor import Executor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -84,9 +84,7 @@ class _Worker:
 class ProcessExecutor:
     """Runs units in `workers` worker processes of `threads` intra-op threads each.
 
-    `in_process` runs what cannot go to workers (split learning); it must be an executor
-    of the same `threads`. Use as a context manager, or call `close()`; the workers start
-    at the first unit."""
+    Use as a context manager, or call `close()`; the workers start at the first unit."""
 
     def __init__(
         self,
@@ -95,7 +93,6 @@ class ProcessExecutor:
         *,
         device: str = "cpu",
         deterministic: bool = True,
-        in_process: Executor | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -104,11 +101,8 @@ class ProcessExecutor:
                 f"the process executor runs on the CPU, got device {device!r}: use "
                 "executor 'sequential' (or 'vectorised') on an accelerator"
             )
-        from hetfl.sim.executor import SequentialExecutor
-
         self.workers, self.threads = workers, threads
         self.device, self.deterministic = device, deterministic
-        self.in_process: Executor = in_process or SequentialExecutor()
         self._context = mp.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()  # it imports PRELOAD while the caller goes on
@@ -134,15 +128,14 @@ class ProcessExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        if server is not None:
-            return self.in_process.run(programs, jobs, clients, server)
-        return self.map(
-            programs,
-            train_client,
-            [(job, clients[job.task.cid]) for job in jobs],
-            costs=[job.cost for job in jobs],
-            on_death=_died_while_training,
-        )
+        if server is None:
+            items: list[Any] = [(job, clients[job.task.cid]) for job in jobs]
+            unit: Callable[[Any, Any], TaskOutcome] = train_client
+        else:
+            items = [(job, clients[job.task.cid], server) for job in jobs]
+            unit = train_with_server
+        costs = [job.cost for job in jobs]
+        return self.map(programs, unit, items, costs=costs, on_death=_died_while_training)
 
     def map(
         self,
@@ -301,6 +294,7 @@ def _death(exitcode: int | None) -> str:
     return f"its worker process exited with code {exitcode}"
 
 
-def _died_while_training(item: tuple[ClientJob, ClientData], why: str) -> TaskOutcome:
-    job = item[0]
+def _died_while_training(item: tuple[Any, ...], why: str) -> TaskOutcome:
+    """A training unit's outcome when its worker died: the item is (job, data[, server])."""
+    job: ClientJob = item[0]
     return TaskOutcome(job.task, Problem("raised", f"client {job.task.cid} failed: {why}"))

@@ -6,6 +6,8 @@ cache of the process that runs it) and one plain, picklable item; data travels i
 item as tensors (views of the run's shared data block under the process executor).
 
 - `train_client`: one client's local training (`ClientProgram.fit`);
+- `train_with_server`: the same against its session of the round's server program (split
+  learning), client and server side in one process;
 - `score_batch`: one fixed batch of a global evaluation (`EVAL_BATCH` samples,
   `hetfl.core.client`): the
   engine adds the batches' losses in batch order, as `evaluate_model` does in one process;
@@ -27,7 +29,7 @@ from hetfl.core.client import Programs
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.scoring import score_batch_of
-from hetfl.core.server_program import Channel, ChannelCounts
+from hetfl.core.server_program import Channel, ChannelCounts, ServerProgram
 from hetfl.core.spec import Spec
 from hetfl.core.types import (
     ClientData,
@@ -114,6 +116,21 @@ def train_client(ctx: WorkerContext, item: tuple[ClientJob, ClientData]) -> Task
     """One client's training without a server program."""
     job, data = item
     return TaskOutcome(job.task, *fit_client(ctx.programs, job, data))
+
+
+def train_with_server(
+    ctx: WorkerContext, item: tuple[ClientJob, ClientData, ServerProgram]
+) -> TaskOutcome:
+    """One client's training against its own session of the round's server program, both
+    in the process that runs the unit (where each side ran in the simulated world is the
+    clock's business, not the process's); the session is closed only when the client did
+    not raise."""
+    job, data, server = item
+    session = server.open(job.task, job.server_private)
+    channel = Channel(session)
+    out, wall_s = fit_client(ctx.programs, job, data, channel)
+    served = None if isinstance(out, Problem) else session.close()
+    return TaskOutcome(job.task, out, wall_s, served, channel.counts())
 
 
 class BatchScore(NamedTuple):

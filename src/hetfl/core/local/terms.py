@@ -47,16 +47,22 @@ class ClipGradNorm:
 
     max_norm: float
 
-    @torch.no_grad()
     def __call__(
         self, grads: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor], ctx: TrainContext
     ) -> None:
-        tensors = list(grads.values())
-        if not tensors:
-            return
-        total = torch.nn.utils.get_total_norm(tensors)
-        coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(tensors, coef)
+        clip_grads(grads, self.max_norm)
+
+
+@torch.no_grad()
+def clip_grads(grads: Mapping[str, torch.Tensor], max_norm: float) -> None:
+    """Scale the gradients in place so that their joint L2 norm is at most `max_norm`
+    (`ClipGradNorm`; a split-learning server copy clips its own side with it)."""
+    tensors = list(grads.values())
+    if not tensors:
+        return
+    total = torch.nn.utils.get_total_norm(tensors)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(tensors, coef)
 
 
 def mask_logits(outputs: torch.Tensor, labels: tuple[int, ...] | None) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -101,6 +102,21 @@ def test_md_tensors_average_over_all_tiers_by_samples_and_heads_within_their_tie
     # heads: uniform within the tier, (100 + 200) / 2 and 300; tier 3 had nobody: kept
     assert torch.all(new["aux2.weight"] == 150.0) and torch.all(new["aux5.bias"] == 300.0)
     assert torch.equal(new["aux3.weight"], state["aux3.weight"])
+
+
+def test_tiers_are_priced_once_when_first_needed():
+    asked = []
+
+    class Counting(_FlatCosts):
+        def cut_cost(self, client, server, batch):
+            asked.append((client["tier"], server["tier"], batch))
+            return super().cut_cost(client, server, batch)
+
+    strategy, _ = _build(costs=Counting(), tiers=[2, 5])
+    assert asked == []  # building a run (to check its config) prices nothing
+    strategy.describe()
+    strategy.describe()
+    assert asked == [(2, 2, 16), (5, 5, 16)]
 
 
 # -- tier profiles ----------------------------------------------------------------------------
@@ -289,6 +305,17 @@ def test_the_server_copy_starts_from_the_global_model_and_its_optimiser_as_asked
     served = session.close()
     assert served.input_shape == (256, 2, 2) and [p.count for p in served.passes] == [2]
     assert not torch.equal(served.tensors["md8.weight"], state["md8.weight"])
+
+
+def test_the_recipe_and_the_server_program_travel_to_worker_processes():
+    """The process executor pickles the programs (the recipe) and each round's server
+    program; both must come back working."""
+    strategy, recipe = _build()
+    state = strategy.setup([], torch.Generator().manual_seed(0))
+    program = strategy.server_program(1, state, [])
+    again = pickle.loads(pickle.dumps((recipe, program)))
+    assert again[0].forward == recipe.forward and again[0].loss_terms[0].__func__ is LocalLoss.dcor
+    assert again[1].parallel and again[1].side.fresh_optimiser == "round"
 
 
 # -- bad settings -----------------------------------------------------------------------------

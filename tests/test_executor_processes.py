@@ -46,7 +46,6 @@ UNDER_PROCESSES = [
     "fedper-local-eval-all",
     "split-server-program",
     "splitfed",
-    "dtfl",
 ]
 
 

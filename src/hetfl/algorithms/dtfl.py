@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.tier_scheduler import Observed, TierScheduler
+from hetfl.algorithms.tier_scheduler import Observed, PricedCuts, TierScheduler
 from hetfl.core.assign import UniformSampling
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.split import LocalLoss
@@ -114,10 +114,10 @@ def _make(
     split = split_family(family)
 
     client = partial(split.side_spec, "client", aux=True)  # tier m: md1..md_m and its head
-    profiles = {
-        m: costs.cut_cost(client(m), split.server_spec(client(m)), train.batch_size)
-        for m in opts.tiers
-    }
+    profiles = PricedCuts(
+        opts.tiers,
+        lambda m: costs.cut_cost(client(m), split.server_spec(client(m)), train.batch_size),
+    )
     whole = split.side_spec("whole")
     main = [e.global_name for e in split.index_map(whole)]
     heads = [d.name for d in split.declared_tensors([client(m) for m in opts.tiers])]

@@ -32,7 +32,7 @@ fractionally, so that a short last batch is priced as what it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -84,6 +84,31 @@ def estimate(
     return out
 
 
+class PricedCuts(Mapping[int, CutCost]):
+    """Each tier's profile, priced when first read (the start banner, the first schedule),
+    not when the strategy is built: building a run to check it prices nothing."""
+
+    def __init__(self, tiers: Sequence[int], price: Callable[[int], CutCost]) -> None:
+        self.tiers, self.price = tuple(tiers), price
+        self._priced: dict[int, CutCost] = {}
+
+    def __getitem__(self, tier: int) -> CutCost:
+        if tier not in self.tiers:
+            raise KeyError(tier)
+        if tier not in self._priced:
+            self._priced[tier] = self.price(tier)
+        return self._priced[tier]
+
+    def __contains__(self, tier: object) -> bool:  # without pricing it
+        return tier in self.tiers
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tiers)
+
+    def __len__(self) -> int:
+        return len(self.tiers)
+
+
 def choose_tiers(estimates: Sequence[Mapping[int, float]]) -> tuple[float, list[int]]:
     """(T_max, each client's tier): T_max = max_k min_m T̂_k(m), and each client's largest
     m with T̂_k(m) <= T_max (never empty: its own minimum is at most T_max)."""
@@ -110,7 +135,7 @@ class TierScheduler:
     ) -> None:
         if default_tier not in costs:
             raise ValueError(f"default_tier {default_tier} is not one of the tiers {sorted(costs)}")
-        self.costs, self.server_rate = dict(costs), server_rate
+        self.costs, self.server_rate = costs, server_rate
         self.tier_spec, self.tier_of, self.eval_spec = tier_spec, tier_of, eval_spec
         self.train, self.default_tier, self.observed = train, default_tier, observed
         self.smoothed: dict[tuple[int, int], float] = {}

@@ -183,6 +183,7 @@ SHARED_ALGORITHM_MODULES = (
     "widths.py",
     "width_assignment.py",
     "width_eval.py",
+    "tier_scheduler.py",
 )
 MAX_METHOD_LINES = 160
 

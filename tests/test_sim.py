@@ -35,6 +35,8 @@ from hetfl.engine.rounds import RoundSettings
 from hetfl.engine.statistics import stats_shares
 from hetfl.models import ComposedFamily, ScalableFamily, make_family
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation
+from hetfl.systems.profiles import SystemSettings, dtfl_profiles
+from hetfl.systems.split_pricing import SplitPricer
 from strategies import fedavg, trained
 
 TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
@@ -55,7 +57,11 @@ def _sim(
     **settings,
 ):
     strat, recipe = ALGORITHMS.get(algo).build(
-        family, opts, clients_per_round=cpr, train=settings.pop("train", TRAIN)
+        family,
+        opts,
+        clients_per_round=cpr,
+        train=settings.pop("train", TRAIN),
+        costs=settings.pop("costs", None),
     )
     program = program or Programs(family, recipe, seed=0)
     return Simulation(
@@ -516,12 +522,16 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     cpr = 4
     if ALGORITHMS.get(name).needs == "split":  # ten times the MLP's work: two clients a round
         family, cpr = make_family("resnet-cifar", (1, 8, 8), 10, blocks=1), 2
-    whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3, cpr=cpr)
+    timed = {}
+    if ALGORITHMS.get(name).needs_costs:  # DTFL plans from simulated times and cut costs
+        system = SystemSettings(dtfl_profiles())
+        timed = {"system": system, "costs": SplitPricer(family, (1, 8, 8), system.server_rate)}
+    whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3, cpr=cpr, **timed)
     summary = whole.run()
     assert summary["final"]["clients"] == cpr and summary["final"]["failed"] == 0
-    part = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=2, cpr=cpr)
+    part = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=2, cpr=cpr, **timed)
     part.run()
-    resumed = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=3, cpr=cpr)
+    resumed = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=3, cpr=cpr, **timed)
     resumed.run(resume=True)
     for k, v in whole.state.items():
         assert torch.equal(v, resumed.state[k]), k

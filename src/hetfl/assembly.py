@@ -36,6 +36,7 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.rounds import RoundSettings
 from hetfl.models import make_family
 from hetfl.provenance import provenance
+from hetfl.systems.split_pricing import SplitPricer
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
@@ -122,6 +123,12 @@ def chosen_parts(options: Options, wrappers: Sequence[Chosen[Wrapper]]) -> dict[
     return chosen
 
 
+def plateau_part(cfg: RunConfig) -> dict[str, Any]:
+    """The lr's plateau rule as summary.json names it (`"lr_plateau"`), when it is on."""
+    plateau = cfg.train.lr_plateau
+    return {} if plateau is None else {"lr_plateau": plateau.model_dump()}
+
+
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
@@ -137,11 +144,16 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     )
     algorithm = ALGORITHMS.get(cfg.algorithm)
     options = algorithm.options(**cfg.algorithm_options())
+    system = cfg.system.settings()
+    costs = None
+    if algorithm.needs_costs and system is not None:  # DTFL's tier profiles
+        costs = SplitPricer(family, fed.input_shape, system.server_rate)
     strategy, recipe = algorithm.build(
         family,
         options,
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
+        costs=costs,
     )
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
@@ -154,13 +166,14 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         availability=cfg.availability,
         targets=tuple(Target(t.metric, t.value) for t in cfg.targets),
         stats_samples=cfg.eval.stats_samples,
-        system=cfg.system.settings(),
+        system=system,
     )
     info = {
         "name": cfg.name,
         "algorithm": cfg.algorithm,
         "seed": cfg.seed,
         **chosen_parts(options, cfg.wrappers),
+        **plateau_part(cfg),
         "provenance": provenance(cfg),
     }
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 ALGORITHMS: dict[str, str] = {
     "ada-fedalrc": "Ada-FedALRC (Wei et al. 2024): FedALRC local training, Adagrad server step",
+    "dtfl": (
+        "DTFL (dynamic tiering): tiers of a split model, local-loss training, "
+        "a scheduler on simulated times"
+    ),
     "fedadagrad": "FedAdagrad (Reddi et al. 2021): Adagrad server step",
     "fedadam": "FedAdam (Reddi et al. 2021): Adam server step, no bias correction",
     "fedalrc": (

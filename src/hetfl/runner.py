@@ -73,6 +73,8 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path, command: str = 
     n_params = sum(v.numel() for v in sim.state.values())
     system = sim.settings.system
     devices = [] if system is None else [f"  devices: {system.describe()}"]
+    plateau = cfg.train.lr_plateau
+    cuts = [] if plateau is None else [f"  lr plateau: {plateau.settings().describe()}"]
     return "\n".join(
         [
             f"hetfl {command} {cfg.name}: {cfg.algorithm} on {cfg.data.dataset}, "
@@ -82,6 +84,7 @@ def start_banner(cfg: RunConfig, sim: Simulation, run_dir: Path, command: str = 
             f"{cfg.train.rounds} rounds, seed {cfg.seed}, device {sim.programs.device}",
             f"  executor: {sim.info['executor']}, {cfg.threads} thread(s) per unit",
             *devices,
+            *cuts,
             *_chosen(sim.info),
             *_described(sim.info.get("strategy", {})),
             f"  output {run_dir}",

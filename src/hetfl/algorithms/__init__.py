@@ -1,5 +1,6 @@
 """Federated methods. Importing this package registers every built-in method in `ALGORITHMS`."""
 
+from hetfl.algorithms import dtfl as _dtfl  # noqa: F401
 from hetfl.algorithms import fedalrc as _fedalrc  # noqa: F401
 from hetfl.algorithms import fedavg as _fedavg  # noqa: F401
 from hetfl.algorithms import fednova as _fednova  # noqa: F401

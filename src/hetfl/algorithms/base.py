@@ -30,6 +30,7 @@ from hetfl.core.kinds import choose
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.reducers import REDUCERS, ReducerChoice
 from hetfl.core.registry import Registry
+from hetfl.core.split_costs import SplitPricing
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -112,6 +113,10 @@ class Algorithm:
     learning's per-batch exchange with the server; FedGKT's later): `hetfl serve` and the
     Flower server refuse it before anything starts, with this reason
     (`refuse_simulator_only`).
+
+    `needs_costs` marks a method that plans from the cost model (DTFL's tier scheduler): its
+    `make` also takes `costs`, a `hetfl.core.split_costs.SplitPricing` the face builds from
+    the run's device profiles, and a run without profiles cannot build it.
     """
 
     name: str
@@ -120,6 +125,7 @@ class Algorithm:
     make: Callable[..., tuple[Strategy, LocalRecipe]]
     needs: ModelKind = "any"
     simulator_only: str | None = None
+    needs_costs: bool = False
 
     def build(
         self,
@@ -128,9 +134,21 @@ class Algorithm:
         *,
         clients_per_round: int,
         train: LocalTraining,
+        costs: SplitPricing | None = None,
     ) -> tuple[Strategy, LocalRecipe]:
+        """The method's strategy and recipe; `costs` reaches `make` only when the method
+        `needs_costs`, and must then be given."""
         opts = options if isinstance(options, Options) else self.options(**(options or {}))
-        return self.make(family, opts, clients_per_round=clients_per_round, train=train)
+        if not self.needs_costs:
+            return self.make(family, opts, clients_per_round=clients_per_round, train=train)
+        if costs is None:
+            raise ValueError(
+                f"{self.name} plans from the clients' simulated times and the cost model: "
+                "add a system: section with device profiles (e.g. system: {preset: dtfl})"
+            )
+        return self.make(
+            family, opts, clients_per_round=clients_per_round, train=train, costs=costs
+        )
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
@@ -167,14 +185,15 @@ def register_algorithm(
     *,
     needs: ModelKind = "any",
     simulator_only: str | None = None,
+    needs_costs: bool = False,
     summary: str | None = None,
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
     """Registers the decorated `make` in `ALGORITHMS` as `name`, with its `summary` (a
     plugin's) or else its summary from `summaries` (the catalogue, for a built-in method),
-    and returns it unchanged, so decorators stack: one per name that `make` builds. `needs`
-    and `simulator_only` are `Algorithm`'s. A taken name raises ValueError; a name without a
-    summary, KeyError."""
+    and returns it unchanged, so decorators stack: one per name that `make` builds. `needs`,
+    `simulator_only` and `needs_costs` are `Algorithm`'s. A taken name raises ValueError; a
+    name without a summary, KeyError."""
     if summary is None:
         if name not in summaries:
             raise KeyError(
@@ -186,7 +205,8 @@ def register_algorithm(
     described = summary
 
     def register(make: Make) -> Make:
-        ALGORITHMS.register(name, Algorithm(name, described, options, make, needs, simulator_only))
+        algorithm = Algorithm(name, described, options, make, needs, simulator_only, needs_costs)
+        ALGORITHMS.register(name, algorithm)
         return make
 
     return register

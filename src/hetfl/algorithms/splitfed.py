@@ -54,7 +54,7 @@ from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import weighting
-from hetfl.models.resnet_cifar import TIERS, CifarResNetFamily
+from hetfl.models.resnet_cifar import TIERS, split_family
 
 #: Why SplitFed runs in the simulator only (`hetfl serve` says so).
 PER_BATCH_EXCHANGE = (
@@ -99,16 +99,13 @@ class SplitClient:
 def _make(
     family: ModelFamily, opts: SplitFedOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    if not isinstance(family, CifarResNetFamily):
-        raise ValueError(
-            f"splitfed cuts a split model (model.name: resnet-cifar), got {type(family).__name__}"
-        )
-    server = CopiesSide(family, family.server_spec, answers=True, parallel=False, client_loss=True)
+    split = split_family(family, "splitfed")
+    server = CopiesSide(family, split.server_spec, answers=True, parallel=False, client_loss=True)
     strategy = Strategy(
         family,
         train=train,
         sampler=opts.sampler(clients_per_round),
-        assignment=one_spec(family.side_spec("client", opts.cut)),
+        assignment=one_spec(split.side_spec("client", opts.cut)),
         weighting=weighting(opts.weighting),
         reducer=opts.reducer.build(),
         server_update=Averaged(),

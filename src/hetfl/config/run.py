@@ -187,6 +187,12 @@ class RunConfig(_Strict):
                 f"side: it needs a split model (model.name one of {', '.join(SPLIT.names())}); "
                 f"{self.model.name!r} is not one"
             )
+        if ALGORITHMS.get(self.algorithm).needs_costs and self.system.settings() is None:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} assigns work from the clients' simulated times "
+                "and the cost model, so it needs device profiles: add a system: section, "
+                "e.g. system: {preset: dtfl} (docs/system.md)"
+            )
         sizes = {g.size for g in self.data.groups or []}
         if len(sizes) > 1 and not is_scalable(self.model.name):
             raise ValueError(
@@ -199,6 +205,7 @@ class RunConfig(_Strict):
                 f"train.clients_per_round = {self.train.clients_per_round} is more than "
                 f"data.num_clients = {self.data.num_clients}"
             )
+        self._plateau_is_observed()
         if self.workers is not None and self.executor == "sequential":
             raise ValueError(
                 f"workers = {self.workers} is for executor 'processes' (or 'auto'), "
@@ -216,6 +223,26 @@ class RunConfig(_Strict):
                 f"data.num_clients = {self.data.num_clients}"
             )
         return self
+
+    def _plateau_is_observed(self) -> None:
+        """The lr's plateau rule counts evaluated rounds as rounds, and watches a metric
+        the run computes."""
+        plateau = self.train.lr_plateau
+        if plateau is None:
+            return
+        if self.eval.every != 1:
+            raise ValueError(
+                f"train.lr_plateau counts rounds without improvement, so it needs an "
+                f"evaluation every round: set eval.every to 1 (got {self.eval.every}), or "
+                "leave train.lr_plateau out"
+            )
+        if plateau.monitor == "val_acc" and self.data.validation is None:
+            raise ValueError(
+                "train.lr_plateau monitors val_acc, but there is no validation split: set "
+                "data.validation (e.g. 0.1, held out of each client's training data), or "
+                "set train.lr_plateau.monitor to global_acc to cut on the test accuracy as "
+                "the DTFL paper does (the test set then steers training)"
+            )
 
     @property
     def measured_clock(self) -> bool:

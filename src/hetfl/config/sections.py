@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hetfl import catalogue
 from hetfl.core.augment import Augmentation, ResizedCrop
+from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
@@ -339,6 +340,40 @@ class LrScheduleConfig(_Strict):
         return LrSchedule(self.kind, tuple(self.milestones), self.gamma, self.warmup)
 
 
+class LrPlateauConfig(_Strict):
+    """The lr cut on a plateau of an evaluated accuracy (`hetfl.core.plateau`, which checks
+    it and holds the defaults, DTFL's): `monitor` val_acc (needs data.validation) or
+    global_acc (the test accuracy, as the DTFL paper does); the run must evaluate every
+    round."""
+
+    monitor: Literal["val_acc", "global_acc"] = Field(
+        default_of(PlateauSettings, "monitor"),
+        description="the accuracy watched: val_acc (needs data.validation) or global_acc "
+        "(the test accuracy, as the DTFL paper does; the banner says the test set steers "
+        "training)",
+    )
+    factor: float = Field(
+        default_of(PlateauSettings, "factor"),
+        gt=0,
+        lt=1,
+        description="the lr is multiplied by this at each plateau (on top of lr_schedule)",
+    )
+    patience: int = Field(
+        default_of(PlateauSettings, "patience"),
+        ge=0,
+        description="a plateau: more than this many evaluated rounds without a gain",
+    )
+    threshold: float = Field(
+        default_of(PlateauSettings, "threshold"),
+        ge=0,
+        allow_inf_nan=False,
+        description="a gain: beating the best accuracy so far by this relative amount",
+    )
+
+    def settings(self) -> PlateauSettings:
+        return PlateauSettings(self.monitor, self.factor, self.patience, self.threshold)
+
+
 def _local(name: str) -> Any:
     """The default of a local-training setting, which `LocalTraining` holds."""
     return default_of(LocalTraining, name)
@@ -400,6 +435,11 @@ class TrainConfig(_Strict):
         description="clip each step's gradient to this total norm (default: no clipping; "
         "HeteroFL clips at 1 unless set)",
     )
+    lr_plateau: LrPlateauConfig | None = Field(
+        None,
+        description="cut the lr on a plateau of val_acc (or global_acc): "
+        "{monitor, factor, patience, threshold} (default: off)",
+    )
 
     @model_validator(mode="after")
     def _settings_fit_the_optimizer(self) -> TrainConfig:
@@ -423,6 +463,7 @@ class TrainConfig(_Strict):
             keep_momentum=self.keep_momentum,
             weight_decay=self.weight_decay,
             clip_grad_norm=self.clip_grad_norm,
+            lr_plateau=None if self.lr_plateau is None else self.lr_plateau.settings(),
         )
 
 

@@ -18,7 +18,9 @@ its client trains on its own auxiliary loss.
   task's own local settings (`LocalTraining`: the optimiser, this round's lr, betas,
   weight decay, and `clip_grad_norm` on the server side's gradient alone), fresh each
   round, or with `keep_momentum` kept per client in `ServerResult.private`, as the client
-  keeps its own;
+  keeps its own; with `fresh_optimiser="batch"` it starts afresh before every batch, as
+  DTFL's code re-creates its server's optimiser (mahmoudsajjadi/DTFL `main.py`,
+  `train_server`);
 - `CopySession.batch(z, y)`: the copy's forward, the batch's mean cross-entropy, the
   backward and the optimiser's step; the answer is ∂loss/∂z (`answers`) or None;
 - `CopySession.close()`: the copy's tensors under their global names (so `index_map` is
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +50,9 @@ from hetfl.core.local.terms import clip_grads
 from hetfl.core.spec import IndexMap, Spec, full_map
 from hetfl.core.state import extract
 from hetfl.core.types import ClientTask, ModelFamily, PassRecord, ServerResult, State
+
+#: When a copy's optimiser state starts afresh: each round, or before each batch.
+FreshOptimiser = Literal["round", "batch"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,13 @@ class CopiesSide:
     answers: bool
     parallel: bool
     client_loss: bool = False
+    fresh_optimiser: FreshOptimiser = "round"
+
+    def __post_init__(self) -> None:
+        if self.fresh_optimiser not in ("round", "batch"):
+            raise ValueError(
+                f"fresh_optimiser must be 'round' or 'batch', got {self.fresh_optimiser!r}"
+            )
 
     def program(
         self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
@@ -130,6 +143,8 @@ class CopySession:
         grads = {k: p.grad for k, p in self.params.items() if p.grad is not None}
         if self.settings.clip_grad_norm is not None:
             clip_grads(grads, self.settings.clip_grad_norm)
+        if self.side.fresh_optimiser == "batch":
+            self.opt_state = {}
         with torch.no_grad():
             self.optimiser.step(self.groups, self.params, grads, self.opt_state)
         b = int(y.shape[0])

@@ -61,6 +61,7 @@ from hetfl.core.declared import DeclaredTensor, build_declared
 from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
 from hetfl.core.maps import MapTransform
+from hetfl.core.plateau import PlateauLr
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.server_update import (
     Contribution,
@@ -152,6 +153,9 @@ class Strategy:
         self.server_side = server_side
         self._describe, self._observer = describe, observer
         self._trace_fields = trace_fields
+        #: The lr's plateau rule (`train.lr_plateau`), whatever the method; its state is
+        #: extra state.
+        self.plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
         self.rounds: int | None = None
         self._layout: Layout | None = None
         self._parameter_names: list[str] | None = None
@@ -270,8 +274,10 @@ class Strategy:
     # -- round verbs --------------------------------------------------------------------
     def task_config(self, round: int, info: ClientInfo) -> LocalTraining:
         """Local training settings sent with the task, with this round's lr from the run's
-        schedule (`LocalTraining.for_round`)."""
-        return self.train.for_round(round, self.rounds)
+        schedule and, with `train.lr_plateau`, the plateau rule's factor
+        (`LocalTraining.for_round`)."""
+        factor = 1.0 if self.plateau is None else self.plateau.factor
+        return self.train.for_round(round, self.rounds, factor)
 
     def plan(
         self,
@@ -356,8 +362,11 @@ class Strategy:
         return {} if self._describe is None else self._describe()
 
     def observe(self, round: int, row: Mapping[str, Any]) -> None:
-        """Called after each evaluation with the metrics row (DTFL's plateau schedule);
-        anything an observer changes must be part of a part's `extra_state`."""
+        """Called after each evaluation with the metrics row: the lr's plateau rule
+        (`train.lr_plateau`), then the method's observer; anything an observer changes must
+        be part of a part's `extra_state`."""
+        if self.plateau is not None:
+            self.plateau.observe(round, row)
         if self._observer is not None:
             self._observer(round, row)
 
@@ -369,7 +378,7 @@ class Strategy:
 
     # -- checkpoints --------------------------------------------------------------------
     def _stateful_parts(self) -> list[Stateful]:
-        parts = (self.sampler, self.assignment, self.server_update)
+        parts = (self.sampler, self.assignment, self.server_update, self.plateau)
         return [p for p in parts if isinstance(p, Stateful)]
 
     def extra_state(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 
 
@@ -41,6 +42,9 @@ class LocalTraining:
 
     `lr_schedule` scales `lr` by round (`hetfl.core.schedule`); the strategy applies it, so
     a task's record holds that round's lr and a constant schedule (`for_round`).
+    `lr_plateau`, when set, also cuts the lr on a plateau of an evaluated accuracy
+    (`hetfl.core.plateau`): the strategy keeps that rule's state and multiplies its factor
+    in; a task's record holds the result and no plateau.
     """
 
     lr: float = 0.05
@@ -56,6 +60,7 @@ class LocalTraining:
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None
     decay_norm_and_bias: bool = True
+    lr_plateau: PlateauSettings | None = None
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -63,6 +68,10 @@ class LocalTraining:
         if not isinstance(self.lr_schedule, LrSchedule):
             raise TypeError(
                 f"lr_schedule must be an LrSchedule, got {type(self.lr_schedule).__name__}"
+            )
+        if self.lr_plateau is not None and not isinstance(self.lr_plateau, PlateauSettings):
+            raise TypeError(
+                f"lr_plateau must be PlateauSettings or None, got {type(self.lr_plateau).__name__}"
             )
         if self.epochs < 1 and self.steps is None:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
@@ -110,11 +119,16 @@ class LocalTraining:
         if not (self.eps > 0 and math.isfinite(self.eps)):
             raise ValueError(f"eps must be a positive finite number, got {self.eps}")
 
-    def for_round(self, round: int, rounds: int | None) -> LocalTraining:
-        """The settings of round `round` of `rounds`: lr times the schedule's factor, and
-        the schedule spent (constant), so that no reader applies it twice."""
-        factor = self.lr_schedule.factor(round, rounds)
-        return replace(self, lr=self.lr * factor, lr_schedule=LrSchedule())
+    def for_round(
+        self, round: int, rounds: int | None, plateau_factor: float = 1.0
+    ) -> LocalTraining:
+        """The settings of round `round` of `rounds`: lr times the schedule's factor (and
+        times `plateau_factor`, the plateau rule's, when it is not 1), with the schedule
+        and the plateau spent, so that no reader applies them twice."""
+        lr = self.lr * self.lr_schedule.factor(round, rounds)
+        if plateau_factor != 1.0:
+            lr *= plateau_factor
+        return replace(self, lr=lr, lr_schedule=LrSchedule(), lr_plateau=None)
 
     def num_steps(self, n_train: int) -> int:
         if self.steps is not None:

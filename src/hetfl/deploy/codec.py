@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.spec import MapEntry, Spec
 from hetfl.core.training import LocalTraining
@@ -43,6 +44,7 @@ _TYPES: dict[str, type] = {
         MapEntry,
         LocalTraining,
         LrSchedule,
+        PlateauSettings,
     )
 }
 

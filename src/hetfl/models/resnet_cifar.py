@@ -101,6 +101,16 @@ SPLIT.register(
 )
 
 
+def split_family(family: object, method: str) -> CifarResNetFamily:
+    """`family` as a model cut into modules for `method`, or the error that names the fix."""
+    if not isinstance(family, CifarResNetFamily):
+        raise ValueError(
+            f"{method} cuts a split model into a client and a server side (model.name: "
+            f"resnet-cifar); a {type(family).__name__} cannot be split"
+        )
+    return family
+
+
 def aux_name(tier: int, local: str) -> str:
     """The global name of a tier's auxiliary-head tensor: `aux.weight` -> `aux3.weight`."""
     return f"{AUX}{tier}{local[len(AUX) :]}"

@@ -18,12 +18,18 @@ Output, one line per workload: `A ratio hetfl/floor: X.XX  target <= 0.60: met`,
 median over repetitions of the median per-round time ratio; with the total-time ratio on A
 and the peak-memory ratios, each next to its target.
 
+`--baseline DIR` adds a side `base`: HetFL of another checkout (DIR, e.g. a `git worktree`
+of an older commit) through that checkout's own `bench.py --side hetfl`, interleaved with
+the others, so a change's cost is measured in one invocation: `X ratio base/floor` and
+`X ratio hetfl/base` per workload (median over repetitions of the per-round ratios).
+
 `--smoke` runs every workload's code path and every side on a tiny shape (4 clients of 64
 samples, 1 round, 1 repetition, no start-up timings) with the weight check and the ratio
 lines: the test suite runs it so the benchmark cannot rot; its times mean nothing.
 
 Usage: python benchmarks/bench.py [--workload A,B,H] [--reps 3] [--rounds N] [--quick]
-       [--smoke] [--executor processes|sequential] [--workers 2] [--no-startup]
+       [--smoke] [--baseline DIR] [--executor processes|sequential] [--workers 2]
+       [--no-startup]
        python benchmarks/bench.py --workload A --side hetfl --profile /tmp/h.prof
 """
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -61,6 +68,8 @@ TOLERANCE = 1e-4
 ACROSS_THREADS = 5e-3
 NOISY = 0.25  # cores kept busy by other processes above which a side's times are flagged
 SIDES = ("hetfl", "floor", "floor2")
+#: The side that runs HetFL from another checkout (`--baseline DIR`).
+BASE = "base"
 
 
 # -- a side, in its own process -----------------------------------------------------------------
@@ -92,15 +101,22 @@ def run_side(
     tag = f"{w.name}-{side}-{rep}"
     out, weights, workdir = tmp / f"{tag}.json", tmp / f"{tag}.pt", tmp / tag
     workdir.mkdir()
+    script, env = Path(__file__).resolve(), None
+    if side == BASE:  # HetFL as the other checkout has it, through its own driver
+        tree = Path(args.baseline).resolve()
+        script = tree / "benchmarks" / "bench.py"
+        env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     cmd = [
-        sys.executable, str(Path(__file__).resolve()),
-        "--side", side, "--workload", w.name, "--rounds", str(rounds),
+        sys.executable, str(script),
+        "--side", "hetfl" if side == BASE else side, "--workload", w.name, "--rounds", str(rounds),
         "--executor", args.executor, "--workers", str(args.workers),
         "--out", str(out), "--weights", str(weights), "--workdir", str(workdir),
         *(["--smoke"] if args.smoke else []),
     ]  # fmt: skip
     window = CpuWindow()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     peak = PeakTreePss(proc.pid)
     output, _ = proc.communicate()
     reap_orphans()  # a fork server and its workers end after the side's process
@@ -131,6 +147,8 @@ def max_abs_delta(path_a: str, path_b: str) -> float:
 def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
     sides = SIDES if w.name == "A" else SIDES[:2]
+    if args.baseline:
+        sides = (*sides, BASE)
     print(f"\n== {w.describe(rounds)}", flush=True)
     reps: list[dict[str, Any]] = []
     for rep in range(args.reps):
@@ -166,7 +184,7 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
 
 def side_threads(side: str, executor: str) -> int:
     """The intra-op threads a side trains with."""
-    if side == "hetfl":
+    if side in ("hetfl", BASE):
         return 1 if executor == "processes" else THREADS
     return 1 if side == "floor2" else THREADS
 
@@ -229,6 +247,10 @@ def summarise(
             f"{w.name} floor as two one-thread processes (the physical bound, not the ratio's "
             f"floor): per-round floor2/floor {bound:.2f}, hetfl/floor2 {versus:.2f}"
         )
+    if BASE in sides:
+        for a, b in ((BASE, "floor"), ("hetfl", BASE)):
+            versus = statistics.median(round_ratio(r[a]["round_s"], r[b]["round_s"]) for r in reps)
+            print(f"{w.name} ratio {a}/{b}: {versus:.2f} (per round, median over reps)")
     worst = {s: max(r["delta"][s] for r in reps) for s in sides[1:]}
     print(
         f"{w.name} final weights, max |delta| vs hetfl: "
@@ -311,6 +333,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--executor", choices=EXECUTORS, default="processes", help="HetFL's executor")
     p.add_argument("--workers", type=int, default=2, help="HetFL's worker processes (default 2)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
+    p.add_argument(
+        "--baseline", metavar="DIR", help="also time HetFL of this other checkout (side 'base')"
+    )
     p.add_argument("--side", choices=SIDES, help="run one side of one workload (to profile it)")
     p.add_argument("--profile", help="with --side: write cProfile stats of the timed part here")
     p.add_argument("--out", help=argparse.SUPPRESS)

@@ -73,7 +73,8 @@ def load_test(w: Workload) -> Test:
     """The Fashion-MNIST test set (A and B test on all 10,000 images), or the workload's
     fixed subsample, as HetFL draws it."""
     ds = load_fashion_mnist()
-    return Test(*global_test(ds, "cpu", w.test_samples, SEED), pixels_of(ds))
+    x, y = global_test(ds, "cpu", w.test_samples, SEED)
+    return Test(x, y, pixels_of(ds))
 
 
 def pixels_of(ds: Dataset) -> PixelNorm:

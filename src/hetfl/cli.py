@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         choices=["val_acc"],
         help="per algorithm, only the swept setting of highest mean best val_acc over seeds",
     )
+    compare.add_argument(
+        "--paired",
+        nargs=2,
+        metavar=("A", "B"),
+        help="per setting, metric and sub-model, A - B over the seeds both ran, its standard "
+        "error and the verdict on 'A is better' (holds / tie / fails, docs/results.md)",
+    )
 
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
     plot.add_argument("runs", nargs="+", type=Path)
@@ -188,7 +195,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "partition":
         return cmd_partition(args.config, args.overrides, args.plugins)
     if args.command == "compare":
-        return cmd_compare(args.runs, args.select)
+        return cmd_compare(args.runs, args.select, args.paired)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "serve":
@@ -380,12 +387,26 @@ def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
     return 0
 
 
-def cmd_compare(paths: Sequence[Path], select: str | None = None) -> int:
+def cmd_compare(
+    paths: Sequence[Path], select: str | None = None, paired: Sequence[str] | None = None
+) -> int:
     """The comparison table; with `select` ("val_acc"), one swept setting per algorithm,
-    chosen by validation accuracy, and a line per algorithm saying which."""
+    chosen by validation accuracy, and a line per algorithm saying which; with `paired`
+    (A, B), the paired differences A - B and their verdicts (`hetfl.paired`)."""
+    from hetfl.paired import paired_differences, paired_rows
     from hetfl.report import comparison_rows, find_runs, format_table, selection_rows
 
     runs = find_runs(paths)
+    if paired is not None:
+        if select is not None:
+            raise ValueError(
+                "--paired compares every setting both methods ran; --select picks one per "
+                "method: give one of them"
+            )
+        a, b = paired
+        print(f"A = {a}, B = {b}: A - B over shared seeds (holds: mean >= 0 beyond the band)")
+        print(format_table(paired_rows(paired_differences(runs, a, b))))
+        return 0
     if select is None:
         print(format_table(comparison_rows(runs)))
         return 0

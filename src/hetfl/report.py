@@ -194,7 +194,7 @@ class Selection:
         return self.group.removeprefix(self.algorithm).lstrip("-") or "(its only setting)"
 
 
-def _algorithm(run: RunRecord) -> str:
+def algorithm_of(run: RunRecord) -> str:
     """The run's algorithm: from its summary, else the point name before `-s<seed>`."""
     if run.summary.get("algorithm"):
         return str(run.summary["algorithm"])
@@ -222,7 +222,7 @@ def select_by_validation(runs: Sequence[RunRecord]) -> tuple[list[RunRecord], li
         )
     settings: dict[str, dict[str, list[RunRecord]]] = {}
     for r in runs:
-        settings.setdefault(_algorithm(r), {}).setdefault(r.group, []).append(r)
+        settings.setdefault(algorithm_of(r), {}).setdefault(r.group, []).append(r)
     chosen: list[RunRecord] = []
     selections = []
     for algorithm, groups in settings.items():

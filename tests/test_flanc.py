@@ -202,8 +202,8 @@ def test_resnet18_bank_rows_and_per_capacity_normalisation_aggregate_by_hand() -
         return torch.full_like(value, scale * (cid + 1))
 
     results = [
-        ClientResult(t.cid, {k: sent(k, v, t.cid) for k, v in t.payload.items()}, 10, 1, 0.0)
-        for t in tasks
+        ClientResult(t.cid, {k: sent(k, v, t.cid) for k, v in t.payload.items()}, n, 1, 0.0)
+        for t, n in zip(tasks, (10, 30, 10, 30), strict=True)  # sizes must not weigh
     ]
     new = strategy.aggregate(1, state, trained(tasks, results))
     for block, r2 in (("layer1.0", 16), ("layer2.1", 32), ("layer4.1", 128)):

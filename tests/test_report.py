@@ -231,3 +231,12 @@ def test_variants_of_one_algorithm_pair_by_their_point_names(tmp_path: Path):
     )
     assert (d.setting, d.metric, d.n, d.verdict) == ("(its only setting)", "local_acc", 2, "holds")
     assert d.mean == pytest.approx(0.1)
+
+
+def test_local_acc_stats_is_a_column_when_a_run_reports_it(tmp_path: Path):
+    _paired_run(tmp_path / "fedbn-s0", 0, {"local_acc": 0.5, "local_acc_stats": 0.7})
+    _paired_run(tmp_path / "fedbn-s1", 1, {"local_acc": 0.5, "local_acc_stats": 0.9})
+    _paired_run(tmp_path / "fedavg-s0", 0, {"local_acc": 0.5})
+    rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
+    assert rows["fedbn"]["final local_acc_stats"] == "0.8000 ± 0.1414"
+    assert "final local_acc_stats" not in rows["fedavg"]

@@ -145,6 +145,7 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             "final global_acc": _fmt([f.get("global_acc") for f in final]),
             "best global_acc": _fmt([b.get("global_acc") for b in best]),
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
+            **_stats_pass_column(final),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
@@ -163,6 +164,12 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             row[f"GMAC to {label}"] = _fmt([h.get("macs") for h in hits], 1e-9, 2)
         rows.append(row)
     return rows
+
+
+def _stats_pass_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """`final local_acc_stats` (`eval.stats_pass`) when some run reports it."""
+    values = [f.get("local_acc_stats") for f in final]
+    return {"final local_acc_stats": _fmt(values)} if any(v is not None for v in values) else {}
 
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:

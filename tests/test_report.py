@@ -218,6 +218,9 @@ def test_compare_paired_command_and_its_errors(tmp_path: Path, capsys):
     assert "no runs of 'flanc' among the runs given (algorithms and settings found: fedavg," in (
         capsys.readouterr().err
     )
+    _paired_run(tmp_path / "flanc-s5", 5, {"global_acc": 0.5})  # no seed shared with fedavg
+    assert main(["compare", str(tmp_path), "--paired", "fedavg", "flanc"]) == 2
+    assert "--paired fedavg flanc: no setting and seed that both ran" in capsys.readouterr().err
 
 
 def test_variants_of_one_algorithm_pair_by_their_point_names(tmp_path: Path):

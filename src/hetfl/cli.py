@@ -404,8 +404,14 @@ def cmd_compare(
                 "method: give one of them"
             )
         a, b = paired
+        differences = paired_differences(runs, a, b)
+        if not differences:
+            raise ValueError(
+                f"--paired {a} {b}: no setting and seed that both ran (each needs a run of the "
+                "other with the same point name after its own and the same seed)"
+            )
         print(f"A = {a}, B = {b}: A - B over shared seeds (holds: mean >= 0 beyond the band)")
-        print(format_table(paired_rows(paired_differences(runs, a, b))))
+        print(format_table(paired_rows(differences)))
         return 0
     if select is None:
         print(format_table(comparison_rows(runs)))

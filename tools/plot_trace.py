@@ -3,8 +3,9 @@
 `clients.jsonl` holds a row per round and client asked, with the fields the method declares
 under "fields" (DTFL's `tier`) beside the row's own (`loss`, `steps`, ...); this draws one
 numeric field against the round
-for the chosen clients, one step line each, so a scheduler's choices can be seen moving as
-the clients' device profiles switch.
+for the chosen clients, one step line each (offset a little, so that clients on the same
+value stay visible), so a scheduler's choices can be seen moving as the clients' device
+profiles switch.
 
 Usage: python tools/plot_trace.py RUN_DIR FIELD [--clients 0,3,7] [-o tiers.png]
 """
@@ -47,8 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = read_metrics(args.run / "clients.jsonl")
     clients = [int(c) for c in args.clients.split(",")]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for cid, (rounds, values) in series(rows, args.field, clients).items():
-        ax.step(rounds, values, where="mid", label=f"client {cid}")
+    found = series(rows, args.field, clients)
+    for i, (cid, (rounds, values)) in enumerate(found.items()):
+        # a small vertical offset per client, so that clients on the same value stay visible
+        offset = (i - (len(found) - 1) / 2) * 0.05
+        ax.step(rounds, [v + offset for v in values], where="mid", label=f"client {cid}")
     ax.set_xlabel("round")
     ax.set_ylabel(args.field)
     ax.set_title(f"{args.run.name}: {args.field} per round")

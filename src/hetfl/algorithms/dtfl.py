@@ -23,10 +23,10 @@ drawing the next round's clients, which misaligns them under non-IID data: not c
 T_max is computed and used in the same round over all seven tiers (the code uses the
 previous round's and skips a tier); a round's time includes the server side by Eq. (5)
 (the code's omits it). Options: `observed: compute` gives the scheduler the exact simulated
-compute time instead of the client side's elapsed time minus estimated communication; `server_optimiser: batch`
-re-creates the server's optimiser every batch, as the code does; `dcor_alpha` and
-`patch_size` are the privacy measures of §4.2 (`hetfl.core.local.privacy`). The lr cut on a
-plateau (App. A.3) is `train.lr_plateau`, any method's; docs/methods.md has the rest.
+compute time instead of the client side's elapsed time minus estimated communication;
+`server_optimiser: batch` re-creates the server's optimiser every batch, as the code does;
+`dcor_alpha` and `patch_size` are the privacy measures of §4.2 (`hetfl.core.local.privacy`).
+The lr cut on a plateau (App. A.3) is `train.lr_plateau`; docs/methods.md has the rest.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ client as m grows). Per round:
    server side is the longer, it would take the server's time for the client's, and a
    client moved to a fast device while in a low tier would never be offered more layers.
    With `observed="compute"`, the exact simulated compute time (under the simulated clock
-   the two differ only by the communication estimate's error). It is smoothed per (client, tier) by an EMA of span 2 (pandas `ewm(span=2, adjust=False)` in
+   the two differ only by the communication estimate's error). It is smoothed per
+   (client, tier) by an EMA of span 2 (pandas `ewm(span=2, adjust=False)` in
    the code: 2/3 on the newest value; line 23).
 2. For every tier m (all of them: the code skips one), Eq. (5):
    T̂_k(m) = T̂^com + max(T̂^c, T̂^s), with T̂^c = (T^cp(m) / T^cp(m_k)) T̄^c_k (lines

@@ -9,7 +9,7 @@ models the strategy evaluates exactly as the engine does each round (`evaluate_g
 statistics pass included). It writes `full_test.json` beside `summary.json`: the round,
 the number of test samples, `global_acc`, `test_loss` and any per-group accuracies.
 
-Usage: python tools/full_test.py RUN_DIR [RUN_DIR ...]   (a sweep folder: every point)
+Usage: python tools/full_test.py RUN_DIR [RUN_DIR ...]   (a sweep folder: every finished point)
 """
 
 from __future__ import annotations
@@ -25,21 +25,8 @@ from typing import Any
 from hetfl.config import load_raw, validate
 from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.engine.steps import evaluate_global
+from hetfl.report import find_runs
 from hetfl.runner import build_simulation
-
-
-def run_dirs(paths: list[Path]) -> list[Path]:
-    """The runs named: a run directory itself, or every point of a sweep folder."""
-    found: list[Path] = []
-    for path in paths:
-        if (path / "config.yaml").exists():
-            found.append(path)
-        else:
-            points = sorted(p for p in path.iterdir() if (p / "config.yaml").exists())
-            if not points:
-                raise SystemExit(f"{path} holds no run (no config.yaml) and no sweep points")
-            found.extend(points)
-    return found
 
 
 def full_test(run_dir: Path) -> dict[str, Any]:
@@ -85,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders")
     args = parser.parse_args(argv)
-    for run_dir in run_dirs(args.runs):
+    for run_dir in [run.path for run in find_runs(args.runs)]:
         result = full_test(run_dir)
         (run_dir / "full_test.json").write_text(json.dumps(result, indent=2) + "\n")
         print(

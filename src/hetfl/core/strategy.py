@@ -343,7 +343,9 @@ class Strategy:
         served: Sequence[ServerResult | None] = (
             [None] * len(results) if trained.server_results is None else trained.server_results
         )
-        scales = [None] * len(results) if self.scaling is None else self.scaling(trained.trained)
+        scales: Sequence[Mapping[str, float] | None] = (
+            [None] * len(results) if self.scaling is None else self.scaling(trained.trained)
+        )
         if len(scales) != len(results):
             raise ValueError(
                 f"the scaling part gave {len(scales)} scales for {len(results)} results; it "

@@ -126,8 +126,6 @@ class ArchitectureChoice:
         ordered = sorted(clients, key=lambda c: c.cid)
         order = torch.randperm(len(ordered), generator=generator).tolist()
         limited = {ordered[i].cid for i in order[: int(len(ordered) * self.limited_share)]}
-        smallest = min(self.candidates, key=lambda c: (self.macs(c), c.depth, c.width))
-        costs = [self.macs(c) for c in self.candidates]
         self.chosen, self.budget_of, self._global = {}, {}, None
         for i, info in enumerate(ordered):
             own = torch.Generator().manual_seed(
@@ -137,9 +135,9 @@ class ArchitectureChoice:
             if declared is not None:
                 self.chosen[info.cid] = self._declared(info.cid, declared)
             elif info.cid in limited:
-                self.chosen[info.cid] = smallest
+                self.chosen[info.cid] = self.smallest()
             else:
-                budget = self._budget(info, i, own, min(costs), max(costs))
+                budget = self._budget(info, i, own)
                 self.budget_of[info.cid] = budget
                 self.chosen[info.cid] = self._best_within(info, budget, own)
 
@@ -151,7 +149,12 @@ class ArchitectureChoice:
             )
         return self.by_label[label]
 
-    def _budget(self, info: ClientInfo, i: int, own: torch.Generator, low: int, high: int) -> float:
+    def smallest(self) -> Candidate:
+        """The candidate with the fewest MACs per sample (the shallower, then the narrower,
+        on a tie)."""
+        return min(self.candidates, key=lambda c: (self.macs(c), c.depth, c.width))
+
+    def _budget(self, info: ClientInfo, i: int, own: torch.Generator) -> float:
         declared = info.attrs.get("macs_budget")
         if declared is None and self.budgets is not None:
             if i >= len(self.budgets):
@@ -162,6 +165,8 @@ class ArchitectureChoice:
             declared = self.budgets[i]
         if declared is not None:
             return float(declared)
+        costs = [self.macs(c) for c in self.candidates]
+        low, high = min(costs), max(costs)
         return low + float(torch.rand(1, generator=own, dtype=torch.float64)) * (high - low)
 
     def _best_within(self, info: ClientInfo, budget: float, own: torch.Generator) -> Candidate:

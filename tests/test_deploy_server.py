@@ -400,5 +400,5 @@ def test_fedfa_equals_the_simulator_and_its_zico_query_is_refused(tmp_path):
     assert without_wall_time(rows) == without_wall_time(expected)
     assert same_trace(tmp_path / "flower", tmp_path / "sim")
     assert any(group.startswith("arch=") for group in rows[-1]["groups"])
-    with pytest.raises(SimulatorOnlyError, match=r"asks each client .* choice: random"):
+    with pytest.raises(SimulatorOnlyError, match=r"asks each client .*fedfa\.choice: random"):
         serve(LoopbackGrid(nodes(tmp_path, 3)), fedfa_config("zico"), tmp_path / "zico")

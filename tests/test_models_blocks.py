@@ -352,8 +352,8 @@ def test_a_section_narrower_than_the_one_before_takes_its_wider_input() -> None:
     normalises the previous section's output, so its first norm is built at the ratio of
     the section before (64 = 64 x 1 channels into section 2, 64 = 128 x 0.5 into section
     3, 64 = 256 x 0.25 into section 4), where its own ratio would give 64 x 0.5 = 32 and
-    128 x 0.25 = 32 for sections 2 and 3; the model trains and evaluates; cut from a global model of the per-section maxima, its tensors are the
-    leading slices of the global ones."""
+    128 x 0.25 = 32 for sections 2 and 3; the model trains and evaluates; cut from a global
+    model of the per-section maxima, its tensors are the leading slices of the global ones."""
     fam = _preresnet()
     spec = fam.normalise({**fam.base, "widths": (1.0, 0.5, 0.25, 0.25), "blocks": 2})
     model = initialize(fam.build(spec), torch.Generator().manual_seed(0))

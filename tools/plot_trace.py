@@ -13,7 +13,6 @@ Usage: python tools/plot_trace.py RUN_DIR FIELD [--clients 0,3,7] [-o tiers.png]
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from hetfl.engine.outputs import read_metrics
@@ -63,4 +62,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

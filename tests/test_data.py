@@ -163,6 +163,42 @@ def test_k_classes_drops_only_what_does_not_divide(digits):
     assert len(np.unique(np.concatenate(parts))) == sum(p.size for p in parts)
 
 
+def _held(labels: np.ndarray, parts: list[np.ndarray], classes: int) -> list[frozenset[int]]:
+    counts = class_counts(labels, parts, classes)
+    return [frozenset(np.flatnonzero(row).tolist()) for row in counts]
+
+
+def test_k_classes_least_used_deal_follows_the_authors_rule_by_hand():
+    """FLANC's code deals each client's classes one at a time among the classes dealt least
+    often so far. With 4 classes and k = 3: client 0 takes 3 classes, so the class it left
+    is the only least-used one and client 1 must take it; by the end every class has
+    4 * 3 / 4 = 3 holders. With 2 clients and k = 2, the second takes what the first left."""
+    labels = np.repeat(np.arange(4, dtype=np.int64), 60)
+    for seed in range(5):
+        held = _held(labels, k_classes(labels, 4, _rng(seed), k=3, deal="least-used"), 4)
+        assert all(len(h) == 3 for h in held)
+        (left,) = set(range(4)) - held[0]
+        assert left in held[1], (seed, held)
+        assert [sum(c in h for h in held) for c in range(4)] == [3, 3, 3, 3]
+    for seed in range(5):
+        first, second = _held(labels, k_classes(labels, 2, _rng(seed), k=2, deal="least-used"), 4)
+        assert first | second == set(range(4)) and not first & second
+
+
+def test_k_classes_least_used_gives_many_class_sets_where_round_robin_gives_ten():
+    """100 clients with 3 of 10 classes (issue: round-robin gives only 10 distinct label
+    triples); least-used keeps 30 holders per class and draws far more distinct triples."""
+    labels = np.repeat(np.arange(10, dtype=np.int64), 300)
+    robin = _held(labels, k_classes(labels, 100, _rng(0), k=3), 10)
+    least = _held(labels, k_classes(labels, 100, _rng(0), k=3, deal="least-used"), 10)
+    assert len(set(robin)) == 10
+    assert len(set(least)) > 40
+    assert all(len(h) == 3 for h in least)
+    assert [sum(c in h for h in least) for c in range(10)] == [30] * 10
+    with pytest.raises(PartitionError, match=r"deal must be one of round-robin, least-used, got"):
+        k_classes(labels, 10, _rng(0), k=3, deal="random")
+
+
 @pytest.mark.parametrize(
     ("k", "num_clients", "match"),
     [(11, 5, "k = 11"), (0, 5, "k = 0"), (10, 5, "class 0 has 2 samples for 5 clients")],

@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.flanc import FLANCOptions
 from hetfl.config import validate
+from hetfl.core.local.regularisers import OrthogonalityPenalty
+from hetfl.core.spec import capacity_group
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, TrainedRound
@@ -147,3 +149,70 @@ def test_bad_settings_are_refused_with_clear_errors() -> None:
     with pytest.raises(ValueError, match=r"client 0 declares capacity 0.1, below the smallest"):
         strategy = _strategy(_family(), capacity="declared")
         strategy.setup(_infos([0.1], [10]), torch.Generator())
+
+
+def test_the_recipe_holds_the_orthogonality_penalty_at_the_configured_lambda() -> None:
+    for options, lam in (({}, 10.0), ({"lambda_orth": 0.1}, 0.1), ({"lambda_orth": 0.0}, 0.0)):
+        _, recipe = ALGORITHMS.get("flanc").build(
+            _family(), options, clients_per_round=4, train=LocalTraining()
+        )
+        assert recipe.loss_terms == (OrthogonalityPenalty(lam),), options
+
+
+def test_plan_under_dynamic_all_levels_gives_every_level_every_round() -> None:
+    """Through `Strategy.plan`: each round's four or ten sampled clients hold all four
+    levels, and each task's payload is its own capacity's tensors."""
+    levels = (0.25, 0.5, 0.75, 1.0)
+    infos = _infos([1.0] * 12, [10] * 12)
+    for cpr in (4, 10):
+        strategy = _strategy(_family(), cpr=cpr)
+        state = strategy.setup(infos, torch.Generator().manual_seed(0))
+        for rnd in range(1, 21):
+            tasks = strategy.plan(rnd, state, infos, torch.Generator().manual_seed(rnd))
+            assert len(tasks) == cpr
+            assert {t.spec["capacity"] for t in tasks} == set(levels), (cpr, rnd)
+            for t in tasks:
+                group = capacity_group(t.spec["capacity"])
+                assert {e.global_name.split("/")[0] for e in t.index_map} == {"basis", group}
+
+
+def test_resnet18_bank_rows_and_per_capacity_normalisation_aggregate_by_hand() -> None:
+    """ResNet-18 (`code` banks: one per block, conv1 rows [0, R2), conv2 rows [R2, 2·R2)).
+    Clients 0, 1 at capacity 0.5 and 2, 3 at 1 send, for client c, c + 1 in conv1's bases,
+    10 (c + 1) in conv2's, and c + 1 in everything else. The bank rows average over all
+    four clients, each half from its own convolution; every BatchNorm tensor (affine and
+    running statistics) only within its capacity."""
+    fam = ComposedFamily(
+        {"family": "composed-resnet18", "input_shape": (3, 8, 8), "num_classes": 10}
+    )
+    strategy = _strategy(fam, capacity="declared", levels=[0.5, 1.0])
+    infos = _infos([0.5, 0.5, 1.0, 1.0], [10, 30, 10, 30])
+    state = strategy.setup(infos, torch.Generator().manual_seed(0))
+    tasks = strategy.plan(1, state, infos, torch.Generator().manual_seed(1))
+    for t in tasks:  # what a client receives: the block's bank, split between its convolutions
+        torch.testing.assert_close(
+            t.payload["layer2.1.conv1.basis"], state["basis/layer2.1"][:32], rtol=0, atol=0
+        )
+        torch.testing.assert_close(
+            t.payload["layer2.1.conv2.basis"], state["basis/layer2.1"][32:], rtol=0, atol=0
+        )
+
+    def sent(name: str, value: torch.Tensor, cid: int) -> torch.Tensor:
+        scale = 10.0 if name.endswith("conv2.basis") else 1.0
+        return torch.full_like(value, scale * (cid + 1))
+
+    results = [
+        ClientResult(t.cid, {k: sent(k, v, t.cid) for k, v in t.payload.items()}, n, 1, 0.0)
+        for t, n in zip(tasks, (10, 30, 10, 30), strict=True)  # sizes must not weigh
+    ]
+    new = strategy.aggregate(1, state, trained(tasks, results))
+    for block, r2 in (("layer1.0", 16), ("layer2.1", 32), ("layer4.1", 128)):
+        bank = new[f"basis/{block}"]
+        assert bank.shape[0] == 2 * r2
+        assert torch.all(bank[:r2] == 2.5) and torch.all(bank[r2:] == 25.0), block
+    bn = [n for n in new if ".bn" in n and not n.endswith("num_batches_tracked")]
+    assert {n.split("/")[0] for n in bn} == {"cap0.5", "cap1"}
+    assert any(n.endswith("running_var") for n in bn)
+    for name in bn:
+        expected = 1.5 if name.startswith("cap0.5/") else 3.5
+        assert torch.all(new[name] == expected), name

@@ -21,6 +21,7 @@ SRC = Path(hetfl.__file__).parent
 FACE = (
     "hetfl.config",
     "hetfl.report",
+    "hetfl.paired",
     "hetfl.cli",
     "hetfl.listing",
     "hetfl.runner",

@@ -12,6 +12,7 @@ import pytest
 from hetfl.cli import main
 from hetfl.config.sections import TargetConfig
 from hetfl.engine.outputs import ROW_KEYS, TARGET_METRICS, Target, read_metrics
+from hetfl.paired import paired_difference, paired_differences, paired_rows
 from hetfl.report import comparison_rows, final_spreads, find_runs, format_table, spread
 
 
@@ -159,3 +160,114 @@ def test_local_accuracy_spread_over_clients_by_hand(sweep: Path):
     assert avg["local_acc client sd"] == f"{mean:.4f} ± {sd:.4f} (2/3)"
     assert avg["local_acc worst 10% local width=0.5"] == "0.6000 ± 0.0000 (1/3)"
     assert rows["fedprox"]["local_acc worst 10%"] == "-"  # a run without a trace
+
+
+# -- paired comparison ---------------------------------------------------------------------------
+def _paired_run(path: Path, seed: int, final: dict, best_val: dict | None = None) -> None:
+    """A finished run whose final row holds `final` (a `width=` / `capacity=` entry becomes
+    a group); with `best_val`, a first row of those scores chosen by validation."""
+    path.mkdir(parents=True)
+
+    def row(rnd: int, scores: dict) -> dict:
+        r = dict.fromkeys(ROW_KEYS)
+        groups = {k: {"acc": v} for k, v in scores.items() if "=" in k}
+        r.update({k: v for k, v in scores.items() if "=" not in k}, round=rnd, groups=groups)
+        return r
+
+    rows = ([row(1, best_val)] if best_val else []) + [row(2, final)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"seed": seed, "final": rows[-1], "best": rows[-1]}
+    if best_val:
+        summary["best_by_val"] = {"round": 1, "val_acc": 0.5, "global_acc": best_val["global_acc"]}
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_paired_differences_their_standard_errors_and_verdicts_by_hand(tmp_path: Path):
+    """FLANC - HeteroFL over seeds 0-2 (seed 3 only FLANC ran: left out), IID setting.
+    global_acc: d = 0.05, 0.03, 0.04: mean 4 points, sd 1 point, se 1/sqrt(3) = 0.577,
+    band max(1, 1.155) = 1.155 -> holds. width 0.5 (FLANC's capacity=0.5): d = 0.02,
+    -0.01, 0.005: mean 0.5 points, sd 1.5, se 0.866, band 1.732 -> tie. local_acc:
+    d = -0.03 each: mean -3, se 0, band 1 -> fails. At the best-validation round: global
+    d = 0.001 each -> tie (within the 1-point floor)."""
+    flanc = [(0.85, 0.80, 0.70), (0.83, 0.78, 0.70), (0.84, 0.805, 0.70), (0.9, 0.9, 0.9)]
+    hetero = [(0.80, 0.78, 0.73), (0.80, 0.79, 0.73), (0.80, 0.80, 0.73)]
+    for seed, (g, half, local) in enumerate(flanc):
+        best = {"global_acc": 0.501 + seed / 10}
+        _paired_run(tmp_path / f"flanc-s{seed}-kind=iid", seed,
+                    {"global_acc": g, "local_acc": local, "capacity=0.5": half}, best)  # fmt: skip
+    for seed, (g, half, local) in enumerate(hetero):
+        best = {"global_acc": 0.5 + seed / 10}
+        _paired_run(tmp_path / f"heterofl-s{seed}-kind=iid", seed,
+                    {"global_acc": g, "local_acc": local, "width=0.5": half}, best)  # fmt: skip
+    _paired_run(tmp_path / "heterofl-s0-kind=classes", 0, {"global_acc": 0.5})  # unpaired
+    runs = find_runs([tmp_path])
+    found = {(d.setting, d.metric, d.at): d for d in paired_differences(runs, "flanc", "heterofl")}
+    assert set(found) == {
+        ("kind=iid", "global_acc", "final"),
+        ("kind=iid", "local_acc", "final"),
+        ("kind=iid", "p=0.5", "final"),
+        ("kind=iid", "global_acc", "best val"),
+    }
+    g = found["kind=iid", "global_acc", "final"]
+    assert (g.n, g.verdict) == (3, "holds")
+    assert g.mean == pytest.approx(0.04) and g.se == pytest.approx(0.01 / math.sqrt(3))
+    assert g.band == pytest.approx(0.02 / math.sqrt(3))
+    half = found["kind=iid", "p=0.5", "final"]
+    assert half.mean == pytest.approx(0.005) and half.se == pytest.approx(0.015 / math.sqrt(3))
+    assert half.verdict == "tie"
+    local = found["kind=iid", "local_acc", "final"]
+    assert local.mean == pytest.approx(-0.03) and local.se == pytest.approx(0, abs=1e-12)
+    assert (local.band, local.verdict) == (0.01, "fails")
+    assert found["kind=iid", "global_acc", "best val"].verdict == "tie"
+    rows = paired_rows([g])
+    assert rows == [{"setting": "kind=iid", "metric": "global_acc", "at": "final", "seeds": "3",
+                     "A - B (points)": "+4.00", "se": "0.58", "band": "1.15",
+                     "verdict": "holds"}]  # fmt: skip
+
+
+def test_the_band_is_beyond_max_of_one_point_and_two_standard_errors():
+    """Exactly on the band is a tie; a single seed has the 1-point floor alone."""
+    assert paired_difference("s", "m", "final", [0.5], [0.49]).verdict == "tie"
+    assert paired_difference("s", "m", "final", [0.5], [0.48]).verdict == "holds"
+    assert paired_difference("s", "m", "final", [0.48], [0.5]).verdict == "fails"
+    wide = paired_difference("s", "m", "final", [0.60, 0.50], [0.50, 0.50])  # se 5 points
+    assert (wide.mean, wide.band, wide.verdict) == (pytest.approx(0.05), pytest.approx(0.1), "tie")
+
+
+def test_compare_paired_command_and_its_errors(tmp_path: Path, capsys):
+    for seed, acc in enumerate((0.7, 0.8)):
+        _paired_run(tmp_path / f"fedavg-s{seed}", seed, {"global_acc": acc})
+        _paired_run(tmp_path / f"fedprox-s{seed}", seed, {"global_acc": acc - 0.1})
+    assert main(["compare", str(tmp_path), "--paired", "fedavg", "fedprox"]) == 0
+    out = capsys.readouterr().out
+    assert "| (its only setting) | global_acc | final | 2     | +10.00" in out
+    assert out.rstrip().endswith("| holds   |")
+    assert main(["compare", str(tmp_path), "--paired", "fedavg", "flanc"]) == 2
+    assert "no runs of 'flanc' among the runs given (algorithms and settings found: fedavg," in (
+        capsys.readouterr().err
+    )
+    _paired_run(tmp_path / "flanc-s5", 5, {"global_acc": 0.5})  # no seed shared with fedavg
+    assert main(["compare", str(tmp_path), "--paired", "fedavg", "flanc"]) == 2
+    assert "--paired fedavg flanc: no setting and seed that both ran" in capsys.readouterr().err
+
+
+def test_variants_of_one_algorithm_pair_by_their_point_names(tmp_path: Path):
+    for seed in (0, 1):
+        for variant, acc in (("scalablefl", 0.8), ("individual", 0.7)):
+            path = tmp_path / f"scalablefl-s{seed}-variant={variant}"
+            _paired_run(path, seed, {"local_acc": acc + seed / 100})
+    runs = find_runs([tmp_path])
+    (d,) = paired_differences(
+        runs, "scalablefl-variant=scalablefl", "scalablefl-variant=individual"
+    )
+    assert (d.setting, d.metric, d.n, d.verdict) == ("(its only setting)", "local_acc", 2, "holds")
+    assert d.mean == pytest.approx(0.1)
+
+
+def test_local_acc_stats_is_a_column_when_a_run_reports_it(tmp_path: Path):
+    _paired_run(tmp_path / "fedbn-s0", 0, {"local_acc": 0.5, "local_acc_stats": 0.7})
+    _paired_run(tmp_path / "fedbn-s1", 1, {"local_acc": 0.5, "local_acc_stats": 0.9})
+    _paired_run(tmp_path / "fedavg-s0", 0, {"local_acc": 0.5})
+    rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
+    assert rows["fedbn"]["final local_acc_stats"] == "0.8000 ± 0.1414"
+    assert "final local_acc_stats" not in rows["fedavg"]

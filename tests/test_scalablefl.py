@@ -501,3 +501,28 @@ def test_heterofl_below_c_max_needs_a_depth_left() -> None:
         _setup(_stage_cnn(16), infos, variant="heterofl-max-1")
     shallow, _ = _setup(_stage_cnn(16), infos, variant="heterofl-max")
     assert [p.depth for p in shallow.assignment.plans.values()] == [1, 1]
+
+
+def test_the_regime_check_narrows_resnet18_by_model_width() -> None:
+    """configs/scalablefl_regime_fmnist.yaml: Fashion-MNIST groups at 28/20/14 px with
+    10/5/3 classes, H0 = 7, the small-stem ResNet-18 at a quarter of its widths (16, 32,
+    64, 128). Halvings ceil(log2(H / 7)) = 2, 2, 1, so stages 3, 3, 2 (the stem and stage 1
+    keep the side; each later stage halves it): 28 -> 7, 20 -> 5, 14 -> 7 px. Channels are
+    ceil(kappa / 4 * base) with kappa = 1, log10 5, log10 3 (K0 = 10)."""
+    fam = ScalableFamily(
+        {"family": "resnet18", "input_shape": (1, 28, 28), "num_classes": 10, "width": 0.25}
+    )
+    groups = ((28, 10), (20, 5), (14, 3))
+    strategy, _ = _setup(fam, _infos(groups, channels_in=1), base_size=7)
+    plans = [strategy.assignment.plans[g] for g in groups]
+    assert [p.depth for p in plans] == [2, 2, 1]
+    assert [p.spec["stages"] for p in plans] == [3, 3, 2]
+    expected = [(16, 32, 64), (12, 23, 45), (8, 16)]
+    for plan, widths, (_, k) in zip(plans, expected, groups, strict=True):
+        assert plan.spec["widths"][0] == pytest.approx(math.log10(k) / 4)
+        with torch.device("meta"):
+            model = strategy.family.build(plan.spec)
+        assert tuple(s[-1].conv2.out_channels for s in model.stages) == widths
+        assert len(model.stages[-1]) == 2  # two blocks, four 3x3 convolutions, per stage
+    low, _ = _setup(fam, _infos(groups, channels_in=1), base_size=7, variant="heterofl-max-1")
+    assert {p.spec["stages"] for p in low.assignment.plans.values()} == {2}

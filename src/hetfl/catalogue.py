@@ -64,8 +64,10 @@ ARCHITECTURES: dict[str, str] = {
 }
 
 COMPOSED: dict[str, str] = {
-    "composed-cnn": "FLANC's Fashion-MNIST CNN, composed convolutions (basis: paper | code)",
-    "composed-resnet18": "FLANC's ResNet-18, composed 3x3 convolutions, BN per capacity",
+    "composed-cnn": "FLANC's Fashion-MNIST CNN, composed convolutions (basis: table2 | code)",
+    "composed-resnet18": (
+        "FLANC's ResNet-18, composed 3x3 convolutions, BN per capacity (basis: code | table2)"
+    ),
     "composed-rnn": "FLANC's character RNN (512), composed matrices",
 }
 

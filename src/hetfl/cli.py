@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         help="per algorithm, only the swept setting of highest mean best val_acc over seeds",
     )
     compare.add_argument(
+        "--paired",
+        nargs=2,
+        metavar=("A", "B"),
+        help="per setting, metric and sub-model, A - B over the seeds both ran, its standard "
+        "error and the verdict on 'A is better' (holds / tie / fails, docs/results.md)",
+    )
+    compare.add_argument(
         "--target",
         action="append",
         type=target_arg,
@@ -201,7 +208,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "partition":
         return cmd_partition(args.config, args.overrides, args.plugins)
     if args.command == "compare":
-        return cmd_compare(args.runs, args.select, args.target)
+        return cmd_compare(args.runs, args.select, args.paired, args.target)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "serve":
@@ -409,14 +416,35 @@ def target_arg(text: str) -> Target:
 
 
 def cmd_compare(
-    paths: Sequence[Path], select: str | None = None, targets: Sequence[Target] | None = None
+    paths: Sequence[Path],
+    select: str | None = None,
+    paired: Sequence[str] | None = None,
+    targets: Sequence[Target] | None = None,
 ) -> int:
     """The comparison table; with `select` ("val_acc"), one swept setting per algorithm,
-    chosen by validation accuracy, and a line per algorithm saying which; with `targets`,
-    the time to those levels instead of the runs' own."""
+    chosen by validation accuracy, and a line per algorithm saying which; with `paired`
+    (A, B), the paired differences A - B and their verdicts (`hetfl.paired`); with
+    `targets`, the time to those levels instead of the runs' own."""
+    from hetfl.paired import paired_differences, paired_rows
     from hetfl.report import comparison_rows, find_runs, format_table, selection_rows
 
     runs = find_runs(paths)
+    if paired is not None:
+        if select is not None:
+            raise ValueError(
+                "--paired compares every setting both methods ran; --select picks one per "
+                "method: give one of them"
+            )
+        a, b = paired
+        differences = paired_differences(runs, a, b)
+        if not differences:
+            raise ValueError(
+                f"--paired {a} {b}: no setting and seed that both ran (each needs a run of the "
+                "other with the same point name after its own and the same seed)"
+            )
+        print(f"A = {a}, B = {b}: A - B over shared seeds (holds: mean >= 0 beyond the band)")
+        print(format_table(paired_rows(differences)))
+        return 0
     if select is None:
         print(format_table(comparison_rows(runs, targets)))
         return 0

@@ -150,6 +150,7 @@ def comparison_rows(
             "final global_acc": _fmt([f.get("global_acc") for f in final]),
             "best global_acc": _fmt([b.get("global_acc") for b in best]),
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
+            **_stats_pass_column(final),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
@@ -172,6 +173,12 @@ def comparison_rows(
             row[f"GMAC to {label}"] = _fmt([h.get("macs") for h in hits], 1e-9, 2)
         rows.append(row)
     return rows
+
+
+def _stats_pass_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """`final local_acc_stats` (`eval.stats_pass`) when some run reports it."""
+    values = [f.get("local_acc_stats") for f in final]
+    return {"final local_acc_stats": _fmt(values)} if any(v is not None for v in values) else {}
 
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -203,7 +210,7 @@ class Selection:
         return self.group.removeprefix(self.algorithm).lstrip("-") or "(its only setting)"
 
 
-def _algorithm(run: RunRecord) -> str:
+def algorithm_of(run: RunRecord) -> str:
     """The run's algorithm: from its summary, else the point name before `-s<seed>`."""
     if run.summary.get("algorithm"):
         return str(run.summary["algorithm"])
@@ -231,7 +238,7 @@ def select_by_validation(runs: Sequence[RunRecord]) -> tuple[list[RunRecord], li
         )
     settings: dict[str, dict[str, list[RunRecord]]] = {}
     for r in runs:
-        settings.setdefault(_algorithm(r), {}).setdefault(r.group, []).append(r)
+        settings.setdefault(algorithm_of(r), {}).setdefault(r.group, []).append(r)
     chosen: list[RunRecord] = []
     selections = []
     for algorithm, groups in settings.items():

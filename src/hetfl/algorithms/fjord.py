@@ -15,6 +15,11 @@ element over the clients whose tier covers it, weighted by sample counts (the pa
 band-by-band average, since the slices are nested), and evaluates every level's sub-model
 on the test set (`groups`: `width=p`, the widest is `global_acc`).
 
+`norm` (default `per-width`, the paper's and the baseline's) may be any normalisation of
+`hetfl.algorithms.width_norms` for comparisons on one network: `static` (evaluated after
+a statistics pass), `per-capacity` (BatchNorm averaged within each tier, as FLANC's
+authors run FjORD on ResNet-18) or `none` (FLANC's Fashion-MNIST CNN).
+
 Choices where the paper is silent:
 
 - tiers go to clients in id order, narrowest first, in the configured `proportions` (equal
@@ -48,8 +53,9 @@ from hetfl.algorithms.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.width_eval import LevelModels
-from hetfl.algorithms.widths import check_levels, full_width_base, level_specs
+from hetfl.algorithms.width_eval import level_models
+from hetfl.algorithms.width_norms import NormOption, level_norm
+from hetfl.algorithms.widths import check_levels, full_width_base
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.maps import private_layers
@@ -106,28 +112,27 @@ class FjORDOptions(FedAvgOptions):
     )
     assignment: Assignment = "fixed"
     capacities: Capacities = None
+    norm: NormOption = "per-width"
 
 
 def fjord_strategy(
     family: ModelFamily, opts: FjORDOptions, clients_per_round: int, train: LocalTraining
 ) -> Strategy:
-    """Tiers by proportion, each level with one set of running statistics per width; every
-    level evaluated (no statistics pass) unless private layers leave no complete model."""
+    """Tiers by proportion, each level under `norm` (one set of running statistics per
+    width); every level evaluated unless private layers leave no complete model."""
     levels, proportions = check_levels(opts.levels, opts.proportions)
     check_every_level_fits(opts.assignment, levels, clients_per_round)
-    base = full_width_base(family, "fjord")
-    level_spec = level_specs(base, bn="per-width", levels=tuple(levels))
-    private = opts.private_norm or opts.private_head
-    global_eval: GlobalEval = (
-        WholeModel() if private else LevelModels(levels, level_spec, level_spec, stats_pass=False)
+    norm = level_norm(full_width_base(family, "fjord"), opts.norm, levels, scaler=False)
+    assignment = WidthAssignment(
+        levels, proportions, norm.train, mode=opts.assignment, capacities=opts.capacities
     )
+    private = opts.private_norm or opts.private_head
+    global_eval: GlobalEval = WholeModel() if private else level_models(assignment, norm)
     return Strategy(
         family,
         train=train,
         sampler=opts.sampler(clients_per_round),
-        assignment=WidthAssignment(
-            levels, proportions, level_spec, mode=opts.assignment, capacities=opts.capacities
-        ),
+        assignment=assignment,
         transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
         weighting=weighting(opts.weighting),
         server_update=Averaged(),

@@ -12,10 +12,14 @@ nested slice `[:ceil(r * out), :ceil(r * in)]` of every hidden layer; assignment
 r in training only); masked cross-entropy (absent classes' logits set to 0) and
 label-split aggregation of the head rows; gradient-norm clipping at 1 (the code's; a set
 `train.clip_grad_norm` runs instead); weight 1 per client on each element it covers,
-uncovered ones kept; every level evaluated on the global test set after a statistics
-pass over the clients' training data (`width=r`; the widest is `global_acc`); local
-accuracy as `train_classifier_fed.py` measures it (`stats`, then `test` with each
-client's label split): the full-rate model, logits masked to the client's classes.
+uncovered ones kept; every level evaluated on the global test set (`width=r`; the widest
+is `global_acc`) after a statistics pass (static BN); local accuracy as
+`train_classifier_fed.py` measures it (`stats`, then `test` with each client's label
+split): the full-rate model, logits masked to the client's classes.
+
+The code's own switches, defaults as above: `norm` (`bn` or `none` among others there;
+here also `per-width` and `per-capacity`, `width_norms`), `scaler` (`scale`),
+`label_split` (`mask`); `default_clipping: false` trains unclipped.
 
 Choices where the paper is silent or the code differs from the text:
 - `fixed` gives the levels to clients in id order, narrowest first, in exact proportions
@@ -23,11 +27,13 @@ Choices where the paper is silent or the code differs from the text:
 - the masked loss and the label split use the client's training classes (no-ops on IID
   data, so on by default);
 - `local_eval_model: own-level` judges each client by its own level (the widest under
-  `dynamic`) after a statistics pass over its own training data; it runs whenever there
-  are private layers, which the full-rate global model cannot hold;
+  `dynamic`) after a statistics pass over its own training data (static BN); it runs
+  whenever there are private layers, which the full-rate global model cannot hold;
 - `weighting: samples` is available for comparisons with FjORD;
 - the dynamic assignments are refused with private layers: they stay at the width last
-  trained.
+  trained;
+- under `per-capacity` norms only levels some client trains are evaluated (no others
+  have normalisation tensors).
 """
 
 from __future__ import annotations
@@ -48,9 +54,9 @@ from hetfl.algorithms.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.width_eval import FullRateMasked, LevelModels, LocalEvalModel, OwnLevel
-from hetfl.algorithms.widths import LevelSpec, check_levels, full_width_base, level_specs
-from hetfl.core.evaluation import GlobalEval, LocalEval, WholeModel
+from hetfl.algorithms.width_eval import LocalEvalModel, sliced_evaluation
+from hetfl.algorithms.width_norms import NormOption, level_norm
+from hetfl.algorithms.widths import check_levels, full_width_base
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.maps import LabelSplit, MapTransform, private_layers
@@ -73,6 +79,15 @@ class HeteroFLOptions(FedAvgOptions):
     capacities: Capacities = None
     label_split: bool = Field(True, description="masked loss and label-split head rows")
     local_eval_model: LocalEvalModel = "global-masked"
+    norm: NormOption = "static"
+    scaler: bool = Field(
+        True, description="divide activations by the width ratio in training (the code's scale)"
+    )
+    default_clipping: bool = Field(
+        True,
+        description=f"clip gradients at norm {DEFAULT_CLIP} (the code's) when "
+        "train.clip_grad_norm is unset; false: no clipping unless train sets one",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -85,7 +100,12 @@ class HeteroFLOptions(FedAvgOptions):
         return data
 
     @model_validator(mode="after")
-    def _private_layers_need_a_fixed_width(self) -> HeteroFLOptions:
+    def _settings_fit_together(self) -> HeteroFLOptions:
+        if self.scaler and self.norm == "per-width":
+            raise ValueError(
+                "norm 'per-width' keeps running statistics per width and takes no scaler; "
+                "set scaler: false, or choose norm static, per-capacity or none"
+            )
         if self.assignment.startswith("dynamic") and (self.private_norm or self.private_head):
             raise ValueError(
                 f"assignment {self.assignment!r} with private_norm={self.private_norm}, "
@@ -96,49 +116,32 @@ class HeteroFLOptions(FedAvgOptions):
         return self
 
 
-def evaluation(
-    opts: HeteroFLOptions, assignment: WidthAssignment, eval_spec: LevelSpec
-) -> tuple[GlobalEval, LocalEval]:
-    """Every level after a statistics pass, unless private layers leave no complete global
-    model. Local accuracy as `local_eval_model` says: the full-rate model as the global
-    evaluation tested it, with the client's label mask (`global-masked`), or the client's
-    own level after a statistics pass over its own training data (`own-level`, the one
-    that runs with private layers)."""
-    widest, mask, level_spec = max(assignment.levels), opts.label_split, assignment.level_spec
-    level_of = (lambda info: widest) if assignment.dynamic else assignment.level
-    own = OwnLevel(level_of, level_spec, eval_spec, label_mask=mask)
-    if opts.private_norm or opts.private_head:
-        return WholeModel(), own
-    levels = LevelModels(assignment.levels, level_spec, eval_spec, stats_pass=True)
-    if opts.local_eval_model == "own-level":
-        return levels, own
-    return levels, FullRateMasked(widest, level_spec, eval_spec, label_mask=mask)
-
-
 @register_algorithm("heterofl", HeteroFLOptions, needs="scalable")
 def _make(
     family: ModelFamily, opts: HeteroFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    """Width levels with static BN and the scaler, label-split masks (not with a private
-    head) and the masked loss, the authors' clipping unless `train` sets its own."""
+    """Width levels under `norm` (static BN) with the scaler, label-split masks (not with a
+    private head) and the masked loss, the authors' clipping unless `train` sets its own."""
     levels, proportions = check_levels(opts.levels, opts.proportions)
     base = full_width_base(family, "heterofl")
-    level_spec = level_specs(base, bn="static", scaler=True)
-    eval_spec = level_specs(base, bn="batch", scaler=False)
+    norm = level_norm(base, opts.norm, levels, scaler=opts.scaler)
     check_every_level_fits(opts.assignment, levels, clients_per_round)
     assignment = WidthAssignment(
-        levels, proportions, level_spec, mode=opts.assignment, capacities=opts.capacities
+        levels, proportions, norm.train, mode=opts.assignment, capacities=opts.capacities
     )
     transforms: list[MapTransform] = private_layers(
         family, norm=opts.private_norm, head=opts.private_head
     )
     if opts.label_split and not opts.private_head:
         transforms.append(LabelSplit(family))
-    global_eval, local_eval = evaluation(opts, assignment, eval_spec)
-    if train.clip_grad_norm is None:
+    private = opts.private_norm or opts.private_head
+    global_eval, local_eval = sliced_evaluation(
+        assignment, norm, private=private, label_mask=opts.label_split, local=opts.local_eval_model
+    )
+    if train.clip_grad_norm is None and opts.default_clipping:
         train = replace(train, clip_grad_norm=DEFAULT_CLIP)
-    private = "own-level (private layers cannot load into the full-rate global model)"
-    local = private if opts.private_norm or opts.private_head else opts.local_eval_model
+    own = "own-level (private layers cannot load into the full-rate global model)"
+    local = own if private else opts.local_eval_model
     described = {"clip_grad_norm": train.clip_grad_norm, "local_eval_model": local}
     strategy = Strategy(
         family,

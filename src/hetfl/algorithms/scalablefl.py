@@ -5,7 +5,8 @@ notes on the choices: docs/methods.md, "ScalableFL".
 
 Reproduced: clients are grouped by (input side H, classes K); a group trains
 c = ceil(log2(H / H0)) down-sampling stages of one global model at kappa = log10(K) /
-log10(K0) times the base widths (§III-A, `hetfl.models.scaling`), nested slices of the
+log10(K0) times the base widths (§III-A, `hetfl.models.scaling`; `model.width` narrows
+the base, e.g. a quarter-width ResNet-18 at this machine's scale), nested slices of the
 per-layer maximum, with private BatchNorm and heads (FedBN + FedPer). A round (Algorithm 1)
 samples max(1, round(xi * n_g)) clients per group (xi: `participation`, by default
 clients_per_round over the clients); each trains `local_steps` mini-batches of momentum
@@ -40,7 +41,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from hetfl.algorithms.base import ReducerOptions, register_algorithm
-from hetfl.algorithms.widths import full_width_base
+from hetfl.algorithms.widths import scalable_base
 from hetfl.core.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
 from hetfl.core.evaluation import OwnModel
 from hetfl.core.local.parts import LocalRecipe
@@ -105,7 +106,7 @@ def group_name(group: GroupKey) -> str:
 def group_models(family: ModelFamily, opts: ScalableFLOptions) -> GroupPlanner[ScaledModel]:
     """Each group's model (§III-A; a group's input shape is its last member's), or for §V's
     HeteroFL comparison each one matched at the variant's fixed depth."""
-    base = full_width_base(family, "scalablefl").replace(bn="batch", scaler=False)
+    base = scalable_base(family, "scalablefl").replace(bn="batch", scaler=False)
     check_depth_scalable(base, "scalablefl")
     rule = ScalingRule(family, base, opts.base_size, opts.base_classes)
     below_max = BELOW_MAX.get(opts.variant)

@@ -184,8 +184,17 @@ class WidthAssignment:
         return out
 
     def level(self, info: ClientInfo) -> float:
-        """A client's fixed level (the widest for a client unknown at set-up)."""
-        return self.level_of.get(info.cid, max(self.levels))
+        """A client's fixed level: the widest for a client unknown at set-up, except under
+        `declared`, where only a declared capacity sets a level (an error naming it)."""
+        if info.cid in self.level_of:
+            return self.level_of[info.cid]
+        if self.mode == "declared":
+            raise ValueError(
+                f"assignment 'declared': client {info.cid} was not among the clients at "
+                f"set-up ({len(self._clients)} clients), so it has no declared capacity and "
+                "no level; declare every client before the run starts"
+            )
+        return max(self.levels)
 
     def spec_of(self, info: ClientInfo) -> Spec:
         return self.level_spec(self.level(info))

@@ -1,6 +1,7 @@
 """Evaluation parts of the width-sliced methods (`hetfl.core.evaluation`): every level's
-model on the global test set (`LevelModels`), and a client judged by the full-rate model
-(`FullRateMasked`, HeteroFL's local accuracy) or by its own level (`OwnLevel`).
+model on the global test set (`LevelModels`, `level_models`), and a client judged by the
+full-rate model (`FullRateMasked`, HeteroFL's local accuracy) or by its own level
+(`OwnLevel`); HeteroFL's choice among them (`sliced_evaluation`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from typing import Annotated, Literal
 import torch
 from pydantic import Field
 
+from hetfl.algorithms.width_assignment import WidthAssignment
+from hetfl.algorithms.width_norms import LevelNorm
 from hetfl.algorithms.widths import LevelSpec
-from hetfl.core.evaluation import Layout
+from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, WholeModel
 from hetfl.core.init import build_model
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import State, extract
@@ -168,3 +171,36 @@ class OwnLevel:
             stats_pass=self.stats_pass,
             label_mask=info.labels if self.label_mask else None,
         )
+
+
+def level_models(assignment: WidthAssignment, norm: LevelNorm) -> LevelModels:
+    """Every level of `assignment` tested as `norm` says; under per-capacity norms only the
+    levels some client trains (another level has no normalisation tensors)."""
+    levels = assignment.trained_levels if norm.per_capacity else assignment.levels
+    return LevelModels(levels, assignment.level_spec, norm.evaluate, stats_pass=norm.stats_pass)
+
+
+def sliced_evaluation(
+    assignment: WidthAssignment,
+    norm: LevelNorm,
+    *,
+    private: bool,
+    label_mask: bool,
+    local: LocalEvalModel,
+) -> tuple[GlobalEval, LocalEval]:
+    """HeteroFL's evaluation: every level (`level_models`), unless private layers leave no
+    complete global model; local accuracy as `local` says: the full-rate model as the global
+    evaluation tested it, with the client's label mask (`global-masked`), or the client's
+    own level, the widest under a dynamic assignment (`own-level`, the one that runs with
+    private layers), after a statistics pass over its training data where `norm` has one."""
+    widest, level_spec = max(assignment.levels), assignment.level_spec
+    level_of = (lambda info: widest) if assignment.dynamic else assignment.level
+    own = OwnLevel(
+        level_of, level_spec, norm.evaluate, label_mask=label_mask, stats_pass=norm.stats_pass
+    )
+    if private:
+        return WholeModel(), own
+    if local == "own-level":
+        return level_models(assignment, norm), own
+    masked = FullRateMasked(widest, level_spec, norm.evaluate, label_mask=label_mask)
+    return level_models(assignment, norm), masked

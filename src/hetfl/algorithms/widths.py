@@ -47,15 +47,22 @@ def shares(levels: Sequence[float], proportions: Sequence[float] | None) -> list
     return [q / total for q in raw]
 
 
-def full_width_base(family: ModelFamily, method: str) -> Spec:
-    """The family's base spec, which width-sliced methods treat as the full (ratio 1) model."""
+def scalable_base(family: ModelFamily, method: str) -> Spec:
+    """The family's base spec (its `model.width` included), refused for a model that has
+    no width slots."""
     base = family.global_spec([])
-    widths = base.get("widths")
-    if widths is None:
+    if base.get("widths") is None:
         raise ValueError(
             f"{method} needs a scalable model (model.name one of the scalable families; see "
             "`hetfl list`); the configured model has one fixed architecture"
         )
+    return base
+
+
+def full_width_base(family: ModelFamily, method: str) -> Spec:
+    """The family's base spec, which width-sliced methods treat as the full (ratio 1) model."""
+    base = scalable_base(family, method)
+    widths = base["widths"]
     if any(w != 1.0 for w in widths):
         raise ValueError(
             f"{method} slices the configured model by its own width levels; leave model.width "

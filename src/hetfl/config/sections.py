@@ -21,6 +21,7 @@ from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
+from hetfl.data.partition import Deal
 from hetfl.data.views import ViewGroup
 from hetfl.models.factory import (
     COMPOSED_OPTIONS,
@@ -63,6 +64,12 @@ class PartitionConfig(_Strict):
     k: int | None = Field(
         None, ge=1, description="classes: the number of classes each client holds (required)"
     )
+    deal: Deal = Field(
+        "round-robin",
+        description="classes: how classes are dealt: round-robin, the shuffled classes in turn "
+        "(at most C distinct sets); least-used, each class drawn among those dealt least "
+        "often so far (FLANC's code); other kinds ignore it, as they ignore k",
+    )
 
     @field_validator("kind")
     @classmethod
@@ -84,7 +91,7 @@ class PartitionConfig(_Strict):
         if self.kind == "dirichlet":
             return {"alpha": self.alpha, "min_size": self.min_size, "max_retries": self.max_retries}
         if self.kind == "classes":
-            return {"k": self.k}
+            return {"k": self.k, "deal": self.deal}
         if self.kind == "quantity":
             alpha = 1.0 if self.alpha is None else self.alpha
             return {"alpha": alpha, "min_size": self.min_size, "max_retries": self.max_retries}
@@ -268,8 +275,11 @@ class ModelConfig(_Strict):
     compose: Literal["factorised", "explicit"] | None = Field(
         None, description="composed models: factorised (default) or explicit kernels"
     )
-    basis: Literal["paper", "code"] | None = Field(
-        None, description="composed models: basis-size preset (paper by default)"
+    basis: Literal["code", "table2", "supplement"] | None = Field(
+        None,
+        description="composed models: basis sizes, code (the authors' code), table2 (the "
+        "sizes that give the supplement's Table 2 MACs) or supplement (the RNN's stated "
+        "sizes); default composed-cnn table2, composed-resnet18 code, composed-rnn supplement",
     )
 
     @field_validator("name")
@@ -488,6 +498,21 @@ class EvalConfig(_Strict):
         "training samples, drawn per client in proportion to its size: a speed option "
         "(default: every client's whole training set)",
     )
+    stats_pass: bool = Field(
+        False,
+        description="also report local_acc_stats: local_acc after each evaluated client "
+        "re-estimates its BatchNorm statistics on its own training data with the current "
+        "weights, for that evaluation only (methods with private BN: scalablefl, fedbn)",
+    )
+
+    @model_validator(mode="after")
+    def _stats_pass_needs_local_evaluation(self) -> EvalConfig:
+        if self.stats_pass and self.local_eval == "none":
+            raise ValueError(
+                "stats_pass reports local_acc_stats, a local evaluation, but local_eval is "
+                "'none'; set local_eval to sampled or all, or drop stats_pass"
+            )
+        return self
 
 
 class TargetConfig(_Strict):

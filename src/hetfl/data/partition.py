@@ -14,6 +14,7 @@ what to change.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -137,19 +138,62 @@ def dirichlet(
     raise _retry_failed("dirichlet", alpha, min_size, num_clients, n, max_retries, smallest)
 
 
+#: How the `classes` partition deals classes to clients (`k_classes`).
+Deal = Literal["round-robin", "least-used"]
+DEALS: tuple[str, ...] = get_args(Deal)
+
+
+def _deal_round_robin(
+    classes: np.ndarray, num_clients: int, k: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """Classes shuffled once, then dealt in turn: client i holds order[(i * k + j) mod C]."""
+    order = rng.permutation(classes)
+    return [[int(order[(i * k + j) % classes.size]) for j in range(k)] for i in range(num_clients)]
+
+
+def _deal_least_used(
+    classes: np.ndarray, num_clients: int, k: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """Clients in id order each draw their k classes one at a time, uniformly among the
+    classes dealt least often so far that they do not hold yet: the rule of FLANC's code
+    (HarukiYqM/All-In-One-Neural-Composition, `data/fashion-mnist.py: partition_data`,
+    a draw among the classes with the most unused slots), which can also give one client
+    a class twice; here a client's k classes are distinct. Usage counts never differ by
+    more than one, so every class has num_clients * k / C holders when that divides."""
+    used = np.zeros(classes.size, dtype=np.int64)
+    held = []
+    for _ in range(num_clients):
+        mine: list[int] = []
+        for _ in range(k):
+            free = np.ones(classes.size, dtype=bool)
+            free[mine] = False
+            least = np.flatnonzero(free & (used == used[free].min()))
+            pick = int(rng.choice(least))
+            mine.append(pick)
+            used[pick] += 1
+        held.append([int(classes[i]) for i in mine])
+    return held
+
+
+_DEALERS = {"round-robin": _deal_round_robin, "least-used": _deal_least_used}
+
+
 @PARTITIONERS.decorator("classes")
 def k_classes(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
     k: int,
+    deal: str = "round-robin",
     *,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Each client holds exactly `k` classes (the shards of HeteroFL, FedFA and FLANC).
 
-    The classes are shuffled, then dealt round-robin: client i holds classes
-    order[(i * k + j) mod C] for j < k. Each class's shuffled samples are split equally
+    `deal` says which: `round-robin` shuffles the classes, then client i holds classes
+    order[(i * k + j) mod C] for j < k (so at most C distinct sets of classes);
+    `least-used` draws each client's classes among those dealt least often so far
+    (`_deal_least_used`, FLANC's code). Each class's shuffled samples are split equally
     among the clients that hold it. Not a cover of the training set: the `n_c mod h_c`
     samples left over when class c's n_c samples do not divide among its h_c holders are
     dropped, as is every sample of a class no client holds (when num_clients * k < C).
@@ -160,12 +204,15 @@ def k_classes(
         raise PartitionError(
             f"classes partition needs 1 <= k <= {classes.size} (the number of classes), got k = {k}"
         )
-    order = rng.permutation(classes)
-    held = [[order[(i * k + j) % classes.size] for j in range(k)] for i in range(num_clients)]
+    if deal not in _DEALERS:
+        raise PartitionError(
+            f"classes partition: deal must be one of {', '.join(DEALS)}, got {deal!r}"
+        )
+    held = _DEALERS[deal](classes, num_clients, k, rng)
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
     for client, cls in enumerate(held):
         for c in cls:
-            holders[int(c)].append(client)
+            holders[c].append(client)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in classes:  # a fixed class order, so the draws do not depend on dict order
         owners = holders[int(c)]

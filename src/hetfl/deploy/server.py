@@ -39,7 +39,7 @@ What differs from the simulator, and why:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ from hetfl.engine.steps import (
     LocalScore,
     RoundOutcome,
     charge_result,
+    local_task,
     pooled_validation,
     run_pixels,
 )
@@ -272,6 +273,7 @@ class FlowerServer(RoundLoop):
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
+        stats_pass: bool = False,
     ) -> list[LocalScore]:
         """A second exchange: each client evaluates on its own `split` with its private
         state; clients that do not answer are left out (with a warning)."""
@@ -280,7 +282,7 @@ class FlowerServer(RoundLoop):
         infos = self.members.infos
         timeout = self.deploy.round_timeout_s
         tasks = {
-            c: replace(self.strategy.eval_task(infos[c], self.state, evaluated), split=split)
+            c: local_task(self.strategy, infos[c], self.state, evaluated, split, stats_pass)
             for c in cids
         }
         messages = {

@@ -11,8 +11,9 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 - `after_training(outcome)`: anything due once the round's results are aggregated (the
   simulator advances its clock here);
 - `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
-- `local_scores(rnd, outcome, evaluated, split)`: each locally evaluated client's accuracy,
-  loss and group on its local test split (or its validation split);
+- `local_scores(rnd, outcome, evaluated, split, stats_pass)`: each locally evaluated
+  client's accuracy, loss and group on its local test split (or its validation split),
+  after a statistics pass over its own training data when asked (`eval.stats_pass`);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
@@ -69,7 +70,9 @@ class RoundSettings:
     """How a run's rounds go, for either engine. `availability` and `system` drive the
     simulator only (the Flower adapter warns when they are set). `stats_samples` is the
     size of the static-BN statistics pass's subsample, None for every client's whole
-    training set (`hetfl.engine.statistics`)."""
+    training set (`hetfl.engine.statistics`). `local_stats_pass` also scores every locally
+    evaluated client after re-estimating its BatchNorm statistics on its own training data
+    (`local_acc_stats`)."""
 
     rounds: int
     seed: int
@@ -80,6 +83,7 @@ class RoundSettings:
     targets: tuple[Target, ...] = ()
     stats_samples: int | None = None
     system: SystemSettings | None = None
+    local_stats_pass: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):
@@ -212,6 +216,8 @@ class RoundLoop(ABC):
         `val_acc`/`val_loss` score the model `global_acc` scores, on the pooled validation
         samples; a method without a global model (private layers) is scored as `local_acc`
         is, each locally evaluated client's model on its own validation split, unweighted.
+        With `settings.local_stats_pass`, `local_acc_stats` is `local_acc` again after each
+        client's statistics pass over its own training data.
         """
         scores = evaluate_global(
             self.strategy,
@@ -222,16 +228,21 @@ class RoundLoop(ABC):
             self.validation,
             self.score,
         )
-        local_acc = None
+        local_acc = local_acc_stats = None
         local: list[LocalScore] = []
         if self.settings.local_eval != "none":
             local = self.local_scores(rnd, outcome, scores.models)
             local_acc = mean_local_accuracy(local, scores.groups)
+            if self.settings.local_stats_pass:
+                passed = self.local_scores(rnd, outcome, scores.models, stats_pass=True)
+                local_acc_stats = mean_local_scores(passed)[0]
             if self.validation and scores.global_acc is None:  # no global model
                 scores.val_acc, scores.val_loss = mean_local_scores(
                     self.local_scores(rnd, outcome, scores.models, "validation")
                 )
-        row = metrics_row(rnd, outcome, scores, local_acc, self.counters, self.sim_time_s())
+        row = metrics_row(
+            rnd, outcome, scores, local_acc, self.counters, self.sim_time_s(), local_acc_stats
+        )
         return row, local
 
     def _fields_of(self) -> Callable[[int, ClientTask | None], dict[str, Scalar]]:
@@ -287,11 +298,13 @@ class RoundLoop(ABC):
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
+        stats_pass: bool = False,
     ) -> list[LocalScore]:
         """The score of each client evaluated on its own `split` (its local test split or
         its validation split), as `settings.local_eval` ("sampled" or "all") asks, each by
-        the task `strategy.eval_task(info, self.state, evaluated)` gives (`evaluated`: the round's
-        globally evaluated models, as tested, by name)."""
+        the task `local_task(...)` gives (`strategy.eval_task`; `evaluated`: the round's
+        globally evaluated models, as tested, by name; `stats_pass`: the client's statistics
+        pass first)."""
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
         """Called once the round's results are aggregated, before evaluation."""

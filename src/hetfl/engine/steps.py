@@ -8,8 +8,8 @@ through these functions, so that a run reports the same numbers whichever engine
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -23,10 +23,13 @@ from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientData,
+    ClientInfo,
     ClientResult,
     ClientTask,
     ClientTimes,
     EvalModel,
+    EvalSplit,
+    EvalTask,
     Failure,
     Problem,
     ServerResult,
@@ -245,6 +248,22 @@ def _pooled_scores(
     return sum(t[0] for t in totals) / n, sum(t[1] for t in totals) / n
 
 
+def local_task(
+    strategy: Strategy,
+    info: ClientInfo,
+    state: State,
+    evaluated: Mapping[str, State],
+    split: EvalSplit,
+    stats_pass: bool,
+) -> EvalTask:
+    """The strategy's local-evaluation task for a client (`Strategy.eval_task`), on `split`;
+    with `stats_pass`, the client re-estimates its model's BatchNorm statistics on its own
+    training data first (`eval.stats_pass`: the model as loaded, for this evaluation only;
+    its stored private state is not changed)."""
+    task = strategy.eval_task(info, state, evaluated)
+    return replace(task, split=split, stats_pass=task.stats_pass or stats_pass)
+
+
 class LocalScore(NamedTuple):
     """Client `cid`'s model evaluated on one of its own splits (`EvalTask.split`)."""
 
@@ -281,6 +300,7 @@ def metrics_row(
     local_acc: float | None,
     counters: Counters,
     sim_time_s: float | None = None,
+    local_acc_stats: float | None = None,
 ) -> dict[str, Any]:
     """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results.
     `wall_time_s` is set by the engine once the round's time is known."""
@@ -294,6 +314,7 @@ def metrics_row(
         global_acc=scores.global_acc,
         test_loss=scores.test_loss,
         local_acc=local_acc,
+        local_acc_stats=local_acc_stats,
         loss=loss,
         bytes_down=counters.bytes_down,
         bytes_up=counters.bytes_up,

@@ -4,14 +4,15 @@ Mei et al., "Resource-Adaptive Federated Learning with All-In-One Neural Composi
 (NeurIPS 2022), supplementary §1.2-§2: every capacity p has its own coefficients U_p, stem,
 normalisation and classifier; the bases V are shared by all capacities. A spec holds
 `family`, `input_shape`, `num_classes`, `capacity` p in (0, 1], `compose` (`factorised` or
-`explicit`, `hetfl.models.composed`) and `basis` (the basis-size preset: `paper`, or `code`
-for the CNN).
+`explicit`, `hetfl.models.composed`) and `basis` (the basis-size preset, `hetfl.models.
+flanc_nets`: `table2` or `code` for the CNN, `code` or `table2` for the ResNet-18,
+`supplement` for the RNN; the first is the default).
 
 The index map puts a model's tensors into global ones:
 
 - a composed layer's `…basis` maps to the bank `basis/<owner>`, the same global tensor and
-  rows for every capacity (the owner is the layer's module path; in the ResNet-18 the
-  block's, whose one bank (2·R2, R1, 3, 3) gives conv1 rows [0, R2) and conv2 rows
+  rows for every capacity (the owner is the layer's module path; in the `code` ResNet-18
+  the block's, whose one bank (2·R2, R1, 3, 3) gives conv1 rows [0, R2) and conv2 rows
   [R2, 2·R2), as the authors' `resnet18_flanc.py` splits one orthogonal draw per block);
 - every other tensor maps whole to `cap<p>/<local name>` (`capacity_group`), so each
   capacity is a model of its own, and no global name equals a local one.
@@ -80,7 +81,7 @@ COMPOSED.register(
         4,
         tuple(CNN_BASIS_SIZES),
         "kaiming_uniform_default",
-        "FLANC's Fashion-MNIST CNN, composed convolutions (basis: paper | code)",
+        "FLANC's Fashion-MNIST CNN, composed convolutions (basis: table2 | code)",
     ),
 )
 COMPOSED.register(
@@ -90,9 +91,9 @@ COMPOSED.register(
         resnet_layout,
         3,
         8,
-        ("paper",),
+        ("code", "table2"),
         "kaiming_normal_fan_out",
-        "FLANC's ResNet-18, composed 3x3 convolutions, BN per capacity",
+        "FLANC's ResNet-18, composed 3x3 convolutions, BN per capacity (basis: code | table2)",
     ),
 )
 COMPOSED.register(
@@ -102,13 +103,13 @@ COMPOSED.register(
         rnn_layout,
         1,
         1,
-        ("paper",),
+        ("supplement",),
         "kaiming_uniform_default",
         "FLANC's character RNN (512), composed matrices",
     ),
 )
 
-_DEFAULTS = {"capacity": 1.0, "compose": "factorised", "basis": "paper"}
+_DEFAULTS = {"capacity": 1.0, "compose": "factorised"}
 
 
 class ComposedFamily:
@@ -169,8 +170,9 @@ def normalise(values: Mapping[str, Any]) -> Spec:
     name = str(values.get("family"))
     if name not in COMPOSED:
         raise SpecError(COMPOSED.unknown_message(name))
-    spec = Spec({**_DEFAULTS, **values})
-    _check(spec, COMPOSED.get(name))
+    arch = COMPOSED.get(name)
+    spec = Spec({**_DEFAULTS, "basis": arch.presets[0], **values})
+    _check(spec, arch)
     return spec.replace(capacity=float(spec["capacity"]))
 
 
@@ -185,8 +187,7 @@ def _check(spec: Spec, arch: ComposedArchitecture) -> None:
         )
     if spec["basis"] not in arch.presets:
         raise SpecError(
-            f"{name}: basis must be one of {', '.join(arch.presets)}, got {spec['basis']!r} "
-            "(only composed-cnn has the 'code' preset, the authors' R1 = 8 for its first layer)"
+            f"{name}: basis must be one of {', '.join(arch.presets)}, got {spec['basis']!r}"
         )
     classes = spec["num_classes"]
     if not (isinstance(classes, int) and classes >= 1):

@@ -7,16 +7,25 @@ built from its layout, and the family (`hetfl.models.flanc`) reads the same layo
 `S_p/R1`, to map bases into the global banks and to declare the banks, so the three always
 agree. Widths are `channels(p, base)` (`hetfl.models.slim`), as the scalable families'.
 
+Basis sizes are presets named for where they come from (`basis` in the spec): `code`, the
+authors' code; `table2`, the sizes whose MACs reproduce the supplement's Table 2;
+`supplement`, the sizes the supplement's text states (the RNN's, which has no code).
+
 - `composed-cnn`: the Fashion-MNIST CNN of the authors' `src/model/cnn_flanc.py`: a plain
   3x3 stem to 64 channels with bias (no activation, no pool) that no capacity changes, two
   composed 3x3 convolutions to 128p channels, each followed by ReLU and a 2x2 max-pool, a
-  linear head on the flattened 128p x H/4 x W/4 features; no normalisation.
+  linear head on the flattened 128p x H/4 x W/4 features; no normalisation. `table2`
+  (the default): R1 = 16 in both; `code`: R1 = 8 in the first.
 - `composed-resnet18`: the authors' `src/model/resnet18_flanc.py`: a CIFAR stem (3x3 conv
   to 64 channels, BN, ReLU; no max-pool) kept at 64, post-activation basic blocks of
   64p·2^i planes whose two 3x3 convolutions are composed, a plain 1x1 shortcut with BN where
-  the stride or the widths differ, global average pooling, a linear head.
+  the stride or the widths differ, global average pooling, a linear head. `code` (the
+  default): one bank per block, (R2, R1) of `RESNET_BASES`; `table2`: every convolution
+  its own bank with R1 = 1/8 of its full-width input (supplementary §1.2, "12.5 % of the
+  full model"), which gives Table 2's 55/112/186/275 M within 2.5 % (`code`: 11 % above).
 - `composed-rnn`: a character RNN (supplementary §1.2: one layer, embedding = hidden = 512,
-  R1 = 32, R2 = 30), see `ComposedRNN`.
+  R1 = 32, R2 = 30: `supplement`), see `ComposedRNN`; these sizes give 8-14 % more MACs
+  than Table 2's FLANC row (5/16/34/59 M), about its p-width row.
 """
 
 from __future__ import annotations
@@ -62,9 +71,11 @@ class Composition:
         return slice(self.row0, self.row0 + self.r2)
 
 
-def _own_bank(path: str, s: int, t: int, r1: int, r2: int, kernel: int) -> Composition:
-    """A layer that owns its bank alone (the CNN's and the RNN's)."""
-    return Composition(path, s, t, r1, r2, kernel, 1, path, 0, r2)
+def _own_bank(
+    path: str, s: int, t: int, r1: int, r2: int, kernel: int, stride: int = 1
+) -> Composition:
+    """A layer that owns its bank alone (the CNN's, the RNN's, the `table2` ResNet's)."""
+    return Composition(path, s, t, r1, r2, kernel, stride, path, 0, r2)
 
 
 def _conv(c: Composition, mode: str) -> ComposedConv2d:
@@ -74,10 +85,10 @@ def _conv(c: Composition, mode: str) -> ComposedConv2d:
 
 
 # -- the CNN ------------------------------------------------------------------------------------
-#: R1 of the two composed layers per preset: `paper` (supplementary §1.2 read with the MACs
+#: R1 of the two composed layers per preset: `table2` (supplementary §1.2 read with the MACs
 #: of Table 2: 20.3/26.6/33.6/41.5 M at p = 1/4..1 on 28x28) and `code` (the authors'
 #: `basis_fraction` 0.125 of 64 for the first layer: 23.5/33.0/43.2/54.3 M).
-CNN_BASIS_SIZES = {"paper": (16, 16), "code": (8, 16)}
+CNN_BASIS_SIZES = {"table2": (16, 16), "code": (8, 16)}
 CNN_BASES = 32  # R2 = 1/4 of the 128 full output channels
 CNN_STEM, CNN_WIDTH = 64, 128
 
@@ -122,7 +133,7 @@ class ComposedCNN(nn.Module):
 
 # -- the ResNet-18 ------------------------------------------------------------------------------
 #: (R2, R1) of each block's bank, stage by stage, as the authors' `resnet18_flanc.py`
-#: (n_basis 0.25 and basis_fraction 0.125 of its `cfg` channel counts).
+#: (n_basis 0.25 and basis_fraction 0.125 of its `cfg` channel counts): the `code` preset.
 RESNET_BASES = (
     ((16, 8), (16, 8)),
     ((32, 8), (32, 16)),
@@ -130,23 +141,30 @@ RESNET_BASES = (
     ((128, 32), (128, 64)),
 )
 RESNET_STEM = 64
+#: `table2`: a convolution's R1 is its full-width input channel count over this.
+TABLE2_R1_DIVISOR = 8
 
 
 def resnet_layout(spec: Spec) -> list[Composition]:
-    """conv1 then conv2 of every block; a block's two convolutions take rows [0, R2) and
-    [R2, 2·R2) of the block's one bank."""
+    """conv1 then conv2 of every block. `code`: a block's two convolutions take rows
+    [0, R2) and [R2, 2·R2) of the block's one bank; `table2`: each convolution owns a bank
+    of R2 rows with R1 = its full-width input / `TABLE2_R1_DIVISOR`."""
     out, cin = [], RESNET_STEM
     for i, blocks in enumerate(RESNET_BASES):
-        planes = channels(spec["capacity"], RESNET_STEM * 2**i)
+        full = RESNET_STEM * 2**i
+        planes = channels(spec["capacity"], full)
         for b, (r2, r1) in enumerate(blocks):
             block = f"layer{i + 1}.{b}"
             stride = 2 if i > 0 and b == 0 else 1
-            out.append(
-                Composition(f"{block}.conv1", cin, planes, r1, r2, 3, stride, block, 0, 2 * r2)
-            )
-            out.append(
-                Composition(f"{block}.conv2", planes, planes, r1, r2, 3, 1, block, r2, 2 * r2)
-            )
+            conv1, conv2 = f"{block}.conv1", f"{block}.conv2"
+            if spec["basis"] == "code":
+                out.append(Composition(conv1, cin, planes, r1, r2, 3, stride, block, 0, 2 * r2))
+                out.append(Composition(conv2, planes, planes, r1, r2, 3, 1, block, r2, 2 * r2))
+            else:
+                full_in = full // 2 if i > 0 and b == 0 else full
+                r1_in, r1_out = full_in // TABLE2_R1_DIVISOR, full // TABLE2_R1_DIVISOR
+                out.append(_own_bank(conv1, cin, planes, r1_in, r2, 3, stride))
+                out.append(_own_bank(conv2, planes, planes, r1_out, r2, 3))
             cin = planes
     return out
 

@@ -25,8 +25,8 @@ the only place a kind's name means anything:
 - `none`: identity; the convolution before it then has a bias of its own.
 
 HeteroFL's scaler (activations divided by the width ratio during training only) is an
-option of the BatchNorm kinds (`scaler` in the spec): the paper's code places it before
-every normalisation layer.
+option of every kind but `per-width` (`scaler` in the spec): the paper's code places it
+before every normalisation layer, and keeps it with no normalisation (`norm: none`).
 """
 
 from __future__ import annotations
@@ -95,13 +95,15 @@ class PerWidthNorm:
 
 @dataclass(frozen=True)
 class Identity:
-    """No normalisation (`NoNorm`); the convolution before it keeps its bias."""
+    """No normalisation (`NoNorm`), optionally with HeteroFL's scaler; the convolution
+    before it keeps its bias."""
 
+    scaler: bool = False
     per_capacity: ClassVar[bool] = False
     conv_bias: ClassVar[bool] = True
 
     def __call__(self, base: int, ratio: float, *, fixed: bool = False) -> nn.Module:
-        return NoNorm()
+        return NoNorm(ratio, scaler=self.scaler and not fixed)
 
 
 def _per_width(spec: Spec) -> NormFactory:
@@ -125,7 +127,7 @@ NORMS.register("per-width", _per_width)
 NORMS.register(
     "per-capacity", lambda spec: BatchNorm(scaler=bool(spec["scaler"]), per_capacity=True)
 )
-NORMS.register("none", lambda spec: Identity())
+NORMS.register("none", lambda spec: Identity(scaler=bool(spec["scaler"])))
 
 
 def norm_for(spec: Spec) -> NormFactory:

@@ -5,7 +5,8 @@ Output Categories", arXiv 2311.08716 v1, §III-A and §V).
 
 A client with input side H and K classes trains c = ceil(log2(H / H0)) down-sampling
 stages (halvings of the feature map) of a scalable family, each kappa = log10(K) /
-log10(K0) times as wide as the family's base widths (`ScalingRule.model`). §V's HeteroFL gives
+log10(K0) times as wide as the family's base widths (`ScalingRule.model`; times
+`model.width` too, which narrows the whole family for a small machine). §V's HeteroFL gives
 a fixed depth instead and widths whose parameter count is the ScalableFL model's
 (`ScalingRule.matched`, through `hetfl.models.matching`).
 """
@@ -91,14 +92,16 @@ class ScalingRule:
 
     def model(self, input_shape: tuple[int, ...], classes: int) -> ScaledModel:
         """ScalableFL's model (§III-A) for inputs of `input_shape` (C, H, W) and `classes`
-        classes: depth from H, every width slot at kappa (the input channels are never
-        scaled); its parameter count is its own target."""
+        classes: depth from H, every width slot at kappa times the base's own ratio (1
+        unless `model.width` narrows the family; the input channels are never scaled); its
+        parameter count is its own target."""
         depth = scaled_depth(int(input_shape[1]), self.base_size)
+        kappa = width_ratio(classes, self.base_classes)
         spec = self.base.replace(
             input_shape=tuple(input_shape),
             num_classes=classes,
             stages=family_stages(self.base, depth),
-            widths=(width_ratio(classes, self.base_classes),) * len(self.base["widths"]),
+            widths=tuple(kappa * w for w in self.base["widths"]),
         )
         count = parameter_count(self.family, spec)
         return ScaledModel(depth, spec, count, count)

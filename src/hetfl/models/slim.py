@@ -188,7 +188,12 @@ def _scale(x: torch.Tensor, active: bool, ratio: float) -> torch.Tensor:
 
 
 class NoNorm(nn.Identity):
-    """No normalisation, with the `width` argument every slim layer takes."""
+    """No normalisation, with the `width` argument every slim layer takes; with `scaler`,
+    HeteroFL's scaler alone (its code keeps the scaler under `norm: none`, `models/conv.py`)."""
+
+    def __init__(self, ratio: float = 1.0, scaler: bool = False) -> None:
+        super().__init__()
+        self.ratio, self.scaler = ratio, scaler
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        return x
+        return _scale(x, self.scaler and self.training, width or self.ratio)

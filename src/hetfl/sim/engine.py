@@ -60,6 +60,7 @@ from hetfl.engine.steps import (
     LocalScore,
     RoundOutcome,
     charge_result,
+    local_task,
     pooled_validation,
     run_pixels,
 )
@@ -287,6 +288,7 @@ class Simulation(RoundLoop):
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
+        stats_pass: bool = False,
     ) -> list[LocalScore]:
         """Each sampled (or each ever trained) client on its own `split`, with its own
         private state."""
@@ -294,8 +296,8 @@ class Simulation(RoundLoop):
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
         items = [
             LocalScoreItem(
-                replace(
-                    self.strategy.eval_task(self.infos[cid], self.state, evaluated), split=split
+                local_task(
+                    self.strategy, self.infos[cid], self.state, evaluated, split, stats_pass
                 ),
                 self.clients[cid],
                 self.store.get(cid),

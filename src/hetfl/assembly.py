@@ -167,6 +167,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         targets=tuple(Target(t.metric, t.value) for t in cfg.targets),
         stats_samples=cfg.eval.stats_samples,
         system=system,
+        local_trained=cfg.eval.local_trained,
     )
     info = {
         "name": cfg.name,

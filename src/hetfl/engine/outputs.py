@@ -22,6 +22,7 @@ ROW_KEYS = (
     "global_acc",
     "test_loss",
     "local_acc",
+    "local_acc_trained",
     "val_acc",
     "val_loss",
     "loss",
@@ -33,8 +34,16 @@ ROW_KEYS = (
     "groups",
 )
 #: Metrics where larger is better; every other scalar metric is better when smaller.
-HIGHER_IS_BETTER = ("global_acc", "local_acc", "val_acc")
-_BEST = ("global_acc", "local_acc", "test_loss", "loss", "val_acc", "val_loss")
+HIGHER_IS_BETTER = ("global_acc", "local_acc", "local_acc_trained", "val_acc")
+_BEST = (
+    "global_acc",
+    "local_acc",
+    "local_acc_trained",
+    "test_loss",
+    "loss",
+    "val_acc",
+    "val_loss",
+)
 #: What `best_by_val` reports of the row it selects.
 _BY_VAL = ("round", "val_acc", "global_acc", "local_acc", "test_loss")
 

@@ -71,7 +71,9 @@ def _by_hand(sim: Simulation, trained: TrainedRound) -> dict[int, float]:
         spec = t.task.spec.replace(bn="batch", scaler=False)  # static BN evaluated as batch
         model = family.build(spec)
         tensors = {**sim.store.get(t.task.cid), **t.result.tensors}
-        model.load_state_dict({k: v for k, v in tensors.items() if k in model.state_dict()}, strict=False)
+        model.load_state_dict(
+            {k: v for k, v in tensors.items() if k in model.state_dict()}, strict=False
+        )
         norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         assert norms and data.n_train <= 500  # one batch: exact batch statistics
         for m in norms:
@@ -115,7 +117,10 @@ def test_measuring_it_changes_nothing_else_and_is_off_by_default(tmp_path) -> No
     assert all(0 <= r["local_acc_trained"] <= 1 for r in rows[True])
 
     def others(rs):
-        return [{k: v for k, v in r.items() if k not in ("local_acc_trained", "wall_time_s")} for r in rs]
+        return [
+            {k: v for k, v in r.items() if k not in ("local_acc_trained", "wall_time_s")}
+            for r in rs
+        ]
 
     assert others(rows[True]) == others(rows[False])
     assert others(traces[True]) == others(traces[False])
@@ -130,9 +135,18 @@ def test_split_models_refuse_it(tmp_path) -> None:
         "model": {"name": "resnet-cifar", "blocks": 1},
         "train": {"rounds": 1, "clients_per_round": 2},
     }
-    with pytest.raises(ConfigError, match="resnet-cifar' is a split model.*local_trained to false"):
+    with pytest.raises(
+        ConfigError, match=r"resnet-cifar' is a split model.*local_trained to false"
+    ):
         validate({**raw, "eval": {"local_trained": True}})
     sim = build_simulation(validate(raw), tmp_path, show_progress=False)
     settings = dataclasses.replace(sim.settings, local_trained=True)
     with pytest.raises(ValueError, match="client side ends before the classifier"):
-        Simulation(sim.strategy, sim.programs, list(sim.clients.values()), (sim.x_test, sim.y_test), settings, tmp_path)
+        Simulation(
+            sim.strategy,
+            sim.programs,
+            list(sim.clients.values()),
+            (sim.x_test, sim.y_test),
+            settings,
+            tmp_path,
+        )

@@ -141,6 +141,35 @@ def test_quantity_skew_keeps_labels_iid_and_sizes_unequal():
         quantity_skew(BALANCED, 10, _rng(0), alpha=0.05, min_size=90, max_retries=3)
 
 
+def test_iid_half_to_full_sizes_follow_their_weights_within_half_of_the_largest():
+    """FedFA's IID setting: every client's size is n u_i / sum(u) up to one sample, u_i
+    drawn uniformly in [1/2, 1] from the partition generator before the permutation; so
+    the smallest client holds at least half the largest's samples (up to rounding), the
+    parts are a disjoint cover, and the labels stay IID."""
+    iid = PARTITIONERS.get("iid")
+    for seed in range(5):
+        parts = iid(BALANCED, 10, _rng(seed), sizes="half-to-full")
+        weights = _rng(seed).uniform(0.5, 1.0, size=10)
+        sizes = np.array([p.size for p in parts])
+        assert np.all(np.abs(sizes - 1000 * weights / weights.sum()) <= 1)
+        assert sizes.min() >= sizes.max() / 2 - 1 and len(set(sizes)) > 1
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+        assert (class_counts(BALANCED, parts, 10) > 0).all()
+    equal = iid(BALANCED, 10, _rng(0))
+    assert [p.size for p in equal] == [100] * 10  # the default is unchanged
+    with pytest.raises(PartitionError, match="sizes must be one of equal, half-to-full"):
+        iid(BALANCED, 10, _rng(0), sizes="skewed")
+
+
+def test_iid_sizes_apply_to_iid_only_in_the_config():
+    from hetfl.config import ConfigError, validate
+
+    cfg = validate({"data": {"partition": {"kind": "iid", "sizes": "half-to-full"}}})
+    assert cfg.data.partition.arguments() == {"sizes": "half-to-full"}
+    with pytest.raises(ConfigError, match="sizes = 'half-to-full' applies to kind 'iid' only"):
+        validate({"data": {"partition": {"kind": "quantity", "sizes": "half-to-full"}}})
+
+
 def test_k_classes_gives_each_client_k_classes_in_equal_shares():
     labels = np.repeat(np.arange(10, dtype=np.int64), 60)
     parts = k_classes(labels, 20, _rng(0), k=3)  # 60 shards over 10 classes: 6 holders each

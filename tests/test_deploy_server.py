@@ -258,6 +258,19 @@ def test_val_acc_equals_the_simulators(algorithm, tmp_path):
     assert all(0 <= r["val_acc"] <= 1 and r["val_loss"] > 0 for r in rows)
 
 
+def test_local_acc_trained_equals_the_simulators(tmp_path):
+    """`eval.local_trained` under Flower: an `evaluate` exchange sends each trained client
+    its own trained tensors, which its node scores with the private head it kept this
+    round: every row and the per-client trace equal the simulator's."""
+    raw = config(**{"train.rounds": 2, "eval.local_trained": True})
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
+    assert all(0 <= r["local_acc_trained"] <= 1 for r in rows)
+
+
 def test_registration_gives_up_naming_the_missing_partitions(tmp_path):
     raw = config(**{"deploy.registration_timeout_s": 0.3})
     with pytest.raises(TimeoutError, match=r"missing partitions: \[2\]"):

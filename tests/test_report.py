@@ -124,6 +124,36 @@ def test_each_sub_models_final_accuracy_is_a_column(tmp_path: Path):
     assert row["GMAC"] == "3.00 ± 1.41"
 
 
+def test_local_acc_trained_is_a_column_where_measured_and_a_plotted_curve(
+    tmp_path: Path, monkeypatch
+):
+    """`final local_acc_trained` appears for the runs that measured it (eval.local_trained)
+    and not otherwise; `hetfl plot` draws it beside global_acc and local_acc."""
+    for seed, acc in enumerate([0.5, 0.9]):
+        run = _fake_run(tmp_path / "sweep" / f"fedfa-s{seed}", seed, [0.1, 0.2], None)
+        rows = read_metrics(run / "metrics.jsonl")
+        for row in rows:
+            row["local_acc_trained"] = acc
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = json.loads((run / "summary.json").read_text())
+        summary["final"]["local_acc_trained"] = acc
+        (run / "summary.json").write_text(json.dumps(summary))
+    _fake_run(tmp_path / "sweep" / "fedavg-s0", 0, [0.1, 0.2], None)
+    rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path / "sweep"]))}
+    assert rows["fedfa"]["final local_acc_trained"] == "0.7000 ± 0.2828"  # sd of 0.5, 0.9
+    assert "final local_acc_trained" not in rows["fedavg"]
+    axes = pytest.importorskip("matplotlib.axes")
+    drawn, original = [], axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append(kwargs.get("label"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(axes.Axes, "plot", recording)
+    assert main(["plot", str(tmp_path / "sweep"), "-o", str(tmp_path / "p.png")]) == 0
+    assert "fedfa local_acc_trained" in drawn and "fedavg local_acc_trained" not in drawn
+
+
 def _write_trace(run: Path, final: list[float], groups: list[str | None]) -> None:
     """A `clients.jsonl` whose last evaluated round (3) scores clients 0.. with `final`;
     round 2 scores them otherwise, and round 4 only trains (no local score)."""

@@ -46,6 +46,7 @@ FAMILIES = {
     "flanc-cnn": (1, 12, 12),
     "resnet18": (3, 8, 8),
     "preresnet": (3, 8, 8),
+    "mobilenetv2": (3, 8, 8),
 }
 TRAIN = LocalTraining(lr=0.05, epochs=1, batch_size=16)
 

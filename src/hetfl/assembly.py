@@ -168,6 +168,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         stats_samples=cfg.eval.stats_samples,
         system=system,
         local_stats_pass=cfg.eval.stats_pass,
+        local_trained=cfg.eval.local_trained,
     )
     info = {
         "name": cfg.name,

@@ -58,6 +58,7 @@ MODELS: tuple[str, ...] = ("char-lstm", "lenet5", "linear", "mlp", "small-cnn", 
 
 ARCHITECTURES: dict[str, str] = {
     "flanc-cnn": "FLANC's Fashion-MNIST CNN (64, 128, 128)",
+    "mobilenetv2": "MobileNetV2 (Sandler et al. 2018): widths per stage, depth by repeats (FedFA)",
     "preresnet": "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",
     "resnet18": "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)",
     "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",

@@ -151,6 +151,7 @@ def comparison_rows(
             "best global_acc": _fmt([b.get("global_acc") for b in best]),
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
             **_stats_pass_column(final),
+            **_trained_column(final),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
@@ -179,6 +180,15 @@ def _stats_pass_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
     """`final local_acc_stats` (`eval.stats_pass`) when some run reports it."""
     values = [f.get("local_acc_stats") for f in final]
     return {"final local_acc_stats": _fmt(values)} if any(v is not None for v in values) else {}
+
+
+def _trained_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """`final local_acc_trained` (the clients' models right after local training,
+    `eval.local_trained`), for groups whose runs measured it."""
+    values = [f.get("local_acc_trained") for f in final]
+    if all(v is None for v in values):
+        return {}
+    return {"final local_acc_trained": _fmt(values)}
 
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -350,13 +360,13 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
             "(system.preset or system.profiles) to record sim_time_s"
         )
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for metric, style in (("global_acc", "-"), ("local_acc", "--")):
+    for metric, style in (("global_acc", "-"), ("local_acc", "--"), ("local_acc_trained", ":")):
         for name, members in groups.items():
             series = [
                 [
                     (get_x(row), row[metric])
                     for row in m.rows
-                    if row[metric] is not None and get_x(row) is not None
+                    if row.get(metric) is not None and get_x(row) is not None
                 ]
                 for m in members
             ]

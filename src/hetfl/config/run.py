@@ -193,6 +193,12 @@ class RunConfig(_Strict):
                 "and the cost model, so it needs device profiles: add a system: section, "
                 "e.g. system: {preset: dtfl} (docs/system.md)"
             )
+        if self.eval.local_trained and is_split(self.model.name):
+            raise ValueError(
+                f"eval.local_trained scores each client's trained model, but {self.model.name!r} "
+                "is a split model: a client trains only the first modules, which end before "
+                "the classifier; set eval.local_trained to false"
+            )
         sizes = {g.size for g in self.data.groups or []}
         if len(sizes) > 1 and not is_scalable(self.model.name):
             raise ValueError(

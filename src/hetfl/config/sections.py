@@ -70,6 +70,11 @@ class PartitionConfig(_Strict):
         "(at most C distinct sets); least-used, each class drawn among those dealt least "
         "often so far (FLANC's code); other kinds ignore it, as they ignore k",
     )
+    sizes: Literal["equal", "half-to-full"] = Field(
+        "equal",
+        description="iid: client sizes: equal (differing by at most one sample), or "
+        "half-to-full, each drawn uniformly in [1/2, 1] x the largest (FedFA's IID setting)",
+    )
 
     @field_validator("kind")
     @classmethod
@@ -84,6 +89,11 @@ class PartitionConfig(_Strict):
             raise ValueError("kind 'dirichlet' needs alpha (e.g. alpha: 0.5)")
         if self.kind == "classes" and self.k is None:
             raise ValueError("kind 'classes' needs k, the number of classes per client")
+        if self.kind != "iid" and self.sizes != "equal":
+            raise ValueError(
+                f"sizes = {self.sizes!r} applies to kind 'iid' only, got kind {self.kind!r}; "
+                "set kind: iid, or leave sizes out (quantity skews sizes by alpha)"
+            )
         return self
 
     def arguments(self) -> dict[str, Any]:
@@ -95,6 +105,8 @@ class PartitionConfig(_Strict):
         if self.kind == "quantity":
             alpha = 1.0 if self.alpha is None else self.alpha
             return {"alpha": alpha, "min_size": self.min_size, "max_retries": self.max_retries}
+        if self.kind == "iid":
+            return {"sizes": self.sizes}
         return {}
 
 
@@ -260,7 +272,8 @@ class ModelConfig(_Strict):
     blocks: int | list[int] | None = Field(
         None,
         description="resnet18, preresnet: residual blocks per stage, one for all or one per "
-        "stage (default 2)",
+        "stage (default 2); mobilenetv2: blocks (repeats) per stage, one per stage (default "
+        "Table 2's 1, 2, 3, 4, 3, 3, 1; stages 1 and 7 keep one)",
     )
     bn: Literal["batch", "static", "per-width", "per-capacity", "none"] | None = Field(
         None,
@@ -270,7 +283,9 @@ class ModelConfig(_Strict):
     stem: Literal["small", "imagenet"] | None = Field(
         None,
         description="resnet18, preresnet: small, a 3x3 stride-1 convolution (CIFAR-size "
-        "inputs; the default), or imagenet, a 7x7 stride-2 convolution and a max-pool",
+        "inputs; the default), or imagenet, a 7x7 stride-2 convolution and a max-pool; "
+        "mobilenetv2: small, the stem and stage 2 at stride 1 (CIFAR-size inputs; the "
+        "default), or imagenet, Table 2's strides",
     )
     compose: Literal["factorised", "explicit"] | None = Field(
         None, description="composed models: factorised (default) or explicit kernels"
@@ -488,6 +503,13 @@ class EvalConfig(_Strict):
         description="the clients whose local accuracy (local_acc) is measured: the round's "
         "sampled clients, every client that has trained, or none",
     )
+    local_trained: bool = Field(
+        False,
+        description="also measure local_acc_trained: each of the round's trained clients' "
+        "model right after local training, before aggregation, on its local test split (BN "
+        "statistics re-estimated on its own training data, its label mask), the same for "
+        "every method; not counted in macs",
+    )
     test_samples: int | None = Field(
         None, ge=1, description="a fixed seeded subsample of the global test set (default: all)"
     )
@@ -519,9 +541,9 @@ class TargetConfig(_Strict):
     """A level to reach: summary.json records the round, simulated time, bytes and MACs at
     which the metric first reached it."""
 
-    metric: Literal["global_acc", "local_acc", "val_acc", "loss", "test_loss", "val_loss"] = Field(
-        description="the metrics.jsonl key watched"
-    )
+    metric: Literal[
+        "global_acc", "local_acc", "local_acc_trained", "val_acc", "loss", "test_loss", "val_loss"
+    ] = Field(description="the metrics.jsonl key watched")
     value: float = Field(description="reached when accuracy is at least, or a loss at most, this")
 
 

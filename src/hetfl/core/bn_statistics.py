@@ -25,6 +25,11 @@ def _batch_norms(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]
     }
 
 
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether `model` has BatchNorm layers, whose running statistics a pass re-estimates."""
+    return bool(_batch_norms(model))
+
+
 def _running_stats(
     m: nn.modules.batchnorm._BatchNorm,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -306,7 +306,10 @@ class ModelFamily(Protocol):
     A family whose global state holds tensors that are not slices of the global model
     (FLANC's per-capacity coefficients) may define `declared_tensors(specs) ->
     list[DeclaredTensor]` (`hetfl.core.declared`), called with every possible spec; without
-    it, it declares none.
+    it, it declares none. A family whose specs may train without BatchNorm running
+    statistics (static BN) may define `evaluation_spec(spec) -> Spec`, the same model with
+    them, through which a trained model is evaluated after a statistics pass
+    (`eval.local_trained`); without it, a trained model is evaluated through its own spec.
     """
 
     def build(self, spec: Spec) -> nn.Module: ...

@@ -51,17 +51,44 @@ def _finish(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+#: How `iid` sizes its clients.
+IID_SIZES = ("equal", "half-to-full")
+
+
 @PARTITIONERS.decorator("iid")
 def iid(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
+    sizes: str = "equal",
     *,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """A random permutation cut into `num_clients` pieces whose sizes differ by at most one."""
+    """A random permutation cut into `num_clients` pieces.
+
+    `sizes="equal"`: sizes that differ by at most one. `sizes="half-to-full"`: FedFA's IID
+    setting (Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD
+    2024, §5.1: every client holds every class, and the smallest client holds at least half
+    as many samples as the largest): each client draws a weight uniformly in [1/2, 1], and
+    the permutation is cut at the cumulative weights' share of the n samples, so every size
+    is n * u_i / sum(u) up to one sample: between 1/2 and 1 times the largest's. The weights
+    are drawn before the permutation, both from `rng`.
+    """
     n = _check(labels, num_clients)
-    return _finish(np.array_split(rng.permutation(n), num_clients))
+    if sizes == "equal":
+        return _finish(np.array_split(rng.permutation(n), num_clients))
+    if sizes != "half-to-full":
+        raise PartitionError(
+            f"iid partition: sizes must be one of {', '.join(IID_SIZES)}, got {sizes!r}"
+        )
+    weights = rng.uniform(0.5, 1.0, size=num_clients)
+    cuts = np.floor(np.cumsum(weights)[:-1] / weights.sum() * n).astype(np.int64)
+    if np.diff(np.concatenate([[0], cuts, [n]])).min() < 1:
+        raise PartitionError(
+            f"iid partition with sizes half-to-full left a client without samples "
+            f"({num_clients} clients, {n} samples); use fewer clients"
+        )
+    return _finish(np.split(rng.permutation(n), cuts))
 
 
 def _check_min_size(kind: str, n: int, num_clients: int, alpha: float, min_size: int) -> None:

@@ -15,7 +15,9 @@ What differs from the simulator, and why:
   next round. `available` is every registered client whose node is connected.
 - A round's training exchange waits at most `deploy.round_timeout_s`; a client that did not
   answer by then, or whose node failed, becomes a `Failure` and the round aggregates the
-  others. Local evaluation is a second exchange with the same bound.
+  others. Local evaluation is a second exchange with the same bound; with
+  `eval.local_trained`, the trained clients' models are scored in one more (each node is
+  sent the tensors it trained, and scores them with the private state it kept).
 - Private state lives on the nodes, so checkpoints hold the global state, the strategy's
   extra state, the counters and which clients have participated, but no client store (see
   `node.PrivateState`).
@@ -60,6 +62,7 @@ from hetfl.core.types import (
     ClientTask,
     EvalModel,
     EvalSplit,
+    EvalTask,
     Failure,
     Problem,
     State,
@@ -280,20 +283,27 @@ class FlowerServer(RoundLoop):
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
         infos = self.members.infos
-        timeout = self.deploy.round_timeout_s
-        tasks = {
-            c: local_task(self.strategy, infos[c], self.state, evaluated, split, stats_pass)
+        tasks = [
+            local_task(self.strategy, infos[c], self.state, evaluated, split, stats_pass)
             for c in cids
-        }
+        ]
+        return self.score_clients(rnd, tasks)
+
+    def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
+        """An `evaluate` exchange: each connected task's node scores its client on the
+        task's split with its private state (the latest it kept); clients that do not
+        answer are left out (with a warning), as are empty splits."""
+        timeout = self.deploy.round_timeout_s
+        by_cid = {task.cid: task for task in tasks}
         messages = {
             c: Message(
-                to_content({"config": self.config_text, "task": tasks[c]}),
+                to_content({"config": self.config_text, "task": by_cid[c]}),
                 self.members.node_of[c],
                 EVALUATE,
                 ttl=timeout,
                 group_id=str(rnd),
             )
-            for c in self.members.connected_clients(tasks)
+            for c in self.members.connected_clients(by_cid)
         }
         replies = self.exchange(messages, timeout)
         scores: list[LocalScore] = []
@@ -301,13 +311,13 @@ class FlowerServer(RoundLoop):
             answer, problem = answer_of(replies.get(c), ("correct", "loss", "n"))
             if problem is not None:
                 self.progress.message(
-                    f"warning: client {c} not evaluated on its {split} split in round {rnd}: "
-                    f"{problem}"
+                    f"warning: client {c} not evaluated on its {by_cid[c].split} split in "
+                    f"round {rnd}: {problem}"
                 )
             elif answer["n"] > 0:
                 n = answer["n"]
                 acc, loss = answer["correct"] / n, answer["loss"] / n
-                scores.append(LocalScore(c, acc, loss, tasks[c].group))
+                scores.append(LocalScore(c, acc, loss, by_cid[c].group))
         return scores
 
     # -- checkpoints (server state only: private state stays on the nodes) ---------------

@@ -23,6 +23,7 @@ ROW_KEYS = (
     "test_loss",
     "local_acc",
     "local_acc_stats",
+    "local_acc_trained",
     "val_acc",
     "val_loss",
     "loss",
@@ -34,10 +35,27 @@ ROW_KEYS = (
     "groups",
 )
 #: Metrics where larger is better; every other scalar metric is better when smaller.
-HIGHER_IS_BETTER = ("global_acc", "local_acc", "local_acc_stats", "val_acc")
+HIGHER_IS_BETTER = ("global_acc", "local_acc", "local_acc_stats", "local_acc_trained", "val_acc")
 #: The metrics.jsonl keys a target may watch (config `targets`, `hetfl compare --target`).
-TARGET_METRICS = ("global_acc", "local_acc", "val_acc", "loss", "test_loss", "val_loss")
-_BEST = ("global_acc", "local_acc", "local_acc_stats", "test_loss", "loss", "val_acc", "val_loss")
+TARGET_METRICS = (
+    "global_acc",
+    "local_acc",
+    "local_acc_trained",
+    "val_acc",
+    "loss",
+    "test_loss",
+    "val_loss",
+)
+_BEST = (
+    "global_acc",
+    "local_acc",
+    "local_acc_stats",
+    "local_acc_trained",
+    "test_loss",
+    "loss",
+    "val_acc",
+    "val_loss",
+)
 #: What `best_by_val` reports of the row it selects.
 _BY_VAL = ("round", "val_acc", "global_acc", "local_acc", "test_loss")
 

@@ -14,6 +14,8 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 - `local_scores(rnd, outcome, evaluated, split, stats_pass)`: each locally evaluated
   client's accuracy, loss and group on its local test split (or its validation split),
   after a statistics pass over its own training data when asked (`eval.stats_pass`);
+- `score_clients(rnd, tasks)`: run given evaluation tasks on their clients (with
+  `eval.local_trained`, each trained client's model of this round, `trained_eval_task`);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
@@ -43,7 +45,15 @@ from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.scoring import evaluate_model
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
-from hetfl.core.types import ClientInfo, ClientTask, EvalModel, EvalSplit, State
+from hetfl.core.types import (
+    ClientInfo,
+    ClientTask,
+    EvalModel,
+    EvalSplit,
+    EvalTask,
+    State,
+    TrainedRound,
+)
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, Target, summarise, write_json
 from hetfl.engine.progress import Progress
@@ -57,6 +67,7 @@ from hetfl.engine.steps import (
     mean_local_accuracy,
     mean_local_scores,
     metrics_row,
+    trained_eval_task,
 )
 from hetfl.engine.trace import Scalar, TracedProgram, checked_fields, trace_rows
 from hetfl.systems.costs import MacCounter
@@ -72,7 +83,8 @@ class RoundSettings:
     size of the static-BN statistics pass's subsample, None for every client's whole
     training set (`hetfl.engine.statistics`). `local_stats_pass` also scores every locally
     evaluated client after re-estimating its BatchNorm statistics on its own training data
-    (`local_acc_stats`)."""
+    (`local_acc_stats`). `local_trained` adds `local_acc_trained` to
+    evaluated rounds (`RoundLoop.trained_scores`)."""
 
     rounds: int
     seed: int
@@ -84,6 +96,7 @@ class RoundSettings:
     stats_samples: int | None = None
     system: SystemSettings | None = None
     local_stats_pass: bool = False
+    local_trained: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):
@@ -144,6 +157,11 @@ class RoundLoop(ABC):
         self.trace = JsonLines(self.run_dir / "clients.jsonl")
         #: The global state: the engine holds it and passes it through the strategy's verbs.
         self.state: State = {}
+        if settings.local_trained and strategy.needs_server_program:
+            raise ValueError(
+                "local_trained scores each client's trained model, but this method trains a "
+                "split model whose client side ends before the classifier; turn it off"
+            )
         system = settings.system
         if system is not None:
             self.info["sim_clock"] = {"mode": system.clock, "reproducible": system.reproducible}
@@ -175,21 +193,26 @@ class RoundLoop(ABC):
                 self.counters.count_round(outcome)
                 if outcome.failures and not outcome.results:
                     self.progress.message(every_client_failed(rnd, outcome))
-                # Step 3: aggregate -- all valid results at once with their tasks, by client id.
                 trained = outcome.trained_round(tasks)
+                evaluating = self.settings.is_eval_round(rnd)
+                before: list[LocalScore] = []
+                if evaluating and self.settings.local_trained:
+                    before = self.trained_scores(rnd, trained)
+                # Step 3: aggregate -- all valid results at once with their tasks, by client id.
                 self.state = self.strategy.aggregate(rnd, self.state, trained)
                 self.after_training(outcome)
                 # Step 4: evaluate and record.
                 row: dict[str, Any] | None = None
                 local: list[LocalScore] = []
-                if self.settings.is_eval_round(rnd):
-                    row, local = self.evaluate(rnd, outcome)
+                if evaluating:
+                    row, local = self.evaluate(rnd, outcome, before)
                 self.counters.wall_time_s += time.perf_counter() - started
                 if row is not None:
                     row["wall_time_s"] = round(self.counters.wall_time_s, 3)
                     self.metrics.append(row)
                     self.strategy.observe(rnd, row)
-                self.trace.append(trace_rows(rnd, tasks, outcome, local, self._fields_of()))
+                fields = self._fields_of()
+                self.trace.append(trace_rows(rnd, tasks, outcome, local, fields, before))
                 self.progress.round(rnd, row)
                 # Step 5: checkpoint.
                 if self.settings.is_checkpoint_round(rnd):
@@ -208,9 +231,12 @@ class RoundLoop(ABC):
         write_json(self.run_dir / "summary.json", summary)
         return summary
 
-    def evaluate(self, rnd: int, outcome: RoundOutcome) -> tuple[dict[str, Any], list[LocalScore]]:
+    def evaluate(
+        self, rnd: int, outcome: RoundOutcome, trained: Sequence[LocalScore] = ()
+    ) -> tuple[dict[str, Any], list[LocalScore]]:
         """The round's metrics row (without `wall_time_s`): the strategy's models on the
-        global test set, then local accuracies unless `local_eval` is "none"; and each
+        global test set, then local accuracies unless `local_eval` is "none", and the mean
+        of the `trained` clients' scores (`trained_scores`) as `local_acc_trained`; and each
         locally evaluated client's score on its test split, for the trace.
 
         `val_acc`/`val_loss` score the model `global_acc` scores, on the pooled validation
@@ -241,9 +267,27 @@ class RoundLoop(ABC):
                     self.local_scores(rnd, outcome, scores.models, "validation")
                 )
         row = metrics_row(
-            rnd, outcome, scores, local_acc, self.counters, self.sim_time_s(), local_acc_stats
+            rnd,
+            outcome,
+            scores,
+            local_acc,
+            self.counters,
+            self.sim_time_s(),
+            local_acc_stats=local_acc_stats,
+            local_acc_trained=mean_local_scores(trained)[0],
         )
         return row, local
+
+    def trained_scores(self, rnd: int, trained: TrainedRound) -> list[LocalScore]:
+        """Each trained client's model of this round, before aggregation, on its local test
+        split (`eval.local_trained`): the task `trained_eval_task` gives, the same for every
+        method, run by the engine's `score_clients`. Not counted in `macs`."""
+        infos = {info.cid: info for info in self.known_clients()}
+        tasks = [
+            trained_eval_task(t.task, t.result, infos[t.task.cid], self.eval_models)
+            for t in trained.trained
+        ]
+        return self.score_clients(rnd, tasks)
 
     def _fields_of(self) -> Callable[[int, ClientTask | None], dict[str, Scalar]]:
         """A client's declared trace fields: the strategy's (`Strategy.trace_fields`), then
@@ -305,6 +349,12 @@ class RoundLoop(ABC):
         the task `local_task(...)` gives (`strategy.eval_task`; `evaluated`: the round's
         globally evaluated models, as tested, by name; `stats_pass`: the client's statistics
         pass first)."""
+
+    @abstractmethod
+    def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
+        """Each task's client scored on the split its task names, with its private state
+        (clients with an empty split, or that do not answer, left out), in the tasks'
+        order."""
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
         """Called once the round's results are aggregated, before evaluation."""

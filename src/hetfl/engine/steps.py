@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from hetfl.core.bn_statistics import has_batch_norm
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.spec import Spec
@@ -264,6 +265,34 @@ def local_task(
     return replace(task, split=split, stats_pass=task.stats_pass or stats_pass)
 
 
+def trained_eval_task(
+    task: ClientTask, result: ClientResult, info: ClientInfo, models: ModelCache
+) -> EvalTask:
+    """How `eval.local_trained` judges a client that trained this round, the same for every
+    method: its model right after local training, before aggregation (the tensors it sent,
+    which are weights, and the private tensors it kept), on its local test split, with the
+    logits of the classes outside its training labels set to 0 (`info.labels`, a no-op for
+    a client holding every class), after a statistics pass over its own training data when
+    the model has BatchNorm layers (their running statistics are re-estimated; other
+    normalisations, FjORD's per-width statistics, are used as trained). A model whose
+    family names an `evaluation_spec` (a static-BN spec: the same model with running
+    statistics and without HeteroFL's training-only scaler) is evaluated through it.
+
+    FedFA (Park and Joe-Wong, ECML-PKDD 2024, §5.1) reports this "local accuracy of local
+    models after local training and before aggregation"; `models` (the engine's evaluation
+    cache) says whether the evaluated model has BatchNorm layers."""
+    evaluation_spec = getattr(models.family, "evaluation_spec", None)
+    spec = task.spec if evaluation_spec is None else evaluation_spec(task.spec)
+    return EvalTask(
+        cid=task.cid,
+        spec=spec,
+        payload=result.tensors,
+        index_map=task.index_map,
+        stats_pass=has_batch_norm(models.model_for(spec)),
+        label_mask=info.labels,
+    )
+
+
 class LocalScore(NamedTuple):
     """Client `cid`'s model evaluated on one of its own splits (`EvalTask.split`)."""
 
@@ -300,6 +329,8 @@ def metrics_row(
     local_acc: float | None,
     counters: Counters,
     sim_time_s: float | None = None,
+    *,
+    local_acc_trained: float | None = None,
     local_acc_stats: float | None = None,
 ) -> dict[str, Any]:
     """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results.
@@ -315,6 +346,7 @@ def metrics_row(
         test_loss=scores.test_loss,
         local_acc=local_acc,
         local_acc_stats=local_acc_stats,
+        local_acc_trained=local_acc_trained,
         loss=loss,
         bytes_down=counters.bytes_down,
         bytes_up=counters.bytes_up,

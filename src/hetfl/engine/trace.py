@@ -41,6 +41,7 @@ TRACE_KEYS = (
     "local_acc",
     "local_loss",
     "group",
+    "local_acc_trained",
 )
 #: A JSON scalar: what a declared field may be in a row.
 Scalar = bool | int | float | str | None
@@ -104,14 +105,17 @@ def trace_rows(
     outcome: RoundOutcome,
     local: Sequence[LocalScore],
     fields_of: Callable[[int, ClientTask | None], Mapping[str, Scalar]],
+    trained: Sequence[LocalScore] = (),
 ) -> list[dict[str, Any]]:
     """Round `rnd`'s rows: each client with a task (`tasks`), or evaluated on its local test
     split (`local`), in client-id order. `fields_of(cid, task or None)` gives a client's
-    declared fields."""
+    declared fields; `trained` are the scores of this round's trained models
+    (`eval.local_trained`)."""
     asked = {t.cid: t for t in tasks}
     kept = {r.cid: r for r in outcome.results}
     failed = {f.cid: f.kind for f in outcome.failures}
     scored = {s.cid: s for s in local}
+    after_training = {s.cid: s.acc for s in trained}
     rows = []
     for cid in sorted(asked.keys() | scored.keys()):
         task, result, score = asked.get(cid), kept.get(cid), scored.get(cid)
@@ -134,6 +138,7 @@ def trace_rows(
                 "local_acc": None if score is None else score.acc,
                 "local_loss": None if score is None else score.loss,
                 "group": None if score is None else score.group,
+                "local_acc_trained": after_training.get(cid),
             }
         )
     return rows

@@ -1,7 +1,9 @@
 """Model families. Importing this package registers every built-in model: the plain ones in
-`MODELS`, the scalable (width- and depth-sliced) ones in `ARCHITECTURES`, FLANC's composed
-ones in `COMPOSED`, the split ones (DTFL's ResNet in modules) in `SPLIT`."""
+`MODELS`, the scalable (width- and depth-sliced) ones in `ARCHITECTURES` (MobileNetV2's from
+`hetfl.models.mobilenet`), FLANC's composed ones in `COMPOSED`, the split ones (DTFL's
+ResNet in modules) in `SPLIT`."""
 
+from hetfl.models import mobilenet as _mobilenet  # noqa: F401  (registers mobilenetv2)
 from hetfl.models import plain as _plain  # noqa: F401  (registers the plain models)
 from hetfl.models.base import MODELS, ModelBuilder, PlainFamily
 from hetfl.models.factory import is_composed, is_scalable, is_split, make_family, model_names

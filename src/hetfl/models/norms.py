@@ -130,6 +130,19 @@ NORMS.register(
 NORMS.register("none", lambda spec: Identity(scaler=bool(spec["scaler"])))
 
 
+#: The kind a trained model of a kind is evaluated as after a statistics pass, where it is
+#: not itself: static BN keeps no running statistics to re-estimate.
+_EVALUATED_AS = {"static": "batch"}
+
+
+def evaluated_norm(spec: Spec) -> dict[str, object]:
+    """The spec entries that evaluate a trained model of `spec` after a statistics pass
+    (`eval.local_trained`): a kind with running statistics (`batch` for `static`, as
+    HeteroFL evaluates it) and no scaler (HeteroFL's divides in training only, so the pass
+    must not see it)."""
+    return {"bn": _EVALUATED_AS.get(spec["bn"], spec["bn"]), "scaler": False}
+
+
 def norm_for(spec: Spec) -> NormFactory:
     """The factory of the spec's `bn`; a `ValueError` naming the problem when the kind is
     unknown or the spec lacks what it needs."""

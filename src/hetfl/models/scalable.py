@@ -7,10 +7,12 @@ A spec of a scalable family holds:
 - `widths`: one width ratio per *slot* (a stage, a section or a layer group, as the family
   defines them), relative to the family's base widths, so ratios may exceed 1;
 - `stages`: how many slots the model has (depth by stages or sections); `blocks`: residual
-  blocks per slot (depth within a section, for the ResNets);
+  blocks per slot (depth within a section, for the ResNets and MobileNetV2, whose
+  architecture lives in `hetfl.models.mobilenet` and registers here);
 - `bn`, the normalisation kind (`batch | static | per-width | per-capacity | none`, see
   `hetfl.models.norms`, which turns it into the factory the model is given), `scaler`
-  (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (ResNets).
+  (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (the ResNets'
+  and MobileNetV2's input layout: `small` for CIFAR-size inputs, `imagenet`).
 
 Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
 family's index map is the prefix map of the sub-model's tensors (`W[:out, :in]`), and the
@@ -45,7 +47,7 @@ from hetfl.core.spec import (
 )
 from hetfl.models.base import MODELS
 from hetfl.models.blocks import BasicBlock, ConvUnit, PreActBlock, ResidualBlock, slim_conv
-from hetfl.models.norms import NormFactory, norm_for
+from hetfl.models.norms import NormFactory, evaluated_norm, norm_for
 from hetfl.models.slim import SlimLinear, channels
 
 
@@ -171,8 +173,9 @@ class ResNet(nn.Module):
 @dataclass(frozen=True)
 class Architecture:
     """One scalable architecture: its builder (given the spec and the normalisation
-    factory), its base channel counts per width slot, its depth limits and how much a stage
-    shrinks the input (for the 'input too small' check)."""
+    factory), its base channel counts per width slot, its depth limits, how much a stage
+    shrinks the input (for the 'input too small' check) and, optionally, a check of its own
+    (`check(spec)` raises a `SpecError`: MobileNetV2's stages that cannot be repeated)."""
 
     make: Callable[[Spec, NormFactory], nn.Module]
     base_widths: tuple[int, ...]
@@ -180,6 +183,7 @@ class Architecture:
     default_blocks: tuple[int, ...] | None
     min_side: Callable[[Spec], int]
     summary: str
+    check: Callable[[Spec], None] | None = None
 
     @property
     def slots(self) -> int:
@@ -312,6 +316,14 @@ class ScalableFamily:
             return imap
         return group_qualified(imap, spec_capacity_group(spec), per_capacity)
 
+    def evaluation_spec(self, spec: Spec) -> Spec:
+        """The spec a trained model of `spec` is evaluated through after a statistics pass
+        (`eval.local_trained`): static BN, which keeps no running statistics, becomes
+        `batch`, and HeteroFL's scaler (training only) is off, so that the pass sees what
+        evaluation sees. Every tensor of `spec`'s model keeps its name and shape."""
+        spec = self.checked(spec)
+        return self.normalise({**spec, **evaluated_norm(spec)})
+
     def modules(self, spec: Spec) -> list[str]:
         with torch.device("meta"):
             return list(self.build(spec).pipeline)  # type: ignore[arg-type]
@@ -428,6 +440,8 @@ def check_spec(spec: Spec) -> None:
             raise SpecError(f"{name}: blocks needs {arch.slots} integers >= 1, got {blocks}")
         if spec["stem"] not in ("small", "imagenet"):
             raise SpecError(f"{name}: stem must be 'small' or 'imagenet', got {spec['stem']!r}")
+    if arch.check is not None:
+        arch.check(spec)
     try:
         norm_for(spec)
     except ValueError as e:

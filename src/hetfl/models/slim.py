@@ -72,6 +72,41 @@ class SlimConv2d(nn.Conv2d):
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
 
 
+class SlimDepthwiseConv2d(nn.Conv2d):
+    """A depthwise convolution, one k x k filter per channel (`groups` = channels: the 3x3
+    convolution of MobileNetV2's inverted residual, Sandler et al., "MobileNetV2: Inverted
+    Residuals and Linear Bottlenecks", CVPR 2018, §3.1, §3.3), that slices itself with its
+    groups: on an input of c channels it uses the first c filters, `weight[:c]` of shape
+    (c, 1, k, k), with `groups = c`. A slice of a depthwise convolution is the depthwise
+    convolution of the leading channels, so the model built at ratio p and a wider model
+    run at p compute the same function. Its output has as many channels as its input;
+    `width` (checked against them when given) changes nothing else."""
+
+    def __init__(
+        self, num_channels: int, kernel_size: int, *, base: int, stride: int = 1, padding: int = 0
+    ) -> None:
+        super().__init__(
+            num_channels,
+            num_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            groups=num_channels,
+            bias=False,
+        )
+        self.base = base
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        c = _in_channels(x, self.in_channels, self)
+        if width is not None and channels(width, self.base) != c:
+            raise ValueError(
+                f"{type(self).__name__}: width {width} needs {channels(width, self.base)} "
+                f"channels, the input has {c}; a depthwise convolution keeps its input's channels"
+            )
+        w = self.weight if c == self.weight.shape[0] else self.weight[:c]  # (c, 1, k, k)
+        return F.conv2d(x, w, None, self.stride, self.padding, self.dilation, c)
+
+
 class SlimLinear(nn.Linear):
     """A linear layer that uses `weight[:out, :in]`. A flattened (C, H, W) input keeps its
     leading channels in its leading features, so slicing columns slices channels."""

@@ -45,6 +45,7 @@ from hetfl.core.types import (
     ClientTimes,
     EvalModel,
     EvalSplit,
+    EvalTask,
     Failure,
     PassRecord,
     Problem,
@@ -294,16 +295,19 @@ class Simulation(RoundLoop):
         private state."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        items = [
-            LocalScoreItem(
-                local_task(
-                    self.strategy, self.infos[cid], self.state, evaluated, split, stats_pass
-                ),
-                self.clients[cid],
-                self.store.get(cid),
-            )
+        tasks = [
+            local_task(self.strategy, self.infos[cid], self.state, evaluated, split, stats_pass)
             for cid in cids
-            if self.clients[cid].split(split)[1].numel()
+        ]
+        return self.score_clients(rnd, tasks)
+
+    def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
+        """Each task through the executor (`score_client`), with its client's data and
+        private state as the store holds it; clients whose split is empty are left out."""
+        items = [
+            LocalScoreItem(task, self.clients[task.cid], self.store.get(task.cid))
+            for task in tasks
+            if self.clients[task.cid].split(task.split)[1].numel()
         ]
         answers = self.executor.map(self.programs, score_client, items)
         return [

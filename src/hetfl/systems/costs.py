@@ -4,7 +4,10 @@ A client reports which passes it ran (`PassRecord`: spec, kind, batch size, coun
 the engine prices each distinct (spec, kind, batch, width, input shape) once with
 `torch.utils.flop_counter` on a throw-away model and caches it. A training pass is a forward
 and a backward pass; MACs are half the counted FLOPs (matrix products and convolutions
-only, as is usual).
+only, as is usual). The counter's formula for a convolution's backward prices the weight
+gradient of a grouped convolution as if every input channel met every output channel;
+`_convolution_backward_flops` divides it by the groups (a depthwise convolution's weight
+gradient costs as much as its forward pass, not `channels` times as much).
 
 The throw-away input is float zeros, or, for a model that declares `input_dtype` (token
 codes: `hetfl.models.char`), zeros of that dtype. oneDNN's fused CPU kernel for recurrent
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from hetfl.core.dropout import dropout_masks
 from hetfl.core.init import build_model
@@ -83,6 +86,51 @@ def _decomposed_rnns() -> contextlib.AbstractContextManager[None]:
     )
 
 
+def _transposed(shape: list[int]) -> list[int]:
+    return [shape[1], shape[0], *shape[2:]]
+
+
+def _convolution_backward_flops(
+    grad_out_shape: list[int],
+    x_shape: list[int],
+    w_shape: list[int],
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    groups: int,
+    output_mask: list[bool],
+    out_shape: list[list[int] | None],
+    **_: Any,
+) -> int:
+    """FLOPs of `aten.convolution_backward`, torch's formula (`flop_counter.
+    conv_backward_flop`) with the weight gradient divided by `groups`: each of the g groups
+    correlates its C_in/g input channels with its C_out/g output gradients, C_in C_out / g
+    channel pairs, where torch's formula counts C_in C_out. The input gradient is right as
+    torch counts it (its weight shape already holds C_in/g)."""
+    flops = 0
+    if output_mask[0] and out_shape[0] is not None:
+        flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1] and out_shape[1] is not None:
+        # The weight gradient as a convolution over the batch: conv(input, grad_out), or
+        # conv(grad_out, input) for a transposed convolution, channels and batch swapped.
+        a, b = (grad_out_shape, x_shape) if transposed else (x_shape, grad_out_shape)
+        whole = conv_flop_count(_transposed(a), _transposed(b), _transposed(out_shape[1]))
+        flops += whole // groups
+    return flops
+
+
+def counting_flops() -> FlopCounterMode:
+    """torch's FLOP counter with grouped convolutions priced by their groups
+    (`_convolution_backward_flops`): every pricing in HetFL counts through it."""
+    return FlopCounterMode(
+        display=False,
+        custom_mapping={torch.ops.aten.convolution_backward: _convolution_backward_flops},
+    )
+
+
 class MacCounter:
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
@@ -129,7 +177,7 @@ class MacCounter:
             # Dropout masks change no product's size: any generator prices the pass.
             with (
                 _decomposed_rnns(),
-                FlopCounterMode(display=False) as counter,
+                counting_flops() as counter,
                 dropout_masks(model, torch.Generator()),
             ):
                 if record.kind == "train+input" and not x.is_floating_point():

@@ -28,12 +28,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from hetfl.core.init import build_model
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.split_costs import CutCost, check_rate
 from hetfl.core.types import ModelFamily
+from hetfl.systems.costs import counting_flops
 
 #: Bytes of one label as the channel sends it (class indices are int64 in HetFL's data).
 LABEL_BYTES = torch.empty((), dtype=torch.int64).element_size()
@@ -101,7 +101,7 @@ class SplitPricer:
         if key not in self._macs:
             x = torch.zeros((batch, *shape), device=_META, requires_grad=input_grad)
             module.eval()  # normalisation is not counted; eval mode spares its statistics
-            with FlopCounterMode(display=False) as counter:
+            with counting_flops() as counter:
                 module(x).sum().backward()
             self._macs[key] = counter.get_total_flops() // 2
         return self._macs[key]

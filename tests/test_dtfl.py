@@ -26,7 +26,7 @@ from hetfl.core.split_costs import CutCost
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientResult, ClientTask, ServerResult
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.models.scalable import SpecError
 from hetfl.sim import Simulation

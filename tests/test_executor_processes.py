@@ -26,7 +26,7 @@ from hetfl.core.assign import one_spec
 from hetfl.core.client import Program, Programs
 from hetfl.core.types import ClientData, ClientOutput, ClientTask
 from hetfl.engine.outputs import read_metrics
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import ProcessExecutor, SequentialExecutor, Simulation, make_executor
 from strategies import fedavg

@@ -27,7 +27,7 @@ from hetfl.core.spec import Spec, full_map
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, TrainedRound
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_libsvm, load_synthetic
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import PlainFamily
 from hetfl.sim import Simulation
 from strategies import trained

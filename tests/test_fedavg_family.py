@@ -18,7 +18,7 @@ from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.sim import Simulation
 from strategies import trained
 

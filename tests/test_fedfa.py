@@ -24,7 +24,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, Trained
 from hetfl.core.zico import zico
 from hetfl.engine.outputs import read_metrics
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
 from strategies import trained

@@ -18,7 +18,7 @@ from hetfl.core.client import Programs
 from hetfl.core.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
 

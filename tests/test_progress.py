@@ -13,7 +13,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.core.client import Programs
 from hetfl.core.training import LocalTraining
 from hetfl.engine.progress import Progress
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.sim import Simulation
 
 ROW = {"global_acc": 0.5, "local_acc": None, "loss": 1.25, "failed": 0}

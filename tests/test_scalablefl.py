@@ -31,7 +31,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits
 from hetfl.data.views import ClientView, ViewGroup, draw_views, remap_labels, resize_images
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.matching import ParameterCount, match_parameters, parameter_count
 from hetfl.models.scaling import scaled_depth

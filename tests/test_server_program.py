@@ -19,7 +19,7 @@ from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, PassRecord, ServerResult
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.sim import Simulation
 from hetfl.systems.profiles import DeviceProfile, SystemSettings
 from strategies import fedavg

@@ -31,7 +31,7 @@ from hetfl.core.types import (
 from hetfl.engine.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hetfl.engine.checkpoint import CheckpointFormatError, load_checkpoint, save_checkpoint
 from hetfl.engine.outputs import ROW_KEYS
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.statistics import stats_shares
 from hetfl.models import ComposedFamily, ScalableFamily, make_family
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation

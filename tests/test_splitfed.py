@@ -13,7 +13,7 @@ from hetfl.core.client import Programs
 from hetfl.core.state import state_bytes
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, PassRecord
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.sim import Simulation
 from hetfl.systems.costs import MacCounter

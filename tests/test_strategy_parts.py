@@ -25,7 +25,7 @@ from hetfl.core.types import (
     TrainedRound,
 )
 from hetfl.engine.checkpoint import load_checkpoint
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import PlainFamily
 from hetfl.sim import Simulation
 from strategies import fedavg, trained

@@ -34,7 +34,7 @@ from hetfl.core.state import Accumulator, extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, EvalTask
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily, SpecError, make_family
 from hetfl.models.slim import channels
 from hetfl.runner import build_simulation, start_banner

@@ -23,7 +23,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import PassRecord, Problem
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic
 from hetfl.engine.outputs import read_metrics
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ARCHITECTURES, PlainFamily, make_family
 from hetfl.sim import Simulation
 from hetfl.systems.clock import Clock, Usage, transfer_s

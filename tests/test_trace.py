@@ -18,7 +18,7 @@ from hetfl.core.client import Programs
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.training import LocalTraining
 from hetfl.engine.outputs import read_metrics
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.trace import TRACE_KEYS, spec_object
 from hetfl.runner import build_simulation
 from hetfl.sim import Simulation

@@ -23,7 +23,7 @@ from hetfl.core.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic, validation_split
 from hetfl.engine.outputs import ROW_KEYS, Target, make_row, read_metrics, summarise
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import PlainFamily
 from hetfl.report import find_runs, selection_rows
 from hetfl.sim import Simulation

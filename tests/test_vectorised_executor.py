@@ -26,7 +26,7 @@ from hetfl.core.local.regularisers import RademacherTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation, start_banner
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation, TaskOutcome, vectorised
 from hetfl.sim.vectorised import VectorisedExecutor, run_fallback

@@ -33,7 +33,7 @@ from hetfl.data.views import draw_views
 from hetfl.engine.outputs import Target
 from hetfl.engine.parts import Parts
 from hetfl.engine.progress import Progress
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.provenance import provenance
 from hetfl.systems.split_pricing import SplitPricer

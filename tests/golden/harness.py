@@ -43,7 +43,7 @@ import torch
 from hetfl.config import set_dotted, validate
 from hetfl.core.client import Programs
 from hetfl.core.numerics import diagnosis, fingerprint
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import Executor, Simulation
 

@@ -17,7 +17,7 @@ from hetfl.core.store import StoreSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import ClientData
 from hetfl.engine.progress import Progress
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 
 
 @dataclass

@@ -30,10 +30,9 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,8 +54,9 @@ from hetfl.core.types import (
     TrainedRound,
 )
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
-from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, Target, summarise, write_json
+from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, summarise, write_json
 from hetfl.engine.progress import Progress
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.steps import (
     Counters,
     LocalScore,
@@ -71,47 +71,6 @@ from hetfl.engine.steps import (
 )
 from hetfl.engine.trace import Scalar, TracedProgram, checked_fields, trace_rows
 from hetfl.systems.costs import MacCounter
-from hetfl.systems.profiles import SystemSettings
-
-LocalEval = Literal["sampled", "all", "none"]
-
-
-@dataclass(frozen=True)
-class RoundSettings:
-    """How a run's rounds go, for either engine. `availability` and `system` drive the
-    simulator only (the Flower adapter warns when they are set). `stats_samples` is the
-    size of the static-BN statistics pass's subsample, None for every client's whole
-    training set (`hetfl.engine.statistics`). `local_stats_pass` also scores every locally
-    evaluated client after re-estimating its BatchNorm statistics on its own training data
-    (`local_acc_stats`). `local_trained` adds `local_acc_trained` to
-    evaluated rounds (`RoundLoop.trained_scores`)."""
-
-    rounds: int
-    seed: int
-    eval_every: int = 1
-    checkpoint_every: int = 1
-    local_eval: LocalEval = "sampled"
-    availability: float = 1.0
-    targets: tuple[Target, ...] = ()
-    stats_samples: int | None = None
-    system: SystemSettings | None = None
-    local_stats_pass: bool = False
-    local_trained: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("rounds", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.availability <= 1:
-            raise ValueError(f"availability must be in (0, 1], got {self.availability}")
-        if self.stats_samples is not None and self.stats_samples < 1:
-            raise ValueError(f"stats_samples must be >= 1 or None, got {self.stats_samples}")
-
-    def is_eval_round(self, rnd: int) -> bool:
-        return rnd % self.eval_every == 0 or rnd == self.rounds
-
-    def is_checkpoint_round(self, rnd: int) -> bool:
-        return rnd % self.checkpoint_every == 0 or rnd == self.rounds
 
 
 def setup_strategy(strategy: Strategy, clients: list[ClientInfo], settings: RoundSettings) -> State:

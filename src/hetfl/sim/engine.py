@@ -54,7 +54,8 @@ from hetfl.core.types import (
 from hetfl.engine.heap import trim_heap
 from hetfl.engine.outputs import RowSink
 from hetfl.engine.progress import Progress
-from hetfl.engine.rounds import RoundLoop, RoundSettings
+from hetfl.engine.round_settings import RoundSettings
+from hetfl.engine.rounds import RoundLoop
 from hetfl.engine.statistics import add_bn_statistics, stats_shares
 from hetfl.engine.steps import (
     Charge,

@@ -538,6 +538,10 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
     for cid in whole.store:
         for k, v in whole.store.get(cid).items():
             assert torch.equal(v, resumed.store.get(cid)[k]), (cid, k)
+    assert list(whole.downloads) == list(resumed.downloads)  # a server phase's answers
+    for cid in whole.downloads:
+        for k, v in whole.downloads.get(cid).items():
+            assert torch.equal(v, resumed.downloads.get(cid)[k]), (cid, k)
 
 
 def test_kept_momentum_resumes_exactly(synthetic_federation, tmp_path):

@@ -30,6 +30,10 @@ ALGORITHMS: dict[str, str] = {
     ),
     "fedavg": "FedAvg (McMahan et al. 2017): sample-weighted averaging",
     "fedbn": "FedBN (Li et al. 2021): private normalisation layers",
+    "fedgkt": (
+        "FedGKT (He et al. 2020): small client models distilled with a large server model "
+        "trained on uploaded features"
+    ),
     "fednova": "FedNova (Wang et al. 2020): normalised averaging of local updates",
     "fedper": "FedPer (Arivazhagan et al. 2019): a private head",
     "fedprox": "FedProx (Li et al. 2020): FedAvg with a proximal term",

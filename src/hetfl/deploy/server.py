@@ -49,7 +49,6 @@ from torch import nn
 
 from hetfl.algorithms.base import NEEDS_SERVER_PROGRAM, refuse_simulator_only
 from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
-from hetfl.core.state import state_bytes
 from hetfl.core.types import (
     ClientInfo,
     ClientResult,
@@ -73,6 +72,7 @@ from hetfl.engine.steps import (
     charge_result,
     pooled_validation,
     run_pixels,
+    task_bytes,
 )
 
 
@@ -177,7 +177,7 @@ class FlowerServer(RoundLoop):
         messages: dict[int, Message] = {}
         by_cid = {t.cid: t for t in tasks}
         for task in sorted(tasks, key=lambda t: t.cid):
-            outcome.charge(task.cid, bytes_down=state_bytes(task.payload))
+            outcome.charge(task.cid, bytes_down=task_bytes(task))
             request = {"config": self.config_text, "round": rnd, "task": task}
             messages[task.cid] = Message(
                 to_content(request),

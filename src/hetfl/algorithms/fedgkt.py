@@ -67,7 +67,7 @@ class FedGKTOptions(Options):
         20, ge=1, description="epochs of the server's training over a round's uploads"
     )
     distill_on_server: bool = Field(
-        False, description="add alpha KD(server || client logits) to the server's loss"
+        False, description="add alpha KD(server ‖ client logits) to the server's loss"
     )
     server_optimizer: Literal["sgd", "adam", "amsgrad"] = Field(
         "amsgrad", description="the server model's optimiser (one for the whole run)"

@@ -29,6 +29,10 @@ ALGORITHMS: dict[str, str] = {
         "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma"
     ),
     "fedavg": "FedAvg (McMahan et al. 2017): sample-weighted averaging",
+    "fedfa": (
+        "FedFA (Park and Joe-Wong 2024): clients of different widths and depths, layer "
+        "grafting, scalable aggregation"
+    ),
     "fedbn": "FedBN (Li et al. 2021): private normalisation layers",
     "fedgkt": (
         "FedGKT (He et al. 2020): small client models distilled with a large server model "

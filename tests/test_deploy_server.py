@@ -405,9 +405,7 @@ def test_fedfa_equals_the_simulator_and_its_zico_query_is_refused(tmp_path):
         serve(LoopbackGrid(nodes(tmp_path, 3)), fedfa_config("zico"), tmp_path / "zico")
 
 
-def test_fedgkt_is_refused_by_serve_and_the_flower_server_before_anything_starts(
-    tmp_path, capsys
-):
+def test_fedgkt_is_refused_by_serve_and_the_flower_server_before_anything_starts(tmp_path, capsys):
     """FedGKT's server phase (all of a round's uploaded features, per-sample logits back)
     has no Flower message yet: `hetfl serve` refuses it after validation, before the TLS
     check, the run folder or any process, and so does the Flower server when it is built,

@@ -25,6 +25,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from hetfl.algorithms.base import SimulatorOnlyError
+from hetfl.cli import main
 from hetfl.config import validate
 from hetfl.deploy import node
 from hetfl.deploy.records import from_content, record_tensors
@@ -415,3 +416,28 @@ def test_fedfa_equals_the_simulator_and_its_zico_query_is_refused(tmp_path):
     assert any(group.startswith("arch=") for group in rows[-1]["groups"])
     with pytest.raises(SimulatorOnlyError, match=r"asks each client .*fedfa\.choice: random"):
         serve(LoopbackGrid(nodes(tmp_path, 3)), fedfa_config("zico"), tmp_path / "zico")
+
+
+def test_fedgkt_is_refused_by_serve_and_the_flower_server_before_anything_starts(tmp_path, capsys):
+    """FedGKT's server phase (all of a round's uploaded features, per-sample logits back)
+    has no Flower message yet: `hetfl serve` refuses it after validation, before the TLS
+    check, the run folder or any process, and so does the Flower server when it is built,
+    before any node is asked; both name the method and point to the simulator."""
+    raw = config(
+        algorithm="fedgkt",
+        model={"name": "resnet-cifar", "blocks": 1},
+        options={"fedgkt": {"server_epochs": 1}},
+        output_dir=str(tmp_path / "runs"),
+    )
+    path = tmp_path / "fedgkt.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["serve", str(path)]) == 2  # not even --insecure is asked for first
+    err = capsys.readouterr().err
+    assert "algorithm 'fedgkt' runs in the simulator only" in err
+    assert "round-level server phase" in err and "`hetfl run CONFIG`" in err
+    assert not (tmp_path / "runs").exists()
+    grid = LoopbackGrid(nodes(tmp_path, 3))
+    refusal = r"'fedgkt' runs in the simulator only: .*round-level server phase.*`hetfl run"
+    with pytest.raises(SimulatorOnlyError, match=refusal):
+        serve(grid, raw, tmp_path / "flower")
+    assert grid.replies == {} and not (tmp_path / "flower").exists()

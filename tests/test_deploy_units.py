@@ -162,6 +162,11 @@ def test_the_flower_server_refuses_simulator_only_methods_and_server_programs():
             None,
             "it needs a server program",
         ),
+        (
+            fedavg(family, clients_per_round=1, train=train, server_phase=object()),
+            None,
+            "it needs a server program .* or a round-level server phase",
+        ),
     ]:
         parts = Parts(strategy, None, [], None, None, None, None, None)  # refused before use
         with pytest.raises(SimulatorOnlyError, match=f"simulator only: {expected}"):

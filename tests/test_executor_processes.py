@@ -32,8 +32,9 @@ from hetfl.sim import ProcessExecutor, SequentialExecutor, Simulation, make_exec
 from strategies import fedavg
 
 #: Golden scenarios that must also hold under two worker processes: every kind of local
-#: training, a stats pass, kept state, private layers, failures, the simulated clock and
-#: split learning (a client and its server session in one worker).
+#: training, a stats pass, kept state, private layers, failures, the simulated clock,
+#: split learning (a client and its server session in one worker) and a server phase
+#: (FedGKT's, run in the parent on the workers' uploads).
 UNDER_PROCESSES = [
     "fedavg",
     "fednova-momentum",
@@ -46,6 +47,7 @@ UNDER_PROCESSES = [
     "fedper-local-eval-all",
     "split-server-program",
     "splitfed",
+    "fedgkt",
 ]
 
 

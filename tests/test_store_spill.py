@@ -196,7 +196,7 @@ def test_a_run_that_spills_and_resumes_equals_one_that_never_spilled(tmp_path, m
     for cid in whole.store:
         assert _same_bits(final[cid], whole.store.get(cid)), cid
     entries_files = list((tmp_path / "cut" / "checkpoints").glob("*.entries"))
-    assert len(entries_files) == 2  # the store's and the server store's, no stale ones
+    assert len(entries_files) == 3  # client, server and pending-download stores; none stale
 
 
 @pytest.mark.parametrize(

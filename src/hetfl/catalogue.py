@@ -34,6 +34,10 @@ ALGORITHMS: dict[str, str] = {
         "grafting, scalable aggregation"
     ),
     "fedbn": "FedBN (Li et al. 2021): private normalisation layers",
+    "fedgkt": (
+        "FedGKT (He et al. 2020): small client models distilled with a large server model "
+        "trained on uploaded features"
+    ),
     "fednova": "FedNova (Wang et al. 2020): normalised averaging of local updates",
     "fedper": "FedPer (Arivazhagan et al. 2019): a private head",
     "fedprox": "FedProx (Li et al. 2020): FedAvg with a proximal term",

@@ -7,7 +7,8 @@ display). Its fixture, `tests/golden/<name>.json`, holds the metrics rows (witho
 after every round, a record of every tensor of the checkpointed state: the global state
 (`global/...`), the strategy's extra state (`extra/...`: server optimiser moments, Ada's v),
 the client store (`store/<cid>/...`: private tensors and kept momentum) and the server
-programs' store (`server_store/<cid>/...`). A record is a SHA-256 of the tensor's dtype,
+programs' store (`server_store/<cid>/...`) and the pending downloads of a server phase
+(`downloads/<cid>/...`). A record is a SHA-256 of the tensor's dtype,
 shape and bytes, and its float64 sum, L2 norm and max |x|. What else the checkpoint holds
 (each client's simulated times under device profiles) is kept as plain values. Each round's
 state is read through the engine's `checkpoint_extras` hook, as its checkpoint is written.
@@ -223,6 +224,26 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]},
                 "train.local_steps": 2,
                 "train.batch_size": 16,
+            },
+        ),
+    ),
+    Scenario(
+        "fedgkt",
+        "FedGKT, edge models around md1 of the 1-block resnet-cifar, server md2..md8, two "
+        "local epochs (logits aligned by sample index), two server epochs with distillation "
+        "on the server, 3 rounds of 3 clients under the dtfl device profiles",
+        configured(
+            "fedgkt",
+            {
+                "model": {"name": "resnet-cifar", "blocks": 1},
+                "data.validation": 0.2,
+                "train.optimizer": "amsgrad",
+                "train.lr": 1e-3,
+                "train.weight_decay": 1e-4,
+                "train.local_epochs": 2,
+                "train.clients_per_round": 3,
+                "options.fedgkt": {"server_epochs": 2, "distill_on_server": True},
+                "system": {"preset": "dtfl"},
             },
         ),
     ),
@@ -476,6 +497,7 @@ def state_record(sim: Simulation, extras: Mapping[str, Any]) -> dict[str, Any]:
         "extra": sim.strategy.extra_state(),
         "store": extras.get("store", {}),
         "server_store": extras.get("server_store", {}),
+        "downloads": extras.get("downloads", {}),
         "sim_times": extras.get("sim_times", {}),
     }
     tensors: dict[str, Any] = {}

@@ -110,9 +110,9 @@ class Algorithm:
     learning (a model cut into modules, `hetfl.models.resnet_cifar`), `any` otherwise.
 
     `simulator_only`, when set, says why the method runs in the simulator only (split
-    learning's per-batch exchange with the server; FedGKT's later): `hetfl serve` and the
-    Flower server refuse it before anything starts, with this reason
-    (`refuse_simulator_only`).
+    learning's per-batch exchange with the server, FedGKT's round-level server phase):
+    `hetfl serve` and the Flower server refuse it before anything starts, with this
+    reason (`refuse_simulator_only`).
 
     `needs_costs` marks a method that plans from the cost model (DTFL's tier scheduler): its
     `make` also takes `costs`, a `hetfl.core.split_costs.SplitPricing` the face builds from
@@ -160,7 +160,8 @@ class SimulatorOnlyError(ValueError):
 
 #: Why a strategy with a server program, built outside the registry, cannot run elsewhere.
 NEEDS_SERVER_PROGRAM = (
-    "it needs a server program (split learning): a per-batch exchange with the server"
+    "it needs a server program (split learning: a per-batch exchange with the server) or a "
+    "round-level server phase"
 )
 
 

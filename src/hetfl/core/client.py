@@ -233,6 +233,7 @@ class ClientProgram:
             loss=stats.loss,
             passes=passes,
             extras=stats.extras,
+            uploads=stats.uploads,
         )
         return ClientOutput(result=result, private=kept)
 

@@ -98,3 +98,31 @@ class GlobalOnClient:
         spec = layout.global_spec
         imap = layout.shared_map(spec)
         return EvalTask(cid=info.cid, spec=spec, payload=extract(state, imap), index_map=imap)
+
+
+class NoGlobalModel:
+    """Nothing on the global test set: a method whose server model alone classifies no
+    input (FedGKT's server model takes a client's feature maps)."""
+
+    def eval_models(self, layout: Layout, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
+        return []
+
+
+@dataclass(frozen=True)
+class JoinedWithPrivate:
+    """The model of `spec` with the global tensors its shared map names and the client's
+    private tensors for the rest: FedGKT's client extractor (md1, private) joined to the
+    server model (md2..md8, global), judged on the client's own split (the strategy's
+    `pooled_eval`)."""
+
+    spec: Spec
+
+    def eval_task(
+        self,
+        layout: Layout,
+        info: ClientInfo,
+        state: Mapping[str, torch.Tensor],
+        evaluated: Mapping[str, State],
+    ) -> EvalTask:
+        imap = [e for e in layout.shared_map(self.spec) if e.global_name in state]
+        return EvalTask(cid=info.cid, spec=self.spec, payload=extract(state, imap), index_map=imap)

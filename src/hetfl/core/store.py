@@ -85,6 +85,13 @@ class ClientStore:
         self._total_bytes += self._sizes[cid]
         self._hold(cid, entry)
 
+    def pop(self, cid: int) -> State:
+        """Remove the client's entry and return it (empty when it has none): a pending
+        download, once delivered."""
+        entry = self.get(cid)
+        self._forget(cid)
+        return entry
+
     def __contains__(self, cid: object) -> bool:
         return cid in self._sizes
 

@@ -20,7 +20,9 @@ The strategy's parts:
   local task;
 - optionally a set-up query (`SetupQuery`: what each client declares from its own data
   before set-up, which the engine asks), a server side for split learning
-  (`ServerSide`), declared global tensors,
+  (`ServerSide`), a round-level server phase (`hetfl.core.server_phase`: FedGKT's server
+  training on all uploads, after the aggregation and its round-level scaling), a pooled
+  evaluation on the clients' own splits (`pooled_eval`), declared global tensors,
   a description for the run summary, an observer of metrics rows and the fields it declares
   per client for the per-client trace (`trace_fields`: a tier, a group).
 
@@ -45,6 +47,8 @@ simulator, the Flower adapter) call these verbs:
    (split learning, `hetfl.core.server_program`), the engine ran one server session per
    client alongside its training, and `trained.server_results` holds the valid clients'
    `ServerResult`s in the same order (None in other rounds).
+3b. with a server phase, `run_phase(round, state, trained, generator)` -> the phase's
+   result (new state, per-client downloads, passes), after `aggregate`.
 4. every k rounds, `eval_models(state)` names the models to test on the global test set,
    and `eval_task(info, state, evaluated)` the client-side evaluation of a client's model
    with its private layers on its local test split (`evaluated`: the models just tested,
@@ -68,6 +72,7 @@ from hetfl.core.init import build_model, initialize
 from hetfl.core.maps import MapTransform
 from hetfl.core.plateau import PlateauLr
 from hetfl.core.rng import sibling_generator
+from hetfl.core.server_phase import PhaseResult, ServerPhase, Upload
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.server_update import (
     Contribution,
@@ -153,12 +158,18 @@ class Strategy:
         local_eval: LocalEval | None = None,
         declared: Sequence[DeclaredTensor] = (),
         server_side: ServerSide | None = None,
+        server_phase: ServerPhase | None = None,
+        pooled_eval: LocalEval | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
         observer: Callable[[int, Mapping[str, Any]], None] | None = None,
         trace_fields: TraceFields | None = None,
         setup_query: SetupQuery | None = None,
     ) -> None:
-        """`train`: the run's local-training settings, with their lr schedule."""
+        """`train`: the run's local-training settings, with their lr schedule.
+        `pooled_eval`, for a method without a single global model whose clients still
+        share one (FedGKT: each client's extractor joined to the server model), is the
+        task that judges a client on its own split; the engine pools those over every
+        client that has trained, by samples, as `global_acc` (and `val_acc`)."""
         if not isinstance(train, LocalTraining):
             raise TypeError(
                 f"train must be a LocalTraining record (hetfl.core.training), got "
@@ -173,6 +184,8 @@ class Strategy:
         self.local_eval = local_eval or OwnModel()
         self.declared = tuple(declared)
         self.server_side = server_side
+        self.server_phase = server_phase
+        self.pooled_eval = pooled_eval
         self._describe, self._observer = describe, observer
         self._trace_fields = trace_fields
         self.setup_query = setup_query
@@ -315,6 +328,7 @@ class Strategy:
         """Tasks for the sampled clients. The engine hands each back to `aggregate` with its
         client's result, which is written through exactly the map the task carries."""
         tasks = []
+        phase = self.server_phase
         sampled = self.sampler.sample(round, available, rng)
         for info, spec in zip(
             sampled, round_specs(self.assignment, round, sampled, rng), strict=True
@@ -327,6 +341,7 @@ class Strategy:
                     payload=extract(state, imap),
                     index_map=imap,
                     config=self.task_config(round, info),
+                    uploads={} if phase is None else phase.uploads(info, spec),
                 )
             )
         return tasks
@@ -366,11 +381,22 @@ class Strategy:
         """The server side of this round's split learning, or None (no per-batch exchange)."""
         return None if self.server_side is None else self.server_side.program(round, state, tasks)
 
+    def run_phase(
+        self, round: int, state: State, trained: TrainedRound, generator: torch.Generator
+    ) -> PhaseResult | None:
+        """The round's server phase on the valid clients' uploads (client-id order), after
+        `aggregate`; None without one. `generator` is the round's (seed, round, SERVER,
+        "server-phase") generator."""
+        if self.server_phase is None:
+            return None
+        uploads = [Upload(r.cid, r.uploads, r.num_examples) for r in trained.results]
+        return self.server_phase.run(round, state, uploads, generator)
+
     @property
     def needs_server_program(self) -> bool:
-        """Whether this strategy has a server side, so engines that cannot run one (the
-        Flower adapter) can refuse it up front rather than fail in the first batch."""
-        return self.server_side is not None
+        """Whether this strategy has a server side or a server phase, so engines that cannot
+        run one (the Flower adapter) can refuse it up front rather than fail in a round."""
+        return self.server_side is not None or self.server_phase is not None
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
@@ -387,6 +413,13 @@ class Strategy:
         `evaluated` holds this round's `eval_models` as the engine tested them (complete
         tensors after any statistics pass), by name."""
         return self.local_eval.eval_task(self.layout, info, state, evaluated)
+
+    def pooled_task(self, info: ClientInfo, state: Mapping[str, torch.Tensor]) -> EvalTask | None:
+        """The task that judges client `info` for the pooled `global_acc` (`pooled_eval`),
+        or None when the method has a global model of its own."""
+        if self.pooled_eval is None:
+            return None
+        return self.pooled_eval.eval_task(self.layout, info, state, {})
 
     def describe(self) -> dict[str, Any]:
         """What set-up decided that a reader of the run should see (JSON-serialisable),
@@ -411,7 +444,13 @@ class Strategy:
 
     # -- checkpoints --------------------------------------------------------------------
     def _stateful_parts(self) -> list[Stateful]:
-        parts = (self.sampler, self.assignment, self.server_update, self.plateau)
+        parts = (
+            self.sampler,
+            self.assignment,
+            self.server_update,
+            self.plateau,
+            self.server_phase,
+        )
         return [p for p in parts if isinstance(p, Stateful)]
 
     def extra_state(self) -> dict[str, Any]:

@@ -55,6 +55,13 @@ class ClientTask:
     training settings of this client and round (`LocalTraining`: lr, epochs or steps,
     batch size, ...); `kind` is `"fit"` or `"evaluate"` (local evaluation with private
     layers).
+
+    `download` holds per-client tensors that are not a slice of the global state (a
+    server phase's answer for this client's samples, `hetfl.core.server_phase`): the engine
+    delivers them with the client's next task and counts them in `bytes_down` then.
+    `uploads` declares the shape of each non-parameter tensor the client must send back in
+    `ClientResult.uploads` (features, logits, labels, sample indices); the result is
+    checked against it as its tensors are against the map.
     """
 
     cid: int
@@ -63,6 +70,8 @@ class ClientTask:
     index_map: IndexMap
     config: LocalTraining = field(default_factory=LocalTraining)
     kind: Literal["fit", "evaluate"] = "fit"
+    download: State = field(default_factory=dict)
+    uploads: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LocalTraining):
@@ -92,8 +101,11 @@ class ClientResult:
     """What a client sends back after a fit task.
 
     `tensors` carries local names from the task's index map (weights, or deltas for methods
-    that say so). `extras` is the declared slot for method-specific scalars or tensors
-    (FedNova's normaliser, per-width statistics): nothing is smuggled through `metrics`.
+    that say so). `uploads` are the non-parameter tensors the task declared
+    (`ClientTask.uploads`: features, logits, labels, sample indices for a server phase),
+    counted in `bytes_up` and checked like `tensors`. `extras` is the declared slot for
+    method-specific scalars or tensors (FedNova's normaliser, per-width statistics):
+    nothing is smuggled through `metrics`.
     """
 
     cid: int
@@ -104,6 +116,7 @@ class ClientResult:
     passes: list[PassRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    uploads: State = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,32 @@ def result_problem(result: ClientResult, task: ClientTask) -> Problem | None:
             )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return Problem("non-finite", f"tensor {name!r} has non-finite values")
+    problem = upload_problem(result, task)
+    if problem is not None:
+        return problem
     if result.num_examples <= 0:
         return Problem("invalid", f"num_examples must be > 0, got {result.num_examples}")
     if not math.isfinite(result.loss):
         return Problem("non-finite", f"training loss is not finite ({result.loss})")
+    return None
+
+
+def upload_problem(result: ClientResult, task: ClientTask) -> Problem | None:
+    """Why the result's non-parameter uploads do not match what its task declared
+    (`ClientTask.uploads`: names and shapes) or hold non-finite values, or None."""
+    got, want = set(result.uploads), set(task.uploads)
+    if got != want:
+        missing, extra = sorted(want - got), sorted(got - want)
+        return Problem(
+            "invalid", f"uploads do not match the task's (missing {missing}, unexpected {extra})"
+        )
+    for name, shape in task.uploads.items():
+        tensor = result.uploads[name]
+        if tuple(tensor.shape) != tuple(shape):
+            return Problem(
+                "invalid",
+                f"upload {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shape)}",
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return Problem("non-finite", f"upload {name!r} has non-finite values")
     return None

@@ -55,7 +55,6 @@ from hetfl.algorithms.base import (
     refuse_simulator_only,
 )
 from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
-from hetfl.core.state import state_bytes
 from hetfl.core.types import (
     ClientInfo,
     ClientResult,
@@ -81,6 +80,7 @@ from hetfl.engine.steps import (
     local_task,
     pooled_validation,
     run_pixels,
+    task_bytes,
 )
 
 
@@ -189,7 +189,7 @@ class FlowerServer(RoundLoop):
         messages: dict[int, Message] = {}
         by_cid = {t.cid: t for t in tasks}
         for task in sorted(tasks, key=lambda t: t.cid):
-            outcome.charge(task.cid, bytes_down=state_bytes(task.payload))
+            outcome.charge(task.cid, bytes_down=task_bytes(task))
             request = {"config": self.config_text, "round": rnd, "task": task}
             messages[task.cid] = Message(
                 to_content(request),

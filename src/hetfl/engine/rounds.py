@@ -1,4 +1,5 @@
-"""The round loop both engines run: one template, with hooks for how clients are reached.
+"""One job: the round loop both engines run, one template with hooks for how clients are
+reached.
 
 `RoundLoop.run` is the orchestration loop of one round (docs/contracts.md §1.1), written
 once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
@@ -8,21 +9,25 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 - `available(rnd)`: whom the strategy may plan for this round;
 - `train(rnd, tasks)`: send the tasks, collect checked results and failures, charge each
   client its costs;
-- `after_training(outcome)`: anything due once the round's results are aggregated (the
-  simulator advances its clock here);
+- `after_training(outcome)`: anything due once the round's results are aggregated and its
+  server phase has run (the simulator advances its clock here);
 - `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
 - `local_scores(rnd, outcome, evaluated, split, stats_pass)`: each locally evaluated
   client's accuracy, loss and group on its local test split (or its validation split),
   after a statistics pass over its own training data when asked (`eval.stats_pass`);
 - `score_clients(rnd, tasks)`: run given evaluation tasks on their clients (with
   `eval.local_trained`, each trained client's model of this round, `trained_eval_task`);
+- `pooled_scores(rnd, split)`: every trained client's score on its own split by the
+  strategy's pooled task, for methods without a single global model whose clients share
+  one (FedGKT's `global_acc`; only the simulator has it);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
 
-Everything else (plan, aggregate, evaluate, record, observe, progress, checkpoint, resume)
-is here, in one order, so both engines write the same `metrics.jsonl`, `clients.jsonl`
-(the per-client trace, `hetfl.engine.trace`) and `summary.json`.
+Everything else (plan, pending downloads delivered with the tasks, aggregate, the
+strategy's server phase, evaluate, record, observe, progress, checkpoint, resume) is here,
+in one order, so both engines write the same `metrics.jsonl`, `clients.jsonl` (the
+per-client trace, `hetfl.engine.trace`) and `summary.json`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,7 @@ from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.scoring import evaluate_model
 from hetfl.core.spec import Spec
+from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientInfo,
@@ -67,6 +74,7 @@ from hetfl.engine.steps import (
     mean_local_accuracy,
     mean_local_scores,
     metrics_row,
+    pooled_accuracy,
     trained_eval_task,
 )
 from hetfl.engine.trace import Scalar, TracedProgram, checked_fields, trace_rows
@@ -121,6 +129,9 @@ class RoundLoop(ABC):
                 "local_trained scores each client's trained model, but this method trains a "
                 "split model whose client side ends before the classifier; turn it off"
             )
+        #: Pending downloads: what a server phase answered each client, until its next task
+        #: (`hetfl.core.server_phase`; an engine may give it a memory budget).
+        self.downloads = ClientStore()
         system = settings.system
         if system is not None:
             self.info["sim_clock"] = {"mode": system.clock, "reproducible": system.reproducible}
@@ -147,6 +158,7 @@ class RoundLoop(ABC):
                 # Step 1: plan -- whom to ask and what to send.
                 available = self.available(rnd)
                 tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
+                tasks = self._deliver(tasks)
                 # Step 2: local work -- results validated, in client id order.
                 outcome = self.train(rnd, tasks)
                 self.counters.count_round(outcome)
@@ -159,6 +171,8 @@ class RoundLoop(ABC):
                     before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
                 self.state = self.strategy.aggregate(rnd, self.state, trained)
+                # Step 3b: the strategy's server phase, on every valid upload of the round.
+                self._server_phase(rnd, trained, outcome)
                 self.after_training(outcome)
                 # Step 4: evaluate and record.
                 row: dict[str, Any] | None = None
@@ -213,6 +227,12 @@ class RoundLoop(ABC):
             self.validation,
             self.score,
         )
+        if self.strategy.pooled_eval is not None:  # not the global test set: the clients' own
+            scores.global_acc, scores.test_loss = pooled_accuracy(self.pooled_scores(rnd, "test"))
+            if self.validation:
+                scores.val_acc, scores.val_loss = pooled_accuracy(
+                    self.pooled_scores(rnd, "validation")
+                )
         local_acc = local_acc_stats = None
         local: list[LocalScore] = []
         if self.settings.local_eval != "none":
@@ -315,8 +335,17 @@ class RoundLoop(ABC):
         (clients with an empty split, or that do not answer, left out), in the tasks'
         order."""
 
+    def pooled_scores(self, rnd: int, split: EvalSplit) -> list[LocalScore]:
+        """Each client that has trained, judged on its own `split` by the strategy's pooled
+        task (`Strategy.pooled_task`); an engine that cannot says so."""
+        raise RuntimeError(
+            f"{type(self).__name__} cannot evaluate a method judged on its clients' own "
+            "splits (Strategy.pooled_eval); run it in the simulator"
+        )
+
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
-        """Called once the round's results are aggregated, before evaluation."""
+        """Called once the round's results are aggregated and its server phase has run,
+        before evaluation."""
 
     def sim_time_s(self) -> float | None:
         """The simulated time for the metrics row; None where there is no clock."""
@@ -335,6 +364,30 @@ class RoundLoop(ABC):
     # -- shared steps -------------------------------------------------------------------
     def _rng(self, rnd: int, purpose: str, cid: int = SERVER) -> torch.Generator:
         return torch_generator(self.settings.seed, rnd, cid, purpose)
+
+    def _deliver(self, tasks: list[ClientTask]) -> list[ClientTask]:
+        """Each task with its client's pending download, which leaves the store: it is
+        counted in `bytes_down` in this round, whether the client then succeeds or not."""
+        return [
+            replace(task, download=self.downloads.pop(task.cid))
+            if task.cid in self.downloads
+            else task
+            for task in tasks
+        ]
+
+    def _server_phase(self, rnd: int, trained: TrainedRound, outcome: RoundOutcome) -> None:
+        """Run the strategy's server phase (here, in the engine's process, at the run's
+        thread count, whatever the executor), keep its downloads pending and price its
+        passes for the clock."""
+        started = time.perf_counter()
+        done = self.strategy.run_phase(rnd, self.state, trained, self._rng(rnd, "server-phase"))
+        if done is None:
+            return
+        self.state = done.state
+        for cid, download in sorted(done.downloads.items()):
+            self.downloads.put(cid, download)
+        outcome.phase_macs = self.macs.price(done.passes, done.input_shape)
+        outcome.phase_wall_s = time.perf_counter() - started
 
     def _fresh_start(self) -> int:
         self.metrics.clear()

@@ -87,13 +87,17 @@ class RoundOutcome:
     order; `server_results` is None in rounds without a server program (split learning);
     `times` holds the simulated times of the clients that returned (device profiles);
     `charges` what each asked client cost (`charge`), which `Counters.count_round` adds up
-    and the per-client trace reports (`hetfl.engine.trace`)."""
+    and the per-client trace reports (`hetfl.engine.trace`); `phase_macs` and
+    `phase_wall_s` the priced and measured work of the strategy's server phase, which the
+    clock places after the clients (`hetfl.core.server_phase`)."""
 
     results: list[ClientResult] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     server_results: list[ServerResult] | None = None
     times: dict[int, ClientTimes] = field(default_factory=dict)
     charges: dict[int, Charge] = field(default_factory=dict)
+    phase_macs: int = 0
+    phase_wall_s: float = 0.0
 
     def charge(self, cid: int, *, bytes_down: int = 0, bytes_up: int = 0, macs: int = 0) -> None:
         """Charge client `cid` for what it sent, received or computed this round."""
@@ -124,6 +128,12 @@ def every_client_failed(rnd: int, outcome: RoundOutcome) -> str:
     )
 
 
+def task_bytes(task: ClientTask) -> int:
+    """The bytes a task sends down: its payload and the download delivered with it (a
+    server phase's answer, charged in the round it is delivered)."""
+    return state_bytes(task.payload) + state_bytes(task.download)
+
+
 def charge_result(
     outcome: RoundOutcome,
     macs: MacCounter,
@@ -131,15 +141,15 @@ def charge_result(
     result: ClientResult,
     input_shape: tuple[int, ...],
 ) -> Problem | None:
-    """Charge a returned result's upload and training MACs to its client, then check it
-    against its task.
+    """Charge a returned result's upload (its tensors and its declared non-parameter
+    uploads) and training MACs to its client, then check it against its task.
 
     Both are charged before the check: an invalid result still crossed the network and
     still cost its client the compute. Returns why the result cannot be aggregated, or None.
     """
     outcome.charge(
         task.cid,
-        bytes_up=state_bytes(result.tensors),
+        bytes_up=state_bytes(result.tensors) + state_bytes(result.uploads),
         macs=macs.price(result.passes, input_shape),
     )
     return result_problem(result, task)
@@ -294,12 +304,23 @@ def trained_eval_task(
 
 
 class LocalScore(NamedTuple):
-    """Client `cid`'s model evaluated on one of its own splits (`EvalTask.split`)."""
+    """Client `cid`'s model evaluated on one of its own splits (`EvalTask.split`), of `n`
+    samples."""
 
     cid: int
     acc: float
     loss: float
     group: str | None
+    n: int = 0
+
+
+def pooled_accuracy(scores: Sequence[LocalScore]) -> tuple[float | None, float | None]:
+    """(accuracy, mean loss) over every sample of the clients' splits, each client weighted
+    by its `n` (None when no sample was scored): a pooled `global_acc`."""
+    n = sum(s.n for s in scores)
+    if not n:
+        return None, None
+    return sum(s.acc * s.n for s in scores) / n, sum(s.loss * s.n for s in scores) / n
 
 
 def mean_local_accuracy(evaluated: Sequence[LocalScore], groups: Groups) -> float | None:

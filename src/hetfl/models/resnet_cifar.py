@@ -24,7 +24,14 @@ same eight modules for a small machine. Any input channel count and size is acce
   `aux: True` the tier's auxiliary head after md_m (average pooling and a linear layer
   from md_m's 16/64/64/128/128/256/256 channels to the classes, Table 10), with
   `aux: False` none (SplitFed's client: its output is the activation it sends);
-- `side: "server"`, `tier: m`: md_{m+1}..md8, taking md_m's output.
+- `side: "server"`, `tier: m`: md_{m+1}..md8, taking md_m's output;
+- `side: "edge"`, `tier: 1`: a small model of its own around md1 (FedGKT's ResNet-8,
+  He et al., "Group Knowledge Transfer", NeurIPS 2020, §3 and Fig. 1; FedML's
+  `resnet8_56`): md1, whose output is the feature map it uploads, then `local`, two
+  bottleneck blocks of planes 16, and `head`, average pooling and a linear layer 64 ->
+  classes. Its server counterpart is the server side of tier 1, md2..md8. The edge model
+  is the client's own: its index map is empty (nothing of it is shared), and where every
+  spec is an edge model the global model (`global_spec`) is that server side.
 
 `family.side_spec(side, tier, aux=...)` builds one from the family's base, and
 `family.server_spec(client_spec)` the server side of a client spec's tier. A tier outside
@@ -46,7 +53,8 @@ initialisation: one pair per tier that some client spec with `aux` names, in tie
 names in order, then `aux` on a client with its head. `model(x)` returns the logits
 (whole, server side, client with its head) or md_m's activation (client without head);
 `model(x, activations=True)` on a client with its head returns `(z, logits)`: md_m's
-activation (what DTFL sends to the server) and the auxiliary head's logits.
+activation (what DTFL sends to the server) and the auxiliary head's logits; the edge
+model's `model(x, activations=True)` likewise returns `(md1's feature map, logits)`.
 
 Convolutions and linear layers start from PyTorch's defaults (`hetfl.core.init`), as
 every HetFL model does; the authors' code draws convolutions from Kaiming's normal
@@ -78,8 +86,10 @@ PLANES = (16, 16, 32, 32, 64, 64)
 STRIDES = (1, 1, 2, 1, 2, 1)
 #: Output channels of md1..md7 (md1's 16, then 4 x each group's planes).
 OUT_CHANNELS = (16, *(4 * p for p in PLANES))
-SIDES = ("whole", "client", "server")
-Side = Literal["whole", "client", "server"]
+SIDES = ("whole", "client", "server", "edge")
+Side = Literal["whole", "client", "server", "edge"]
+#: Bottleneck blocks of the edge model's own group (FedGKT's ResNet-8: 1 + 2 x 3 + 1 layers).
+EDGE_BLOCKS = 2
 #: The local name of a client's auxiliary head (`aux.weight`, `aux.bias`).
 AUX = "aux"
 
@@ -170,6 +180,25 @@ class CifarResNet(nn.Module):
         return (x, logits) if activations else logits
 
 
+class EdgeResNet(nn.Module):
+    """The edge model (`side: "edge"`, see the module docstring): md1, `local`, `head`."""
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        norm = BatchNorm()
+        self.md1 = ConvUnit(spec["input_shape"][0], OUT_CHANNELS[0], 1.0, norm)
+        self.local = _group(2, EDGE_BLOCKS, norm)
+        self.head = PoolLinear(OUT_CHANNELS[1], spec["num_classes"])
+        self.pipeline = ["md1", "local", "head"]
+
+    def forward(
+        self, x: torch.Tensor, activations: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        z = self.md1(x)  # (B, 16, H, W): the feature map the client uploads
+        logits = self.head(self.local(z))  # (B, classes)
+        return (z, logits) if activations else logits
+
+
 def _group(i: int, blocks: int, norm: BatchNorm) -> Group:
     """md_i (2..7): `blocks` bottlenecks, the first taking md_{i-1}'s output."""
     planes, stride, cin = PLANES[i - 2], STRIDES[i - 2], OUT_CHANNELS[i - 2]
@@ -217,23 +246,31 @@ class CifarResNetFamily:
         return spec
 
     def build(self, spec: Spec) -> nn.Module:
-        return CifarResNet(self.checked(spec))
+        return self._model(spec)
+
+    def _model(self, spec: Spec) -> CifarResNet | EdgeResNet:
+        spec = self.checked(spec)
+        return EdgeResNet(spec) if spec["side"] == "edge" else CifarResNet(spec)
 
     def index_map(self, spec: Spec) -> IndexMap:
         spec = self.checked(spec)
+        if spec["side"] == "edge":
+            return []  # the client's own model: nothing of it is shared
         return [
             MapEntry(n, aux_name(spec["tier"], n) if n.startswith(AUX + ".") else n)
             for n in _layout(spec)
         ]
 
     def global_spec(self, specs: list[Spec]) -> Spec:
-        for s in specs:
-            self.checked(s)
+        """The whole model, or, where every spec is an edge model, its server side."""
+        checked = [self.checked(s) for s in specs]
+        if checked and all(s["side"] == "edge" for s in checked):
+            return self.side_spec("server", 1)
         return self.base
 
     def modules(self, spec: Spec) -> list[str]:
         with torch.device("meta"):
-            return list(CifarResNet(self.checked(spec)).pipeline)
+            return list(self._model(spec).pipeline)
 
     def declared_tensors(self, specs: Sequence[Spec]) -> list[DeclaredTensor]:
         """Each auxiliary head some client spec has, once per tier, in tier order, as
@@ -265,7 +302,7 @@ class FanUniform:
 
 @lru_cache(maxsize=64)
 def _layout(spec: Spec) -> tuple[str, ...]:
-    """The state names of a checked spec's model, built on the meta device."""
+    """The state names of a checked spec's model (not the edge's), built on the meta device."""
     with torch.device("meta"):
         return tuple(CifarResNet(spec).state_dict())
 
@@ -299,6 +336,11 @@ def _check(name: str, spec: Spec) -> None:
         raise SpecError(
             f"{name}: the whole model has no tier, got tier {tier!r}; use side 'client' "
             "or 'server' for a cut"
+        )
+    if side == "edge" and tier != 1:
+        raise SpecError(
+            f"{name}: the edge model's feature extractor is md1, so its tier must be 1, "
+            f"got {tier!r}"
         )
     if side != "whole" and not (isinstance(tier, int) and tier in TIERS):
         beyond = (

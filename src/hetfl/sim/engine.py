@@ -35,7 +35,6 @@ from hetfl.core.client import Programs
 from hetfl.core.scoring import EVAL_BATCH
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.spec import Spec
-from hetfl.core.state import state_bytes
 from hetfl.core.store import ClientStore, StoreSettings
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
@@ -65,6 +64,7 @@ from hetfl.engine.steps import (
     local_task,
     pooled_validation,
     run_pixels,
+    task_bytes,
 )
 from hetfl.sim.executor import Executor, SequentialExecutor
 from hetfl.sim.tasks import (
@@ -128,6 +128,7 @@ class Simulation(RoundLoop):
         store = store or StoreSettings()
         spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
         self.store = ClientStore(store, spill_dir)
+        self.downloads = ClientStore(store, None if spill_dir is None else spill_dir / "downloads")
         self.server_store = ClientStore()  # what server programs keep per client
         system = settings.system
         self.schedule = (
@@ -148,6 +149,7 @@ class Simulation(RoundLoop):
         try:
             return super().run(resume)
         finally:
+            self.downloads.close()
             self.store.close()
 
     # -- the engine's hooks -------------------------------------------------------------
@@ -220,7 +222,7 @@ class Simulation(RoundLoop):
         """Charge one client's traffic and compute, check its result, clock it, and keep
         a valid result (with its private state); returns why it is excluded, or None."""
         task = ran.task
-        outcome.charge(task.cid, bytes_down=state_bytes(task.payload))
+        outcome.charge(task.cid, bytes_down=task_bytes(task))
         if ran.channel is not None:  # it crossed, whether the client failed or not
             channel = ran.channel
             outcome.charge(task.cid, bytes_down=channel.bytes_down, bytes_up=channel.bytes_up)
@@ -270,6 +272,7 @@ class Simulation(RoundLoop):
         if self.clock is None:
             return
         self.counters.sim_time_s += self.clock.round_time(outcome.times.values())
+        self.counters.sim_time_s += self.clock.phase_s(outcome.phase_macs, outcome.phase_wall_s)
         for cid, times in outcome.times.items():
             self._set_history(cid, times)
 
@@ -302,6 +305,12 @@ class Simulation(RoundLoop):
         ]
         return self.score_clients(rnd, tasks)
 
+    def pooled_scores(self, rnd: int, split: EvalSplit) -> list[LocalScore]:
+        """Every client that has trained (it holds private state), by the strategy's
+        pooled task, on its own `split`."""
+        tasks = [self.strategy.pooled_task(self.infos[cid], self.state) for cid in self.store]
+        return self.score_clients(rnd, [replace(t, split=split) for t in tasks if t is not None])
+
     def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
         """Each task through the executor (`score_client`), with its client's data and
         private state as the store holds it; clients whose split is empty are left out."""
@@ -312,7 +321,7 @@ class Simulation(RoundLoop):
         ]
         answers = self.executor.map(self.programs, score_client, items)
         return [
-            LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group)
+            LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group, n)
             for item, (correct, loss_sum, n) in zip(items, answers, strict=True)
         ]
 
@@ -359,12 +368,14 @@ class Simulation(RoundLoop):
         return {
             "store": self.store.entries(),
             "server_store": self.server_store.entries(),
+            "downloads": self.downloads.entries(),
             "sim_times": dict(self.history),  # the entry's name in checkpoint format 3
         }
 
     def restore_extras(self, ckpt: dict[str, Any]) -> None:
         self.store.load_entries(ckpt["store"])
         self.server_store.load_entries(ckpt["server_store"])
+        self.downloads.load_entries(ckpt.get("downloads", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_history(cid, times)
 

@@ -68,6 +68,7 @@ class LocalStats:
     default_passes: dict[int, int]
     optimiser_state: State = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    uploads: State = field(default_factory=dict)
 
 
 @dataclass
@@ -239,7 +240,7 @@ def train_local(
         ctx.step = index
         idx = idx.to(device)
         x, y = data.train_inputs(data.x_train[idx], augment), data.y_train[idx]
-        ctx.batch = (x, y)
+        ctx.batch, ctx.indices = (x, y), idx
         recorded = len(ctx.passes)
         total, loss = step.loss(model, x, y, ctx)
         _zero_grads(params)
@@ -248,9 +249,15 @@ def train_local(
         step.update({"grads": grads, "params": params, "state": state}, ctx)
         step.observe(ctx)
         tally.add(float(loss.detach()), int(y.shape[0]), len(ctx.passes) > recorded)
-    ctx.batch = None
+    ctx.batch, ctx.indices = None, None
     keep = {k: v.detach().clone() for k, v in state.items()} if settings.keep_momentum else {}
-    return tally.stats(keep, step.finish(ctx))
+    stats = tally.stats(keep, step.finish(ctx))
+    if recipe.upload is not None:
+        template.eval()
+        with torch.no_grad():
+            stats.uploads = recipe.upload(model, data, ctx)
+        template.train()
+    return stats
 
 
 def _zero_grads(params: Mapping[str, torch.Tensor]) -> None:

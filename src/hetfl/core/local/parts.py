@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from hetfl.core.server_program import Channel
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, ClientTask, PassRecord, State
+from hetfl.core.types import ClientData, ClientInfo, ClientTask, PassRecord, State
 
 
 class Vectorises(enum.Enum):
@@ -87,10 +87,12 @@ class TrainContext:
 
     `received` holds the tensors sent down (never modified); `params` the client's live
     parameters (leaf tensors with `.grad`) and `buffers` its buffers (BatchNorm running
-    statistics, updated in place by the forward); `batch` the current (x, y); `step` its
-    index. A part that runs its own passes (FjORD's widths, distillation) appends a
-    `PassRecord` per pass to `passes`; batches for which no part recorded a pass count as
-    one default training pass of the task's spec. `channel` is the link to this client's
+    statistics, updated in place by the forward); `batch` the current (x, y), `indices` its
+    samples' positions in the client's training set (aligning per-sample values that came
+    down with the task, a server's logits); `step` its index. A part that runs its own
+    passes (FjORD's widths, distillation) appends a `PassRecord` per pass to `passes`;
+    batches for which no part recorded a pass count as one default training pass of the
+    task's spec. `channel` is the link to this client's
     server program in split learning (None when the strategy has none). `info` is the
     client's `ClientInfo` as the engine holds it: what it declared in `attrs` and, under
     device profiles, its `history` (its times in the last round it trained). `roles` gives
@@ -108,6 +110,7 @@ class TrainContext:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     batch: tuple[torch.Tensor, torch.Tensor] | None = None
+    indices: torch.Tensor | None = None
     step: int = 0
     passes: list[PassRecord] = field(default_factory=list)
     channel: Channel | None = None
@@ -200,6 +203,15 @@ class Tracker(Protocol):
     def finish(self, ctx: TrainContext) -> dict[str, Any]: ...
 
 
+class Upload(Protocol):
+    """`(model, data, ctx) -> named tensors`: after the last step, what the client sends
+    besides its parameters (`ClientResult.uploads`, declared by `ClientTask.uploads`):
+    FedGKT's features, logits, labels and sample indices of its whole training set. The
+    model is in eval mode; a part that runs passes records them in `ctx.passes`."""
+
+    def __call__(self, model: ModelCall, data: ClientData, ctx: TrainContext) -> State: ...
+
+
 @dataclass(frozen=True)
 class CrossEntropy:
     """The default forward: `model(x)` and its per-sample cross-entropy with `y`."""
@@ -236,10 +248,11 @@ class LocalRecipe:
     projections: tuple[Projection, ...] = ()
     trackers: tuple[Tracker, ...] = ()
     backward: Backward = Autograd()
+    upload: Upload | None = None
 
     def parts(self) -> tuple[tuple[str, object], ...]:
         """Every part with its place in the recipe ("forward", "loss term", ...), in the
-        order a step runs them."""
+        order a step runs them; the upload, which runs once after the last step, last."""
         return (
             ("forward", self.forward),
             *(("loss term", t) for t in self.loss_terms),
@@ -247,4 +260,5 @@ class LocalRecipe:
             *(("gradient transform", t) for t in self.grad_transforms),
             *(("projection", p) for p in self.projections),
             *(("tracker", t) for t in self.trackers),
+            *((("upload", self.upload),) if self.upload is not None else ()),
         )

@@ -21,7 +21,7 @@ from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput, ClientResult, ClientTask, PassRecord
 from hetfl.core.validate import upload_problem
-from hetfl.engine.rounds import RoundSettings
+from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.sim import Simulation
 from hetfl.systems.costs import MacCounter

@@ -10,7 +10,9 @@ A spec of a scalable family holds:
   blocks per slot (depth within a section, for the ResNets);
 - `bn`, the normalisation kind (`batch | static | per-width | per-capacity | none`, see
   `hetfl.models.norms`, which turns it into the factory the model is given), `scaler`
-  (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (ResNets).
+  (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (ResNets);
+- optionally `step_size: True` (Pre-ResNet only): a learnable scalar on every residual
+  branch (NeFL's, `hetfl.models.blocks.StepSize`); absent, the blocks have none.
 
 Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
 family's index map is the prefix map of the sub-model's tensors (`W[:out, :in]`), and the
@@ -103,7 +105,8 @@ class ResNet(nn.Module):
     `stages` residual stages of `blocks[i]` blocks (base widths 64, 128, 256, 512; strides
     1, 2, 2, 2), global average pooling, a linear head. With `BasicBlock` it is
     post-activation (`resnet18`, ScalableFL's Table IV); with `PreActBlock` pre-activation,
-    the stem without a norm and a final norm-ReLU (`preresnet`: HeteroFL, FedFA, NeFL).
+    the stem without a norm and a final norm-ReLU (`preresnet`: HeteroFL, FedFA, NeFL),
+    whose blocks take NeFL's step size when the spec asks (`step_size`).
 
     `stem="imagenet"`: 7x7 stride-2 conv, BN, ReLU, 3x3 stride-2 max-pool (ScalableFL counts
     the stem as its stage 1, so its c stages are `stages = c - 1` here); `stem="small"`: a
@@ -123,11 +126,13 @@ class ResNet(nn.Module):
         self.stem_pool = imagenet
         self.stages = nn.ModuleList()
         c, base_in = self.stem.out_channels, self.BASE[0]
+        stepped = {"step_size": True} if spec.get("step_size") else {}
         for i in range(spec["stages"]):
             blocks = nn.ModuleList()
             for b in range(spec["blocks"][i]):
                 stride = self.STRIDES[i] if b == 0 else 1
-                blocks.append(block(c, base_in, self.BASE[i], spec["widths"][i], stride, norm))
+                ratio = spec["widths"][i]
+                blocks.append(block(c, base_in, self.BASE[i], ratio, stride, norm, **stepped))
                 base_in = self.BASE[i] * block.expansion
                 c = channels(spec["widths"][i], base_in)
             self.stages.append(blocks)
@@ -171,6 +176,8 @@ class Architecture:
     default_blocks: tuple[int, ...] | None
     min_side: Callable[[Spec], int]
     summary: str
+    #: Whether its blocks take a step size (`step_size` in the spec: NeFL's).
+    step_sizes: bool = False
 
     @property
     def slots(self) -> int:
@@ -218,6 +225,7 @@ for _name, _block, _summary in _RESNET_BLOCKS:
             (2, 2, 2, 2),
             lambda s: _RESNET_SIDE[s["stem"]](s),
             _summary,
+            step_sizes=_block is PreActBlock,
         ),
     )
 
@@ -389,6 +397,12 @@ def check_spec(spec: Spec) -> None:
             raise SpecError(f"{name}: blocks needs {arch.slots} integers >= 1, got {blocks}")
         if spec["stem"] not in ("small", "imagenet"):
             raise SpecError(f"{name}: stem must be 'small' or 'imagenet', got {spec['stem']!r}")
+    if spec.get("step_size") and not arch.step_sizes:
+        with_steps = [n for n in ARCHITECTURES.names() if ARCHITECTURES.get(n).step_sizes]
+        raise SpecError(
+            f"{name}: step_size (NeFL's step size per residual block) needs one of "
+            f"{with_steps}, whose blocks take it; use model.name preresnet"
+        )
     try:
         norm_for(spec)
     except ValueError as e:

@@ -305,6 +305,31 @@ def test_heterofl_equals_the_simulator_with_statistics_passes_on_the_clients(
         assert 0 <= row["global_acc"] <= 1 and 0 <= row["local_acc"] <= 1
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "widths"), [("flexifed", (0.125, 0.125)), ("nefl", (0.125, 0.25))]
+)
+def test_declared_architectures_equal_the_simulator(algorithm, widths, tmp_path):
+    """FlexiFed's per-path and NeFL's per-sub-model tensors (group-qualified names, NeFL's
+    step sizes) through the adapter: every row and the per-client trace equal the
+    simulator's, every architecture evaluated."""
+    archs = [
+        {"name": "short", "blocks": [1, 1, 1, 1], "width": widths[0]},
+        {"name": "long", "blocks": [1, 2, 1, 1], "width": widths[1]},
+    ]
+    raw = config(
+        algorithm=algorithm,
+        options={algorithm: {"architectures": archs}},
+        model={"name": "preresnet", "stages": 2},
+        **{"train.rounds": 2, "train.local_steps": 2},
+    )
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
+    assert all({"arch=short", "arch=long"} <= set(r["groups"]) for r in rows)
+
+
 def scalablefl_config(**changes) -> dict:
     """Two client groups of digits views (16 px with 10 classes, 8 px with 3) and H0 = 4:
     depths 2 and 1, widths 1 and log 3 / log 10, private BN and heads."""

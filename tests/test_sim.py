@@ -519,19 +519,31 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
         family = ComposedFamily(
             {"family": "composed-cnn", "input_shape": (1, 8, 8), "num_classes": 10}
         )
-    cpr = 4
+    cpr, opts = 4, None
+    if name in ("flexifed", "nefl"):  # declared Pre-ResNet architectures, kept narrow
+        family = ScalableFamily(
+            {"family": "preresnet", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 2}
+        )
+        archs = [([1, 1, 1, 1], 0.125), ([1, 2, 1, 1], 0.125 if name == "flexifed" else 0.25)]
+        opts = {
+            "architectures": [
+                {"name": f"a{i}", "blocks": blocks, "width": width}
+                for i, (blocks, width) in enumerate(archs)
+            ]
+        }
     if ALGORITHMS.get(name).needs == "split":  # ten times the MLP's work: two clients a round
         family, cpr = make_family("resnet-cifar", (1, 8, 8), 10, blocks=1), 2
     timed = {}
     if ALGORITHMS.get(name).needs_costs:  # DTFL plans from simulated times and cut costs
         system = SystemSettings(dtfl_profiles())
         timed = {"system": system, "costs": SplitPricer(family, (1, 8, 8), system.server_rate)}
-    whole = _sim(family, clients, test, tmp_path / "whole", algo=name, rounds=3, cpr=cpr, **timed)
+    common = {"algo": name, "opts": opts, "cpr": cpr, **timed}
+    whole = _sim(family, clients, test, tmp_path / "whole", rounds=3, **common)
     summary = whole.run()
     assert summary["final"]["clients"] == cpr and summary["final"]["failed"] == 0
-    part = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=2, cpr=cpr, **timed)
+    part = _sim(family, clients, test, tmp_path / "part", rounds=2, **common)
     part.run()
-    resumed = _sim(family, clients, test, tmp_path / "part", algo=name, rounds=3, cpr=cpr, **timed)
+    resumed = _sim(family, clients, test, tmp_path / "part", rounds=3, **common)
     resumed.run(resume=True)
     for k, v in whole.state.items():
         assert torch.equal(v, resumed.state[k]), k

@@ -131,6 +131,24 @@ DTFL = {
 }
 
 
+#: Declared Pre-ResNet architectures (two sections, narrow) for FlexiFed and NeFL: three
+#: candidates, half of the six clients on the smallest.
+ARCHITECTURES = {
+    **WIDTHS,
+    "model.name": "preresnet",
+    "train.lr": 0.1,
+}
+
+
+def architectures(widths: tuple[float, float, float]) -> list[dict[str, Any]]:
+    """Candidates of 1+1, 1+2 and 2+2 blocks at the given widths."""
+    blocks = ([1, 1, 1, 1], [1, 2, 1, 1], [2, 2, 1, 1])
+    return [
+        {"name": f"d{i}", "blocks": b, "width": w}
+        for i, (b, w) in enumerate(zip(blocks, widths, strict=True))
+    ]
+
+
 def configured(algorithm: str, dotted: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`BASE` for `algorithm` with dotted keys (`"train.lr"`) set; a None value removes
     the key."""
@@ -236,6 +254,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "flexifed",
+        "FlexiFed Max-Common, three depth-only Pre-ResNet candidates at width 1/8",
+        configured(
+            "flexifed",
+            {
+                **ARCHITECTURES,
+                "options.flexifed.architectures": architectures((0.125, 0.125, 0.125)),
+            },
+        ),
+    ),
+    Scenario(
         "heterofl",
         "HeteroFL fixed levels, label-split masks, clipping at 0.5, stats pass on all data",
         configured(
@@ -248,6 +277,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario("local-only", "each client alone", configured("local-only")),
+    Scenario(
+        "nefl",
+        "NeFL, three Pre-ResNet sub-models of width 1/8, 1/8 and 1/4 with step sizes",
+        configured(
+            "nefl",
+            {**ARCHITECTURES, "options.nefl.architectures": architectures((0.125, 0.125, 0.25))},
+        ),
+    ),
     Scenario(
         "scalablefl",
         "ScalableFL, two groups of input size and classes",

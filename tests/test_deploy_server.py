@@ -24,6 +24,7 @@ from flwr.common.constant import ErrorCode
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
+from hetfl.algorithms.base import SimulatorOnlyError
 from hetfl.config import validate
 from hetfl.deploy import node
 from hetfl.deploy.records import from_content, record_tensors
@@ -398,3 +399,31 @@ def test_a_node_with_other_client_groups_is_refused(tmp_path):
     raw["train"]["rounds"] = 1
     server, _ = serve(LoopbackGrid(node_cfgs), raw, tmp_path / "run")
     assert server.members.refused == {1002}
+
+
+def fedfa_config(choice: str) -> dict:
+    """FedFA on a Pre-ResNet of two sections, three clients of digits with 4 classes each."""
+    return config(
+        algorithm="fedfa",
+        options={"fedfa": {"depths": [2, 3], "widths": [0.25, 0.5], "choice": choice}},
+        model={"name": "preresnet", "stages": 2},
+        data={"dataset": "digits", "num_clients": 3, "partition": {"kind": "classes", "k": 4}},
+        **{"train.rounds": 2, "train.local_steps": 2, "eval.local_eval": "sampled"},
+    )
+
+
+def test_fedfa_equals_the_simulator_and_its_zico_query_is_refused(tmp_path):
+    """FedFA with seeded choices: the architectures (drawn on the server from the run's
+    seed), grafting, the round-level scaling and the statistics passes give every number
+    the simulator gives, per architecture group and per client. With `choice: zico` the
+    set-up would ask each node a question the adapter cannot send: it is refused, naming
+    what to set instead."""
+    raw = fedfa_config("random")
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
+    assert any(group.startswith("arch=") for group in rows[-1]["groups"])
+    with pytest.raises(SimulatorOnlyError, match=r"asks each client .*fedfa\.choice: random"):
+        serve(LoopbackGrid(nodes(tmp_path, 3)), fedfa_config("zico"), tmp_path / "zico")

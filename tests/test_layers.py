@@ -184,6 +184,7 @@ SHARED_ALGORITHM_MODULES = (
     "width_assignment.py",
     "width_eval.py",
     "tier_scheduler.py",
+    "architecture_choice.py",
 )
 MAX_METHOD_LINES = 160
 

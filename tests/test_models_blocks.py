@@ -342,6 +342,61 @@ def test_a_resnet_is_given_its_block_class() -> None:
         assert torch.equal(wide(x, width=0.25), narrow(x))
 
 
+def _preresnet(**base: object) -> ScalableFamily:
+    spec = {"family": "preresnet", "input_shape": (3, 8, 8), "num_classes": CLASSES}
+    return ScalableFamily({**spec, "bn": "static", **base})
+
+
+def test_a_section_narrower_than_the_one_before_takes_its_wider_input() -> None:
+    """Per-section widths that shrink (1, 0.5, 0.25, 0.25): each section's first block
+    normalises the previous section's output, so its first norm is built at the ratio of
+    the section before (64 = 64 x 1 channels into section 2, 64 = 128 x 0.5 into section
+    3, 64 = 256 x 0.25 into section 4), where its own ratio would give 64 x 0.5 = 32 and
+    128 x 0.25 = 32 for sections 2 and 3; the model trains and evaluates; cut from a global
+    model of the per-section maxima, its tensors are the leading slices of the global ones."""
+    fam = _preresnet()
+    spec = fam.normalise({**fam.base, "widths": (1.0, 0.5, 0.25, 0.25), "blocks": 2})
+    model = initialize(fam.build(spec), torch.Generator().manual_seed(0))
+    first = [s[0] for s in model.stages]
+    assert [b.norm1.weight.shape[0] for b in first] == [64, 64, 64, 64]
+    assert first[1].conv1.weight.shape == (64, 64, 3, 3)  # 128 * 0.5 out of 64 * 1 in
+    assert [s[1].norm1.weight.shape[0] for s in model.stages] == [64, 64, 64, 128]
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    for training in (True, False):
+        assert model.train(training)(x).shape == (2, CLASSES)
+    wide = fam.normalise({**fam.base, "widths": (1.0, 1.0, 0.5, 0.5), "blocks": 2})
+    state = initialize(fam.build(fam.global_spec([spec, wide])), torch.Generator()).state_dict()
+    for entry in fam.index_map(spec):
+        assert model.state_dict()[entry.local].shape == state[entry.global_name][entry.index].shape
+
+
+def test_sections_report_each_stages_blocks_and_which_are_identity_blocks() -> None:
+    """Blocks (2, 3, 1, 1): the first block of section 1 is an identity block (stride 1, 64
+    into 64 base channels after the stem); every later section's first block strides and
+    projects; every block after the first is an identity block."""
+    fam = _preresnet()
+    spec = fam.normalise({**fam.base, "blocks": (2, 3, 1, 1), "width": 0.5})
+    sections = fam.sections(spec)
+    assert [[b.path for b in s] for s in sections] == [
+        ["stages.0.0", "stages.0.1"],
+        ["stages.1.0", "stages.1.1", "stages.1.2"],
+        ["stages.2.0"],
+        ["stages.3.0"],
+    ]
+    assert [[b.identity for b in s] for s in sections] == [
+        [True, True], [False, True, True], [False], [False]
+    ]  # fmt: skip
+    assert sections[1][1].tensors == tuple(
+        f"stages.1.1.{k}" for k in ("conv1.weight", "conv2.weight", "norm1.weight",
+                                    "norm1.bias", "norm2.weight", "norm2.bias")
+    )  # fmt: skip
+    assert "stages.1.0.shortcut.weight" in sections[1][0].tensors
+    names = {e.local for e in fam.index_map(spec)}
+    assert {t for s in sections for b in s for t in b.tensors} <= names
+    with pytest.raises(SpecError, match="stage-cnn has no residual sections"):
+        _family("batch").sections(_family("batch").base)
+
+
 # -- bad kinds and the edge ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("base", "message"),

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from hetfl.cli import main
-from hetfl.engine.outputs import ROW_KEYS, read_metrics
+from hetfl.config.sections import TargetConfig
+from hetfl.engine.outputs import ROW_KEYS, TARGET_METRICS, Target, read_metrics
 from hetfl.report import comparison_rows, final_spreads, find_runs, format_table, spread
 
 
@@ -72,6 +74,32 @@ def test_compare_and_plot_commands(sweep: Path, tmp_path: Path, capsys):
     png = tmp_path / "cmp.png"
     assert main(["plot", str(sweep), "-o", str(png), "--x", "bytes"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_target_chosen_after_the_runs_is_found_in_their_rows(sweep: Path, capsys):
+    """`--target global_acc=0.65` is looked for in each run's metrics.jsonl; the summaries'
+    own 0.5 target is not shown."""
+    assert main(["compare", str(sweep), "--target", "global_acc=0.65"]) == 0
+    out = capsys.readouterr().out
+    assert "global_acc>=0.5" not in out
+    avg = {r["run"]: r for r in comparison_rows(find_runs([sweep]), [Target("global_acc", 0.65)])}
+    # s0 0.4, 0.6: never; s1 0.5, 0.8: round 2; s2 0.3, 0.7: round 2
+    assert avg["fedavg"]["rounds to global_acc>=0.65"] == "2.0 ± 0.0 (2/3)"
+    assert avg["fedavg"]["MB to global_acc>=0.65"] == "3.0 ± 0.0 (2/3)"
+    assert avg["fedprox"]["rounds to global_acc>=0.65"] == "-"
+
+
+@pytest.mark.parametrize("bad", ["val_acc", "accuracy=0.8", "val_acc=high"])
+def test_a_malformed_target_is_refused_naming_the_metrics(sweep: Path, bad: str, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(sweep), "--target", bad])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "val_acc" in err and repr(bad) in err
+
+
+def test_target_metrics_are_what_a_config_target_accepts():
+    assert get_args(TargetConfig.model_fields["metric"].annotation) == TARGET_METRICS
 
 
 def test_compare_without_runs_is_a_clear_error(tmp_path: Path, capsys):

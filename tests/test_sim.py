@@ -531,19 +531,24 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
                 for i, (blocks, width) in enumerate(archs)
             ]
         }
+    elif name == "fedfa":  # grafting needs sections of blocks; small candidates keep it short
+        family = ScalableFamily(
+            {"family": "preresnet", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 2}
+        )
+        opts = {"depths": [2, 3], "widths": [0.25, 0.5]}
     if ALGORITHMS.get(name).needs == "split":  # ten times the MLP's work: two clients a round
         family, cpr = make_family("resnet-cifar", (1, 8, 8), 10, blocks=1), 2
     timed = {}
     if ALGORITHMS.get(name).needs_costs:  # DTFL plans from simulated times and cut costs
         system = SystemSettings(dtfl_profiles())
         timed = {"system": system, "costs": SplitPricer(family, (1, 8, 8), system.server_rate)}
-    common = {"algo": name, "opts": opts, "cpr": cpr, **timed}
-    whole = _sim(family, clients, test, tmp_path / "whole", rounds=3, **common)
+    run = {"algo": name, "opts": opts, "cpr": cpr, **timed}
+    whole = _sim(family, clients, test, tmp_path / "whole", rounds=3, **run)
     summary = whole.run()
     assert summary["final"]["clients"] == cpr and summary["final"]["failed"] == 0
-    part = _sim(family, clients, test, tmp_path / "part", rounds=2, **common)
+    part = _sim(family, clients, test, tmp_path / "part", rounds=2, **run)
     part.run()
-    resumed = _sim(family, clients, test, tmp_path / "part", rounds=3, **common)
+    resumed = _sim(family, clients, test, tmp_path / "part", rounds=3, **run)
     resumed.run(resume=True)
     for k, v in whole.state.items():
         assert torch.equal(v, resumed.state[k]), k

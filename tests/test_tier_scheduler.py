@@ -1,6 +1,6 @@
 """DTFL's tier scheduler on hand-made profiles and histories: the EMA, Eq. (5)'s estimates,
 the largest tier within T_max, the default tier, every tier reachable, a server-bound
-client, and its extra state."""
+client judged by its own side's time, and its extra state."""
 
 from __future__ import annotations
 
@@ -33,16 +33,21 @@ def info(cid: int, history: ClientTimes | None = None, n: int = 20) -> ClientInf
     return ClientInfo(cid, n, (1,), (0, 1), history=history)
 
 
-def times(rnd: int, tier: int, total_s: float, compute_s: float = 0.0) -> ClientTimes:
+def times(
+    rnd: int, tier: int, elapsed_s: float, compute_s: float = 0.0, server_s: float = 0.0
+) -> ClientTimes:
+    """A round in which the client side took `elapsed_s` (its compute, the rest uploads)
+    and the server side `server_s` beside it: Eq. (5)'s total."""
+    up_s = elapsed_s - compute_s
     return ClientTimes(
         round=rnd,
         spec=spec(tier),
         profile="p",
         compute_s=compute_s,
-        server_s=0.0,
+        server_s=server_s,
         down_s=0.0,
-        up_s=0.0,
-        total_s=total_s,
+        up_s=up_s,
+        total_s=up_s + max(compute_s, server_s),
         parallel=True,
         macs=0,
         server_macs=0,
@@ -53,7 +58,7 @@ def times(rnd: int, tier: int, total_s: float, compute_s: float = 0.0) -> Client
     )
 
 
-def scheduler(costs=COSTS, observed="total-minus-comm", default_tier=2) -> TierScheduler:
+def scheduler(costs=COSTS, observed="elapsed-minus-comm", default_tier=2) -> TierScheduler:
     return TierScheduler(
         costs,
         SERVER_RATE,
@@ -98,9 +103,9 @@ def test_each_client_gets_its_largest_tier_within_the_straggler_time():
     assert t_max == 7.5 and tiers == [3, 2]  # the fast client now fits tier 3
 
 
-def test_histories_are_smoothed_per_tier_from_total_minus_communication():
+def test_histories_are_smoothed_per_tier_from_the_client_sides_time_minus_communication():
     s = scheduler()
-    # round 1 in tier 2: 4.4 s in all, 1.4 s of it communication -> 3 s client side;
+    # round 1 in tier 2: 4.4 s on the client side, 1.4 s of it communication -> 3 s;
     # estimates 2.2 + max(1.5, 8), 1.4 + max(3, 6), 1.3 + max(6, 2): tier 3 is the fastest
     assert s.tiers([info(0, times(1, 2, 4.4))]) == [3]
     assert s.smoothed == {(0, 2): pytest.approx(3.0)}
@@ -126,22 +131,24 @@ def test_every_tier_is_reachable():
         for m in range(1, 8)
     }
     s = scheduler(costs)
-    infos = [info(k, times(1, 1, total_s=1.0 / k)) for k in range(1, 8)]
+    infos = [info(k, times(1, 1, 1.0 / k)) for k in range(1, 8)]
     assert s.tiers(infos) == [1, 2, 3, 4, 5, 6, 7]
 
 
-def test_a_server_bound_client_keeps_its_layers_when_its_compute_is_known():
-    # a fast client (0.5 s client side in tier 2) whose round was bound by its server side
-    # (6 s): knowing its compute, the scheduler gives it the most layers (tier 3:
-    # 1.3 + max(1, 2) s against 1.4 + max(0.5, 6) s in tier 2)
-    total = 1.4 + 6.0
-    exact = scheduler(observed="compute")
-    assert exact.tiers([info(0, times(1, 2, total, compute_s=0.5))]) == [3]
-    # a real server sees only the total and takes the 6 s for client time: in tier 3 the
-    # client would then need 1.3 + max(12, 2) s, so it stays in tier 2 (1.4 + max(6, 6))
-    seen = scheduler()
-    assert seen.tiers([info(0, times(1, 2, total, compute_s=0.5))]) == [2]
-    assert seen.smoothed[(0, 2)] == pytest.approx(6.0)
+def test_a_server_bound_client_is_judged_by_its_own_side():
+    # a fast client (0.5 s of compute and 1.4 s of transfers in tier 2) whose round was bound
+    # by its server side (6 s, total 7.4 s by Eq. 5): its side's time tells its compute,
+    # so it gets the most layers (tier 3: 1.3 + max(1, 2) s against 1.4 + max(0.5, 6) s).
+    # Taking the 7.4 s total for its side would make it 6 s of compute and, in tier 3,
+    # 1.3 + max(12, 2) s: a client in a low tier on a fast device would stay there.
+    for observed in ("elapsed-minus-comm", "compute"):
+        s = scheduler(observed=observed)
+        assert s.tiers([info(0, times(1, 2, 1.9, compute_s=0.5, server_s=6.0))]) == [3]
+        assert s.smoothed[(0, 2)] == pytest.approx(0.5)
+    # the elapsed time minus the communication estimate; compute alone under "compute"
+    late = times(1, 2, 2.4, compute_s=0.5, server_s=6.0)  # 0.5 s of uploads beyond 1.4
+    assert scheduler().client_side_s(info(0), late, 2) == pytest.approx(1.0)
+    assert scheduler(observed="compute").client_side_s(info(0), late, 2) == 0.5
 
 
 def test_extra_state_round_trips_and_set_up_starts_afresh():

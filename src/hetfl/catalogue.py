@@ -29,6 +29,10 @@ ALGORITHMS: dict[str, str] = {
         "FedALRC (Wei et al. 2024): local Rademacher regularisation, FedNova steps x gamma"
     ),
     "fedavg": "FedAvg (McMahan et al. 2017): sample-weighted averaging",
+    "fedfa": (
+        "FedFA (Park and Joe-Wong 2024): clients of different widths and depths, layer "
+        "grafting, scalable aggregation"
+    ),
     "fedbn": "FedBN (Li et al. 2021): private normalisation layers",
     "fednova": "FedNova (Wang et al. 2020): normalised averaging of local updates",
     "fedper": "FedPer (Arivazhagan et al. 2019): a private head",

@@ -22,7 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
+from hetfl.engine.outputs import (
+    NOTHING_AGGREGATED_EXIT,
+    TARGET_METRICS,
+    Target,
+    nothing_aggregated,
+)
 
 if TYPE_CHECKING:
     from hetfl.config import RunConfig
@@ -86,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
         "--select",
         choices=["val_acc"],
         help="per algorithm, only the swept setting of highest mean best val_acc over seeds",
+    )
+    compare.add_argument(
+        "--target",
+        action="append",
+        type=target_arg,
+        metavar="METRIC=VALUE",
+        help="time to this level, found in each run's metrics.jsonl instead of the targets "
+        "its config named (repeatable; e.g. val_acc=0.8)",
     )
 
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
@@ -188,7 +201,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "partition":
         return cmd_partition(args.config, args.overrides, args.plugins)
     if args.command == "compare":
-        return cmd_compare(args.runs, args.select)
+        return cmd_compare(args.runs, args.select, args.target)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "serve":
@@ -380,16 +393,34 @@ def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
     return 0
 
 
-def cmd_compare(paths: Sequence[Path], select: str | None = None) -> int:
+def target_arg(text: str) -> Target:
+    """`METRIC=VALUE` of `hetfl compare --target`, checked here so a typo is an argparse
+    error naming the allowed metrics."""
+    metric, sep, value = text.partition("=")
+    if not sep or metric not in TARGET_METRICS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected METRIC=VALUE with METRIC one of {', '.join(TARGET_METRICS)} "
+            "(e.g. val_acc=0.8)"
+        )
+    try:
+        return Target(metric, float(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number") from None
+
+
+def cmd_compare(
+    paths: Sequence[Path], select: str | None = None, targets: Sequence[Target] | None = None
+) -> int:
     """The comparison table; with `select` ("val_acc"), one swept setting per algorithm,
-    chosen by validation accuracy, and a line per algorithm saying which."""
+    chosen by validation accuracy, and a line per algorithm saying which; with `targets`,
+    the time to those levels instead of the runs' own."""
     from hetfl.report import comparison_rows, find_runs, format_table, selection_rows
 
     runs = find_runs(paths)
     if select is None:
-        print(format_table(comparison_rows(runs)))
+        print(format_table(comparison_rows(runs, targets)))
         return 0
-    rows, selections = selection_rows(runs)
+    rows, selections = selection_rows(runs, targets)
     print("selected by mean over seeds of each run's best val_acc:")
     for s in selections:
         print(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetfl.engine.outputs import read_metrics
+from hetfl.engine.outputs import Target, reached_targets, read_metrics
 
 _SEED = re.compile(r"-s\d+")
 
@@ -131,7 +131,12 @@ def _fmt(values: Sequence[float | None], scale: float = 1.0, digits: int = 4) ->
     return f"{m:.{digits}f} ± {s:.{digits}f}{suffix}"
 
 
-def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
+def comparison_rows(
+    runs: Sequence[RunRecord], targets: Sequence[Target] | None = None
+) -> list[dict[str, str]]:
+    """One row per group of runs (mean ± sd over its seeds). The "to <target>" columns are
+    each run's summary's targets, or, given `targets`, those levels found in each run's
+    metrics rows: a target fixed after the runs (a fraction of a pilot's accuracy)."""
     groups: dict[str, list[RunRecord]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
@@ -154,9 +159,13 @@ def comparison_rows(runs: Sequence[RunRecord]) -> list[dict[str, str]]:
             "GMAC": _fmt([f.get("macs") for f in final], 1e-9, 2),
             **_group_columns(final),
         }
-        for i, target in enumerate(members[0].summary.get("targets", [])):
+        reached = [
+            m.summary.get("targets", []) if targets is None else reached_targets(m.rows, targets)
+            for m in members
+        ]
+        for i, target in enumerate(reached[0]):
             label = f"{target['metric']}>={target['value']:g}"
-            hits = [m.summary["targets"][i] for m in members]
+            hits = [r[i] for r in reached]
             row[f"rounds to {label}"] = _fmt([h["round"] for h in hits], digits=1)
             row[f"MB to {label}"] = _fmt([h["bytes"] for h in hits], 1e-6, 1)
             row[f"sim s to {label}"] = _fmt([h.get("sim_time_s") for h in hits], digits=1)
@@ -240,7 +249,9 @@ def _val_acc(run: RunRecord) -> float:
     return float(run.summary["best_by_val"]["val_acc"])
 
 
-def selection_rows(runs: Sequence[RunRecord]) -> tuple[list[dict[str, str]], list[Selection]]:
+def selection_rows(
+    runs: Sequence[RunRecord], targets: Sequence[Target] | None = None
+) -> tuple[list[dict[str, str]], list[Selection]]:
     """The comparison rows of the settings `select_by_validation` chooses, led by the
     validation accuracy they were chosen by and the test accuracies at each run's round of
     best validation accuracy. The test-picked "best global_acc" column is left out: it is
@@ -250,7 +261,7 @@ def selection_rows(runs: Sequence[RunRecord]) -> tuple[list[dict[str, str]], lis
     for r in chosen:
         members.setdefault(r.group, []).append(r)
     rows = []
-    for row in comparison_rows(chosen):
+    for row in comparison_rows(chosen, targets):
         at_val = [_best_by_val(m) or {} for m in members[row["run"]]]
         row.pop("best global_acc")
         lead = {k: row.pop(k) for k in ("run", "seeds")}

@@ -229,6 +229,21 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario("fedavg", "FedAvg", configured("fedavg")),
     Scenario("fedbn", "FedBN, private BatchNorm", configured("fedbn", STAGE_CNN)),
+    Scenario(
+        "fedfa",
+        "FedFA, Pre-ResNet of 2 sections, depths {2, 3} x widths {1/4, 1/2}, half limited, the "
+        "others by ZiCo within drawn budgets, grafting, label split, l2 alpha, 2 local steps",
+        configured(
+            "fedfa",
+            {
+                **WIDTHS,
+                "model.name": "preresnet",
+                "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]},
+                "train.local_steps": 2,
+                "train.batch_size": 16,
+            },
+        ),
+    ),
     Scenario("fednova", "FedNova, plain SGD", configured("fednova")),
     Scenario("fedper", "FedPer, private head", configured("fedper")),
     Scenario("fedprox", "FedProx mu 0.1", configured("fedprox", {"options.fedprox.mu": 0.1})),

@@ -3,6 +3,7 @@
 from hetfl.algorithms import dtfl as _dtfl  # noqa: F401
 from hetfl.algorithms import fedalrc as _fedalrc  # noqa: F401
 from hetfl.algorithms import fedavg as _fedavg  # noqa: F401
+from hetfl.algorithms import fedfa as _fedfa  # noqa: F401
 from hetfl.algorithms import fednova as _fednova  # noqa: F401
 from hetfl.algorithms import fedopt as _fedopt  # noqa: F401
 from hetfl.algorithms import fedprox as _fedprox  # noqa: F401

@@ -164,6 +164,15 @@ NEEDS_SERVER_PROGRAM = (
 )
 
 
+def needs_setup_query(instead: str) -> str:
+    """Why a strategy with a set-up query (`Strategy.setup_query`) runs in the simulator
+    only, with what to configure `instead`."""
+    return (
+        "its set-up asks each client a question about its own data, which the Flower "
+        f"adapter cannot send its nodes yet; {instead}"
+    )
+
+
 def refuse_simulator_only(algorithm: str, why: str | None) -> None:
     """Refuse a method whose `why` (its `Algorithm.simulator_only`) is set, before an
     engine other than the simulator starts anything: `hetfl serve` after validating the

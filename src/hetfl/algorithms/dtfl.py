@@ -23,10 +23,10 @@ drawing the next round's clients, which misaligns them under non-IID data: not c
 T_max is computed and used in the same round over all seven tiers (the code uses the
 previous round's and skips a tier); a round's time includes the server side by Eq. (5)
 (the code's omits it). Options: `observed: compute` gives the scheduler the exact simulated
-compute time instead of total minus estimated communication; `server_optimiser: batch`
-re-creates the server's optimiser every batch, as the code does; `dcor_alpha` and
-`patch_size` are the privacy measures of §4.2 (`hetfl.core.local.privacy`). The lr cut on a
-plateau (App. A.3) is `train.lr_plateau`, any method's; docs/methods.md has the rest.
+compute time instead of the client side's elapsed time minus estimated communication;
+`server_optimiser: batch` re-creates the server's optimiser every batch, as the code does;
+`dcor_alpha` and `patch_size` are the privacy measures of §4.2 (`hetfl.core.local.privacy`).
+The lr cut on a plateau (App. A.3) is `train.lr_plateau`; docs/methods.md has the rest.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ class DTFLOptions(Options):
     tiers: tuple[int, ...] = Field(TIERS, description="the tiers the scheduler may assign")
     default_tier: int = Field(2, description="the tier of a client without a history")
     observed: Observed = Field(
-        "total-minus-comm",
-        description="a client's observed compute: its simulated total time minus the "
-        "estimated communication (as a server sees it), or its exact simulated compute",
+        "elapsed-minus-comm",
+        description="a client's observed compute: its side's elapsed time (compute and "
+        "transfers, never waiting for the server) minus the estimated communication, or "
+        "its exact simulated compute",
     )
     server_optimiser: FreshOptimiser = Field(
         "round", description="a server copy's optimiser is fresh each round, or each batch"

@@ -6,10 +6,17 @@
 trains the first m modules and a head; the server trains the rest (more layers on the
 client as m grows). Per round:
 
-1. A client's observed client-side time in the tier m_k it last trained is its total time
-   minus the estimated communication, T_k - T^com_k(m_k), as a real server would see it
-   (line 22; with `observed="compute"`, the exact simulated compute time instead). It is
-   smoothed per (client, tier) by an EMA of span 2 (pandas `ewm(span=2, adjust=False)` in
+1. A client's observed client-side time in the tier m_k it last trained is the time its
+   side took, minus the estimated communication, T^c_k - T^com_k(m_k) (line 22). The client
+   side never waits for the server in local-loss training, so its elapsed time is its
+   compute and its transfers, whatever the server side took: the code measures the
+   client's training alone (`duration`, the server's step left out of the timer) and adds
+   its transfers (`simulated_delay`). A round's total time by Eq. (5) would not do: when the
+   server side is the longer, it would take the server's time for the client's, and a
+   client moved to a fast device while in a low tier would never be offered more layers.
+   With `observed="compute"`, the exact simulated compute time (under the simulated clock
+   the two differ only by the communication estimate's error). It is smoothed per
+   (client, tier) by an EMA of span 2 (pandas `ewm(span=2, adjust=False)` in
    the code: 2/3 on the newest value; line 23).
 2. For every tier m (all of them: the code skips one), Eq. (5):
    T̂_k(m) = T̂^com + max(T̂^c, T̂^s), with T̂^c = (T^cp(m) / T^cp(m_k)) T̄^c_k (lines
@@ -43,7 +50,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientTimes
 
 #: What the scheduler takes as a client's client-side time in its tier.
-Observed = Literal["total-minus-comm", "compute"]
+Observed = Literal["elapsed-minus-comm", "compute"]
 #: The EMA's span (the code's `ewm(span=2)`): weight 2 / (span + 1) on the newest value.
 SPAN = 2
 
@@ -131,7 +138,7 @@ class TierScheduler:
         train: LocalTraining,
         *,
         default_tier: int,
-        observed: Observed = "total-minus-comm",
+        observed: Observed = "elapsed-minus-comm",
     ) -> None:
         if default_tier not in costs:
             raise ValueError(f"default_tier {default_tier} is not one of the tiers {sorted(costs)}")
@@ -181,8 +188,9 @@ class TierScheduler:
     def client_side_s(self, info: ClientInfo, times: ClientTimes, tier: int) -> float:
         if self.observed == "compute":
             return times.compute_s
+        elapsed = times.down_s + times.compute_s + times.up_s  # the client side's own time
         comm = comm_s(self.costs[tier], self.batches(info), times.down_mbps, times.up_mbps)
-        return max(times.total_s - comm, 0.0)
+        return max(elapsed - comm, 0.0)
 
     def estimates(self, info: ClientInfo) -> dict[int, float] | None:
         """T̂_k(m) for every tier, or None for a client without a history."""

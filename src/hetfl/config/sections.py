@@ -494,7 +494,7 @@ class TargetConfig(_Strict):
     """A level to reach: summary.json records the round, simulated time, bytes and MACs at
     which the metric first reached it."""
 
-    metric: Literal["global_acc", "local_acc", "loss", "test_loss"] = Field(
+    metric: Literal["global_acc", "local_acc", "val_acc", "loss", "test_loss", "val_loss"] = Field(
         description="the metrics.jsonl key watched"
     )
     value: float = Field(description="reached when accuracy is at least, or a loss at most, this")

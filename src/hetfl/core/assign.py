@@ -176,6 +176,17 @@ class Assignment(Protocol):
 
 
 @runtime_checkable
+class SeededAssignment(Protocol):
+    """An assignment that draws at set-up (FedFA's budgets and seeded choices): the
+    strategy calls `setup_seeded(clients, generator)` in place of `setup`, with a generator
+    of its own (`hetfl.core.rng.sibling_generator` of the run's initialisation generator,
+    purpose "assignment"), so that its draws never shift the model's initialisation and
+    are the same on resume."""
+
+    def setup_seeded(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None: ...
+
+
+@runtime_checkable
 class JointAssignment(Protocol):
     """An assignment that chooses the specs of a round's clients together (FLANC's draw,
     redrawn until every level appears), rather than one client at a time."""

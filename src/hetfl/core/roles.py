@@ -4,10 +4,11 @@ names (STYLE.md, point 6).
 
 Private-layer options (FedBN keeps normalisation private, FedPer the head, ScalableFL both)
 and label-split aggregation (HeteroFL's head rows) need the first two sets; FedALRC's
-singular-value thresholding needs the third (`linear_weight`). A normalisation layer is
-any PyTorch norm module or a module declaring `hetfl_role = "norm"`; the head is the
-module a model exposes as `model.head` (every HetFL model does, as a submodule or a
-property naming one).
+singular-value thresholding needs the third (`linear_weight`); FedFA's scaling of layer
+weights only and ZiCo, the weights of convolution and linear layers (`layer_weight_names`).
+A normalisation layer is any PyTorch norm module or a module declaring
+`hetfl_role = "norm"`; the head is the module a model exposes as `model.head` (every HetFL
+model does, as a submodule or a property naming one).
 
 Other roles are declared the same way (`tensor_roles`): a module's `hetfl_role` gives every
 tensor under it that role, its `hetfl_tensor_roles` (own tensor name -> role) gives it to
@@ -46,6 +47,17 @@ def head_tensor_names(model: nn.Module) -> set[str]:
         raise ValueError(f"{type(model).__name__} does not mark its classifier as `self.head`")
     prefix = next(name for name, module in model.named_modules() if module is head)
     return {f"{prefix}.{k}" for k in head.state_dict()}
+
+
+def layer_weight_names(model: nn.Module) -> set[str]:
+    """State names of the weight of every convolution and linear layer (a layer's
+    multiplicative kernel, as opposed to biases and normalisation affines): what FedFA's
+    `scale: weights_only` rescales."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, nn.Linear | nn.modules.conv._ConvNd):
+            names.add(f"{prefix}.weight" if prefix else "weight")
+    return names
 
 
 def linear_weight(model: nn.Module) -> str | None:

@@ -100,6 +100,22 @@ class MapEntry:
 IndexMap = list[MapEntry]
 
 
+@dataclass(frozen=True)
+class SectionBlock:
+    """One residual block of a model built in sections (a ResNet's stages), as its family
+    reports it (`sections(spec)`), so that methods find blocks by structure, never by name.
+
+    `path` is the block's module path (`stages.1.2`); `tensors` the local names of its
+    tensors, in the model's order; `identity` says the block has neither a stride nor a
+    projection shortcut, so its input and output have one shape and any identity block of
+    its section has tensors of the same shapes (FedFA's grafting may copy one into another).
+    """
+
+    path: str
+    tensors: tuple[str, ...]
+    identity: bool
+
+
 def selected_shape(shape: Iterable[int], index: Index) -> tuple[int, ...]:
     """Shape of `tensor[index]` for a tensor of `shape`, without building it."""
     dims = list(shape)

@@ -1,5 +1,5 @@
-"""The strategy: whom to ask, what to send, how to combine, what to evaluate — one final
-class composed from parts.
+"""One job: the strategy, whom to ask, what to send, how to combine, what to evaluate — one
+final class composed from parts.
 
 A method is a `Strategy` built from parts (the server's half) plus a `LocalRecipe` (the
 clients' half, `hetfl.core.local.parts`: forward, loss terms, gradient transforms,
@@ -9,7 +9,8 @@ The strategy's parts:
 - a `Sampler` and an `Assignment` (`hetfl.core.assign`): which clients a round asks, and
   which spec each trains (at set-up and this round), with every spec a client may train;
 - map transforms (`hetfl.core.maps`), chained: private layers, label-split masks;
-- a weighting and an optional scaling per result (`hetfl.core.weighting`);
+- a weighting per result and an optional round-level scaling (`hetfl.core.weighting`:
+  factors computed from all of the round's results, FedFA's `hetfl.core.norm_scaling`);
 - a reducer factory (`hetfl.core.state`: the `Accumulator`'s weighted mean by default;
   `hetfl.core.robust`: coordinate-wise median and trimmed mean), through which every
   reduction of a round goes;
@@ -17,7 +18,9 @@ The strategy's parts:
   on a direction (FedOpt's pseudo-gradient, FedNova's normalised step);
 - evaluation parts (`hetfl.core.evaluation`): the models tested globally, each client's
   local task;
-- optionally a server side for split learning (`ServerSide`), declared global tensors,
+- optionally a set-up query (`SetupQuery`: what each client declares from its own data
+  before set-up, which the engine asks), a server side for split learning
+  (`ServerSide`), declared global tensors,
   a description for the run summary, an observer of metrics rows and the fields it declares
   per client for the per-client trace (`trace_fields`: a tier, a group).
 
@@ -26,7 +29,9 @@ the strategy, and the strategy keeps nothing between `plan` and `aggregate`: wha
 aggregation needs of the plan comes back in the tasks of `TrainedRound`. Engines (the
 simulator, the Flower adapter) call these verbs:
 
-0. `setup(clients, generator, rounds)` -> the initial global state.
+0. `setup(clients, generator, rounds)` -> the initial global state; where the strategy
+   has a `setup_query`, the engine first asks every client it and puts the answers in
+   the clients' `attrs`.
 1. `plan(round, state, available, rng)` -> tasks. `available` holds the clients the engine
    can reach this round, sorted by id; an empty list of tasks skips the round's training.
 2. the engine runs each task's client program and validates its result against the task's
@@ -56,12 +61,13 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import torch
 
-from hetfl.core.assign import Assignment, Sampler, round_specs
+from hetfl.core.assign import Assignment, Sampler, SeededAssignment, round_specs
 from hetfl.core.declared import DeclaredTensor, build_declared
 from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
 from hetfl.core.maps import MapTransform
 from hetfl.core.plateau import PlateauLr
+from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.server_update import (
     Contribution,
@@ -73,6 +79,7 @@ from hetfl.core.spec import IndexMap, Spec, ungrouped
 from hetfl.core.state import Accumulator, ReducerFactory, extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
+    ClientData,
     ClientInfo,
     ClientTask,
     EvalModel,
@@ -95,6 +102,20 @@ class ServerSide(Protocol):
     ) -> ServerProgram | None: ...
 
     def index_map(self, served: ServerResult) -> IndexMap: ...
+
+
+class SetupQuery(Protocol):
+    """A question each client answers once, before set-up, from its own training data;
+    the answer is what it declares (merged under `ClientInfo.attrs`, where an attribute
+    the client declared itself wins). FedFA's clients score their candidate architectures
+    with ZiCo there. An engine that cannot ask its clients refuses the strategy up front
+    and prints `instead`, what to configure so that no question is needed."""
+
+    instead: str
+
+    def __call__(
+        self, info: ClientInfo, data: ClientData, generator: torch.Generator
+    ) -> Mapping[str, Any]: ...
 
 
 #: `(info, task this round or None) -> {name: scalar}`: a method's fields for a client's
@@ -135,6 +156,7 @@ class Strategy:
         describe: Callable[[], dict[str, Any]] | None = None,
         observer: Callable[[int, Mapping[str, Any]], None] | None = None,
         trace_fields: TraceFields | None = None,
+        setup_query: SetupQuery | None = None,
     ) -> None:
         """`train`: the run's local-training settings, with their lr schedule."""
         if not isinstance(train, LocalTraining):
@@ -153,6 +175,7 @@ class Strategy:
         self.server_side = server_side
         self._describe, self._observer = describe, observer
         self._trace_fields = trace_fields
+        self.setup_query = setup_query
         #: The lr's plateau rule (`train.lr_plateau`), whatever the method; its state is
         #: extra state.
         self.plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
@@ -173,7 +196,10 @@ class Strategy:
         training."""
         self.rounds = rounds
         self.sampler.setup(clients)
-        self.assignment.setup(clients)
+        if isinstance(self.assignment, SeededAssignment):
+            self.assignment.setup_seeded(clients, sibling_generator(generator, "assignment"))
+        else:
+            self.assignment.setup(clients)
         self._layout = Layout(
             self.family,
             self.family.global_spec(self.assignment.possible_specs()),
@@ -317,9 +343,16 @@ class Strategy:
         served: Sequence[ServerResult | None] = (
             [None] * len(results) if trained.server_results is None else trained.server_results
         )
+        scales: Sequence[Mapping[str, float] | None] = (
+            [None] * len(results) if self.scaling is None else self.scaling(trained.trained)
+        )
+        if len(scales) != len(results):
+            raise ValueError(
+                f"the scaling part gave {len(scales)} scales for {len(results)} results; it "
+                "must give one per trained client, in their order"
+            )
         contributions = []
-        for r, imap, w, s in zip(results, maps, weights, served, strict=True):
-            scale = None if self.scaling is None else self.scaling(r, imap)
+        for r, imap, w, s, scale in zip(results, maps, weights, served, scales, strict=True):
             contributions.append(Contribution(r.tensors, imap, w, scale))
             if s is not None and self.server_side is not None:
                 contributions.append(Contribution(s.tensors, self.server_side.index_map(s), w))

@@ -3,21 +3,24 @@
 
 A weighting gives a result its weight `p_k` (a float, or a mapping from global tensor name
 to float, for per-tensor weights); the reducer normalises the weights over the clients
-covering each element. A scaling, optional, multiplies a result's tensors per global
-tensor before the reduction (FedNova's 1/‖a_k‖₁, FedFA's rescaling); it does not enter the
-normaliser.
+covering each element. A scaling, optional, multiplies each result's tensors per global
+tensor before the reduction; it does not enter the normaliser. It is a round-level part: it
+sees every result of the round with its task before any is scaled, since a factor may
+depend on the other clients (FedFA's α, a mean of all the clients' norms over one client's:
+`hetfl.core.norm_scaling`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from hetfl.core.spec import IndexMap
-from hetfl.core.types import ClientResult
+from hetfl.core.types import ClientResult, Trained
 
 Weighting = Callable[[ClientResult], float | Mapping[str, float]]
-Scaling = Callable[[ClientResult, IndexMap], Mapping[str, float]]
+#: `(the round's trained clients, in id order) -> one {global name: factor} per client, in
+#: that order`; a global name a client's mapping lacks is not scaled (factor 1).
+Scaling = Callable[[Sequence[Trained]], Sequence[Mapping[str, float]]]
 WeightingName = Literal["samples", "uniform"]
 
 

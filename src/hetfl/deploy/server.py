@@ -47,7 +47,11 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from torch import nn
 
-from hetfl.algorithms.base import NEEDS_SERVER_PROGRAM, refuse_simulator_only
+from hetfl.algorithms.base import (
+    NEEDS_SERVER_PROGRAM,
+    needs_setup_query,
+    refuse_simulator_only,
+)
 from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
 from hetfl.core.state import state_bytes
 from hetfl.core.types import (
@@ -111,10 +115,14 @@ class FlowerServer(RoundLoop):
         simulator). `poll_s` is how often replies are pulled from the SuperLink while
         waiting. `sinks` receive the metrics rows too (experiment tracking). A method that
         declares itself simulator-only (`deployment.simulator_only`, from its registry
-        entry), or a strategy with a server program, is refused before anything starts."""
+        entry), or a strategy with a server program or a set-up query, is refused before
+        anything starts."""
         why = deployment.simulator_only
         if why is None and parts.strategy.needs_server_program:
             why = NEEDS_SERVER_PROGRAM
+        query = parts.strategy.setup_query
+        if why is None and query is not None:
+            why = needs_setup_query(query.instead)
         refuse_simulator_only(deployment.algorithm, why)
         super().__init__(
             parts.strategy,

@@ -34,6 +34,8 @@ ROW_KEYS = (
 )
 #: Metrics where larger is better; every other scalar metric is better when smaller.
 HIGHER_IS_BETTER = ("global_acc", "local_acc", "val_acc")
+#: The metrics.jsonl keys a target may watch (config `targets`, `hetfl compare --target`).
+TARGET_METRICS = ("global_acc", "local_acc", "val_acc", "loss", "test_loss", "val_loss")
 _BEST = ("global_acc", "local_acc", "test_loss", "loss", "val_acc", "val_loss")
 #: What `best_by_val` reports of the row it selects.
 _BY_VAL = ("round", "val_acc", "global_acc", "local_acc", "test_loss")
@@ -162,26 +164,13 @@ def summarise(
             best[key] = None
         else:
             best[key] = max(values) if key in HIGHER_IS_BETTER else min(values)
-    reached = []
-    for t in targets:
-        hit = next((r for r in rows if _meets(r.get(t.metric), t)), None)
-        reached.append(
-            {
-                "metric": t.metric,
-                "value": t.value,
-                "round": None if hit is None else hit["round"],
-                "sim_time_s": None if hit is None else hit["sim_time_s"],
-                "bytes": None if hit is None else hit["bytes_down"] + hit["bytes_up"],
-                "macs": None if hit is None else hit["macs"],
-            }
-        )
     return {
         **info,
         "rounds_completed": final.get("round", 0),
         "final": final,
         "best": best,
         "best_by_val": best_by_val(rows),
-        "targets": reached,
+        "targets": reached_targets(rows, targets),
         "failures": dict(sorted(failures.items())),
         "rounds_aggregated": rounds_aggregated,
     }
@@ -218,6 +207,28 @@ def best_by_val(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     chosen = max(scored, key=lambda r: r["val_acc"])  # max keeps the first of equal values
     return {k: chosen.get(k) for k in _BY_VAL}
+
+
+def reached_targets(
+    rows: Sequence[dict[str, Any]], targets: Sequence[Target]
+) -> list[dict[str, Any]]:
+    """For each target, the round, simulated time, bytes and MACs of the first row that
+    meets it (None where none does): `summary.json`'s "targets", and `hetfl compare
+    --target` for a level chosen after the runs."""
+    reached = []
+    for t in targets:
+        hit = next((r for r in rows if _meets(r.get(t.metric), t)), None)
+        reached.append(
+            {
+                "metric": t.metric,
+                "value": t.value,
+                "round": None if hit is None else hit["round"],
+                "sim_time_s": None if hit is None else hit["sim_time_s"],
+                "bytes": None if hit is None else hit["bytes_down"] + hit["bytes_up"],
+                "macs": None if hit is None else hit["macs"],
+            }
+        )
+    return reached
 
 
 def _is_number(v: Any) -> bool:

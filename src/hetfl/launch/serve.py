@@ -177,11 +177,11 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     A sweep cannot be served (a federation runs one configuration). Everything that can be
     checked without the network is checked before any process starts: the config, that
     the method is not simulator-only (`Algorithm.simulator_only`, checked first, before
-    even Flower's presence), that the strategy sets up, that the dataset loads (the
-    server tests on it).
+    even Flower's presence), that the strategy asks no set-up query and sets up, that the
+    dataset loads (the server tests on it).
     """
     from hetfl.algorithms import ALGORITHMS
-    from hetfl.algorithms.base import refuse_simulator_only
+    from hetfl.algorithms.base import needs_setup_query, refuse_simulator_only
     from hetfl.assembly import build_parts
     from hetfl.engine.rounds import setup_strategy
 
@@ -213,6 +213,9 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     )
     security.check(server=True)
     parts = build_parts(cfg, show_progress=False)
+    query = parts.strategy.setup_query
+    if query is not None:  # a question to every client at set-up (FedFA's ZiCo)
+        refuse_simulator_only(cfg.algorithm, needs_setup_query(query.instead))
     # With the server's own view of the clients; the run registers the real ones.
     setup_strategy(parts.strategy, [c.info() for c in parts.clients], parts.settings)
     run_dir.mkdir(parents=True, exist_ok=True)

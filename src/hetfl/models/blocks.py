@@ -6,13 +6,17 @@ family or which kind of norm it belongs to. The residual blocks share one constr
 signature, as torchvision's `BasicBlock` and `Bottleneck` do (`torchvision/models/
 resnet.py`), so a network is given its block class:
 
-    block(cin, base_in, base_out, ratio, stride, norm)
+    block(cin, base_in, base_out, ratio, stride, norm, in_ratio=None)
 
 - `cin`: the input's channels as built; `base_in`: the block input's *base* channels (at
   ratio 1); `base_out`: the block's base planes, its output having
   `channels(ratio, base_out * expansion)` channels;
 - `ratio`: the block's width ratio; `stride`: of its first spatial convolution;
-- `norm`: the normalisation factory.
+- `norm`: the normalisation factory;
+- `in_ratio`: the width ratio its input was built at (None: `ratio`). A section's first
+  block takes the previous section's output, whose ratio may differ from its own when
+  widths vary per section; only a block that normalises its input (pre-activation) needs
+  it, the others take it for the common signature.
 
 A block has a shortcut convolution where the stride or the *base* widths differ (never
 where only the built widths do), so every sub-model of a family has the same blocks and
@@ -94,7 +98,14 @@ class ResidualBlock(Protocol):
     def preactivation(self) -> bool: ...
 
     def __call__(
-        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+        self,
+        cin: int,
+        base_in: int,
+        base_out: int,
+        ratio: float,
+        stride: int,
+        norm: NormFactory,
+        in_ratio: float | None = None,
     ) -> nn.Module: ...
 
 
@@ -107,7 +118,14 @@ class BasicBlock(nn.Module):
     preactivation: ClassVar[bool] = False
 
     def __init__(
-        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+        self,
+        cin: int,
+        base_in: int,
+        base_out: int,
+        ratio: float,
+        stride: int,
+        norm: NormFactory,
+        in_ratio: float | None = None,
     ) -> None:
         super().__init__()
         self.conv1 = slim_conv(cin, base_out, ratio, 3, stride)
@@ -155,10 +173,10 @@ class PreActBlock(nn.Module):
     Networks", ECCV 2016, Fig. 4(e); HeteroFL, FedFA and NeFL use it): norm-ReLU-conv3x3,
     norm-ReLU-conv3x3, plus the shortcut (taken after the first norm-ReLU where it is a
     convolution). The first norm normalises the block's input, of `base_in` base channels,
-    built at the block's own ratio: a section's first block therefore takes inputs at most
-    as wide as that ratio gives (per-section widths that shrink from one section to the
-    next need it built at the input's ratio, a change of tensor shapes). With `step_size`,
-    a learnable `StepSize` multiplies the residual branch (NeFL's blocks)."""
+    so it is built at the input's ratio (`in_ratio`): a section's first block then takes the
+    previous section's output whatever the two sections' widths (HeteroFL's scaler, when
+    on, divides that input by the ratio it was built at). With `step_size`, a learnable
+    `StepSize` multiplies the residual branch (NeFL's blocks)."""
 
     expansion: ClassVar[int] = 1
     preactivation: ClassVar[bool] = True
@@ -171,13 +189,14 @@ class PreActBlock(nn.Module):
         ratio: float,
         stride: int,
         norm: NormFactory,
+        in_ratio: float | None = None,
         *,
         step_size: bool = False,
     ) -> None:
         super().__init__()
         self.conv1 = slim_conv(cin, base_out, ratio, 3, stride)
         self.conv2 = slim_conv(channels(ratio, base_out), base_out, ratio, 3, 1)
-        self.norm1 = norm(base_in, ratio)
+        self.norm1 = norm(base_in, ratio if in_ratio is None else in_ratio)
         self.norm2 = norm(base_out, ratio)
         self.shortcut: SlimConv2d | None = None
         if stride != 1 or base_in != base_out:
@@ -202,7 +221,14 @@ class Bottleneck(nn.Module):
     preactivation: ClassVar[bool] = False
 
     def __init__(
-        self, cin: int, base_in: int, base_out: int, ratio: float, stride: int, norm: NormFactory
+        self,
+        cin: int,
+        base_in: int,
+        base_out: int,
+        ratio: float,
+        stride: int,
+        norm: NormFactory,
+        in_ratio: float | None = None,
     ) -> None:
         super().__init__()
         base_wide = base_out * self.expansion

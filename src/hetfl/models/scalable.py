@@ -36,7 +36,15 @@ from torch import nn
 
 from hetfl.core.registry import Registry
 from hetfl.core.roles import norm_tensor_names
-from hetfl.core.spec import IndexMap, MapEntry, Spec, capacity_group, group_qualified, prefix_index
+from hetfl.core.spec import (
+    IndexMap,
+    MapEntry,
+    SectionBlock,
+    Spec,
+    capacity_group,
+    group_qualified,
+    prefix_index,
+)
 from hetfl.models.base import MODELS
 from hetfl.models.blocks import BasicBlock, ConvUnit, PreActBlock, ResidualBlock, slim_conv
 from hetfl.models.norms import NormFactory, norm_for
@@ -125,16 +133,18 @@ class ResNet(nn.Module):
         self.stem_norm = None if block.preactivation else norm(self.BASE[0], r0)
         self.stem_pool = imagenet
         self.stages = nn.ModuleList()
-        c, base_in = self.stem.out_channels, self.BASE[0]
+        c, base_in, r_in = self.stem.out_channels, self.BASE[0], r0
         stepped = {"step_size": True} if spec.get("step_size") else {}
         for i in range(spec["stages"]):
             blocks = nn.ModuleList()
+            r = spec["widths"][i]
             for b in range(spec["blocks"][i]):
                 stride = self.STRIDES[i] if b == 0 else 1
-                ratio = spec["widths"][i]
-                blocks.append(block(c, base_in, self.BASE[i], ratio, stride, norm, **stepped))
-                base_in = self.BASE[i] * block.expansion
-                c = channels(spec["widths"][i], base_in)
+                blocks.append(
+                    block(c, base_in, self.BASE[i], r, stride, norm, in_ratio=r_in, **stepped)
+                )
+                base_in, r_in = self.BASE[i] * block.expansion, r
+                c = channels(r, base_in)
             self.stages.append(blocks)
         last = spec["stages"] - 1
         self.final_norm = norm(base_in, spec["widths"][last]) if block.preactivation else None
@@ -315,6 +325,18 @@ class ScalableFamily:
         with torch.device("meta"):
             return list(self.build(spec).pipeline)  # type: ignore[arg-type]
 
+    def sections(self, spec: Spec) -> list[list[SectionBlock]]:
+        """The residual blocks of each section (stage) of a ResNet-style spec, in order:
+        what depth-flexible methods take apart (FedFA's grafting; a method that drops or
+        steps over blocks). A family without residual sections is a `SpecError`."""
+        spec = self.checked(spec)
+        if ARCHITECTURES.get(spec["family"]).default_blocks is None:
+            raise SpecError(
+                f"{spec['family']} has no residual sections; a depth-flexible method needs a "
+                "ResNet-style model (resnet18, preresnet)"
+            )
+        return [list(section) for section in _sections(spec)]
+
     def global_spec(self, specs: list[Spec]) -> Spec:
         if not specs:
             return self.base
@@ -366,6 +388,24 @@ def _layout(spec: Spec) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     kept = norm_tensor_names(model) if norm_for(spec).per_capacity else set()
     return shapes, frozenset(kept)
+
+
+@lru_cache(maxsize=256)
+def _sections(spec: Spec) -> tuple[tuple[SectionBlock, ...], ...]:
+    """Each stage's blocks of a ResNet spec, found on a model built on the meta device: a
+    block is an identity block where it has no shortcut convolution (stride 1, equal base
+    widths in and out)."""
+    with torch.device("meta"):
+        model = _make(spec)
+    out = []
+    for i, stage in enumerate(cast(nn.ModuleList, model.stages)):
+        blocks = []
+        for b, block in enumerate(cast(nn.ModuleList, stage)):
+            path = f"stages.{i}.{b}"
+            names = tuple(f"{path}.{k}" for k in block.state_dict())
+            blocks.append(SectionBlock(path, names, block.shortcut is None))
+        out.append(tuple(blocks))
+    return tuple(out)
 
 
 def spec_capacity_group(spec: Spec) -> str:

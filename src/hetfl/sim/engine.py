@@ -121,6 +121,7 @@ class Simulation(RoundLoop):
         if unknown:
             raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
         self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
+        self._asked = False  # the strategy's set-up query (`known_clients`)
         store = store or StoreSettings()
         spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
         self.store = ClientStore(store, spill_dir)
@@ -148,7 +149,20 @@ class Simulation(RoundLoop):
 
     # -- the engine's hooks -------------------------------------------------------------
     def known_clients(self) -> list[ClientInfo]:
+        """Every client, with the answers to the strategy's set-up query (asked once)."""
+        if not self._asked:
+            self._ask_setup_query()
         return list(self.infos.values())
+
+    def _ask_setup_query(self) -> None:
+        """Each client answers the strategy's `setup_query` from its own data, with a
+        generator of (seed, 0, client, "setup-query"); what it declared itself wins."""
+        query = self.strategy.setup_query
+        if query is not None:
+            for cid, info in self.infos.items():
+                answer = query(info, self.clients[cid], self._rng(0, "setup-query", cid))
+                self.infos[cid] = replace(info, attrs={**answer, **info.attrs})
+        self._asked = True
 
     def available(self, rnd: int) -> list[ClientInfo]:
         """Each client is reachable with probability `availability` times its device

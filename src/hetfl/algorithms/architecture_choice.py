@@ -1,0 +1,290 @@
+"""Which architecture each FedFA client trains (Park and Joe-Wong, "Federated Learning with
+Flexible Architectures", ECML-PKDD 2024, §5.1 and Algorithm 1, lines 1-3): the server
+publishes candidates, each client declares one, and the global model has the largest width
+of every layer and the largest depth of every section among the declared ones.
+
+A candidate is one depth for every section and one width multiplier for every layer
+(`Candidate`). The paper's candidate tables are images no text reproduces, so the grid is a
+project default, not the paper's: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1}.
+
+A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
+1. the one it declares itself (`attrs["architecture"]`, a candidate's label);
+2. the smallest candidate (fewest MACs per sample) for a resource-limited client: as in
+   §5.1, half of the clients, here a seeded random half (`limited_share`);
+3. else, among the candidates whose forward MACs per sample fit its budget, the best by
+   the ZiCo proxy it computed on its own data (`choice: zico`, `ZicoQuery`) or a seeded
+   random one (`choice: random`). The budget is what it declares (`attrs["macs_budget"]`),
+   else `budgets[i]` for the i-th client in id order, else (a HetFL choice: the paper
+   states none) drawn uniformly between the smallest and the largest candidate's cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from hetfl.core.init import build_model, initialize
+from hetfl.core.pixels import model_inputs
+from hetfl.core.spec import Spec
+from hetfl.core.types import ClientData, ClientInfo, ModelFamily, PassRecord
+from hetfl.core.zico import zico
+from hetfl.systems.costs import MacCounter
+
+Choice = Literal["zico", "random"]
+#: The ZiCo scores a client declares, by candidate label (`ZicoQuery`).
+ZICO_ATTR = "zico"
+#: The mini-batches ZiCo is computed over (the brief's B = 2).
+ZICO_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One depth for every section and one width multiplier for every layer."""
+
+    depth: int
+    width: float
+
+    @property
+    def label(self) -> str:
+        return f"d{self.depth}-w{self.width:g}"
+
+
+def candidate_grid(depths: Sequence[int], widths: Sequence[float]) -> list[Candidate]:
+    """Every (depth, width) pair, shallowest and narrowest first, checked: depths >= 1,
+    widths in (0, 1], and grafting's rule that a section is grafted from an identity block,
+    so no depth of 1 beside a deeper candidate."""
+    if not depths or not widths:
+        raise ValueError("depths and widths must each list at least one value")
+    if any(not isinstance(d, int) or d < 1 for d in depths):
+        raise ValueError(f"depths must be integers >= 1, got {list(depths)}")
+    if any(not (math.isfinite(w) and 0 < w <= 1) for w in widths):
+        raise ValueError(
+            f"widths must be multipliers in (0, 1], got {list(widths)}; use 1 for full width"
+        )
+    if 1 in depths and max(depths) > 1:
+        raise ValueError(
+            f"depths {sorted(depths)}: a client of depth 1 has no identity block to graft into "
+            "the deeper blocks of a section (its one block strides or projects); use depths >= 2"
+        )
+    return [
+        Candidate(d, float(w))
+        for d, w in itertools.product(sorted(set(depths)), sorted(set(widths)))
+    ]
+
+
+class ArchitectureChoice:
+    """The assignment of FedFA's architectures (module docstring); a `SeededAssignment`.
+    `spec(candidate)` is the candidate's spec: `base` (the family's full-width spec with
+    the method's normalisation) at the candidate's depth and width; MACs are priced at
+    the base's input shape."""
+
+    def __init__(
+        self,
+        family: ModelFamily,
+        base: Spec,
+        candidates: Sequence[Candidate],
+        *,
+        choice: Choice,
+        budgets: Sequence[float] | None = None,
+        limited_share: float = 0.5,
+    ) -> None:
+        self.family, self.base, self.candidates = family, base, list(candidates)
+        self.choice, self.budgets, self.limited_share = choice, budgets, limited_share
+        self.by_label = {c.label: c for c in self.candidates}
+        self.chosen: dict[int, Candidate] = {}
+        self.budget_of: dict[int, float | None] = {}
+        self._macs: dict[Candidate, int] = {}
+        self._global: Spec | None = None
+
+    def spec(self, candidate: Candidate) -> Spec:
+        slots = len(self.base["widths"])
+        return self.base.replace(
+            blocks=(candidate.depth,) * slots, widths=(candidate.width,) * slots
+        )
+
+    def macs(self, candidate: Candidate) -> int:
+        """Forward MACs of one sample through the candidate's model."""
+        if candidate not in self._macs:
+            record = PassRecord(self.spec(candidate), "forward", 1, 1)
+            self._macs[candidate] = MacCounter(self.family).pass_macs(
+                record, self.base["input_shape"]
+            )
+        return self._macs[candidate]
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        raise TypeError("ArchitectureChoice draws at set-up: call setup_seeded(clients, generator)")
+
+    def setup_seeded(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None:
+        """Each client's architecture (module docstring): the limited share from one
+        permutation, then for each client in id order a generator of its own (its budget,
+        its random pick), so that what one client declares never shifts another's draws."""
+        ordered = sorted(clients, key=lambda c: c.cid)
+        order = torch.randperm(len(ordered), generator=generator).tolist()
+        limited = {ordered[i].cid for i in order[: int(len(ordered) * self.limited_share)]}
+        self.chosen, self.budget_of, self._global = {}, {}, None
+        for i, info in enumerate(ordered):
+            own = torch.Generator().manual_seed(
+                int(torch.randint(2**62, (1,), generator=generator))
+            )
+            declared = info.attrs.get("architecture")
+            if declared is not None:
+                self.chosen[info.cid] = self._declared(info.cid, declared)
+            elif info.cid in limited:
+                self.chosen[info.cid] = self.smallest()
+            else:
+                budget = self._budget(info, i, own)
+                self.budget_of[info.cid] = budget
+                self.chosen[info.cid] = self._best_within(info, budget, own)
+
+    def _declared(self, cid: int, label: Any) -> Candidate:
+        if label not in self.by_label:
+            raise ValueError(
+                f"client {cid} declares architecture {label!r}, not a candidate; allowed: "
+                f"{', '.join(self.by_label)}"
+            )
+        return self.by_label[label]
+
+    def smallest(self) -> Candidate:
+        """The candidate with the fewest MACs per sample (the shallower, then the narrower,
+        on a tie)."""
+        return min(self.candidates, key=lambda c: (self.macs(c), c.depth, c.width))
+
+    def _budget(self, info: ClientInfo, i: int, own: torch.Generator) -> float:
+        declared = info.attrs.get("macs_budget")
+        if declared is None and self.budgets is not None:
+            if i >= len(self.budgets):
+                raise ValueError(
+                    f"budgets lists {len(self.budgets)} value(s) but client {info.cid} is client "
+                    f"{i + 1} in id order; give one budget per client, or leave budgets out"
+                )
+            declared = self.budgets[i]
+        if declared is not None:
+            return float(declared)
+        costs = [self.macs(c) for c in self.candidates]
+        low, high = min(costs), max(costs)
+        return low + float(torch.rand(1, generator=own, dtype=torch.float64)) * (high - low)
+
+    def _best_within(self, info: ClientInfo, budget: float, own: torch.Generator) -> Candidate:
+        fits = [c for c in self.candidates if self.macs(c) <= budget]
+        if not fits:
+            cheapest = min(self.macs(c) for c in self.candidates)
+            raise ValueError(
+                f"client {info.cid}'s budget of {budget:,.0f} MACs per sample fits no candidate: "
+                f"the smallest costs {cheapest:,}; raise the budget or add a smaller candidate "
+                "(a smaller depth or width)"
+            )
+        if self.choice == "random":
+            return fits[int(torch.randint(len(fits), (1,), generator=own))]
+        scores = info.attrs.get(ZICO_ATTR)
+        if not isinstance(scores, Mapping) or any(c.label not in scores for c in fits):
+            raise ValueError(
+                f"choice 'zico': client {info.cid} has no ZiCo score for every candidate "
+                f"within its budget ({', '.join(c.label for c in fits)}); the simulator asks "
+                "each client at set-up; elsewhere use choice: random or declare the architecture"
+            )
+        return max(fits, key=lambda c: (float(scores[c.label]), -self.macs(c)))
+
+    # -- the assignment's verbs -------------------------------------------------------------
+    def candidate_of(self, info: ClientInfo) -> Candidate:
+        if info.cid not in self.chosen:
+            raise KeyError(
+                f"client {info.cid} was not known at set-up; FedFA's architectures are chosen then"
+            )
+        return self.chosen[info.cid]
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        return self.spec(self.candidate_of(info))
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        return self.spec_of(info)
+
+    def possible_specs(self) -> list[Spec]:
+        return [self.spec(c) for _, c in sorted(self.chosen.items())]
+
+    def global_spec(self) -> Spec:
+        """The largest width of every layer and depth of every section among the clients'
+        architectures (Algorithm 1, line 3), once set-up has chosen them."""
+        if self._global is None:
+            if not self.chosen:
+                raise RuntimeError(
+                    "the architectures are chosen at set-up; call setup_seeded first"
+                )
+            self._global = self.family.global_spec(self.possible_specs())
+        return self._global
+
+    def used(self) -> list[Candidate]:
+        """The candidates some client chose, smallest first."""
+        return sorted(set(self.chosen.values()), key=lambda c: (c.depth, c.width))
+
+    def describe(self) -> dict[str, Any]:
+        """Every candidate with its forward MACs per sample and the clients that chose it
+        (for `summary.json` and the start banner, a row per candidate)."""
+        return {
+            "architectures": {
+                c.label: {
+                    "macs": self.macs(c),
+                    "clients": [cid for cid, chosen in sorted(self.chosen.items()) if chosen == c],
+                }
+                for c in self.candidates
+            }
+        }
+
+    def trace_fields(self, info: ClientInfo, task: object = None) -> dict[str, Any]:
+        """A client's architecture and, if it chose within one, its budget (the per-client
+        trace)."""
+        return {"arch": self.candidate_of(info).label, "macs_budget": self.budget_of.get(info.cid)}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"fedfa_architectures": {str(cid): c.label for cid, c in self.chosen.items()}}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        saved = {
+            int(cid): self.by_label[label] for cid, label in state["fedfa_architectures"].items()
+        }
+        if saved != self.chosen:
+            raise ValueError(
+                "the checkpoint's FedFA architectures differ from the ones set-up chose again "
+                "(a changed candidate list, budgets or client data?); resume with the run's config"
+            )
+
+
+class ZicoQuery:
+    """A client's answer at set-up: the ZiCo score (`hetfl.core.zico`) of every candidate,
+    each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of `batch_size` drawn
+    from its own training data (`SetupQuery`)."""
+
+    instead: str = (
+        "use options.fedfa.choice: random, or give every node its architecture "
+        "(--attr architecture=LABEL)"
+    )
+
+    def __init__(self, family: ModelFamily, choice: ArchitectureChoice, batch_size: int) -> None:
+        self.family, self.choice, self.batch_size = family, choice, batch_size
+
+    def __call__(
+        self, info: ClientInfo, data: ClientData, generator: torch.Generator
+    ) -> dict[str, Any]:
+        n = data.n_train
+        if n < 2 * ZICO_BATCHES:
+            raise ValueError(
+                f"choice 'zico': client {info.cid} holds {n} training samples, too few for "
+                f"{ZICO_BATCHES} mini-batches of two; use choice: random"
+            )
+        order = torch.randperm(n, generator=generator).to(data.x_train.device)
+        size = min(self.batch_size, n // ZICO_BATCHES)
+        batches = [
+            (model_inputs(data.x_train[idx], data.pixels), data.y_train[idx])
+            for idx in (order[b * size : (b + 1) * size] for b in range(ZICO_BATCHES))
+        ]
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        scores = {}
+        for candidate in self.choice.candidates:
+            model = build_model(self.family, self.choice.spec(candidate))
+            initialize(model, torch.Generator().manual_seed(seed))
+            scores[candidate.label] = zico(model.to(data.x_train.device).train(), batches)
+        return {ZICO_ATTR: scores}

@@ -131,22 +131,14 @@ DTFL = {
 }
 
 
-#: Declared Pre-ResNet architectures (two sections, narrow) for FlexiFed and NeFL: three
-#: candidates, half of the six clients on the smallest.
-ARCHITECTURES = {
+#: FedFA and its baselines: a Pre-ResNet of 2 sections, 2 local steps of 16 samples (the
+#: candidates are each scenario's options).
+PRE_RESNET = {
     **WIDTHS,
     "model.name": "preresnet",
-    "train.lr": 0.1,
+    "train.local_steps": 2,
+    "train.batch_size": 16,
 }
-
-
-def architectures(widths: tuple[float, float, float]) -> list[dict[str, Any]]:
-    """Candidates of 1+1, 1+2 and 2+2 blocks at the given widths."""
-    blocks = ([1, 1, 1, 1], [1, 2, 1, 1], [2, 2, 1, 1])
-    return [
-        {"name": f"d{i}", "blocks": b, "width": w}
-        for i, (b, w) in enumerate(zip(blocks, widths, strict=True))
-    ]
 
 
 def configured(algorithm: str, dotted: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -235,13 +227,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "others by ZiCo within drawn budgets, grafting, label split, l2 alpha, 2 local steps",
         configured(
             "fedfa",
-            {
-                **WIDTHS,
-                "model.name": "preresnet",
-                "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]},
-                "train.local_steps": 2,
-                "train.batch_size": 16,
-            },
+            {**PRE_RESNET, "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]}},
         ),
     ),
     Scenario("fednova", "FedNova, plain SGD", configured("fednova")),
@@ -270,13 +256,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "flexifed",
-        "FlexiFed Max-Common, three depth-only Pre-ResNet candidates at width 1/8",
+        "FlexiFed Max-Common on FedFA's choice (ZiCo) of depths {2, 3, 4} at width 1/4, "
+        "Pre-ResNet of 2 sections, 2 local steps",
         configured(
             "flexifed",
-            {
-                **ARCHITECTURES,
-                "options.flexifed.architectures": architectures((0.125, 0.125, 0.125)),
-            },
+            {**PRE_RESNET, "options.flexifed": {"depths": [2, 3, 4], "widths": [0.25]}},
         ),
     ),
     Scenario(
@@ -294,10 +278,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("local-only", "each client alone", configured("local-only")),
     Scenario(
         "nefl",
-        "NeFL, three Pre-ResNet sub-models of width 1/8, 1/8 and 1/4 with step sizes",
+        "NeFL on the fedfa scenario's candidates and choice: step sizes, BN per sub-model",
         configured(
-            "nefl",
-            {**ARCHITECTURES, "options.nefl.architectures": architectures((0.125, 0.125, 0.25))},
+            "nefl", {**PRE_RESNET, "options.nefl": {"depths": [2, 3], "widths": [0.25, 0.5]}}
         ),
     ),
     Scenario(

@@ -225,8 +225,6 @@ def value_text(value: Any) -> str:
         return described["kind"] if len(described) == 1 else json.dumps(described)
     if value is None:
         return "null"
-    if isinstance(value, BaseModel):  # a record in a list (an option's candidates)
-        return value_text(value.model_dump(mode="json"))
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -298,10 +296,6 @@ def algorithm_sections() -> Iterator[Section]:
         nested: list[tuple[str, type[BaseModel]]] = []
         found = rows(algorithm.options, f"options.{name}.", nested)
         yield Section(3, section_title(f"options.{name}"), intro, found)
-        for path, model in nested:  # records an option holds (FlexiFed's candidates)
-            yield from record_sections(
-                model, f"{path}.", 3, section_title(path), first_paragraph(model)
-            )
 
 
 def kind_sections() -> Iterator[Section]:

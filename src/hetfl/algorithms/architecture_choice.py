@@ -2,16 +2,14 @@
 (Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5.1
 and Algorithm 1, lines 1-3): the server publishes candidates, each client declares one, and
 the global model has the largest width of every layer and the largest depth of every
-section among the declared ones. FedFA (`fedfa`), FlexiFed (`flexifed`) and NeFL (`nefl`)
-all assign through `ArchitectureChoice`, so that a comparison is like for like: with the
-same seed, candidates, options and clients, each method puts the same clients on the same
-architectures (the draws come from the run's seed, and candidates are priced and scored as
-architectures, apart from the method's normalisation: `ArchitectureChoice.architecture`).
+section among the declared ones. FedFA, FlexiFed and NeFL all assign through
+`ArchitectureChoice`: with the same seed, options and clients, each puts the same clients on
+the same architectures, a like-for-like comparison (the draws come from the run's seed;
+candidates are priced and scored as architectures: `ArchitectureChoice.architecture`).
 
 A candidate is one depth for every section and one width multiplier for every layer
 (`Candidate`). The paper's candidate tables are images no text reproduces, so the grid is a
-project default, not the paper's: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1}. FlexiFed
-takes the depths at one width (depth-only, §5's first scenario), NeFL the whole grid.
+project default: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1} (FlexiFed's at one width).
 
 A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
 1. the one it declares itself (`attrs["architecture"]`, a candidate's label);
@@ -30,7 +28,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -50,10 +48,9 @@ ZICO_ATTR = "zico"
 #: The mini-batches ZiCo is computed over (the brief's B = 2).
 ZICO_BATCHES = 2
 #: The normalisation a candidate is priced and scored at, whichever method trains it
-#: (`ArchitectureChoice.architecture`): BatchNorm on batch statistics without HeteroFL's
-#: scaler and without step sizes. ZiCo runs in training mode at initialisation, where
-#: static and running-statistics BatchNorm compute the same and NeFL's step sizes are 1,
-#: so this is the architecture as each method's clients first train it.
+#: (`ArchitectureChoice.architecture`): static BatchNorm, no scaler, no step sizes. ZiCo runs
+#: in training mode at initialisation, where static and running-statistics BatchNorm
+#: compute the same and NeFL's step sizes are 1: the architecture as every method starts it.
 ARCHITECTURE_NORMALISATION: Mapping[str, Any] = {"bn": "static", "scaler": False}
 
 
@@ -103,14 +100,12 @@ class ArchitectureOptions(AggregationOptions):
     widths: list[float] = Field(
         [0.25, 0.5, 0.75, 1.0], description="candidate width multipliers, in (0, 1]"
     )
-    choice: Annotated[
-        Choice,
-        Field(
-            description="how a client that is not resource-limited picks among the candidates "
-            "within its budget: zico, the best ZiCo proxy on its own data (simulator only), or "
-            "random, a seeded draw"
-        ),
-    ] = "zico"
+    choice: Choice = Field(
+        "zico",
+        description="how a client that is not resource-limited picks among the candidates "
+        "within its budget: zico, the best ZiCo proxy on its own data (simulator only), or "
+        "random, a seeded draw",
+    )
     limited_share: float = Field(
         0.5,
         ge=0.0,
@@ -170,8 +165,7 @@ class ArchitectureChoice:
         self._global: Spec | None = None
 
     def _at(self, candidate: Candidate, normalisation: Mapping[str, Any]) -> Spec:
-        # Slots beyond the model's `stages` keep the base's values, as the global spec of
-        # the chosen specs does (`family.global_spec` merges the used slots only): a global
+        # Slots beyond `stages` keep the base's values, as `family.global_spec` does: a global
         # spec that is a candidate is then that candidate's spec, tensor groups included.
         used = range(self.base["stages"])
         return self.base.replace(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
+from hetfl.algorithms.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
 from hetfl.algorithms.flexifed import max_common
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import GROUP_SEP
@@ -91,14 +92,21 @@ def test_fedfa_and_its_baselines_put_the_same_clients_on_the_same_architectures(
 
 def test_zico_scores_the_architecture_whichever_method_asks() -> None:
     """A client's ZiCo answer is the same under FedFA (static BatchNorm) and NeFL (running
-    statistics, step sizes): the candidates are scored as architectures, so the same scores
+    statistics, step sizes), and under a method without normalisation, whose models ZiCo
+    would score otherwise: the candidates are scored as architectures, so the same scores
     give the same choices."""
     info, data = _infos([None])[0], _data(0)
+    grid = candidate_grid([2, 3], [0.125, 0.25])
     answers = []
     for method in ("fedfa", "nefl"):
         strategy = _build(method, depths=[2, 3], widths=[0.125, 0.25], choice="zico")
         answers.append(strategy.setup_query(info, data, torch_generator(0, 0, 0, "setup-query")))
-    assert answers[0] == answers[1] and len(answers[0]["zico"]) == 4
+    plain = ArchitectureChoice(
+        FAMILY, FAMILY.base, grid, method="plain", choice="zico", normalisation={"bn": "none"}
+    )
+    query = ZicoQuery(FAMILY, plain, TRAIN.batch_size)
+    answers.append(query(info, data, torch_generator(0, 0, 0, "setup-query")))
+    assert answers[0] == answers[1] == answers[2] and len(answers[0]["zico"]) == 4
 
 
 # -- FlexiFed: Max-Common --------------------------------------------------------------------------

@@ -320,6 +320,42 @@ def test_heterofl_equals_the_simulator_with_statistics_passes_on_the_clients(
         assert 0 <= row["global_acc"] <= 1 and 0 <= row["local_acc"] <= 1
 
 
+@pytest.mark.parametrize(("algorithm", "widths"), [("flexifed", [0.125]), ("nefl", [0.125, 0.25])])
+def test_fedfas_baselines_equal_the_simulator(algorithm, widths, tmp_path):
+    """FlexiFed's per-path and NeFL's per-sub-model tensors (group-qualified names, NeFL's
+    step sizes) through the adapter, on FedFA's seeded choice of architectures (budgets
+    that fit every candidate): every row and the per-client trace equal the simulator's,
+    every architecture evaluated. With `choice: zico` the set-up query is refused, naming
+    the method's option."""
+    budgets = [1e12] * 3
+
+    def raw(choice: str) -> dict:
+        return config(
+            algorithm=algorithm,
+            options={
+                algorithm: {
+                    "depths": [1, 2],
+                    "widths": widths,
+                    "choice": choice,
+                    "budgets": budgets,
+                }
+            },
+            model={"name": "preresnet", "stages": 2},
+            **{"train.rounds": 2, "train.local_steps": 2},
+        )
+
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw("random"), tmp_path / "flower")
+    run_one(validate(raw("random")), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
+    assert len([g for g in rows[-1]["groups"] if g.startswith("arch=")]) > 1
+    with pytest.raises(
+        SimulatorOnlyError, match=rf"asks each client .*{algorithm}\.choice: random"
+    ):
+        serve(LoopbackGrid(nodes(tmp_path, 3)), raw("zico"), tmp_path / "zico")
+
+
 def scalablefl_config(**changes) -> dict:
     """Two client groups of digits views (16 px with 10 classes, 8 px with 3) and H0 = 4:
     depths 2 and 1, widths 1 and log 3 / log 10, private BN and heads."""

@@ -216,7 +216,8 @@ def test_zico_matches_a_hand_computation_on_a_two_layer_network() -> None:
 
 def _choice(**kw: object) -> ArchitectureChoice:
     base = FAMILY.base.replace(bn="static")
-    return ArchitectureChoice(FAMILY, base, candidate_grid([2, 3], [0.25, 0.5]), **kw)
+    grid = candidate_grid([2, 3], [0.25, 0.5])
+    return ArchitectureChoice(FAMILY, base, grid, method="fedfa", **kw)
 
 
 def _data(cid: int) -> ClientData:

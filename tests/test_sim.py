@@ -520,11 +520,14 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
             {"family": "composed-cnn", "input_shape": (1, 8, 8), "num_classes": 10}
         )
     cpr, opts = 4, None
-    if name == "fedfa":  # grafting needs sections of blocks; small candidates keep it short
+    if name in ("fedfa", "flexifed", "nefl"):  # sections of blocks; small candidates, short
         family = ScalableFamily(
             {"family": "preresnet", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 2}
         )
         opts = {"depths": [2, 3], "widths": [0.25, 0.5]}
+        if name in ("flexifed", "nefl"):  # no grafting: depth 1 is theirs; ZiCo is FedFA's
+            widths = [0.25] if name == "flexifed" else [0.25, 0.5]
+            opts = {"depths": [1, 2, 3], "widths": widths, "choice": "random"}
     if ALGORITHMS.get(name).needs == "split":  # ten times the MLP's work: two clients a round
         family, cpr = make_family("resnet-cifar", (1, 8, 8), 10, blocks=1), 2
     if name == "fedgkt":  # FedML's 20 server epochs a round are a run's cost, not a resume's

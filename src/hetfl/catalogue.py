@@ -46,8 +46,16 @@ ALGORITHMS: dict[str, str] = {
     "flanc": (
         "FLANC (Mei et al. 2022): kernels composed from shared bases and per-capacity coefficients"
     ),
+    "flexifed": (
+        "FlexiFed (Wang et al. 2023): depth-only architectures, Max-Common layers averaged "
+        "per shared prefix"
+    ),
     "heterofl": "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
     "local-only": "each client trains alone; nothing is shared",
+    "nefl": (
+        "NeFL (Kang et al. 2023): nested width and depth sub-models with step sizes, "
+        "BN and steps per sub-model"
+    ),
     "scalablefl": (
         "ScalableFL (Nitta et al. 2023): depth from input size, width from classes, "
         "private BN and heads"

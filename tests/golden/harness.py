@@ -132,6 +132,16 @@ DTFL = {
 }
 
 
+#: FedFA and its baselines: a Pre-ResNet of 2 sections, 2 local steps of 16 samples (the
+#: candidates are each scenario's options).
+PRE_RESNET = {
+    **WIDTHS,
+    "model.name": "preresnet",
+    "train.local_steps": 2,
+    "train.batch_size": 16,
+}
+
+
 def configured(algorithm: str, dotted: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`BASE` for `algorithm` with dotted keys (`"train.lr"`) set; a None value removes
     the key."""
@@ -218,13 +228,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "others by ZiCo within drawn budgets, grafting, label split, l2 alpha, 2 local steps",
         configured(
             "fedfa",
-            {
-                **WIDTHS,
-                "model.name": "preresnet",
-                "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]},
-                "train.local_steps": 2,
-                "train.batch_size": 16,
-            },
+            {**PRE_RESNET, "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]}},
         ),
     ),
     Scenario(
@@ -272,6 +276,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "flexifed",
+        "FlexiFed Max-Common on FedFA's choice (ZiCo) of depths {2, 3, 4} at width 1/4, "
+        "Pre-ResNet of 2 sections, 2 local steps",
+        configured(
+            "flexifed",
+            {**PRE_RESNET, "options.flexifed": {"depths": [2, 3, 4], "widths": [0.25]}},
+        ),
+    ),
+    Scenario(
         "heterofl",
         "HeteroFL fixed levels, label-split masks, clipping at 0.5, stats pass on all data",
         configured(
@@ -284,6 +297,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario("local-only", "each client alone", configured("local-only")),
+    Scenario(
+        "nefl",
+        "NeFL on the fedfa scenario's candidates and choice: step sizes, BN per sub-model",
+        configured(
+            "nefl", {**PRE_RESNET, "options.nefl": {"depths": [2, 3], "widths": [0.25, 0.5]}}
+        ),
+    ),
     Scenario(
         "scalablefl",
         "ScalableFL, two groups of input size and classes",

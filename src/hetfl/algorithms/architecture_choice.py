@@ -1,11 +1,15 @@
-"""Which architecture each FedFA client trains (Park and Joe-Wong, "Federated Learning with
-Flexible Architectures", ECML-PKDD 2024, §5.1 and Algorithm 1, lines 1-3): the server
-publishes candidates, each client declares one, and the global model has the largest width
-of every layer and the largest depth of every section among the declared ones.
+"""Which architecture each client trains, for FedFA and the baselines it is compared with
+(Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5.1
+and Algorithm 1, lines 1-3): the server publishes candidates, each client declares one, and
+the global model has the largest width of every layer and the largest depth of every
+section among the declared ones. FedFA, FlexiFed and NeFL all assign through
+`ArchitectureChoice`: with the same seed, options and clients, each puts the same clients on
+the same architectures, a like-for-like comparison (the draws come from the run's seed;
+candidates are priced and scored as architectures: `ArchitectureChoice.architecture`).
 
 A candidate is one depth for every section and one width multiplier for every layer
 (`Candidate`). The paper's candidate tables are images no text reproduces, so the grid is a
-project default, not the paper's: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1}.
+project default: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1} (FlexiFed's at one width).
 
 A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
 1. the one it declares itself (`attrs["architecture"]`, a candidate's label);
@@ -27,7 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from pydantic import Field, model_validator
 
+from hetfl.algorithms.base import AggregationOptions
+from hetfl.algorithms.widths import full_width_base
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import model_inputs
 from hetfl.core.spec import Spec
@@ -40,6 +47,11 @@ Choice = Literal["zico", "random"]
 ZICO_ATTR = "zico"
 #: The mini-batches ZiCo is computed over (the brief's B = 2).
 ZICO_BATCHES = 2
+#: The normalisation a candidate is priced and scored at, whichever method trains it
+#: (`ArchitectureChoice.architecture`): static BatchNorm, no scaler, no step sizes. ZiCo runs
+#: in training mode at initialisation, where static and running-statistics BatchNorm
+#: compute the same and NeFL's step sizes are 1: the architecture as every method starts it.
+ARCHITECTURE_NORMALISATION: Mapping[str, Any] = {"bn": "static", "scaler": False}
 
 
 @dataclass(frozen=True)
@@ -54,10 +66,12 @@ class Candidate:
         return f"d{self.depth}-w{self.width:g}"
 
 
-def candidate_grid(depths: Sequence[int], widths: Sequence[float]) -> list[Candidate]:
+def candidate_grid(
+    depths: Sequence[int], widths: Sequence[float], *, grafting: bool = False
+) -> list[Candidate]:
     """Every (depth, width) pair, shallowest and narrowest first, checked: depths >= 1,
-    widths in (0, 1], and grafting's rule that a section is grafted from an identity block,
-    so no depth of 1 beside a deeper candidate."""
+    widths in (0, 1], and with `grafting` (FedFA's Algorithm 2) the rule that a section is
+    grafted from an identity block, so no depth of 1 beside a deeper candidate."""
     if not depths or not widths:
         raise ValueError("depths and widths must each list at least one value")
     if any(not isinstance(d, int) or d < 1 for d in depths):
@@ -66,7 +80,7 @@ def candidate_grid(depths: Sequence[int], widths: Sequence[float]) -> list[Candi
         raise ValueError(
             f"widths must be multipliers in (0, 1], got {list(widths)}; use 1 for full width"
         )
-    if 1 in depths and max(depths) > 1:
+    if grafting and 1 in depths and max(depths) > 1:
         raise ValueError(
             f"depths {sorted(depths)}: a client of depth 1 has no identity block to graft into "
             "the deeper blocks of a section (its one block strides or projects); use depths >= 2"
@@ -77,11 +91,51 @@ def candidate_grid(depths: Sequence[int], widths: Sequence[float]) -> list[Candi
     ]
 
 
+class ArchitectureOptions(AggregationOptions):
+    """The options of a method whose clients train architectures from a grid of
+    candidates (FedFA and its baselines): the same fields and defaults for each, so that
+    the same options give the same assignment whichever method trains it."""
+
+    depths: list[int] = Field([2, 3, 4], description="candidate depths, blocks in every section")
+    widths: list[float] = Field(
+        [0.25, 0.5, 0.75, 1.0], description="candidate width multipliers, in (0, 1]"
+    )
+    choice: Choice = Field(
+        "zico",
+        description="how a client that is not resource-limited picks among the candidates "
+        "within its budget: zico, the best ZiCo proxy on its own data (simulator only), or "
+        "random, a seeded draw",
+    )
+    limited_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="share of clients, drawn from the seed, that take the smallest candidate",
+    )
+    budgets: list[float] | None = Field(
+        None,
+        description="each client's budget in forward MACs per sample, in client id order "
+        "(a client's declared macs_budget wins); unset: drawn between the cheapest and the "
+        "dearest candidate",
+    )
+
+    @model_validator(mode="after")
+    def _candidates_are_valid(self) -> ArchitectureOptions:
+        candidate_grid(self.depths, self.widths)
+        if self.budgets is not None and any(not b > 0 for b in self.budgets):
+            raise ValueError(f"budgets must be positive MACs per sample, got {self.budgets}")
+        return self
+
+
 class ArchitectureChoice:
-    """The assignment of FedFA's architectures (module docstring); a `SeededAssignment`.
-    `spec(candidate)` is the candidate's spec: `base` (the family's full-width spec with
-    the method's normalisation) at the candidate's depth and width; MACs are priced at
-    the base's input shape."""
+    """The assignment of architectures (module docstring); a `SeededAssignment`.
+
+    `spec(candidate)` is what a client trains: `base` (the family's full-width spec) at the
+    candidate's depth and width with the method's `normalisation` (FedFA's static BatchNorm,
+    NeFL's step sizes). `architecture(candidate)` is the same at
+    `ARCHITECTURE_NORMALISATION`, whatever the method: candidates are priced (MACs at the
+    base's input shape, hence budgets and the smallest) and scored (ZiCo) there, so the
+    choice depends on the architectures alone and is the same under every method."""
 
     def __init__(
         self,
@@ -89,28 +143,58 @@ class ArchitectureChoice:
         base: Spec,
         candidates: Sequence[Candidate],
         *,
+        method: str,
         choice: Choice,
+        normalisation: Mapping[str, Any] = ARCHITECTURE_NORMALISATION,
         budgets: Sequence[float] | None = None,
         limited_share: float = 0.5,
     ) -> None:
+        if "blocks" not in base:
+            raise ValueError(
+                f"{method} trains architectures of a depth per section: model.name must be a "
+                f"family of residual blocks (preresnet), got {base.get('family')!r}"
+            )
         self.family, self.base, self.candidates = family, base, list(candidates)
+        self.method, self.normalisation = method, dict(normalisation)
         self.choice, self.budgets, self.limited_share = choice, budgets, limited_share
         self.by_label = {c.label: c for c in self.candidates}
+        self.by_spec = {self.spec(c): c for c in self.candidates}
         self.chosen: dict[int, Candidate] = {}
         self.budget_of: dict[int, float | None] = {}
         self._macs: dict[Candidate, int] = {}
         self._global: Spec | None = None
 
-    def spec(self, candidate: Candidate) -> Spec:
-        slots = len(self.base["widths"])
+    def _at(self, candidate: Candidate, normalisation: Mapping[str, Any]) -> Spec:
+        # Slots beyond `stages` keep the base's values, as `family.global_spec` does: a global
+        # spec that is a candidate is then that candidate's spec, tensor groups included.
+        used = range(self.base["stages"])
         return self.base.replace(
-            blocks=(candidate.depth,) * slots, widths=(candidate.width,) * slots
+            blocks=tuple(
+                candidate.depth if i in used else b for i, b in enumerate(self.base["blocks"])
+            ),
+            widths=tuple(
+                candidate.width if i in used else w for i, w in enumerate(self.base["widths"])
+            ),
+            **normalisation,
         )
 
+    def spec(self, candidate: Candidate) -> Spec:
+        """The candidate as the method's clients train it."""
+        return self._at(candidate, self.normalisation)
+
+    def architecture(self, candidate: Candidate) -> Spec:
+        """The candidate as it is priced and scored, whatever the method (class docstring)."""
+        return self._at(candidate, ARCHITECTURE_NORMALISATION)
+
+    def candidate_at(self, spec: Spec) -> Candidate | None:
+        """The candidate whose spec `spec` is; None for another spec (a global spec that
+        no candidate is, when the chosen ones are not nested)."""
+        return self.by_spec.get(spec)
+
     def macs(self, candidate: Candidate) -> int:
-        """Forward MACs of one sample through the candidate's model."""
+        """Forward MACs of one sample through the candidate's architecture."""
         if candidate not in self._macs:
-            record = PassRecord(self.spec(candidate), "forward", 1, 1)
+            record = PassRecord(self.architecture(candidate), "forward", 1, 1)
             self._macs[candidate] = MacCounter(self.family).pass_macs(
                 record, self.base["input_shape"]
             )
@@ -193,7 +277,8 @@ class ArchitectureChoice:
     def candidate_of(self, info: ClientInfo) -> Candidate:
         if info.cid not in self.chosen:
             raise KeyError(
-                f"client {info.cid} was not known at set-up; FedFA's architectures are chosen then"
+                f"client {info.cid} was not known at set-up; {self.method}'s architectures are "
+                "chosen then"
             )
         return self.chosen[info.cid]
 
@@ -240,31 +325,32 @@ class ArchitectureChoice:
         return {"arch": self.candidate_of(info).label, "macs_budget": self.budget_of.get(info.cid)}
 
     def extra_state(self) -> dict[str, Any]:
-        return {"fedfa_architectures": {str(cid): c.label for cid, c in self.chosen.items()}}
+        """Each client's label, under `<method>_architectures` (`fedfa_architectures`)."""
+        return {f"{self.method}_architectures": {str(c): x.label for c, x in self.chosen.items()}}
 
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        saved = {
-            int(cid): self.by_label[label] for cid, label in state["fedfa_architectures"].items()
-        }
+        labels = state[f"{self.method}_architectures"]
+        saved = {int(cid): self.by_label.get(label) for cid, label in labels.items()}
         if saved != self.chosen:
             raise ValueError(
-                "the checkpoint's FedFA architectures differ from the ones set-up chose again "
-                "(a changed candidate list, budgets or client data?); resume with the run's config"
+                f"the checkpoint's {self.method} architectures differ from the ones set-up chose "
+                "again (a changed candidate list, budgets or client data?); resume with the "
+                "run's config"
             )
 
 
 class ZicoQuery:
-    """A client's answer at set-up: the ZiCo score (`hetfl.core.zico`) of every candidate,
+    """A client's answer at set-up: the ZiCo score (`hetfl.core.zico`) of every candidate's
+    architecture (`ArchitectureChoice.architecture`: the same scores under every method),
     each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of `batch_size` drawn
     from its own training data (`SetupQuery`)."""
 
-    instead: str = (
-        "use options.fedfa.choice: random, or give every node its architecture "
-        "(--attr architecture=LABEL)"
-    )
-
     def __init__(self, family: ModelFamily, choice: ArchitectureChoice, batch_size: int) -> None:
         self.family, self.choice, self.batch_size = family, choice, batch_size
+        self.instead = (
+            f"use options.{choice.method}.choice: random, or give every node its architecture "
+            "(--attr architecture=LABEL)"
+        )
 
     def __call__(
         self, info: ClientInfo, data: ClientData, generator: torch.Generator
@@ -284,7 +370,31 @@ class ZicoQuery:
         seed = int(torch.randint(2**62, (1,), generator=generator))
         scores = {}
         for candidate in self.choice.candidates:
-            model = build_model(self.family, self.choice.spec(candidate))
+            model = build_model(self.family, self.choice.architecture(candidate))
             initialize(model, torch.Generator().manual_seed(seed))
             scores[candidate.label] = zico(model.to(data.x_train.device).train(), batches)
         return {ZICO_ATTR: scores}
+
+
+def architecture_choice(
+    family: ModelFamily,
+    opts: ArchitectureOptions,
+    *,
+    method: str,
+    normalisation: Mapping[str, Any],
+    batch_size: int,
+) -> tuple[ArchitectureChoice, ZicoQuery | None]:
+    """The assignment `opts` describes on `family`'s full-width model, with the method's
+    `normalisation`, and the set-up query its choice needs: ZiCo's over mini-batches of
+    `batch_size` (the run's), or none."""
+    choice = ArchitectureChoice(
+        family,
+        full_width_base(family, method),
+        candidate_grid(opts.depths, opts.widths),
+        method=method,
+        choice=opts.choice,
+        normalisation=normalisation,
+        budgets=opts.budgets,
+        limited_share=opts.limited_share,
+    )
+    return choice, None if opts.choice == "random" else ZicoQuery(family, choice, batch_size)

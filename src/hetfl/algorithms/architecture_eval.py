@@ -1,16 +1,25 @@
-"""Evaluation parts of FedFA (`hetfl.core.evaluation`): the global model (the largest width
-and depth) and each architecture some client chose, on the global test set, after a
-statistics pass (static BatchNorm, as HeteroFL's); a client judged by its own architecture
-after a statistics pass over its own training data, with its label mask.
+"""Evaluation parts of the methods whose clients train architectures
+(`hetfl.core.evaluation`, `architecture_choice`): each architecture some client chose, on
+the global test set, grouped `arch=<label>`, and a client judged by its own architecture,
+grouped `local arch=<label>`. Each model reads the global tensors through its spec's shared
+map, so tensors a method keeps per group (`hetfl.core.maps.Grouped`: NeFL's per-sub-model
+BatchNorm, FlexiFed's per-path layers) load as the architecture's own.
+
+FedFA (Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD
+2024, §5.1) tests the global model, the largest width and depth, as `global_acc`, after a
+statistics pass (static BatchNorm, as HeteroFL's), a client after a pass over its own
+training data, with its label mask. Its baselines test one chosen architecture as
+`global_acc` (`first`: FlexiFed's deepest, NeFL's largest) with the BatchNorm statistics
+they averaged, no pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from hetfl.algorithms.architecture_choice import ArchitectureChoice
+from hetfl.algorithms.architecture_choice import ArchitectureChoice, Candidate
 from hetfl.algorithms.width_eval import eval_model_at
 from hetfl.core.evaluation import Layout
 from hetfl.core.spec import Spec
@@ -25,34 +34,52 @@ def evaluated_spec(spec: Spec) -> Spec:
 
 
 class ArchitectureModels:
-    """`global` (the global spec: `global_acc`), then `arch=<label>` for every architecture
-    chosen, smallest first, each a group of the `groups` metric."""
+    """Without `first`: `global` (the global spec: `global_acc`), then `arch=<label>` for
+    every architecture chosen, smallest first. With `first`: the chosen architecture that
+    `first` ranks highest (`global_acc`; the smaller first on a tie), then the others,
+    smallest first. Each is a group of the `groups` metric; with `stats_pass`, each is
+    tested after a statistics pass at running statistics (`evaluated_spec`)."""
 
-    def __init__(self, choice: ArchitectureChoice) -> None:
-        self.choice = choice
+    def __init__(
+        self,
+        choice: ArchitectureChoice,
+        *,
+        first: Callable[[Candidate], float] | None = None,
+        stats_pass: bool = True,
+    ) -> None:
+        self.choice, self.first, self.stats_pass = choice, first, stats_pass
 
     def eval_models(self, layout: Layout, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
-        named = [("global", layout.global_spec)]
-        named += [(f"arch={c.label}", self.choice.spec(c)) for c in self.choice.used()]
+        used = self.choice.used()
+        if self.first is None:
+            named = [("global", layout.global_spec)]
+        else:
+            top = max(used, key=self.first)
+            used = [top, *(c for c in used if c != top)]
+            named = []
+        named += [(f"arch={c.label}", self.choice.spec(c)) for c in used]
         return [
             eval_model_at(
                 layout.family,
-                evaluated_spec(spec),
+                evaluated_spec(spec) if self.stats_pass else spec,
                 layout.shared_map(spec),
                 dict(state),
                 name=name,
-                stats_pass=True,
+                stats_pass=self.stats_pass,
             )
             for name, spec in named
         ]
 
 
 class OwnArchitecture:
-    """A client's own architecture after a statistics pass over its training data, its
-    logits masked to its classes when `label_mask`; grouped `local arch=<label>`."""
+    """A client's own architecture, grouped `local arch=<label>`: with `stats_pass`, after
+    a statistics pass over its training data; its logits masked to its classes when
+    `label_mask`."""
 
-    def __init__(self, choice: ArchitectureChoice, *, label_mask: bool) -> None:
-        self.choice, self.label_mask = choice, label_mask
+    def __init__(
+        self, choice: ArchitectureChoice, *, label_mask: bool, stats_pass: bool = True
+    ) -> None:
+        self.choice, self.label_mask, self.stats_pass = choice, label_mask, stats_pass
 
     def eval_task(
         self,
@@ -66,10 +93,10 @@ class OwnArchitecture:
         imap = layout.shared_map(spec)
         return EvalTask(
             cid=info.cid,
-            spec=evaluated_spec(spec),
+            spec=evaluated_spec(spec) if self.stats_pass else spec,
             payload=extract(state, imap),
             index_map=imap,
             group=f"local arch={candidate.label}",
-            stats_pass=True,
+            stats_pass=self.stats_pass,
             label_mask=info.labels if self.label_mask else None,
         )

@@ -3,14 +3,15 @@
 
 Reproduced: each client trains one architecture of a Pre-activation ResNet, a depth per
 section and a width per layer (`architecture_choice`: half of the clients the smallest, the
-others the best within their budget by the ZiCo proxy, §5.1); the global model has the
-largest width of every layer and the largest depth of every section (Alg. 1, line 3); a
-client receives the first d blocks of each section, every layer a leading width slice
-(Alg. 3); its last block of a section is grafted into the deeper blocks it lacks (Alg. 2,
-`grafting`); every tensor is rescaled by α, the round's mean 95th-percentile norm over the
-client's own, and the global model is sum(n_k α W_k) / sum(n_k) element-wise over the
-clients covering each element (Alg. 1, lines 12-22, `hetfl.core.norm_scaling`); static
-BatchNorm without HeteroFL's scaler (§5.1, App. 0.G).
+others the best within their budget by the ZiCo proxy, §5.1; with the same seed, options and
+clients, its baselines FlexiFed and NeFL put the same clients on the same architectures);
+the global model has the largest width of every layer and the largest depth of every
+section (Alg. 1, line 3); a client receives the first d blocks of each section, every layer
+a leading width slice (Alg. 3); its last block of a section is grafted into the deeper
+blocks it lacks (Alg. 2, `grafting`); every tensor is rescaled by α, the round's mean
+95th-percentile norm over the client's own, and the global model is sum(n_k α W_k) /
+sum(n_k) element-wise over the clients covering each element (Alg. 1, lines 12-22,
+`hetfl.core.norm_scaling`); static BatchNorm without HeteroFL's scaler (§5.1, App. 0.G).
 
 Choices where the paper is silent or its text is loose:
 - the candidate grid (depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1}) is a project default,
@@ -27,20 +28,16 @@ Choices where the paper is silent or its text is loose:
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from pydantic import Field, model_validator
 
 from hetfl.algorithms.architecture_choice import (
-    ArchitectureChoice,
-    Choice,
-    ZicoQuery,
+    ArchitectureOptions,
+    architecture_choice,
     candidate_grid,
 )
 from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
+from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.grafting import Grafting, sectioned
-from hetfl.algorithms.widths import full_width_base
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.maps import LabelSplit, MapTransform
@@ -52,34 +49,11 @@ from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import weighting
 
 
-class FedFAOptions(AggregationOptions):
+class FedFAOptions(ArchitectureOptions):
     depths: list[int] = Field(
         [2, 3, 4],
         description="candidate depths, blocks in every section (>= 2 where any is deeper: "
         "grafting copies a section's last block, an identity block only from depth 2)",
-    )
-    widths: list[float] = Field(
-        [0.25, 0.5, 0.75, 1.0], description="candidate width multipliers, in (0, 1]"
-    )
-    choice: Annotated[
-        Choice,
-        Field(
-            description="how a client that is not resource-limited picks among the candidates "
-            "within its budget: zico, the best ZiCo proxy on its own data (simulator only), or "
-            "random, a seeded draw"
-        ),
-    ] = "zico"
-    limited_share: float = Field(
-        0.5,
-        ge=0.0,
-        le=1.0,
-        description="share of clients, drawn from the seed, that take the smallest candidate",
-    )
-    budgets: list[float] | None = Field(
-        None,
-        description="each client's budget in forward MACs per sample, in client id order "
-        "(a client's declared macs_budget wins); unset: drawn between the cheapest and the "
-        "dearest candidate",
     )
     norm: NormKind = Field(
         "l2",
@@ -94,10 +68,8 @@ class FedFAOptions(AggregationOptions):
     )
 
     @model_validator(mode="after")
-    def _candidates_are_valid(self) -> FedFAOptions:
-        candidate_grid(self.depths, self.widths)
-        if self.budgets is not None and any(not b > 0 for b in self.budgets):
-            raise ValueError(f"budgets must be positive MACs per sample, got {self.budgets}")
+    def _grafting_has_identity_blocks(self) -> FedFAOptions:
+        candidate_grid(self.depths, self.widths, grafting=True)
         return self
 
 
@@ -108,14 +80,12 @@ def _make(
     """Architectures chosen at set-up, grafting and label-split maps, the round's quantile
     norms as scales, per-architecture evaluation after a statistics pass."""
     blocks = sectioned(family, "fedfa")
-    base = full_width_base(family, "fedfa").replace(bn="static", scaler=False)
-    choice = ArchitectureChoice(
+    choice, query = architecture_choice(
         family,
-        base,
-        candidate_grid(opts.depths, opts.widths),
-        choice=opts.choice,
-        budgets=opts.budgets,
-        limited_share=opts.limited_share,
+        opts,
+        method="fedfa",
+        normalisation={"bn": "static", "scaler": False},  # §5.1, App. 0.G: no scaler
+        batch_size=train.batch_size,
     )
     transforms: list[MapTransform] = [Grafting(blocks, choice.global_spec)]
     if opts.label_split:
@@ -135,7 +105,7 @@ def _make(
         describe=choice.describe,
         trace_fields=choice.trace_fields,
         reducer=opts.reducer.build(),
-        setup_query=ZicoQuery(family, choice, train.batch_size) if opts.choice == "zico" else None,
+        setup_query=query,
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
     return strategy, LocalRecipe(forward=forward)

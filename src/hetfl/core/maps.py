@@ -12,14 +12,14 @@ Transforms are applied in the order given, each to the previous one's output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
 
 from hetfl.core.init import build_model
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
-from hetfl.core.spec import IndexMap, MapEntry, Spec
+from hetfl.core.spec import IndexMap, MapEntry, Spec, group_qualified
 from hetfl.core.types import ClientInfo, ModelFamily
 
 
@@ -144,3 +144,35 @@ class LabelSplit:
         self, imap: IndexMap, spec: Spec, client: ClientInfo, state: Mapping[str, torch.Tensor]
     ) -> IndexMap:
         return label_split(self.family, spec, imap, state, client.labels)
+
+
+#: Which local tensors of a spec's model go to a group's own global copies: local name ->
+#: group (`hetfl.core.spec.group_qualified`); names not listed stay shared.
+GroupRule = Callable[[Spec], Mapping[str, str]]
+
+
+class Grouped:
+    """A spec's tensors moved to per-group global copies by a rule on the spec, with or
+    without a client, so they are averaged only among the clients of their group and an
+    evaluation model of the spec reads them back: NeFL's per-sub-model normalisation and
+    step sizes, FlexiFed's per-path blocks. The rule is asked once per spec."""
+
+    def __init__(self, rule: GroupRule) -> None:
+        self.rule = rule
+        self._groups: dict[Spec, dict[str, list[str]]] = {}
+
+    def shared(self, imap: IndexMap, spec: Spec) -> IndexMap:
+        groups = self._groups.get(spec)
+        if groups is None:
+            groups = {}
+            for local, group in self.rule(spec).items():
+                groups.setdefault(group, []).append(local)
+            self._groups[spec] = groups
+        for group, locals_ in groups.items():
+            imap = group_qualified(imap, group, locals_)
+        return imap
+
+    def for_client(
+        self, imap: IndexMap, spec: Spec, client: ClientInfo, state: Mapping[str, torch.Tensor]
+    ) -> IndexMap:
+        return self.shared(imap, spec)

@@ -147,6 +147,27 @@ class BasicBlock(nn.Module):
         return torch.relu(h + skip)
 
 
+class StepSize(nn.Module):
+    """A learnable scalar that multiplies a residual branch, starting at 1 (NeFL: Kang et
+    al., "NeFL: Nested Model Scaling for Federated Learning with System Heterogeneous
+    Clients", 2023, §3, the ODE view `x + s_l f_l(x)`; the authors' code
+    honggkang/nested-federated-learning, `models/blocks.py`, `BasicBlockM`). Its tensor
+    carries the role `step_size` (`hetfl.core.roles.tensor_roles`)."""
+
+    hetfl_role = "step_size"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+
+    def reset_parameters_with(self, generator: torch.Generator) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.weight * h
+
+
 class PreActBlock(nn.Module):
     """The pre-activation basic block (He et al., "Identity Mappings in Deep Residual
     Networks", ECCV 2016, Fig. 4(e); HeteroFL, FedFA and NeFL use it): norm-ReLU-conv3x3,
@@ -154,7 +175,8 @@ class PreActBlock(nn.Module):
     convolution). The first norm normalises the block's input, of `base_in` base channels,
     so it is built at the input's ratio (`in_ratio`): a section's first block then takes the
     previous section's output whatever the two sections' widths (HeteroFL's scaler, when
-    on, divides that input by the ratio it was built at)."""
+    on, divides that input by the ratio it was built at). With `step_size`, a learnable
+    `StepSize` multiplies the residual branch (NeFL's blocks)."""
 
     expansion: ClassVar[int] = 1
     preactivation: ClassVar[bool] = True
@@ -168,6 +190,8 @@ class PreActBlock(nn.Module):
         stride: int,
         norm: NormFactory,
         in_ratio: float | None = None,
+        *,
+        step_size: bool = False,
     ) -> None:
         super().__init__()
         self.conv1 = slim_conv(cin, base_out, ratio, 3, stride)
@@ -177,13 +201,14 @@ class PreActBlock(nn.Module):
         self.shortcut: SlimConv2d | None = None
         if stride != 1 or base_in != base_out:
             self.shortcut = slim_conv(cin, base_out, ratio, 1, stride)
+        self.step = StepSize() if step_size else None
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         h = torch.relu(self.norm1(x, width))
         skip = x if self.shortcut is None else self.shortcut(h, width)
         h = self.conv1(h, width)
         h = self.conv2(torch.relu(self.norm2(h, width)), width)
-        return h + skip
+        return (h if self.step is None else self.step(h)) + skip
 
 
 class Bottleneck(nn.Module):

@@ -13,6 +13,8 @@ A spec of a scalable family holds:
   `hetfl.models.norms`, which turns it into the factory the model is given), `scaler`
   (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (the ResNets'
   and MobileNetV2's input layout: `small` for CIFAR-size inputs, `imagenet`).
+- optionally `step_size: True` (Pre-ResNet only): a learnable scalar on every residual
+  branch (NeFL's, `hetfl.models.blocks.StepSize`); absent, the blocks have none.
 
 Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
 family's index map is the prefix map of the sub-model's tensors (`W[:out, :in]`), and the
@@ -113,7 +115,8 @@ class ResNet(nn.Module):
     `stages` residual stages of `blocks[i]` blocks (base widths 64, 128, 256, 512; strides
     1, 2, 2, 2), global average pooling, a linear head. With `BasicBlock` it is
     post-activation (`resnet18`, ScalableFL's Table IV); with `PreActBlock` pre-activation,
-    the stem without a norm and a final norm-ReLU (`preresnet`: HeteroFL, FedFA, NeFL).
+    the stem without a norm and a final norm-ReLU (`preresnet`: HeteroFL, FedFA, NeFL),
+    whose blocks take NeFL's step size when the spec asks (`step_size`).
 
     `stem="imagenet"`: 7x7 stride-2 conv, BN, ReLU, 3x3 stride-2 max-pool (ScalableFL counts
     the stem as its stage 1, so its c stages are `stages = c - 1` here); `stem="small"`: a
@@ -133,12 +136,15 @@ class ResNet(nn.Module):
         self.stem_pool = imagenet
         self.stages = nn.ModuleList()
         c, base_in, r_in = self.stem.out_channels, self.BASE[0], r0
+        stepped = {"step_size": True} if spec.get("step_size") else {}
         for i in range(spec["stages"]):
             blocks = nn.ModuleList()
             r = spec["widths"][i]
             for b in range(spec["blocks"][i]):
                 stride = self.STRIDES[i] if b == 0 else 1
-                blocks.append(block(c, base_in, self.BASE[i], r, stride, norm, in_ratio=r_in))
+                blocks.append(
+                    block(c, base_in, self.BASE[i], r, stride, norm, in_ratio=r_in, **stepped)
+                )
                 base_in, r_in = self.BASE[i] * block.expansion, r
                 c = channels(r, base_in)
             self.stages.append(blocks)
@@ -184,6 +190,8 @@ class Architecture:
     min_side: Callable[[Spec], int]
     summary: str
     check: Callable[[Spec], None] | None = None
+    #: Whether its blocks take a step size (`step_size` in the spec: NeFL's).
+    step_sizes: bool = False
 
     @property
     def slots(self) -> int:
@@ -231,6 +239,7 @@ for _name, _block, _summary in _RESNET_BLOCKS:
             (2, 2, 2, 2),
             lambda s: _RESNET_SIDE[s["stem"]](s),
             _summary,
+            step_sizes=_block is PreActBlock,
         ),
     )
 
@@ -442,6 +451,12 @@ def check_spec(spec: Spec) -> None:
             raise SpecError(f"{name}: stem must be 'small' or 'imagenet', got {spec['stem']!r}")
     if arch.check is not None:
         arch.check(spec)
+    if spec.get("step_size") and not arch.step_sizes:
+        with_steps = [n for n in ARCHITECTURES.names() if ARCHITECTURES.get(n).step_sizes]
+        raise SpecError(
+            f"{name}: step_size (NeFL's step size per residual block) needs one of "
+            f"{with_steps}, whose blocks take it; use model.name preresnet"
+        )
     try:
         norm_for(spec)
     except ValueError as e:

@@ -1,0 +1,112 @@
+"""NeFL: Kang et al., "NeFL: Nested Model Scaling for Federated Learning with System
+Heterogeneous Clients" (2023), as the authors' code runs it (honggkang/nested-federated-
+learning: `utils/NeFedAvg.py`, `models/blocks.py` `BasicBlockM`, `NeFL-pre-resnet.py`),
+and as FedFA compares against it (Park and Joe-Wong, "Federated Learning with Flexible
+Architectures", ECML-PKDD 2024, §2.1 and §5: the width-and-depth scenario).
+
+Reproduced: sub-models of one Pre-ResNet scaled in width by nested slices
+(`[:ceil(r * out), :ceil(r * in)]`) and in depth by skipping the last blocks of each
+section; a learnable scalar step size per residual block multiplies its residual branch
+(`x + s_l f_l(x)`, starting at 1: `hetfl.models.blocks.StepSize`); the "inconsistent"
+parameters, every BatchNorm tensor (affine and running statistics) and the step sizes,
+are kept per sub-model under group-qualified names (`<sub-model>/<name>`) and averaged
+only among the clients that trained that sub-model (uniformly); every other weight is
+averaged uniformly over the clients whose sub-model covers each element, elements no
+client covered keeping their value (`NeFedAvg`). The largest sub-model some client trains
+(most MACs per sample) with its own BatchNorm and step sizes is the global model
+(`global_acc`); every sub-model is evaluated (`arch=<label>`, as the code tests each), and
+each client on its own (`local arch=<label>`).
+
+Which client trains which sub-model: FedFA's assignment (`architecture_choice`, the same
+options: a depth in every section x a width), where the code deals them by device class in
+client-id order, so that with the same seed, candidates and clients NeFL and FedFA put the
+same clients on the same architectures and the comparison is like for like.
+
+Choices where the code differs or is silent:
+- a skipped block is absent from the sub-model (not built, not sent, not priced) where the
+  code keeps it with its step size frozen at 0: the outputs are the same, since a skipped
+  block is never a section's first and its shortcut is the identity;
+- BatchNorm's `num_batches_tracked` is averaged like the other statistics (the code sums
+  it); with BatchNorm's momentum it affects nothing;
+- each client's optimiser state is not kept between rounds unless `train.keep_momentum`
+  says so (the pre-trained script keeps it);
+- when the chosen sub-models are not nested (d3-w0.25 and d2-w0.5, say), the global state
+  spans their per-section maximum, which no client trains as a whole: its BatchNorm and
+  step sizes, under plain names, are never trained nor evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from hetfl.algorithms.architecture_choice import (
+    ArchitectureChoice,
+    ArchitectureOptions,
+    architecture_choice,
+)
+from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
+from hetfl.algorithms.base import WeightingOption, register_algorithm
+from hetfl.core.init import build_model
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.maps import Grouped, GroupRule
+from hetfl.core.roles import norm_tensor_names, tensor_roles
+from hetfl.core.server_update import Averaged
+from hetfl.core.spec import Spec
+from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import weighting
+
+
+class NeFLOptions(ArchitectureOptions):
+    weighting: WeightingOption = "uniform"
+
+
+def per_sub_model(family: ModelFamily, choice: ArchitectureChoice) -> GroupRule:
+    """NeFL's "inconsistent" parameters, each sub-model's own (`NeFedAvg.py`): a
+    candidate's normalisation tensors and step sizes (role `step_size`) go to the group of
+    its label; a spec no candidate is keeps them shared (none)."""
+
+    def rule(spec: Spec) -> Mapping[str, str]:
+        candidate = choice.candidate_at(spec)
+        if candidate is None:
+            return {}
+        with torch.device("meta"):
+            model = build_model(family, spec)
+        own = norm_tensor_names(model)
+        own |= {n for n, role in tensor_roles(model).items() if role == "step_size"}
+        return {n: candidate.label for n in sorted(own)}
+
+    return rule
+
+
+@register_algorithm("nefl", NeFLOptions, needs="scalable")
+def _make(
+    family: ModelFamily, opts: NeFLOptions, *, clients_per_round: int, train: LocalTraining
+) -> tuple[Strategy, LocalRecipe]:
+    """FedFA's assignment of sub-models, with step sizes and BatchNorm kept per sub-model."""
+    choice, query = architecture_choice(
+        family,
+        opts,
+        method="nefl",
+        normalisation={"bn": "batch", "step_size": True},
+        batch_size=train.batch_size,
+    )
+    strategy = Strategy(
+        family,
+        train=train,
+        sampler=opts.sampler(clients_per_round),
+        assignment=choice,
+        transforms=[Grouped(per_sub_model(family, choice))],
+        weighting=weighting(opts.weighting),
+        server_update=Averaged(),
+        global_eval=ArchitectureModels(choice, first=choice.macs, stats_pass=False),
+        local_eval=OwnArchitecture(choice, label_mask=False, stats_pass=False),
+        describe=choice.describe,
+        trace_fields=choice.trace_fields,
+        reducer=opts.reducer.build(),
+        setup_query=query,
+    )
+    return strategy, LocalRecipe()

@@ -23,7 +23,6 @@ import yaml
 pytest.importorskip("flwr")
 
 from hetfl.config import load_raw, validate
-from hetfl.core.state import state_bytes
 from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.launch import Processes, free_port
 from hetfl.models import PlainFamily
@@ -263,35 +262,6 @@ def test_fedavg_over_tls_with_node_authentication(tmp_path):
             "round-1",
             "round-2",
         ]
-
-
-def test_fjord_sub_models_insecure_by_explicit_flag(tmp_path):
-    """Heterogeneous sub-models over real processes: FjORD gives client 0 the half-width
-    model and client 1 the full one (sliced index maps, per-width passes), insecure only
-    because the flag says so."""
-    port = free_port()
-    config = write_config(
-        tmp_path / "fjord.yaml",
-        port,
-        algorithm="fjord",
-        **{"options.fjord.levels": [0.5, 1.0], "model": {"name": "stage-cnn", "stages": 2}},
-    )
-    procs = Processes()
-    try:
-        server = start_server(procs, tmp_path, [str(config), "--insecure"])
-        start_clients(procs, tmp_path, config, 2, lambda i: ["--insecure"])
-        assert server.wait(timeout=BOUND_S) == 0, logs(tmp_path)
-    finally:
-        shut_down(procs)
-    rows = rows_of(tmp_path / "runs" / "fed")
-    assert [(r["round"], r["clients"], r["failed"]) for r in rows] == [(1, 2, 0), (2, 2, 0)]
-    assert rows[1]["global_acc"] > rows[0]["global_acc"]
-    assert set(rows[1]["groups"]) == {"width=0.5", "width=1"}
-    assert rows[1]["local_acc"] is None  # local_eval: none
-    # Real processes, real network: the same numbers as the simulator, row for row.
-    sim = assert_simulator_agrees(rows, config, tmp_path)
-    # The half-width client got a sub-model: less than two copies of the global state.
-    assert rows[0]["bytes_down"] < 2 * state_bytes(sim.state)
 
 
 def test_scalablefl_keeps_private_layers_on_real_nodes(tmp_path):

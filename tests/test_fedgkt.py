@@ -18,9 +18,11 @@ from hetfl.core.local.distill import ServerLogitsKD, kd_loss
 from hetfl.core.local.loop import train_local
 from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.spec import Spec
+from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput, ClientResult, ClientTask, PassRecord
 from hetfl.core.validate import upload_problem
+from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.sim import Simulation
@@ -149,14 +151,14 @@ def _small(clients, n=40):
     return [replace(c, x_train=c.x_train[:n], y_train=c.y_train[:n]) for c in clients]
 
 
-def _run(tmp_path, clients, test, rounds, *, wrappers=(), system=None, opts=None):
+def _run(tmp_path, clients, test, rounds, *, wrappers=(), system=None, opts=None, store=None):
     family = _family()
     strategy, recipe = ALGORITHMS.get("fedgkt").build(
         family, {"server_epochs": 1, **(opts or {})}, clients_per_round=len(clients), train=TRAIN
     )
     programs = Programs(family, recipe, seed=0, wrappers=wrappers)
     settings = RoundSettings(rounds=rounds, seed=0, system=system, local_eval="all")
-    return Simulation(strategy, programs, clients, test, settings, tmp_path)
+    return Simulation(strategy, programs, clients, test, settings, tmp_path, store=store)
 
 
 class _Seen:
@@ -181,6 +183,36 @@ def test_the_phase_sees_the_round_s_valid_uploads_in_client_order(synthetic_fede
     assert seen.cids == [[0, 2]]  # client 1's bad upload failed it, not the run
     assert summary["failures"] == {"non-finite": 1}
     assert sorted(sim.downloads) == [0, 2]
+
+
+def test_pending_downloads_share_the_store_budget_and_spill_under_it(
+    synthetic_federation, tmp_path
+):
+    """`store.memory_budget` bounds everything held per client: FedGKT's pending downloads
+    take half of it beside the private models. Under a budget too small for any entry both
+    stores spill, and the run ends with the same state and downloads as without one."""
+    _, clients, test = synthetic_federation
+    clients = _small(clients[:3])
+    free = _run(tmp_path / "free", clients, test, 2)
+    free.run()
+    tight = _run(tmp_path / "tight", clients, test, 2, store=StoreSettings(1001))
+    assert (tight.store.memory_budget, tight.downloads.memory_budget) == (501, 500)
+    spilled = []
+    put = tight.downloads.put
+
+    def counting(cid, entry):
+        put(cid, entry)
+        spilled.append(tight.downloads.spilled_count())
+
+    tight.downloads.put = counting  # type: ignore[method-assign]
+    tight.run()
+    assert spilled and max(spilled) == 3  # every pending download on disk
+    assert all(torch.equal(v, tight.state[k]) for k, v in free.state.items())
+    mine = load_checkpoint(tmp_path / "free" / "checkpoints")["downloads"]
+    theirs = load_checkpoint(tmp_path / "tight" / "checkpoints")["downloads"]
+    assert sorted(mine) == sorted(theirs) == [0, 1, 2]
+    for cid, entry in mine.items():
+        assert all(torch.equal(v, theirs[cid][k]) for k, v in entry.items())
 
 
 def test_uploads_are_checked_against_what_the_task_declared():

@@ -603,7 +603,8 @@ class StoreConfig(_Strict):
         None,
         ge=0,
         description="bytes of client private state held in memory, e.g. 64MiB; the rest "
-        "spills to disk (default: no limit)",
+        "spills to disk (default: no limit); a method with a server phase (FedGKT) gives half "
+        "of it to its pending downloads",
     )
 
     @field_validator("memory_budget", mode="before")

@@ -127,8 +127,15 @@ class Simulation(RoundLoop):
         self._asked = False  # the strategy's set-up query (`known_clients`)
         store = store or StoreSettings()
         spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
-        self.store = ClientStore(store, spill_dir)
-        self.downloads = ClientStore(store, None if spill_dir is None else spill_dir / "downloads")
+        # One budget for everything held per client: a method with a server phase (FedGKT)
+        # gives half of it to its pending downloads, so the two stores stay within it.
+        private, pending = store, store
+        if strategy.server_phase is not None and store.memory_budget is not None:
+            half = store.memory_budget // 2
+            private = StoreSettings(store.memory_budget - half)
+            pending = StoreSettings(half)
+        self.store = ClientStore(private, spill_dir)
+        self.downloads = ClientStore(pending, None if spill_dir is None else spill_dir / "downloads")
         self.server_store = ClientStore()  # what server programs keep per client
         system = settings.system
         self.schedule = (

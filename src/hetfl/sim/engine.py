@@ -135,7 +135,8 @@ class Simulation(RoundLoop):
             private = StoreSettings(store.memory_budget - half)
             pending = StoreSettings(half)
         self.store = ClientStore(private, spill_dir)
-        self.downloads = ClientStore(pending, None if spill_dir is None else spill_dir / "downloads")
+        pending_dir = None if spill_dir is None else spill_dir / "downloads"
+        self.downloads = ClientStore(pending, pending_dir)
         self.server_store = ClientStore()  # what server programs keep per client
         system = settings.system
         self.schedule = (

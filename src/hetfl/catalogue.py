@@ -115,4 +115,10 @@ REDUCERS: dict[str, str] = {
 }
 
 #: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.wrappers`).
-WRAPPERS: dict[str, str] = {}
+WRAPPERS: dict[str, str] = {
+    "fedfa-poison": (
+        "attack: honest update + lambda x the update trained on shuffled labels (FedFA, Eq. 1)"
+    ),
+    "scaled-poison": "attack: lambda x the update trained on shuffled labels, alone",
+    "label-flip": "attack: training labels of class `source` become `target`",
+}

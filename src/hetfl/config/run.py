@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
+from hetfl.config.attack import AttackSection
 from hetfl.config.sections import (
     DataConfig,
     DeployConfig,
@@ -121,6 +122,12 @@ class RunConfig(_Strict):
         default_factory=list,
         description="client-program wrappers (attacks, faults), applied in this order to "
         "every client's program: `[{kind: <name>, ...its options}]` (`hetfl list`)",
+    )
+    attack: AttackSection | None = Field(
+        None,
+        description="malicious clients: `{kind: <attack>, fraction: <share of clients>, "
+        "...its options}` (`hetfl list`, docs/robustness.md); a seeded share of the clients, "
+        "fixed for the run, runs the attack and takes the largest model; simulator only",
     )
     deploy: DeployConfig = Field(
         DeployConfig(), description="Flower settings (docs/deploy.md); the simulator ignores them"

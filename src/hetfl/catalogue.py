@@ -112,6 +112,9 @@ REDUCERS: dict[str, str] = {
     "trimmed-mean": (
         "coordinate-wise mean without the `trim` fraction at each end (Yin et al. 2018)"
     ),
+    "norm-clip": "updates clipped to `bound` (or the round's median norm), then the mean",
+    "krum": "the one client of lowest Krum score over shared elements (Blanchard et al. 2017)",
+    "multi-krum": "the `m` clients of lowest Krum score, averaged (Blanchard et al. 2017)",
 }
 
 #: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.wrappers`).

@@ -21,6 +21,7 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.base import Options, ReducerOptions
+from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.config import RunConfig
 from hetfl.core.client import Programs, Wrapper
 from hetfl.core.device import make_deterministic, resolve_device
@@ -129,6 +130,14 @@ def plateau_part(cfg: RunConfig) -> dict[str, Any]:
     return {} if plateau is None else {"lr_plateau": plateau.model_dump()}
 
 
+def attack_part(cfg: RunConfig, malicious: frozenset[int]) -> dict[str, Any]:
+    """The attack as summary.json names it (`"attack"`: the section and the malicious
+    clients), when there is one."""
+    if cfg.attack is None:
+        return {}
+    return {"attack": {**cfg.attack.describe(), "malicious": sorted(malicious)}}
+
+
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
@@ -156,6 +165,10 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         costs=costs,
     )
     wrappers = [chosen.build() for chosen in cfg.wrappers]
+    malicious: frozenset[int] = frozenset()
+    if cfg.attack is not None:
+        malicious = draw_malicious([c.cid for c in fed.clients], cfg.attack.fraction, cfg.seed)
+        wrappers.append(OnlyMalicious(cfg.attack.chosen.build(), malicious))
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
@@ -169,6 +182,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         system=system,
         local_stats_pass=cfg.eval.stats_pass,
         local_trained=cfg.eval.local_trained,
+        malicious=malicious,
     )
     info = {
         "name": cfg.name,
@@ -176,9 +190,18 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         "seed": cfg.seed,
         **chosen_parts(options, cfg.wrappers),
         **plateau_part(cfg),
+        **attack_part(cfg, malicious),
         "provenance": provenance(cfg),
     }
     progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
     return Parts(
-        strategy, programs, fed.clients, fed.test, settings, info, progress, cfg.store.settings()
+        strategy,
+        programs,
+        fed.clients,
+        fed.test,
+        settings,
+        info,
+        progress,
+        cfg.store.settings(),
+        declared_attrs(malicious),
     )

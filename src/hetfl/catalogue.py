@@ -112,7 +112,16 @@ REDUCERS: dict[str, str] = {
     "trimmed-mean": (
         "coordinate-wise mean without the `trim` fraction at each end (Yin et al. 2018)"
     ),
+    "norm-clip": "updates clipped to `bound` (or the round's median norm), then the mean",
+    "krum": "the one client of lowest Krum score over shared elements (Blanchard et al. 2017)",
+    "multi-krum": "the `m` clients of lowest Krum score, averaged (Blanchard et al. 2017)",
 }
 
 #: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.wrappers`).
-WRAPPERS: dict[str, str] = {}
+WRAPPERS: dict[str, str] = {
+    "fedfa-poison": (
+        "attack: honest update + lambda x the update trained on shuffled labels (FedFA, Eq. 1)"
+    ),
+    "scaled-poison": "attack: lambda x the update trained on shuffled labels, alone",
+    "label-flip": "attack: training labels of class `source` become `target`",
+}

@@ -62,6 +62,7 @@ def build_simulation(
         executor=chosen,
         store=p.store,
         sinks=sinks,
+        attrs=p.attrs,
     )
 
 
@@ -100,6 +101,14 @@ def _chosen(info: dict[str, Any]) -> list[str]:
         lines.append(f"  reducer: {_kind_text(info['reducer'])}")
     if info.get("wrappers"):
         lines.append("  wrappers: " + ", ".join(_kind_text(w) for w in info["wrappers"]))
+    if "attack" in info:
+        attack = dict(info["attack"])
+        who = attack.pop("malicious")
+        fraction = attack.pop("fraction")
+        lines.append(
+            f"  attack: {_kind_text(attack)} by {len(who)} malicious client(s) "
+            f"({fraction:.0%}): {who}; they take the largest model"
+        )
     return lines
 
 

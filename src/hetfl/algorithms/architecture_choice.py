@@ -1,4 +1,4 @@
-"""Which architecture each client trains, for FedFA and the baselines it is compared with
+"""One job: which architecture each client trains, for FedFA and the baselines it is compared with
 (Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5.1
 and Algorithm 1, lines 1-3): the server publishes candidates, each client declares one, and
 the global model has the largest width of every layer and the largest depth of every
@@ -12,6 +12,10 @@ A candidate is one depth for every section and one width multiplier for every la
 project default: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1} (FlexiFed's at one width).
 
 A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
+0. the largest candidate (most MACs per sample) for a client that declares
+   `attrs[LARGEST]`: a malicious client of an attacked run (`hetfl.attacks.malicious`), as
+   FedFA's threat model has it (§5); its draws are still made, so that every other client
+   gets the architecture it gets in the clean run;
 1. the one it declares itself (`attrs["architecture"]`, a candidate's label);
 2. the smallest candidate (fewest MACs per sample) for a resource-limited client: as in
    §5.1, half of the clients, here a seeded random half (`limited_share`);
@@ -35,6 +39,7 @@ from pydantic import Field, model_validator
 
 from hetfl.algorithms.base import AggregationOptions
 from hetfl.algorithms.widths import full_width_base
+from hetfl.core.assign import LARGEST
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import model_inputs
 from hetfl.core.spec import Spec
@@ -216,7 +221,9 @@ class ArchitectureChoice:
                 int(torch.randint(2**62, (1,), generator=generator))
             )
             declared = info.attrs.get("architecture")
-            if declared is not None:
+            if info.attrs.get(LARGEST):
+                self.chosen[info.cid] = self.largest()
+            elif declared is not None:
                 self.chosen[info.cid] = self._declared(info.cid, declared)
             elif info.cid in limited:
                 self.chosen[info.cid] = self.smallest()
@@ -237,6 +244,10 @@ class ArchitectureChoice:
         """The candidate with the fewest MACs per sample (the shallower, then the narrower,
         on a tie)."""
         return min(self.candidates, key=lambda c: (self.macs(c), c.depth, c.width))
+
+    def largest(self) -> Candidate:
+        """The candidate with the most MACs per sample (the deeper, then the wider, on a tie)."""
+        return max(self.candidates, key=lambda c: (self.macs(c), c.depth, c.width))
 
     def _budget(self, info: ClientInfo, i: int, own: torch.Generator) -> float:
         declared = info.attrs.get("macs_budget")

@@ -14,6 +14,7 @@ import torch
 from pydantic import Field
 
 from hetfl.algorithms.widths import LevelSpec, shares
+from hetfl.core.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo
 
@@ -136,6 +137,11 @@ class WidthAssignment:
       for the i-th client in id order when it declares none) quantised to the largest level
       not above it (`quantise_capacity`), fixed for the run.
 
+    A client that declares `attrs[LARGEST]` (a malicious client of an attacked run, given
+    the largest model as in FedFA's threat model, `hetfl.attacks.malicious`) trains the
+    widest level in every mode; the others get the levels they get without it (in `fixed`
+    mode the proportions are dealt over all clients first; dynamic draws are still made).
+
     `levels` and `proportions` as `check_levels` returns them."""
 
     def __init__(
@@ -154,6 +160,7 @@ class WidthAssignment:
         self.capacities = None if capacities is None else list(capacities)
         self.level_of: dict[int, float] = {}
         self._clients: list[int] = []
+        self._largest: set[int] = set()
 
     @property
     def dynamic(self) -> bool:
@@ -162,10 +169,13 @@ class WidthAssignment:
 
     def setup(self, clients: Sequence[ClientInfo]) -> None:
         self._clients = [c.cid for c in clients]
+        self._largest = {c.cid for c in clients if c.attrs.get(LARGEST)}
+        honest = [c for c in clients if c.cid not in self._largest]
         if self.mode == "declared":
-            self.level_of = self._declared_levels(clients)
+            self.level_of = self._declared_levels(honest)
         else:
             self.level_of = assign_in_proportion(self._clients, self.levels, self.proportions)
+        self.level_of.update({cid: max(self.levels) for cid in self._largest})
 
     def _declared_levels(self, clients: Sequence[ClientInfo]) -> dict[int, float]:
         out: dict[int, float] = {}
@@ -208,10 +218,15 @@ class WidthAssignment:
         """The specs of a round's sampled clients, in their order."""
         if self.mode == "dynamic-all-levels":
             drawn = draw_every_level(self.levels, self.proportions, len(infos), rng)
-            return [self.level_spec(p) for p in drawn]
-        if self.mode == "dynamic":
-            return [self.level_spec(draw_level(self.levels, self.proportions, rng)) for _ in infos]
-        return [self.spec_of(info) for info in infos]
+        elif self.mode == "dynamic":
+            drawn = [draw_level(self.levels, self.proportions, rng) for _ in infos]
+        else:
+            return [self.spec_of(info) for info in infos]
+        widest = max(self.levels)
+        return [
+            self.level_spec(widest if info.attrs.get(LARGEST) else p)
+            for info, p in zip(infos, drawn, strict=True)
+        ]
 
     def trained_levels(self) -> list[float]:
         """The levels some client may train, narrowest first."""

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
+from hetfl.config.attack import AttackSection
 from hetfl.config.sections import (
     DataConfig,
     DeployConfig,
@@ -122,6 +123,12 @@ class RunConfig(_Strict):
         description="client-program wrappers (attacks, faults), applied in this order to "
         "every client's program: `[{kind: <name>, ...its options}]` (`hetfl list`)",
     )
+    attack: AttackSection | None = Field(
+        None,
+        description="malicious clients: `{kind: <attack>, fraction: <share of clients>, "
+        "...its options}` (`hetfl list`, docs/robustness.md); a seeded share of the clients, "
+        "fixed for the run, runs the attack and takes the largest model; simulator only",
+    )
     deploy: DeployConfig = Field(
         DeployConfig(), description="Flower settings (docs/deploy.md); the simulator ignores them"
     )
@@ -162,7 +169,7 @@ class RunConfig(_Strict):
             if algo not in ALGORITHMS:
                 raise ValueError(f"options: {ALGORITHMS.unknown_message(algo)}")
             try:
-                ALGORITHMS.get(algo).options(**opts)
+                validated = ALGORITHMS.get(algo).options(**opts)
             except ValidationError as exc:
                 problems = "; ".join(
                     f"{'.'.join(['options', algo, *map(str, e['loc'])])}: "
@@ -170,6 +177,8 @@ class RunConfig(_Strict):
                     for e in exc.errors()
                 )
                 raise ValueError(problems) from None
+            if algo == self.algorithm:
+                self._reducer_fits(algo, validated)
         if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "
@@ -229,6 +238,19 @@ class RunConfig(_Strict):
                 f"data.num_clients = {self.data.num_clients}"
             )
         return self
+
+    def _reducer_fits(self, algo: str, options: Any) -> None:
+        """A reducer kind that bounds the clients it needs (Krum's n > 2f + 2) checked
+        against the clients per round."""
+        chosen = getattr(options, "reducer", None)
+        check = getattr(getattr(chosen, "options", None), "check_clients_per_round", None)
+        if check is not None:
+            try:
+                check(self.train.clients_per_round)
+            except ValueError as exc:
+                raise ValueError(
+                    f"options.{algo}.reducer: {exc} (train.clients_per_round)"
+                ) from None
 
     def _plateau_is_observed(self) -> None:
         """The lr's plateau rule counts evaluated rounds as rounds, and watches a metric

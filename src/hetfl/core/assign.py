@@ -20,6 +20,13 @@ import torch
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo
 
+#: The attribute a client declares to take the largest model an assignment has: FedFA's
+#: threat model gives malicious clients the largest architecture (Park and Joe-Wong,
+#: "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5). The assignments
+#: that honour it (`ArchitectureChoice`, `WidthAssignment`) give every other client the spec
+#: it would have had without it.
+LARGEST = "largest"
+
 
 def uniform_sample(
     available: Sequence[ClientInfo], k: int, rng: torch.Generator

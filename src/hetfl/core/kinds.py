@@ -113,7 +113,8 @@ def choose(registry: Registry[Kind[Built]], value: object) -> Chosen[Built]:
 
 def _problems(exc: ValidationError, kind: Kind[Any]) -> str:
     """The option errors of `kind`, each naming the option, the value and the rule."""
-    allowed = ", ".join(kind.options.model_fields) or "none"
+    fields = kind.options.model_fields
+    allowed = ", ".join(f.alias or name for name, f in fields.items()) or "none"
     problems = []
     for err in exc.errors():
         option = ".".join(map(str, err["loc"])) or "(options)"

@@ -9,9 +9,17 @@ Built in:
 - `trimmed-mean`: the coordinate-wise trimmed mean, option `trim` (the fraction dropped at
   each end, in [0, 0.5]), required.
 
-The last two are Yin et al.'s estimators (ICML 2018, §3, Definitions 1 and 2), unweighted
-(`hetfl.core.robust`). A config writes `reducer: {kind: trimmed-mean, trim: 0.1}`, or the
-bare name of a kind without required options (`reducer: median`).
+- `norm-clip`: updates clipped to `bound` (a positive number, or `median`: the round's
+  median update norm), then the weighted mean;
+- `krum` (option `f`) and `multi-krum` (`f`, and `m`, default n − f): Blanchard et al.'s
+  selection (NeurIPS 2017, §4) over the elements both clients cover, then the weighted
+  mean of the kept clients; a round with n <= 2f + 2 valid results takes the median
+  (`hetfl.core.defences`).
+
+`median` and `trimmed-mean` are Yin et al.'s estimators (ICML 2018, §3, Definitions 1
+and 2), unweighted (`hetfl.core.robust`). A config writes
+`reducer: {kind: trimmed-mean, trim: 0.1}`, or the bare name of a kind without required
+options (`reducer: median`).
 
 A robust defence registers its own kind with `register_reducer` on the function that builds
 its factory from its options, without editing this module:
@@ -34,9 +42,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, PlainSerializer, PlainValidator
+from pydantic import Field, PlainSerializer, PlainValidator, field_validator
 
 from hetfl import catalogue
+from hetfl.core.defences import ClippingReducer, KrumReducer, check_krum
 from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
 from hetfl.core.registry import Registry
 from hetfl.core.robust import CoordinateReducer, median, trimmed_mean
@@ -91,3 +100,44 @@ def _median(options: Any) -> ReducerFactory:
 @register_reducer("trimmed-mean", TrimmedMeanOptions)
 def _trimmed_mean(options: TrimmedMeanOptions) -> ReducerFactory:
     return partial(CoordinateReducer, statistic=trimmed_mean(options.trim))
+
+
+class ClipOptions(KindOptions):
+    bound: float | str = Field(
+        description="the largest update norm kept: a positive number, or median (the "
+        "round's median update norm)"
+    )
+
+    @field_validator("bound")
+    @classmethod
+    def _bound(cls, v: float | str) -> float | str:
+        if v == "median" or (isinstance(v, int | float) and 0 < v < float("inf")):
+            return v
+        raise ValueError(f"bound must be a positive number or 'median', got {v!r}")
+
+
+class KrumOptions(KindOptions):
+    f: int = Field(ge=0, description="the most Byzantine clients a round tolerates")
+
+    def check_clients_per_round(self, n: int) -> None:
+        """ValueError unless n > 2f + 2, checked at set-up against the clients per round."""
+        check_krum(self.f, n)
+
+
+class MultiKrumOptions(KrumOptions):
+    m: int | None = Field(None, ge=1, description="clients kept (default: n - f)")
+
+
+@register_reducer("norm-clip", ClipOptions)
+def _norm_clip(options: ClipOptions) -> ReducerFactory:
+    return partial(ClippingReducer, bound=options.bound)
+
+
+@register_reducer("krum", KrumOptions)
+def _krum(options: KrumOptions) -> ReducerFactory:
+    return partial(KrumReducer, f=options.f, m=1)
+
+
+@register_reducer("multi-krum", MultiKrumOptions)
+def _multi_krum(options: MultiKrumOptions) -> ReducerFactory:
+    return partial(KrumReducer, f=options.f, m=options.m)

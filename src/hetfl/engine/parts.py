@@ -7,7 +7,7 @@ know nothing of the config's layout (docs/contracts.md, "Layers").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,7 +25,8 @@ class Parts:
     """What a run is made of, before an engine runs it. `clients` holds every client's
     data on this machine (the Flower server builds it too, and uses only the pooled
     validation splits). `store` bounds the simulator's client store in memory (the Flower
-    nodes keep their private state in their own state directory)."""
+    nodes keep their private state in their own state directory). `attrs` holds what clients
+    declare about themselves at set-up (a malicious client's claim to the largest model)."""
 
     strategy: Strategy
     programs: Programs
@@ -35,3 +36,4 @@ class Parts:
     info: dict[str, Any]
     progress: Progress
     store: StoreSettings
+    attrs: dict[int, dict[str, Any]] = field(default_factory=dict)

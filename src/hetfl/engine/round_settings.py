@@ -20,7 +20,9 @@ class RoundSettings:
     training set (`hetfl.engine.statistics`). `local_stats_pass` also scores every locally
     evaluated client after re-estimating its BatchNorm statistics on its own training data
     (`local_acc_stats`). `local_trained` adds `local_acc_trained` to
-    evaluated rounds (`RoundLoop.trained_scores`)."""
+    evaluated rounds (`RoundLoop.trained_scores`). `malicious` are the clients of an attacked
+    run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
+    them and a resume with another set is refused."""
 
     rounds: int
     seed: int
@@ -33,6 +35,7 @@ class RoundSettings:
     system: SystemSettings | None = None
     local_stats_pass: bool = False
     local_trained: bool = False
+    malicious: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):

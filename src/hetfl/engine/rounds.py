@@ -403,6 +403,7 @@ class RoundLoop(ABC):
                 "global": self.state,
                 "strategy": self.strategy.extra_state(),
                 **self.checkpoint_extras(),
+                "malicious": sorted(self.settings.malicious),
                 "counters": vars(self.counters).copy(),
             },
         )
@@ -413,6 +414,13 @@ class RoundLoop(ABC):
         if ckpt["seed"] != self.settings.seed:
             raise ValueError(
                 f"checkpoint was written with seed {ckpt['seed']}, config has {self.settings.seed}"
+            )
+        saved = set(ckpt.get("malicious", []))
+        if saved != set(self.settings.malicious):
+            raise ValueError(
+                f"the checkpoint's malicious clients {sorted(saved)} differ from the ones drawn "
+                f"again {sorted(self.settings.malicious)} (a changed attack.fraction, seed or "
+                "number of clients?); resume with the run's config"
             )
         self.state = dict(ckpt["global"])
         self.strategy.load_extra_state(ckpt["strategy"])

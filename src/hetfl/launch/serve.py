@@ -171,6 +171,18 @@ def finish_served_run(run_dir: Path) -> int:
 # -- a client ------------------------------------------------------------------------------
 
 
+def refuse_attack(cfg: RunConfig) -> None:
+    """ConfigError for a config with an `attack:` section: malicious clients are a
+    simulation (the simulator draws them and wraps their programs); a real federation's
+    nodes run their own programs."""
+    if cfg.attack is not None:
+        raise ConfigError(
+            f"attack: {cfg.attack.kind} is a simulation of malicious clients and cannot be "
+            "served: the nodes of a real federation run their own programs. Run it with "
+            "`hetfl run`, or remove the attack: section (attack=null) to serve the clean run"
+        )
+
+
 def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     """`hetfl serve`: check the config and the method, prepare the run folder, serve it.
 
@@ -188,6 +200,7 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     if raw.get("sweep"):
         raise ConfigError("a sweep cannot be served: serve one point (sweep=null key=value ...)")
     cfg = validate(next(iter(expand_sweep(raw)))[1])
+    refuse_attack(cfg)
     refuse_simulator_only(cfg.algorithm, ALGORITHMS.get(cfg.algorithm).simulator_only)
     require_flower()
     run_dir = Path(cfg.output_dir) / cfg.name

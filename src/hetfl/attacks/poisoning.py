@@ -1,0 +1,235 @@
+"""Model and data poisoning by a malicious client: each attack wraps the client's honest
+program (`hetfl.core.client.Wrapper`) and knows no method.
+
+Park and Joe-Wong, "Federated Learning with Flexible Architectures" (ECML-PKDD 2024), §5,
+Eq. 1: a malicious client trains honestly from the received model w, giving w_h, and trains
+again from the same w on the same data with its labels shuffled, giving w_p; it uploads
+
+    w + (w_h − w) + λ · (w_p − w)
+
+(`fedfa-poison`). Here the poisoned pass uses the same batch order as the honest one (a
+copy of the client's training generator in its state before training) and labels permuted
+by a sibling of that generator, purpose "attack" (`hetfl.core.rng.sibling_generator`), so
+the attack is reproducible and does not depend on the order clients run in. Both passes are
+recorded (`ClientResult.passes`), so both count in MACs and simulated time; the reported
+loss, steps, extras and kept private state are the honest pass's.
+
+- `scaled-poison`: the poisoned update alone, scaled: w + λ · (w_p − w) (the model
+  replacement of Bagdasaryan et al., "How To Backdoor Federated Learning", AISTATS 2020,
+  §4.2, with shuffled labels as the poison).
+- `label-flip`: every training label `source` becomes `target` (Tolpegin et al., "Data
+  Poisoning Attacks Against Federated Learning Systems", ESORICS 2020, §3). A label mask
+  (HeteroFL's label split) **follows the flipped labels**: the client trains with the
+  classes its flipped data holds, so `target` is never masked out of its loss (the program
+  receives its `ClientInfo` with `labels` of the flipped data).
+
+Integer tensors (BatchNorm's `num_batches_tracked`) are uploaded as the honest pass left
+them: they count steps, and a step count scaled by λ is no attack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import torch
+from pydantic import Field, model_validator
+
+from hetfl.core.client import Program
+from hetfl.core.kinds import KindOptions
+from hetfl.core.model_cache import ModelCache
+from hetfl.core.rng import sibling_generator
+from hetfl.core.server_program import Channel
+from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, EvalTask, State
+from hetfl.core.wrappers import register_wrapper
+
+#: The purpose of the generator that shuffles a malicious client's labels.
+ATTACK_PURPOSE = "attack"
+
+
+class PoisonOptions(KindOptions):
+    """λ, the intensity of the poisoned update (FedFA §5 evaluates λ = 1 and λ = 20)."""
+
+    model_config = KindOptions.model_config | {"populate_by_name": True, "serialize_by_alias": True}
+
+    lam: float = Field(
+        alias="lambda", ge=0.0, allow_inf_nan=False, description="the poisoned update's weight"
+    )
+
+
+class FlipOptions(KindOptions):
+    source: int = Field(ge=0, description="the class whose training labels are flipped")
+    target: int = Field(ge=0, description="the class they become")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> FlipOptions:
+        if self.source == self.target:
+            raise ValueError(f"source and target are both {self.source}: nothing would flip")
+        return self
+
+
+def copy_generator(generator: torch.Generator) -> torch.Generator:
+    """A generator in `generator`'s state, with its initial seed (hence its siblings)."""
+    copy = torch.Generator(device=generator.device)
+    copy.set_state(generator.get_state())
+    return copy
+
+
+def shuffled_labels(data: ClientData, generator: torch.Generator) -> ClientData:
+    """`data` with its training labels permuted by the "attack" sibling of `generator`."""
+    rng = sibling_generator(generator, ATTACK_PURPOSE)
+    order = torch.randperm(data.n_train, generator=rng).to(data.y_train.device)
+    return replace(data, y_train=data.y_train[order])
+
+
+def poisoned_upload(
+    received: Mapping[str, torch.Tensor],
+    honest: Mapping[str, torch.Tensor],
+    poisoned: Mapping[str, torch.Tensor],
+    lam: float,
+    *,
+    keep_honest: bool,
+) -> State:
+    """Per uploaded tensor, r + (h − r) + λ·(p − r) (`keep_honest`, Eq. 1) or r + λ·(p − r);
+    integer tensors as `honest` has them. A tensor the client uploads without having
+    received it is an error (there is no update to scale)."""
+    out: State = {}
+    for name, h in honest.items():
+        if not h.is_floating_point():
+            out[name] = h
+            continue
+        if name not in received:
+            raise KeyError(
+                f"the attack scales updates from the received model; {name!r} was not received"
+            )
+        r = received[name].to(h.device, h.dtype)
+        step = lam * (poisoned[name] - r)
+        out[name] = (r + (h - r) + step) if keep_honest else (r + step)
+    return out
+
+
+@dataclass
+class _Delegating:
+    """The honest program's identity and evaluation (an attack changes only `fit`)."""
+
+    honest: Program
+    cid: int = field(init=False)
+    device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cid, self.device = self.honest.cid, self.honest.device
+
+    def evaluate(
+        self,
+        task: EvalTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        models: ModelCache,
+    ) -> tuple[int, float, int]:
+        return self.honest.evaluate(task, data, private, models)
+
+
+@dataclass
+class PoisonedProgram(_Delegating):
+    """Eq. 1 (`keep_honest`) or the scaled poisoned update alone (module docstring)."""
+
+    lam: float = 1.0
+    keep_honest: bool = True
+
+    def fit(
+        self,
+        task: ClientTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        generator: torch.Generator,
+        *,
+        info: ClientInfo,
+        channel: Channel | None = None,
+    ) -> ClientOutput:
+        same_order = copy_generator(generator)
+        honest = self.honest.fit(task, data, private, generator, info=info, channel=channel)
+        shuffled = shuffled_labels(data, same_order)
+        poisoned = self.honest.fit(task, shuffled, private, same_order, info=info, channel=channel)
+        tensors = poisoned_upload(
+            task.payload,
+            honest.result.tensors,
+            poisoned.result.tensors,
+            self.lam,
+            keep_honest=self.keep_honest,
+        )
+        result = replace(
+            honest.result, tensors=tensors, passes=honest.result.passes + poisoned.result.passes
+        )
+        return replace(honest, result=result)
+
+
+@dataclass
+class FlippedProgram(_Delegating):
+    """Label flipping, `source` -> `target` (module docstring)."""
+
+    source: int = 0
+    target: int = 1
+
+    def fit(
+        self,
+        task: ClientTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        generator: torch.Generator,
+        *,
+        info: ClientInfo,
+        channel: Channel | None = None,
+    ) -> ClientOutput:
+        for name, c in (("source", self.source), ("target", self.target)):
+            if c >= data.num_classes:
+                raise ValueError(
+                    f"attack label-flip: {name} = {c} is not a class of the data "
+                    f"(0..{data.num_classes - 1})"
+                )
+        y = torch.where(data.y_train == self.source, self.target, data.y_train)
+        flipped = replace(data, y_train=y)
+        return self.honest.fit(
+            task,
+            flipped,
+            private,
+            generator,
+            info=replace(info, labels=flipped.labels),
+            channel=channel,
+        )
+
+
+@dataclass(frozen=True)
+class Poison:
+    """The wrapper of `fedfa-poison` and `scaled-poison`."""
+
+    lam: float
+    keep_honest: bool
+
+    def __call__(self, program: Program) -> Program:
+        return PoisonedProgram(program, self.lam, self.keep_honest)
+
+
+@dataclass(frozen=True)
+class Flip:
+    """The wrapper of `label-flip`."""
+
+    source: int
+    target: int
+
+    def __call__(self, program: Program) -> Program:
+        return FlippedProgram(program, self.source, self.target)
+
+
+@register_wrapper("fedfa-poison", PoisonOptions)
+def _fedfa_poison(options: PoisonOptions) -> Poison:
+    return Poison(options.lam, keep_honest=True)
+
+
+@register_wrapper("scaled-poison", PoisonOptions)
+def _scaled_poison(options: PoisonOptions) -> Poison:
+    return Poison(options.lam, keep_honest=False)
+
+
+@register_wrapper("label-flip", FlipOptions)
+def _label_flip(options: FlipOptions) -> Flip:
+    return Flip(options.source, options.target)

@@ -1,0 +1,240 @@
+"""Robust defences over heterogeneous sub-models: norm clipping, Krum and Multi-Krum, each
+a reducer (`hetfl.core.state.Reducer`) computed in global coordinates over the elements each
+client covers.
+
+- **Norm clipping** (Sun et al., "Can You Really Backdoor Federated Learning?", 2019, §3:
+  norm thresholding of updates). A client's update is its values minus the previous global
+  values (`fill="keep"`: weights), or its values (`fill="zero"`: the strategy reduces
+  deltas), over the elements it covers; its L2 norm runs over those elements, each global
+  element once. An update longer than the bound is scaled down to it: the bound is fixed
+  (`bound`) or the median of the round's update norms (`bound: median`). The clipped values
+  are then reduced by the method's weighted mean, as the `Accumulator` reduces them.
+- **Krum and Multi-Krum** (Blanchard et al., "Machine Learning with Adversaries: Byzantine
+  Tolerant Gradient Descent", NeurIPS 2017, §4). With n clients of which at most f are
+  Byzantine, a client's score is the sum of its squared distances to its n − f − 2 nearest
+  others; Multi-Krum keeps the m clients of lowest score (Krum: m = 1; default m = n − f)
+  and reduces them by the method's weighted mean. The paper's clients all have one shape;
+  here the distance between two clients runs over the global elements **both** cover,
+  normalised by their count (a mean squared difference), so that a client with a larger
+  sub-model is not farther for covering more. A client covering an element several times
+  (FedFA's grafted repeats) counts once there, with the mean of its values (`place`). Two
+  clients that share no element are at an infinite distance. Ties go to the earlier client
+  (the strategy adds clients in id order).
+- **The run-time fallback.** Krum needs n > 2f + 2 (Blanchard et al., Proposition 1):
+  configs are checked at set-up against the clients per round, but a round may return
+  fewer valid results (failures, deadlines); such a round is reduced by the coordinate-wise
+  median (`hetfl.core.robust`) instead, and the reducer's `decisions` say so.
+
+Each reducer records its `decisions` (`Decisions`: per added client, in the order added,
+"kept", "clipped" or "dropped", and whether it fell back), so that a round's outcome can be
+reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from hetfl.core.robust import CoordinateReducer, median
+from hetfl.core.spec import IndexMap
+from hetfl.core.state import Fill, State, check_fill, entry_weight, merge_estimate, place, untouched
+
+Decision = Literal["kept", "clipped", "dropped"]
+
+
+@dataclass
+class Decisions:
+    """What a defence did with each added client, in the order added, and whether the round
+    fell back to the median."""
+
+    per_client: list[Decision] = field(default_factory=list)
+    fallback: bool = False
+
+
+class _Held:
+    """Every added client in global coordinates: float64 values (scaled), coverage, and its
+    weight per global name (0 where it does not cover the tensor)."""
+
+    def __init__(self, reference: Mapping[str, torch.Tensor]) -> None:
+        self.reference = reference
+        self.like = {
+            name: torch.zeros((), dtype=torch.float64, device=t.device).expand(t.shape)
+            for name, t in reference.items()
+        }
+        self.values: list[dict[str, torch.Tensor]] = []
+        self.covered: list[dict[str, torch.Tensor]] = []
+        self.weights: list[dict[str, float]] = []
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        weighted = [(e, entry_weight(e, local, self.reference, weight)) for e in index_map]
+        covering = [e for e, w in weighted if w > 0]
+        placed = place(local, covering, self.like)
+        weights = {e.global_name: w for e, w in weighted if w > 0}
+        values = {}
+        for name, v in placed.values.items():
+            s = 1.0 if scale is None else float(scale.get(name, 1.0))
+            values[name] = v if s == 1.0 else v * s
+        self.values.append(values)
+        self.covered.append(dict(placed.covered))
+        self.weights.append(weights)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def update(self, i: int, previous: Mapping[str, torch.Tensor], fill: Fill) -> State:
+        """Client i's update over what it covers (zero elsewhere)."""
+        out = {}
+        for name, v in self.values[i].items():
+            base = previous[name].to(torch.float64) if fill == "keep" else torch.zeros_like(v)
+            out[name] = torch.where(self.covered[i][name], v - base, 0.0)
+        return out
+
+    def weighted_mean(
+        self,
+        chosen: list[int],
+        previous: Mapping[str, torch.Tensor],
+        fill: Fill,
+        factors: Mapping[int, float] | None = None,
+    ) -> State:
+        """The method's weighted mean over the `chosen` clients covering each element, each
+        client's update multiplied by its factor (clipping); `previous` or zero elsewhere."""
+        out: State = {}
+        for name, prev in previous.items():
+            total = torch.zeros(prev.shape, dtype=torch.float64, device=prev.device)
+            count = torch.zeros_like(total)
+            for i in chosen:
+                if name not in self.values[i]:
+                    continue
+                w, cov = self.weights[i].get(name, 0.0), self.covered[i][name]
+                v = self.values[i][name]
+                if factors is not None and factors[i] != 1.0:
+                    base = prev.to(torch.float64) if fill == "keep" else torch.zeros_like(v)
+                    v = base + factors[i] * (v - base)
+                total += torch.where(cov, w * v, 0.0)
+                count += torch.where(cov, w, 0.0)
+            hit = count > 0
+            if not bool(hit.any()):
+                out[name] = untouched(prev, fill)
+                continue
+            out[name] = merge_estimate(prev, total / count.clamp(min=1e-300), hit, fill)
+        return out
+
+
+def pairwise_distances(held: _Held) -> torch.Tensor:
+    """(n, n) float64: the mean squared difference of two clients over the global elements
+    both cover (infinite where they share none; 0 on the diagonal)."""
+    n = len(held)
+    sq = torch.zeros(n, n, dtype=torch.float64)
+    shared = torch.zeros(n, n, dtype=torch.float64)
+    for i in range(n):
+        for j in range(i + 1, n):
+            for name, vi in held.values[i].items():
+                if name not in held.values[j]:
+                    continue
+                both = held.covered[i][name] & held.covered[j][name]
+                diff = torch.where(both, vi - held.values[j][name], 0.0)
+                sq[i, j] += float((diff * diff).sum())
+                shared[i, j] += float(both.sum())
+            sq[j, i], shared[j, i] = sq[i, j], shared[i, j]
+    dist = torch.where(shared > 0, sq / shared.clamp(min=1), math.inf)
+    dist.fill_diagonal_(0.0)
+    return dist
+
+
+def krum_scores(dist: torch.Tensor, f: int) -> torch.Tensor:
+    """Each client's sum of distances to its n − f − 2 nearest others (Blanchard et al., §4)."""
+    n = dist.shape[0]
+    nearest = n - f - 2
+    others = dist + torch.diag(torch.full((n,), math.inf, dtype=dist.dtype))
+    return torch.sort(others, dim=1).values[:, :nearest].sum(dim=1)
+
+
+def check_krum(f: int, n: int) -> None:
+    """ValueError unless n > 2f + 2 (Krum's condition)."""
+    if not n > 2 * f + 2:
+        raise ValueError(
+            f"Krum with f = {f} needs more than 2f + 2 = {2 * f + 2} clients per round, got "
+            f"{n}; lower f (at most {max((n - 3) // 2, 0)}) or ask more clients per round"
+        )
+
+
+class KrumReducer:
+    """Multi-Krum keeping `m` clients (Krum: m = 1; None: n − f), then the weighted mean."""
+
+    def __init__(self, reference: Mapping[str, torch.Tensor], f: int, m: int | None) -> None:
+        self.held, self.f, self.m = _Held(reference), f, m
+        self.fallback = CoordinateReducer(reference, median)
+        self.decisions = Decisions()
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        self.held.add(local, index_map, weight, scale)
+        self.fallback.add(local, index_map, weight, scale)
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
+        check_fill(fill)
+        n = len(self.held)
+        if not n > 2 * self.f + 2:
+            self.decisions = Decisions(["kept"] * n, fallback=True)
+            return self.fallback.result(previous, fill)
+        scores = krum_scores(pairwise_distances(self.held), self.f)
+        m = n - self.f if self.m is None else min(self.m, n)
+        order = sorted(range(n), key=lambda i: (float(scores[i]), i))
+        chosen = sorted(order[:m])
+        self.decisions = Decisions(["kept" if i in chosen else "dropped" for i in range(n)])
+        return self.held.weighted_mean(chosen, previous, fill)
+
+
+class ClippingReducer:
+    """Updates clipped to `bound` (a float, or "median": the round's median norm), then the
+    weighted mean."""
+
+    def __init__(self, reference: Mapping[str, torch.Tensor], bound: float | str) -> None:
+        self.held, self.bound = _Held(reference), bound
+        self.decisions = Decisions()
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        self.held.add(local, index_map, weight, scale)
+
+    def norms(self, previous: Mapping[str, torch.Tensor], fill: Fill) -> list[float]:
+        """Each added client's update norm over the elements it covers."""
+        return [
+            math.sqrt(
+                sum(float((u * u).sum()) for u in self.held.update(i, previous, fill).values())
+            )
+            for i in range(len(self.held))
+        ]
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
+        check_fill(fill)
+        norms = self.norms(previous, fill)
+        if not norms:
+            return {name: untouched(p, fill) for name, p in previous.items()}
+        ordered, k = sorted(norms), len(norms)
+        # the median norm: the mean of the two middle ones for an even count
+        median_norm = (ordered[(k - 1) // 2] + ordered[k // 2]) / 2
+        bound = median_norm if self.bound == "median" else float(self.bound)
+        factors = {i: (bound / x if x > bound else 1.0) for i, x in enumerate(norms)}
+        self.decisions = Decisions(["clipped" if factors[i] < 1.0 else "kept" for i in factors])
+        return self.held.weighted_mean(list(factors), previous, fill, factors)

@@ -1,0 +1,306 @@
+"""Malicious clients (`hetfl.attacks`): each attack's upload by hand on a tiny model, the
+malicious set (seeded, fixed, resume-safe, given the largest model), honest clients
+untouched, and bad settings refused with clear errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from hetfl.algorithms.architecture_choice import ArchitectureChoice, Candidate
+from hetfl.algorithms.width_assignment import WidthAssignment
+from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
+from hetfl.attacks.poisoning import ATTACK_PURPOSE, Flip, Poison
+from hetfl.config import ConfigError, validate
+from hetfl.core.assign import LARGEST
+from hetfl.core.client import Programs
+from hetfl.core.init import initialize
+from hetfl.core.rng import SERVER, sibling_generator, torch_generator
+from hetfl.core.training import LocalTraining
+from hetfl.core.types import (
+    ClientData,
+    ClientInfo,
+    ClientOutput,
+    ClientResult,
+    ClientTask,
+    PassRecord,
+)
+from hetfl.models.base import PlainFamily
+
+# -- a fake honest program whose "training" is known exactly --------------------------------------
+X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
+Y = torch.tensor([0, 1, 2, 0])
+
+
+@dataclass
+class Recorder:
+    """Honest training that moves every weight by +1 on the true labels and by +3 on any
+    other labelling, and records what it was given."""
+
+    cid: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    seen: list = field(default_factory=list)
+
+    def fit(self, task, data, private, generator, *, info, channel=None):
+        self.seen.append(
+            (data.y_train.clone(), generator.get_state(), generator.initial_seed(), info)
+        )
+        torch.rand(5, generator=generator)  # training consumes its generator
+        moved = 1.0 if torch.equal(data.y_train, Y) else 3.0
+        tensors = {k: v + moved for k, v in task.payload.items()}
+        tensors["steps"] = torch.tensor(7)
+        spec = task.spec
+        result = ClientResult(
+            task.cid, tensors, data.n_train, 2, 0.5, passes=[PassRecord(spec, "train", 4, 2)]
+        )
+        return ClientOutput(result=result, private={})
+
+    def evaluate(self, *args):
+        raise NotImplementedError
+
+
+def _task() -> ClientTask:
+    payload = {"w": torch.tensor([1.0, -2.0]), "steps": torch.tensor(0)}
+    return ClientTask(0, PlainFamily("linear", (2,), 3).global_spec([]), payload, [])
+
+
+def _data() -> ClientData:
+    return ClientData(0, X, Y, X[:0], Y[:0], 3)
+
+
+def _fit(program, generator=None):
+    data = _data()
+    gen = generator or torch_generator(0, 1, 0, "train")
+    return program.fit(_task(), data, {}, gen, info=data.info())
+
+
+@pytest.mark.parametrize(("keep_honest", "moved"), [(True, 1.0 + 2.5 * 3.0), (False, 2.5 * 3.0)])
+def test_poisoned_uploads_by_hand(keep_honest: bool, moved: float) -> None:
+    """Eq. 1: w + (w_h - w) + λ(w_p - w) = w + 1 + 2.5·3; scaled alone: w + 2.5·3. The poisoned
+    pass starts from the honest pass's generator state (same batch order), its labels are
+    Y permuted by the "attack" sibling; both passes are charged; integers stay honest."""
+    honest = Recorder()
+    gen = torch_generator(0, 1, 0, "train")
+    start = gen.get_state()
+    out = _fit(Poison(2.5, keep_honest)(honest), gen)
+    assert torch.equal(out.result.tensors["w"], torch.tensor([1.0, -2.0]) + moved)
+    assert int(out.result.tensors["steps"]) == 7
+    (y_h, state_h, seed_h, _), (y_p, state_p, seed_p, _) = honest.seen
+    assert torch.equal(y_h, Y) and torch.equal(state_h, start) and torch.equal(state_p, start)
+    assert seed_p == seed_h
+    order = torch.randperm(4, generator=sibling_generator(gen, ATTACK_PURPOSE))
+    assert torch.equal(y_p, Y[order]) and not torch.equal(y_p, Y)
+    assert [p.count for p in out.result.passes] == [2, 2]
+    assert out.result.loss == 0.5 and out.result.num_steps == 2
+
+
+def test_label_flip_by_hand_on_a_linear_model() -> None:
+    """One full-batch SGD step (lr 1) from zero weights on a 2-feature, 3-class linear model:
+    softmax is uniform, so the bias becomes mean(onehot(y)) - 1/3. Flipping 0 -> 2 makes
+    y = [2, 1, 2, 2]: bias [-1/3, -1/12, 5/12]. The label mask follows the flipped labels."""
+    family = PlainFamily("linear", (2,), 3)
+    spec = family.global_spec([])
+    imap = family.index_map(spec)
+    state = {k: torch.zeros_like(v) for k, v in family.build(spec).state_dict().items()}
+    payload = {e.local: state[e.local] for e in imap}
+    task = ClientTask(0, spec, payload, imap, LocalTraining(lr=1.0, steps=1, batch_size=4))
+    data = _data()
+    program = Flip(0, 2)(Programs(family, seed=0).program_for(0))
+    out = program.fit(task, data, {}, torch_generator(0, 1, 0, "train"), info=data.info())
+    bias = next(v for k, v in out.result.tensors.items() if k.endswith("bias"))
+    expected = torch.tensor([0.0, 1 / 4, 3 / 4]) - 1 / 3
+    assert torch.allclose(bias, expected, atol=1e-7)
+    recorder = Recorder()
+    Flip(0, 2)(recorder).fit(_task(), data, {}, torch_generator(0, 1, 0, "t"), info=data.info())
+    flipped_y, _, _, info = recorder.seen[0]
+    assert flipped_y.tolist() == [2, 1, 2, 2] and info.labels == (1, 2)
+
+
+def test_label_flip_refuses_a_class_the_data_lacks() -> None:
+    with pytest.raises(ValueError, match=r"target = 5 is not a class of the data \(0..2\)"):
+        _fit(Flip(0, 5)(Recorder()))
+
+
+def test_honest_clients_upload_what_the_clean_run_uploads() -> None:
+    """Under OnlyMalicious, a malicious client's upload changes, every other client's is
+    bit-identical to its clean program's for the same inputs."""
+    family = PlainFamily("mlp", (1, 2, 2), 3)
+    spec = family.global_spec([])
+    imap = family.index_map(spec)
+    state = initialize(family.build(spec), torch_generator(0, 0, SERVER, "init")).state_dict()
+    task_of = {
+        cid: ClientTask(cid, spec, dict(state), imap, LocalTraining(lr=0.1, steps=2, batch_size=2))
+        for cid in (0, 1, 2)
+    }
+    x = torch.rand(6, 1, 2, 2, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    clean = Programs(family, seed=0)
+    attacked = Programs(
+        family, seed=0, wrappers=[OnlyMalicious(Poison(20.0, True), frozenset({1}))]
+    )
+    for cid in (0, 1, 2):
+        data = ClientData(cid, x, y, x[:0], y[:0], 3)
+        outs = [
+            p.program_for(cid).fit(
+                task_of[cid], data, {}, torch_generator(0, 1, cid, "train"), info=data.info()
+            )
+            for p in (clean, attacked)
+        ]
+        same = all(
+            torch.equal(outs[0].result.tensors[k], v) for k, v in outs[1].result.tensors.items()
+        )
+        assert same == (cid != 1), cid
+        assert attacked.program_for(cid).trace_fields() == {"malicious": cid == 1}
+
+
+# -- the malicious set --------------------------------------------------------------------------
+def test_the_malicious_set_is_seeded_and_sized() -> None:
+    a = draw_malicious(range(10), 0.2, seed=3)
+    assert len(a) == 2 and a == draw_malicious(range(10), 0.2, seed=3)
+    assert draw_malicious(range(10), 0.0, seed=3) == frozenset()
+    assert draw_malicious(range(10), 1.0, seed=3) == frozenset(range(10))
+    assert len({draw_malicious(range(10), 0.2, seed=s) for s in range(6)}) > 1
+    assert len(draw_malicious(range(13), 0.2, seed=0)) == 3  # round(2.6)
+
+
+def _info(cid: int, **attrs) -> ClientInfo:
+    return ClientInfo(cid, 10, (2,), (0, 1), attrs)
+
+
+def test_widths_give_malicious_clients_the_widest_level_and_others_their_own() -> None:
+    clean = WidthAssignment([0.25, 0.5, 1.0], None, lambda r: r, mode="fixed")
+    attacked = WidthAssignment([0.25, 0.5, 1.0], None, lambda r: r, mode="fixed")
+    clean.setup([_info(c) for c in range(6)])
+    attacked.setup([_info(c, **declared_attrs({0}).get(c, {})) for c in range(6)])
+    assert attacked.level_of == {**clean.level_of, 0: 1.0} and clean.level_of[0] == 0.25
+    dynamic = WidthAssignment([0.25, 0.5], None, lambda r: r, mode="dynamic")
+    dynamic.setup([])
+    infos = [_info(0, **{LARGEST: True}), _info(1)]
+    plain = dynamic.specs_in_round(1, [_info(0), _info(1)], torch.Generator().manual_seed(0))
+    drawn = dynamic.specs_in_round(1, infos, torch.Generator().manual_seed(0))
+    assert drawn == [0.5, plain[1]]
+
+
+def test_architectures_give_malicious_clients_the_largest_and_others_their_own() -> None:
+    family = PlainFamily("linear", (2,), 3)
+    base = family.global_spec([]).replace(blocks=(2,), widths=(1.0,), stages=1)
+
+    def chosen(attrs: dict) -> dict:
+        choice = ArchitectureChoice(
+            family,
+            base,
+            [Candidate(d, w) for d in (2, 3) for w in (0.5, 1.0)],
+            method="fedfa",
+            choice="random",
+            budgets=[1e12] * 6,
+        )
+        choice.macs = lambda c: c.depth * c.width  # type: ignore[method-assign]
+        infos = [_info(c, **attrs.get(c, {})) for c in range(6)]
+        choice.setup_seeded(infos, torch.Generator().manual_seed(0))
+        return {cid: c.label for cid, c in choice.chosen.items()}
+
+    clean, attacked = chosen({}), chosen(declared_attrs({1, 4}))
+    assert {attacked[1], attacked[4]} == {"d3-w1"}
+    assert {c: v for c, v in attacked.items() if c not in (1, 4)} == {
+        c: v for c, v in clean.items() if c not in (1, 4)
+    }
+
+
+# -- bad settings -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("attack", "match"),
+    [
+        (
+            {"kind": "fedfa-poison", "fraction": 1.5, "lambda": 1},
+            r"attack.fraction .* \[0, 1\], got 1.5",
+        ),
+        ({"kind": "fedfa-poison", "fraction": -0.1, "lambda": 1}, r"attack.fraction"),
+        ({"kind": "fedfa-poison", "lambda": 1}, r"attack.fraction is required"),
+        (
+            {"kind": "fedfa-poison", "fraction": 0.2, "lambda": -1},
+            r"lambda = -1: Input should be greater",
+        ),
+        ({"kind": "label-flip", "fraction": 0.2, "source": 1}, r"target is required"),
+        ({"kind": "label-flip", "fraction": 0.2, "source": 1, "target": 1}, r"nothing would flip"),
+        (
+            {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 1, "lamda": 2},
+            r"lamda is not one of its options \(options: lambda\)",
+        ),
+        ({"kind": "poison", "fraction": 0.2}, r"unknown client-program wrapper 'poison'"),
+    ],
+)
+def test_bad_attack_settings_are_refused(attack: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        validate({"attack": attack})
+
+
+def test_an_attack_round_trips_through_its_resolved_config() -> None:
+    cfg = validate({"attack": {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20}})
+    written = cfg.model_dump(mode="json")["attack"]
+    assert written == {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20.0}
+    assert validate({"attack": written}).attack == cfg.attack
+    assert validate({}).attack is None
+
+
+# -- an attacked run: summary, trace, checkpoint, resume -----------------------------------------
+def _attacked(fraction: float, rounds: int) -> dict:
+    from golden.harness import configured
+
+    return validate(
+        configured(
+            "fedavg",
+            {
+                "train.rounds": rounds,
+                "train.clients_per_round": 6,
+                "attack": {"kind": "scaled-poison", "fraction": fraction, "lambda": 3},
+            },
+        )
+    )
+
+
+def test_an_attacked_run_records_its_malicious_clients_and_resumes(tmp_path) -> None:
+    import json
+
+    from hetfl.engine.outputs import read_metrics
+    from hetfl.runner import build_simulation, start_banner
+
+    cfg = _attacked(0.34, 2)
+    malicious = sorted(draw_malicious(range(6), 0.34, seed=0))
+    whole = build_simulation(cfg, tmp_path / "whole", show_progress=False)
+    whole.setup()
+    banner = start_banner(cfg, whole, tmp_path / "whole")
+    assert (
+        f"attack: scaled-poison (lambda 3.0) by 2 malicious client(s) (34%): {malicious}" in banner
+    )
+    summary = whole.run()
+    assert summary["attack"] == {
+        "kind": "scaled-poison",
+        "fraction": 0.34,
+        "lambda": 3.0,
+        "malicious": malicious,
+    }
+    rows = read_metrics(tmp_path / "whole" / "clients.jsonl")
+    assert {r["cid"] for r in rows if r["fields"]["malicious"]} == set(malicious)
+    # stopped after round 1, resumed: the same run; with another fraction: refused
+    part = build_simulation(_attacked(0.34, 1), tmp_path / "part", show_progress=False)
+    part.run()
+    resumed = build_simulation(cfg, tmp_path / "part", show_progress=False)
+    resumed.run(resume=True)
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
+    other = build_simulation(_attacked(0.5, 2), tmp_path / "part", show_progress=False)
+    with pytest.raises(ValueError, match=r"checkpoint's malicious clients .* differ"):
+        other.run(resume=True)
+    assert (
+        json.loads((tmp_path / "part" / "summary.json").read_text())["attack"]["malicious"]
+        == malicious
+    )
+
+
+def test_serve_refuses_an_attack() -> None:
+    from hetfl.launch.serve import refuse_attack
+
+    with pytest.raises(ConfigError, match="simulation of malicious clients and cannot be served"):
+        refuse_attack(_attacked(0.2, 1))

@@ -61,8 +61,8 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
             ["options.fedavg.reducer", "'trimmed-mean': trim = 0.6", "less than or equal to 0.5"],
         ),
         (
-            "options.fedavg.reducer=krum",
-            ["options.fedavg.reducer", "unknown reducer 'krum'", "mean, median, trimmed-mean"],
+            "options.fedavg.reducer=bulyan",
+            ["options.fedavg.reducer", "unknown reducer 'bulyan'", "krum, mean, median"],
         ),
         ("options.fedavg.trim=0.1", ["options.fedavg", "reducer: {kind: trimmed-mean, trim: 0.1}"]),
         ("wrappers=[{kind: flip}]", ["wrappers.0", "unknown client-program wrapper 'flip'"]),

@@ -413,6 +413,11 @@ def _sections(spec: Spec) -> tuple[tuple[SectionBlock, ...], ...]:
     for i, stage in enumerate(cast(nn.ModuleList, model.stages)):
         blocks = []
         for b, block in enumerate(cast(nn.ModuleList, stage)):
+            if not hasattr(block, "shortcut"):  # MobileNetV2's inverted residuals
+                raise SpecError(
+                    f"{spec['family']} has no residual sections of blocks with a shortcut; a "
+                    "depth-flexible method needs a ResNet-style model (resnet18, preresnet)"
+                )
             path = f"stages.{i}.{b}"
             names = tuple(f"{path}.{k}" for k in block.state_dict())
             blocks.append(SectionBlock(path, names, block.shortcut is None))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 from pydantic import ValidationError
+from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.base import SimulatorOnlyError, refuse_simulator_only
@@ -268,14 +269,20 @@ def test_a_run_counts_transfers_clocks_the_phase_and_pools_global_acc(
     assert rows[0]["sim_time_s"] == pytest.approx(round_times[0] + phase / system.server_rate)
     assert rows[1]["sim_time_s"] == pytest.approx(sum(round_times) + 2 * phase / system.server_rate)
 
-    # global_acc: each client's extractor joined to the server model on its own test split.
-    whole = family.build(family.side_spec("whole")).eval()
+    # global_acc: each client's extractor joined to the server model on its own test split,
+    # its BatchNorm statistics those of the client's training data (one batch: <= 500).
+    whole = family.build(family.side_spec("whole"))
+    norms = [m for m in whole.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     correct = n = 0
     for c in clients:
         mine = sim.store.get(c.cid)
         whole.load_state_dict({**{k: mine[k] for k in mine if k.startswith("md1.")}, **sim.state})
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None
         with torch.no_grad():
-            correct += int((whole(c.x_test).argmax(1) == c.y_test).sum())
+            whole.train()(c.x_train)
+            correct += int((whole.eval()(c.x_test).argmax(1) == c.y_test).sum())
         n += int(c.y_test.numel())
     assert rows[1]["global_acc"] == pytest.approx(correct / n, abs=1e-12)
 

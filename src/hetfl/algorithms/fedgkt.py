@@ -22,7 +22,13 @@ Evaluation: there is no single global model. `global_acc` is each trained client
 extractor joined to the server model (md1 private, md2..md8 global) on that client's own
 local test split, pooled over clients by test samples, and `val_acc` the same on their
 validation splits: not the global test set the other methods use. `local_acc` is each
-client's own classifier on its local test split.
+client's own classifier on its local test split. A HetFL choice where the paper is silent:
+the joined model is judged after a statistics pass over the client's own training data
+(its BatchNorm statistics re-estimated for that evaluation only). The server trains client
+after client, as FedML's does, and every client's md1 is its own, so the server model's
+running statistics are those of the last clients it saw; with them, every other client is
+judged through another client's normalisation (FedML evaluates so: on one checkpoint of
+docs/dtfl_report.md's runs that gave 44 % where the client's own statistics give 74 %).
 
 Deviations: FedML initialises the client from a pretrained ResNet-56; no checkpoint can be
 downloaded here, so clients start from the seed's initialisation. Logits are aligned by
@@ -52,7 +58,8 @@ from hetfl.models.resnet_cifar import OUT_CHANNELS, split_family
 #: What the run outputs' `global_acc` means for FedGKT (the banner and summary.json say it).
 POOLED = (
     "pooled over the trained clients' local test splits (each client's extractor joined to "
-    "the server model), not the global test set"
+    "the server model, BatchNorm statistics from the client's training data), not the "
+    "global test set"
 )
 
 
@@ -114,7 +121,7 @@ def _make(
         weighting=uniform,
         server_update=Averaged(),
         global_eval=NoGlobalModel(),
-        pooled_eval=JoinedWithPrivate(split.side_spec("whole")),
+        pooled_eval=JoinedWithPrivate(split.side_spec("whole"), stats_pass=True),
         server_phase=server,
         describe=lambda: {**opts.model_dump(mode="json"), "global_acc": POOLED},
     )

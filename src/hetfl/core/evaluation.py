@@ -116,6 +116,9 @@ class JoinedWithPrivate:
     `pooled_eval`)."""
 
     spec: Spec
+    #: Re-estimate the joined model's BatchNorm statistics on the client's own training data
+    #: first (for that evaluation only), instead of using the running statistics it holds.
+    stats_pass: bool = False
 
     def eval_task(
         self,
@@ -125,4 +128,10 @@ class JoinedWithPrivate:
         evaluated: Mapping[str, State],
     ) -> EvalTask:
         imap = [e for e in layout.shared_map(self.spec) if e.global_name in state]
-        return EvalTask(cid=info.cid, spec=self.spec, payload=extract(state, imap), index_map=imap)
+        return EvalTask(
+            cid=info.cid,
+            spec=self.spec,
+            payload=extract(state, imap),
+            index_map=imap,
+            stats_pass=self.stats_pass,
+        )

@@ -64,16 +64,33 @@ def declared_attrs(malicious: Collection[int]) -> dict[int, dict[str, Any]]:
 
 
 @dataclass
-class Flagged:
-    """A client's program, unchanged, that says in the trace whether it attacks."""
+class Delegating:
+    """A client program standing in for `honest`: its identity and its evaluation are the
+    honest program's, so what stands in changes only what it adds (an attack's `fit`, the
+    trace's flag)."""
 
-    program: Program
-    malicious: bool = False
+    honest: Program
     cid: int = field(init=False)
     device: torch.device = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cid, self.device = self.program.cid, self.program.device
+        self.cid, self.device = self.honest.cid, self.honest.device
+
+    def evaluate(
+        self,
+        task: EvalTask,
+        data: ClientData,
+        private: Mapping[str, torch.Tensor],
+        models: ModelCache,
+    ) -> tuple[int, float, int]:
+        return self.honest.evaluate(task, data, private, models)
+
+
+@dataclass
+class Flagged(Delegating):
+    """A client's program, unchanged, that says in the trace whether it attacks."""
+
+    malicious: bool = False
 
     def fit(
         self,
@@ -85,16 +102,7 @@ class Flagged:
         info: ClientInfo,
         channel: Channel | None = None,
     ) -> ClientOutput:
-        return self.program.fit(task, data, private, generator, info=info, channel=channel)
-
-    def evaluate(
-        self,
-        task: EvalTask,
-        data: ClientData,
-        private: Mapping[str, torch.Tensor],
-        models: ModelCache,
-    ) -> tuple[int, float, int]:
-        return self.program.evaluate(task, data, private, models)
+        return self.honest.fit(task, data, private, generator, info=info, channel=channel)
 
     def trace_fields(self) -> dict[str, bool]:
         return {"malicious": self.malicious}

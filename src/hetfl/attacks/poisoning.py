@@ -30,17 +30,17 @@ them: they count steps, and a step count scaled by λ is no attack.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from pydantic import Field, model_validator
 
+from hetfl.attacks.malicious import Delegating
 from hetfl.core.client import Program
 from hetfl.core.kinds import KindOptions
-from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import Channel
-from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, EvalTask, State
+from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, State
 from hetfl.core.wrappers import register_wrapper
 
 #: The purpose of the generator that shuffles a malicious client's labels.
@@ -109,28 +109,7 @@ def poisoned_upload(
 
 
 @dataclass
-class _Delegating:
-    """The honest program's identity and evaluation (an attack changes only `fit`)."""
-
-    honest: Program
-    cid: int = field(init=False)
-    device: torch.device = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.cid, self.device = self.honest.cid, self.honest.device
-
-    def evaluate(
-        self,
-        task: EvalTask,
-        data: ClientData,
-        private: Mapping[str, torch.Tensor],
-        models: ModelCache,
-    ) -> tuple[int, float, int]:
-        return self.honest.evaluate(task, data, private, models)
-
-
-@dataclass
-class PoisonedProgram(_Delegating):
+class PoisonedProgram(Delegating):
     """Eq. 1 (`keep_honest`) or the scaled poisoned update alone (module docstring)."""
 
     lam: float = 1.0
@@ -164,7 +143,7 @@ class PoisonedProgram(_Delegating):
 
 
 @dataclass
-class FlippedProgram(_Delegating):
+class FlippedProgram(Delegating):
     """Label flipping, `source` -> `target` (module docstring)."""
 
     source: int = 0

@@ -15,6 +15,8 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
 from hetfl.algorithms.flexifed import max_common
+from hetfl.core.local.parts import CrossEntropy
+from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import GROUP_SEP
 from hetfl.core.state import state_bytes
@@ -33,10 +35,13 @@ FAMILY = ScalableFamily(
 )
 
 
-def _infos(archs: list[str | None]) -> list[ClientInfo]:
+def _infos(
+    archs: list[str | None], labels: list[tuple[int, ...]] | None = None
+) -> list[ClientInfo]:
+    held = labels or [tuple(range(10))] * len(archs)
     return [
-        ClientInfo(cid, 20, (1, 8, 8), tuple(range(10)), {} if a is None else {"architecture": a})
-        for cid, a in enumerate(archs)
+        ClientInfo(cid, 20, (1, 8, 8), classes, {} if a is None else {"architecture": a})
+        for cid, (a, classes) in enumerate(zip(archs, held, strict=True))
     ]
 
 
@@ -45,11 +50,11 @@ def _build(method: str, **options: object):
     return ALGORITHMS.get(method).build(FAMILY, opts, clients_per_round=4, train=TRAIN)[0]
 
 
-def _round(strategy, clients: list[str], values: list[float]):
-    """Set up with clients declaring `clients`, plan one round with every client, and
-    aggregate results in which client i sends `values[i]` in every element; returns the
-    tasks, the state before and after."""
-    infos = _infos(clients)
+def _round(strategy, clients: list[str], values: list[float], labels=None):
+    """Set up with clients declaring `clients` (holding `labels`, default every class), plan
+    one round with every client, and aggregate results in which client i sends `values[i]`
+    in every element; returns the tasks, the state before and after."""
+    infos = _infos(clients, labels)
     state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
     tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))
     results = [
@@ -172,6 +177,39 @@ def test_flexifed_averages_each_layer_over_its_shared_prefix() -> None:
 def test_flexifed_refuses_mixed_widths_naming_the_fix() -> None:
     with pytest.raises(ValueError, match=r"depth only.*\[0\.125, 0\.25\].*widths: \[1\.0\]"):
         _build("flexifed", widths=[0.125, 0.25])
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_non_iid_head_rows_come_only_from_the_clients_holding_the_class(on: bool) -> None:
+    """FedFA's non-IID setting for its baselines too (§5.1): with `label_split`, a head row
+    is averaged over the clients holding its class, a row nobody holds kept, and the loss
+    masked; without it, every client's rows. FlexiFed: d2's head is clients 1 (sends 2,
+    classes 1, 2) and 3 (8; classes 2, 3). NeFL: the head's bias is everyone's; clients 0
+    (1; classes 0, 1), 1 (2; 1, 2), 2 (4; 1, 2), 3 (8; 0, 1)."""
+    flexifed = ALGORITHMS.get("flexifed").build(
+        FAMILY,
+        {"choice": "random", "depths": [1, 2, 3], "widths": [0.125], "label_split": on},
+        clients_per_round=4,
+        train=TRAIN,
+    )
+    labels = [(0, 1), (1, 2), (0, 1), (2, 3)]
+    _, before, after = _round(flexifed[0], [D1, D2, D3, D2], [1, 2, 4, 8], labels)
+    head, kept = after[f"{D2}/head.bias"], before[f"{D2}/head.bias"]
+    if on:
+        assert [head[c].item() for c in (1, 2, 3)] == [2.0, 5.0, 8.0]
+        assert torch.equal(head[[0, *range(4, 10)]], kept[[0, *range(4, 10)]])
+        assert isinstance(flexifed[1].forward, MaskedCrossEntropy)
+    else:
+        assert _is(head, 5.0) and isinstance(flexifed[1].forward, CrossEntropy)
+    nefl = _build("nefl", depths=[1, 2], widths=[0.125, 0.25], label_split=on)
+    labels = [(0, 1), (1, 2), (1, 2), (0, 1)]
+    _, before, after = _round(nefl, [S, L, L, S], [1, 2, 4, 8], labels)
+    bias = after["head.bias"]
+    if on:
+        assert [bias[c].item() for c in (0, 1, 2)] == [4.5, 3.75, 3.0]
+        assert torch.equal(bias[3:], before["head.bias"][3:])
+    else:
+        assert _is(bias, 3.75)
 
 
 # -- NeFL ------------------------------------------------------------------------------------------

@@ -99,7 +99,9 @@ def candidate_grid(
 class ArchitectureOptions(AggregationOptions):
     """The options of a method whose clients train architectures from a grid of
     candidates (FedFA and its baselines): the same fields and defaults for each, so that
-    the same options give the same assignment whichever method trains it."""
+    the same options give the same assignment whichever method trains it, and the same
+    non-IID treatment (`label_split`), which the FedFA paper applies to every method it
+    compares ("clients zero-out logits for absent classes", §5.1)."""
 
     depths: list[int] = Field([2, 3, 4], description="candidate depths, blocks in every section")
     widths: list[float] = Field(
@@ -122,6 +124,11 @@ class ArchitectureOptions(AggregationOptions):
         description="each client's budget in forward MACs per sample, in client id order "
         "(a client's declared macs_budget wins); unset: drawn between the cheapest and the "
         "dearest candidate",
+    )
+    label_split: bool = Field(
+        True,
+        description="logits of a client's absent classes zeroed in training and only its own "
+        "classes' head rows aggregated (a no-op where a client holds every class)",
     )
 
     @model_validator(mode="after")

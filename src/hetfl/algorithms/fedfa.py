@@ -63,9 +63,6 @@ class FedFAOptions(ArchitectureOptions):
     scale: ScaledTensors = Field(
         "all", description="which tensors alpha rescales: all, or weights_only (conv and linear)"
     )
-    label_split: bool = Field(
-        True, description="logits of absent classes zeroed, head rows of the client's classes"
-    )
 
     @model_validator(mode="after")
     def _grafting_has_identity_blocks(self) -> FedFAOptions:

@@ -24,6 +24,10 @@ Choices where the paper is silent (it trains VGG-11/13/16/19):
   final norm, between the last block and the head) go with the head;
 - groups are named by the candidates, whether or not a client chose them: a candidate no
   client chose adds nothing to a group's average;
+- in non-IID runs the logits of a client's absent classes are zeroed in training and each
+  head row is averaged over the clients holding its class (`label_split`, on by default),
+  as FedFA does: FedFA's paper applies it to every method it compares (§5.1);
+  `label_split: false` trains without it;
 - architectures that differ in width are refused: Max-Common compares layers, which a
   width changes (NeFL and FedFA handle widths).
 """
@@ -39,8 +43,9 @@ from hetfl.algorithms.architecture_choice import ArchitectureOptions, architectu
 from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
 from hetfl.algorithms.base import WeightingOption, register_algorithm
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import Grouped
+from hetfl.core.local.parts import CrossEntropy, LocalRecipe
+from hetfl.core.local.terms import MaskedCrossEntropy
+from hetfl.core.maps import Grouped, LabelSplit, MapTransform
 from hetfl.core.server_update import Averaged
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
@@ -105,19 +110,23 @@ def _make(
         candidate = choice.candidate_at(spec)
         return {} if candidate is None else groups[candidate.label]
 
+    transforms: list[MapTransform] = [Grouped(path_of)]
+    if opts.label_split:
+        transforms.append(LabelSplit(family))
     strategy = Strategy(
         family,
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=choice,
-        transforms=[Grouped(path_of)],
+        transforms=transforms,
         weighting=weighting(opts.weighting),
         server_update=Averaged(),
         global_eval=ArchitectureModels(choice, first=lambda c: c.depth, stats_pass=False),
-        local_eval=OwnArchitecture(choice, label_mask=False, stats_pass=False),
+        local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=False),
         describe=choice.describe,
         trace_fields=choice.trace_fields,
         reducer=opts.reducer.build(),
         setup_query=query,
     )
-    return strategy, LocalRecipe()
+    forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
+    return strategy, LocalRecipe(forward=forward)

@@ -30,6 +30,10 @@ Choices where the code differs or is silent:
   it); with BatchNorm's momentum it affects nothing;
 - each client's optimiser state is not kept between rounds unless `train.keep_momentum`
   says so (the pre-trained script keeps it);
+- in non-IID runs the logits of a client's absent classes are zeroed in training and each
+  head row is averaged over the clients holding its class (`label_split`, on by default),
+  as FedFA does: FedFA's paper applies it to every method it compares (§5.1);
+  `label_split: false` trains without it;
 - when the chosen sub-models are not nested (d3-w0.25 and d2-w0.5, say), the global state
   spans their per-section maximum, which no client trains as a whole: its BatchNorm and
   step sizes, under plain names, are never trained nor evaluated.
@@ -49,8 +53,9 @@ from hetfl.algorithms.architecture_choice import (
 from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
 from hetfl.algorithms.base import WeightingOption, register_algorithm
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import Grouped, GroupRule
+from hetfl.core.local.parts import CrossEntropy, LocalRecipe
+from hetfl.core.local.terms import MaskedCrossEntropy
+from hetfl.core.maps import Grouped, GroupRule, LabelSplit, MapTransform
 from hetfl.core.roles import norm_tensor_names, tensor_roles
 from hetfl.core.server_update import Averaged
 from hetfl.core.spec import Spec
@@ -94,19 +99,23 @@ def _make(
         normalisation={"bn": "batch", "step_size": True},
         batch_size=train.batch_size,
     )
+    transforms: list[MapTransform] = [Grouped(per_sub_model(family, choice))]
+    if opts.label_split:
+        transforms.append(LabelSplit(family))
     strategy = Strategy(
         family,
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=choice,
-        transforms=[Grouped(per_sub_model(family, choice))],
+        transforms=transforms,
         weighting=weighting(opts.weighting),
         server_update=Averaged(),
         global_eval=ArchitectureModels(choice, first=choice.macs, stats_pass=False),
-        local_eval=OwnArchitecture(choice, label_mask=False, stats_pass=False),
+        local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=False),
         describe=choice.describe,
         trace_fields=choice.trace_fields,
         reducer=opts.reducer.build(),
         setup_query=query,
     )
-    return strategy, LocalRecipe()
+    forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
+    return strategy, LocalRecipe(forward=forward)

@@ -294,6 +294,16 @@ def test_variants_of_one_algorithm_pair_by_their_point_names(tmp_path: Path):
     assert d.mean == pytest.approx(0.1)
 
 
+def test_the_local_accuracy_right_after_training_is_paired(tmp_path: Path):
+    """FedFA's non-IID local metric (`local_acc_trained`): d = 0.02, 0.04 -> 3 points."""
+    for seed, (a, b) in enumerate(((0.90, 0.88), (0.92, 0.88))):
+        _paired_run(tmp_path / f"fedfa-s{seed}", seed, {"local_acc_trained": a})
+        _paired_run(tmp_path / f"nefl-s{seed}", seed, {"local_acc_trained": b})
+    (d,) = paired_differences(find_runs([tmp_path]), "fedfa", "nefl")
+    assert (d.metric, d.n, d.verdict) == ("local_acc_trained", 2, "holds")
+    assert d.mean == pytest.approx(0.03)
+
+
 def test_local_acc_stats_is_a_column_when_a_run_reports_it(tmp_path: Path):
     _paired_run(tmp_path / "fedbn-s0", 0, {"local_acc": 0.5, "local_acc_stats": 0.7})
     _paired_run(tmp_path / "fedbn-s1", 1, {"local_acc": 0.5, "local_acc_stats": 0.9})

@@ -35,7 +35,7 @@ ONE_POINT = 0.01
 #: and 0.5 - 0.49 is 0.010000000000000009 in floating point.
 ROUNDING = 1e-12
 #: The accuracies a paired comparison reads from a metrics row (beside its `groups`).
-METRICS = ("global_acc", "local_acc", "local_acc_stats")
+METRICS = ("global_acc", "local_acc", "local_acc_stats", "local_acc_trained")
 Verdict = Literal["holds", "tie", "fails"]
 
 

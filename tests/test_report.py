@@ -311,3 +311,29 @@ def test_local_acc_stats_is_a_column_when_a_run_reports_it(tmp_path: Path):
     rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
     assert rows["fedbn"]["final local_acc_stats"] == "0.8000 ± 0.1414"
     assert "final local_acc_stats" not in rows["fedavg"]
+
+
+def test_attack_success_is_a_column_and_a_plotted_curve_when_a_run_reports_it(
+    tmp_path: Path, monkeypatch
+):
+    """A backdoored run's `final attack_success` (mean ± sd over seeds) and its dash-dotted
+    curve; a run without a trigger shows neither."""
+    for seed, share in enumerate([0.2, 0.6]):
+        _paired_run(
+            tmp_path / f"fedavg-bd-s{seed}", seed, {"global_acc": 0.5, "attack_success": share}
+        )
+    _paired_run(tmp_path / "fedavg-s0", 0, {"global_acc": 0.5})
+    rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
+    assert rows["fedavg-bd"]["final attack_success"] == "0.4000 ± 0.2828"
+    assert "final attack_success" not in rows["fedavg"]
+    axes = pytest.importorskip("matplotlib.axes")
+    drawn, original = [], axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append((kwargs.get("label"), args[2] if len(args) > 2 else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(axes.Axes, "plot", recording)
+    assert main(["plot", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 0
+    assert ("fedavg-bd attack_success", "-.") in drawn
+    assert not any(label == "fedavg attack_success" for label, _ in drawn)

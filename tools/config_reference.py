@@ -38,6 +38,7 @@ from hetfl.config import RunConfig
 from hetfl.core.kinds import Chosen, choose
 from hetfl.core.reducers import REDUCERS
 from hetfl.core.registry import Registry
+from hetfl.core.wrappers import WRAPPERS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "config.md"
@@ -47,7 +48,7 @@ COMMAND = "python tools/config_reference.py"
 #: built-in kinds (from the catalogue).
 KIND_SECTIONS: dict[str, tuple[str, dict[str, str]]] = {
     REDUCERS.kind: ("Reducer kinds", catalogue.REDUCERS),
-    "client-program wrapper": ("Client-program wrapper kinds", catalogue.WRAPPERS),
+    WRAPPERS.kind: ("Client-program wrapper kinds", catalogue.WRAPPERS),
 }
 
 HEADER = f"""\
@@ -244,7 +245,7 @@ def rows(
     key paths, to become sections of their own."""
     out = []
     for name, field in record.model_fields.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{field.alias or name}"  # the key a config writes
         out.append(
             Row(
                 key=f"`{path}`",
@@ -300,7 +301,7 @@ def algorithm_sections() -> Iterator[Section]:
 
 def kind_sections() -> Iterator[Section]:
     for kind, (title, names) in KIND_SECTIONS.items():
-        registry = REDUCERS if kind == REDUCERS.kind else None
+        registry = {REDUCERS.kind: REDUCERS, WRAPPERS.kind: WRAPPERS}.get(kind)
         if not names or registry is None:
             yield Section(
                 2,

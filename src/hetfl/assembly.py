@@ -27,6 +27,7 @@ from hetfl.core.client import Programs, Wrapper
 from hetfl.core.device import make_deterministic, resolve_device
 from hetfl.core.kinds import Chosen
 from hetfl.core.rng import SERVER, numpy_generator
+from hetfl.core.trigger import PlantsTrigger, Trigger
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
 from hetfl.data.download import DOWNLOADERS
@@ -138,6 +139,17 @@ def attack_part(cfg: RunConfig, malicious: frozenset[int]) -> dict[str, Any]:
     return {"attack": {**cfg.attack.describe(), "malicious": sorted(malicious)}}
 
 
+def checked_trigger(trigger: Trigger, fed: Federation) -> Trigger:
+    """`trigger` once it is checked against the data (`Trigger.check`: the target is a
+    class, every client's images and the test images fit the patch, the inputs are stored
+    pixels), so that a bad setting is refused before the run, not by every malicious
+    client's training."""
+    shapes = sorted({tuple(c.x_train.shape[1:]) for c in fed.clients} | {fed.dataset.input_shape})
+    dataset = fed.dataset
+    trigger.check(dataset.num_classes, shapes, dataset.pixels, dataset=dataset.name)
+    return trigger
+
+
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
@@ -166,9 +178,13 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     )
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     malicious: frozenset[int] = frozenset()
+    trigger: Trigger | None = None
     if cfg.attack is not None:
         malicious = draw_malicious([c.cid for c in fed.clients], cfg.attack.fraction, cfg.seed)
-        wrappers.append(OnlyMalicious(cfg.attack.chosen.build(), malicious))
+        attack = cfg.attack.chosen.build()
+        if isinstance(attack, PlantsTrigger):
+            trigger = checked_trigger(attack.trigger, fed)
+        wrappers.append(OnlyMalicious(attack, malicious))
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
@@ -183,6 +199,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         local_stats_pass=cfg.eval.stats_pass,
         local_trained=cfg.eval.local_trained,
         malicious=malicious,
+        trigger=trigger,
     )
     info = {
         "name": cfg.name,

@@ -124,4 +124,7 @@ WRAPPERS: dict[str, str] = {
     ),
     "scaled-poison": "attack: lambda x the update trained on shuffled labels, alone",
     "label-flip": "attack: training labels of class `source` become `target`",
+    "backdoor": (
+        "attack: a pixel patch stamped on part of each batch, labelled `target` (BadNets)"
+    ),
 }

@@ -152,6 +152,7 @@ def comparison_rows(
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
             **_stats_pass_column(final),
             **_trained_column(final),
+            **_attack_column(final),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
@@ -189,6 +190,13 @@ def _trained_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
     if all(v is None for v in values):
         return {}
     return {"final local_acc_trained": _fmt(values)}
+
+
+def _attack_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """`final attack_success` (a backdoor's trigger on the global model) when some run
+    reports it."""
+    values = [f.get("attack_success") for f in final]
+    return {"final attack_success": _fmt(values)} if any(v is not None for v in values) else {}
 
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -347,8 +355,18 @@ def plot_run(run_dir: Path) -> list[Path]:
     return written
 
 
+#: The curves `plot_runs` draws, each where a run reports it, and their line styles.
+_CURVES = (
+    ("global_acc", "-"),
+    ("local_acc", "--"),
+    ("local_acc_trained", ":"),
+    ("attack_success", "-."),
+)
+
+
 def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
-    """Accuracy curves of several runs in one PNG; seeds of one group drawn as a band."""
+    """Accuracy curves of several runs in one PNG; seeds of one group drawn as a band. A
+    backdoored run's `attack_success` (a share of test images too) is drawn dash-dotted."""
     plt = _pyplot()
     label_x, get_x = _AXES[x]
     groups: dict[str, list[RunRecord]] = {}
@@ -360,7 +378,8 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
             "(system.preset or system.profiles) to record sim_time_s"
         )
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for metric, style in (("global_acc", "-"), ("local_acc", "--"), ("local_acc_trained", ":")):
+    drawn: set[str] = set()
+    for metric, style in _CURVES:
         for name, members in groups.items():
             series = [
                 [
@@ -378,11 +397,12 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
             ys = [[s[i][1] for s in series] for i in range(n)]
             mean = [statistics.fmean(v) for v in ys]
             (line,) = ax.plot(xs, mean, style, label=f"{name} {metric}")
+            drawn.add(metric)
             if len(series) > 1:
                 lo, hi = [min(v) for v in ys], [max(v) for v in ys]
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
     ax.set_xlabel(label_x)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy, attack success" if "attack_success" in drawn else "accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -87,6 +87,12 @@ class Augmentation:
         self, x: torch.Tensor, generator: torch.Generator, pixels: PixelNorm | None
     ) -> torch.Tensor:
         """The model inputs of one training batch `x` (N, C, H, W) as stored."""
+        return self.standardised(self.geometric(x, generator), generator, pixels)
+
+    def geometric(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The crop, flip and resized crop of a batch `x` (N, C, H, W) as stored, still
+        pixels on their stored scale (what a backdoor stamps its trigger on,
+        `hetfl.core.types.ClientData.train_batch`)."""
         if x.dim() != 4:
             raise ValueError(
                 f"augmentation needs images (N, C, H, W), got inputs of shape {tuple(x.shape)}"
@@ -97,6 +103,12 @@ class Augmentation:
             x = random_flip(x, generator)
         if self.resized_crop is not None:
             x = resized_crop(x, self.resized_crop, generator)
+        return x
+
+    def standardised(
+        self, x: torch.Tensor, generator: torch.Generator, pixels: PixelNorm | None
+    ) -> torch.Tensor:
+        """`geometric`'s pixels standardised, then Cutout's patch: the model inputs."""
         x = model_inputs(x, pixels)
         if self.cutout:
             x = cutout(x, self.cutout, generator)

@@ -112,17 +112,20 @@ def choose(registry: Registry[Kind[Built]], value: object) -> Chosen[Built]:
 
 
 def _problems(exc: ValidationError, kind: Kind[Any]) -> str:
-    """The option errors of `kind`, each naming the option, the value and the rule."""
+    """The option errors of `kind`, each naming the option, the value and the rule; an
+    error of the options together (a validator of the whole model) by its message alone."""
     fields = kind.options.model_fields
     allowed = ", ".join(f.alias or name for name, f in fields.items()) or "none"
     problems = []
     for err in exc.errors():
-        option = ".".join(map(str, err["loc"])) or "(options)"
+        option = ".".join(map(str, err["loc"]))
+        message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             problems.append(f"{option} is not one of its options (options: {allowed})")
         elif err["type"] == "missing":
             problems.append(f"{option} is required (options: {allowed})")
+        elif not option:
+            problems.append(message)
         else:
-            message = err["msg"].removeprefix("Value error, ")
             problems.append(f"{option} = {err.get('input')!r}: {message}")
     return "; ".join(problems)

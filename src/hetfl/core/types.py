@@ -334,6 +334,13 @@ class ModelFamily(Protocol):
     def modules(self, spec: Spec) -> list[str]: ...
 
 
+class BatchPoison(Protocol):
+    """A change to each training batch, (x (B, ...) as stored, y (B,)) -> the same shapes,
+    called once per batch in step order (it may draw from a generator of its own)."""
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclass
 class ClientData:
     """One client's data, held as tensors on the device; batches are index slices.
@@ -345,7 +352,9 @@ class ClientData:
 
     Inputs are held as stored: with `pixels`, uint8 images (or 0..255 floats after a view's
     resize) that `model_inputs` standardises per batch (`hetfl.core.pixels`). `augment`, when
-    given, is applied to training batches only (`train_inputs`).
+    given, is applied to training batches only (`train_batch`). `poison`, when given, changes
+    each training batch (a malicious client's data, `hetfl.attacks.backdoor`); an honest
+    client's data has none.
     """
 
     cid: int
@@ -358,13 +367,25 @@ class ClientData:
     y_val: torch.Tensor | None = None
     pixels: PixelNorm | None = None
     augment: Augmentation | None = None
+    poison: BatchPoison | None = None
 
-    def train_inputs(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """A training batch as its model takes it, augmented from `generator` (the client's
-        round generator for augmentation, consumed batch by batch) when `augment` says so."""
-        if self.augment is None or not self.augment.active:
-            return model_inputs(x, self.pixels)
-        return self.augment(x, generator, self.pixels)
+    def train_batch(
+        self, idx: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs as the model takes them, labels) of the training samples `idx`: augmented
+        from `generator` (the client's round generator for augmentation, consumed batch by
+        batch) when `augment` says so, and changed by `poison` when there is one, on the
+        pixels as stored after the geometric augmentation and before they are standardised
+        (and before Cutout), so that a stamped patch stays where it was put."""
+        x, y = self.x_train[idx], self.y_train[idx]
+        augment = self.augment if self.augment is not None and self.augment.active else None
+        if augment is not None:
+            x = augment.geometric(x, generator)
+        if self.poison is not None:
+            x, y = self.poison(x, y)
+        if augment is not None:
+            return augment.standardised(x, generator, self.pixels), y
+        return model_inputs(x, self.pixels), y
 
     @property
     def n_train(self) -> int:

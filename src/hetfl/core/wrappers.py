@@ -3,9 +3,10 @@ each kind a name, its typed options and a function building a `Wrapper`
 (`hetfl.core.client`: the honest program in, the program to run out; an attack, a fault).
 
 A config lists them under `wrappers: [{kind: <name>, ...options}]`; the run's `Programs`
-applies them in that order to every client's honest program. None is built in: a module that
-brings one (an attack) registers it with `register_wrapper` on its build function, its
-summary in `hetfl.catalogue.WRAPPERS`.
+applies them in that order to every client's honest program. Core builds none in: a module
+that brings one (the attacks of `hetfl.attacks`, which the `attack:` section applies to the
+malicious clients) registers it with `register_wrapper` on its build function, its summary
+in `hetfl.catalogue.WRAPPERS`.
 
 The rule every wrapper keeps (docs/contracts.md §1.3, "The pickle rule"): it pickles, since
 the process executor sends `Programs`, wrappers included, to its worker processes, which

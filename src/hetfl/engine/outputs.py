@@ -26,6 +26,7 @@ ROW_KEYS = (
     "local_acc_trained",
     "val_acc",
     "val_loss",
+    "attack_success",
     "loss",
     "bytes_down",
     "bytes_up",
@@ -34,7 +35,8 @@ ROW_KEYS = (
     "wall_time_s",
     "groups",
 )
-#: Metrics where larger is better; every other scalar metric is better when smaller.
+#: Metrics where larger is better; every other scalar metric is better when smaller
+#: (`attack_success` too: its best is its lowest, the defence's view).
 HIGHER_IS_BETTER = ("global_acc", "local_acc", "local_acc_stats", "local_acc_trained", "val_acc")
 #: The metrics.jsonl keys a target may watch (config `targets`, `hetfl compare --target`).
 TARGET_METRICS = (
@@ -55,6 +57,7 @@ _BEST = (
     "loss",
     "val_acc",
     "val_loss",
+    "attack_success",
 )
 #: What `best_by_val` reports of the row it selects.
 _BY_VAL = ("round", "val_acc", "global_acc", "local_acc", "test_loss")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hetfl.core.trigger import Trigger
 from hetfl.engine.outputs import Target
 from hetfl.systems.profiles import SystemSettings
 
@@ -22,7 +23,8 @@ class RoundSettings:
     (`local_acc_stats`). `local_trained` adds `local_acc_trained` to
     evaluated rounds (`RoundLoop.trained_scores`). `malicious` are the clients of an attacked
     run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
-    them and a resume with another set is refused."""
+    them and a resume with another set is refused. `trigger` is a backdoor attack's
+    (`hetfl.core.trigger`), with which evaluated rounds measure `attack_success`."""
 
     rounds: int
     seed: int
@@ -36,6 +38,7 @@ class RoundSettings:
     local_stats_pass: bool = False
     local_trained: bool = False
     malicious: frozenset[int] = frozenset()
+    trigger: Trigger | None = None
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):

@@ -112,6 +112,8 @@ class RoundLoop(ABC):
         self.programs = programs
         self.eval_models = ModelCache(programs.family, programs.device)
         self.x_test, self.y_test = test
+        #: The test images a backdoor's trigger is measured on (`attack_success`).
+        self.triggered = None if settings.trigger is None else settings.trigger.triggered(*test)
         self.validation = validation
         self.pixels = pixels
         self.settings = settings
@@ -216,7 +218,9 @@ class RoundLoop(ABC):
         samples; a method without a global model (private layers) is scored as `local_acc`
         is, each locally evaluated client's model on its own validation split, unweighted.
         With `settings.local_stats_pass`, `local_acc_stats` is `local_acc` again after each
-        client's statistics pass over its own training data.
+        client's statistics pass over its own training data. `attack_success` is the share of
+        the triggered test images (`RoundSettings.trigger`) that the model `global_acc` scores
+        classifies as the target; null where `global_acc` pools the clients' own splits.
         """
         scores = evaluate_global(
             self.strategy,
@@ -226,9 +230,11 @@ class RoundLoop(ABC):
             partial(self.stats_pass, rnd),
             self.validation,
             self.score,
+            self.triggered,
         )
         if self.strategy.pooled_eval is not None:  # not the global test set: the clients' own
             scores.global_acc, scores.test_loss = pooled_accuracy(self.pooled_scores(rnd, "test"))
+            scores.attack_success = None  # no one model scores global_acc
             if self.validation:
                 scores.val_acc, scores.val_loss = pooled_accuracy(
                     self.pooled_scores(rnd, "validation")

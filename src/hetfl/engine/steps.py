@@ -161,7 +161,8 @@ class GlobalScores:
     loss (None when the method has no global model), each grouped model's accuracy, each
     model's tensors as tested (after its statistics pass), by name, for the strategy's
     local evaluation (`Strategy.eval_task(info, state, evaluated)`); `val_acc`/`val_loss` are the
-    main model's on the validation splits (None without)."""
+    main model's on the validation splits (None without); `attack_success` the main model's
+    accuracy on the triggered test images (None without a trigger)."""
 
     global_acc: float | None = None
     test_loss: float | None = None
@@ -169,6 +170,7 @@ class GlobalScores:
     models: dict[str, State] = field(default_factory=dict)
     val_acc: float | None = None
     val_loss: float | None = None
+    attack_success: float | None = None
 
 
 #: The pooled validation samples of all clients: one (x, y) per input shape, clients in
@@ -207,6 +209,7 @@ def evaluate_global(
     stats_pass: Callable[[nn.Module, EvalModel], None] | None,
     validation: Pooled,
     score: Scorer,
+    triggered: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> GlobalScores:
     """Test every model `strategy.eval_models(state)` names on the global test set, and the main
     one (after its statistics pass, if it has one) also on the pooled `validation` samples.
@@ -219,6 +222,11 @@ def evaluate_global(
     `GlobalScores.models` for the strategy's local evaluation. `score(model, spec, x, y)`
     scores the loaded model on (x, y) (`RoundLoop.score`: `evaluate_model` in this
     process, or the simulator's executor), standardising stored pixels.
+
+    `triggered` are the global test images whose label is not a backdoor's target, stamped
+    with its trigger and labelled with the target (`hetfl.core.trigger.Trigger.triggered`):
+    the main model's accuracy on them, the share it classifies as the target, is
+    `attack_success` (None when there are none).
     """
     x_test, y_test = test
     scores = GlobalScores()
@@ -241,6 +249,9 @@ def evaluate_global(
                 scores.val_acc, scores.val_loss = _pooled_scores(
                     partial(score, model, em.spec), validation
                 )
+            if triggered is not None and triggered[1].numel():
+                hits, _, m = score(model, em.spec, *triggered)
+                scores.attack_success = hits / m
         if em.group is not None:
             scores.groups[em.group] = {"acc": correct / n, "n": n}
         if em.mean_group is not None:
@@ -376,4 +387,5 @@ def metrics_row(
         groups=scores.groups,
         val_acc=scores.val_acc,
         val_loss=scores.val_loss,
+        attack_success=scores.attack_success,
     )

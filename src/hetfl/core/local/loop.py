@@ -239,7 +239,7 @@ def train_local(
     for index, idx in enumerate(batches):
         ctx.step = index
         idx = idx.to(device)
-        x, y = data.train_inputs(data.x_train[idx], augment), data.y_train[idx]
+        x, y = data.train_batch(idx, augment)
         ctx.batch, ctx.indices = (x, y), idx
         recorded = len(ctx.passes)
         total, loss = step.loss(model, x, y, ctx)

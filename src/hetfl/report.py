@@ -13,6 +13,10 @@ locally: the worst decile (the mean of the lowest ceil(n/10) of the n clients' l
 accuracies) and the standard deviation over those clients (population: the clients
 evaluated are the whole population reported), for all clients and per local-evaluation
 group. Runs without a trace (written before it existed, or with `local_eval: none`) show "-".
+
+Attacked runs under a defence (`summary.json`'s `defence`, `hetfl.engine.decisions`) get a
+`malicious kept` column: the share of the malicious updates the defence decided on that it
+let through, kept or clipped, over the run (mean ± sd over seeds).
 """
 
 from __future__ import annotations
@@ -152,6 +156,7 @@ def comparison_rows(
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
             **_stats_pass_column(final),
             **_trained_column(final),
+            **_malicious_column(members),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
@@ -189,6 +194,26 @@ def _trained_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
     if all(v is None for v in values):
         return {}
     return {"final local_acc_trained": _fmt(values)}
+
+
+def malicious_through(summary: Mapping[str, Any]) -> float | None:
+    """The share of a run's malicious updates its defence let through, kept or clipped:
+    (kept + clipped) / (kept + clipped + dropped) of the malicious clients over the rounds
+    it decided (`summary.json`'s `defence`); None without a defence, an attack or any
+    malicious update decided."""
+    totals = summary.get("defence") or {}
+    kept, clipped, dropped = (totals.get(f"malicious_{d}") for d in ("kept", "clipped", "dropped"))
+    if kept is None or clipped is None or dropped is None or not kept + clipped + dropped:
+        return None
+    return float(kept + clipped) / (kept + clipped + dropped)
+
+
+def _malicious_column(members: Sequence[RunRecord]) -> dict[str, str]:
+    """`malicious kept` (`malicious_through`) for groups whose runs report it."""
+    values = [malicious_through(m.summary) for m in members]
+    if all(v is None for v in values):
+        return {}
+    return {"malicious kept": _fmt(values)}
 
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:

@@ -11,8 +11,8 @@ private tensors and kept momentum) and the server programs' store (`server_store
 and the pending downloads of a server phase (`downloads/<cid>/...`). A record is a SHA-256
 of the tensor's dtype, shape and bytes, and its float64 sum, L2 norm and max |x|. What else
 the checkpoint holds (each client's simulated times under device profiles) is kept as plain
-values. Each round's
-state is read through the engine's `checkpoint_extras` hook, as its checkpoint is written.
+values. Each round's state is read through the engine's `checkpoint_extras` hook, as its
+checkpoint is written.
 
 The fixture also records the numerics fingerprint of the machine that wrote it
 (`hetfl.core.numerics.fingerprint()`: torch and numpy, architecture, threads, the ATen and

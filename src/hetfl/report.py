@@ -1,4 +1,4 @@
-"""Reading run directories back: comparison tables (mean ± sd over seeds) and plots.
+"""One job: reading run directories back, comparison tables (mean ± sd over seeds) and plots.
 
 Runs are grouped by everything that identifies them except the seed: the sweep point name
 with its `-s<seed>` part removed, so `fedavg-s0` and `fedavg-s1` form one row.

@@ -1,7 +1,8 @@
 """A defence's decisions in the run outputs (`hetfl.engine.decisions`): a tiny 4-client Krum
 run worked out by hand (who is kept and dropped, the row's counts, the trace, the summary's
-totals across a resume, the median fallback's row), how one round's several reductions
-combine per client, and that the median and trimmed mean report no decisions."""
+totals across a resume, the median fallback's row), which of a round's reductions decides
+and how a split client's two parts combine, and that the median and trimmed mean report no
+decisions."""
 
 from __future__ import annotations
 
@@ -149,11 +150,11 @@ W = [MapEntry("v", "w", prefix_index(2))]
 REF = {"w": torch.zeros(2)}
 
 
-def test_a_client_reduced_twice_takes_its_mildest_decision() -> None:
-    """FedNova reduces the weights, then the normalised deltas, through the same defence.
-    Krum (f = 0, one nearest other) keeps the first of the tied close pair: client 7 in the
-    first reduction, client 3 in the second; both reached the model (kept), client 5,
-    dropped by both, did not."""
+def test_the_server_updates_reduction_decides_a_round_reduced_twice() -> None:
+    """FedNova reduces the weights (its BatchNorm buffers), then the normalised deltas (its
+    parameters), through the same defence; the second reduction's decisions are the
+    round's. Krum (f = 0, one nearest other) keeps the first of the tied close pair:
+    client 7 in the first reduction, client 3 in the second."""
     recorder = DecisionRecorder(partial(KrumReducer, f=0, m=1, kind="krum"))
     for uploads in ([[0.0, 0.0], [0.1, 0.1], [5.0, 5.0]], [[5.0, 5.0], [0.0, 0.0], [0.1, 0.1]]):
         reducer = recorder(REF)
@@ -162,7 +163,7 @@ def test_a_client_reduced_twice_takes_its_mildest_decision() -> None:
         reducer.result(REF)
     decided = recorder.decided([7, 3, 5], [7, 3, 5])
     assert decided is not None and decided.kind == "krum" and not decided.fallback
-    assert decided.by_client == {3: "kept", 5: "dropped", 7: "kept"}
+    assert decided.by_client == {3: "kept", 5: "dropped", 7: "dropped"}
     with pytest.raises(ValueError, match="decided 3 contributions, but 2 clients"):
         recorder.decided([7, 3, 5], [7, 3])
 

@@ -57,8 +57,8 @@ from hetfl.core.state import (
 )
 
 Decision = Literal["kept", "clipped", "dropped"]
-#: From the mildest to the severest: a client reduced several times in a round (FedNova's
-#: weights, then its normalised deltas) takes the mildest decision any reduction made.
+#: From the mildest to the severest: a client with two contributions to one reduction (split
+#: learning's client and server parts) takes the milder decision.
 SEVERITY: tuple[Decision, ...] = ("kept", "clipped", "dropped")
 
 
@@ -98,10 +98,12 @@ class DecisionRecorder:
     def decided(self, first: Sequence[int], later: Sequence[int]) -> RoundDecisions | None:
         """The round's decisions by client id, None when no reducer decided any. `first`
         names the client of each contribution of the round's first reduction (the
-        strategy's: a split-learning client twice, its tensors and its server session's),
-        `later` those of every later one (the server update's, one per result). A client's
-        decision is the mildest any of its contributions got (`SEVERITY`): "dropped" means
-        no part of its update reached the new state."""
+        strategy's: a split-learning client twice, its tensors and its server session's,
+        which take the milder decision, `SEVERITY`), `later` those of every later one (the
+        server update's, one per result). Where the server update reduces again (FedNova's
+        normalised deltas), its decisions are the round's: that reduction moves the trainable
+        parameters, the first one only what the update takes from the average (BatchNorm
+        buffers). The round fell back if any reduction did."""
         found = [
             (first if i == 0 else later, decisions)
             for i, reducer in enumerate(self.built)
@@ -109,18 +111,17 @@ class DecisionRecorder:
         ]
         if not found:
             return None
+        owners, last = found[-1]
+        if len(owners) != len(last.per_client):
+            raise ValueError(
+                f"the {last.kind} reducer decided {len(last.per_client)} contributions, but "
+                f"{len(owners)} clients contributed to it"
+            )
         by_client: dict[int, Decision] = {}
-        for owners, decisions in found:
-            if len(owners) != len(decisions.per_client):
-                raise ValueError(
-                    f"the {decisions.kind} reducer decided {len(decisions.per_client)} "
-                    f"contributions, but {len(owners)} clients contributed to it"
-                )
-            for cid, decision in zip(owners, decisions.per_client, strict=True):
-                held = by_client.get(cid, "dropped")
-                by_client[cid] = min(held, decision, key=SEVERITY.index)
+        for cid, decision in zip(owners, last.per_client, strict=True):
+            by_client[cid] = min(by_client.get(cid, "dropped"), decision, key=SEVERITY.index)
         return RoundDecisions(
-            found[0][1].kind,
+            last.kind,
             dict(sorted(by_client.items())),
             any(decisions.fallback for _, decisions in found),
         )

@@ -255,12 +255,16 @@ def _attacked(fraction: float, rounds: int) -> dict:
                 "train.rounds": rounds,
                 "train.clients_per_round": 6,
                 "attack": {"kind": "scaled-poison", "fraction": fraction, "lambda": 3},
+                "options.fedavg.reducer": {"kind": "multi-krum", "f": 1},
             },
         )
     )
 
 
 def test_an_attacked_run_records_its_malicious_clients_and_resumes(tmp_path) -> None:
+    """Scaled poison by 2 of 6 clients under Multi-Krum (f = 1): the malicious set in the
+    summary, banner and trace; a run stopped after round 1 and resumed equals the whole
+    run, its defence's decisions and totals included."""
     import json
 
     from hetfl.engine.outputs import read_metrics
@@ -287,9 +291,14 @@ def test_an_attacked_run_records_its_malicious_clients_and_resumes(tmp_path) -> 
     part = build_simulation(_attacked(0.34, 1), tmp_path / "part", show_progress=False)
     part.run()
     resumed = build_simulation(cfg, tmp_path / "part", show_progress=False)
-    resumed.run(resume=True)
+    continued = resumed.run(resume=True)
     for k, v in whole.state.items():
         assert torch.equal(v, resumed.state[k]), k
+    # Multi-Krum's decisions before the interruption survive it: rows, trace, totals
+    assert continued["defence"] == summary["defence"] and summary["defence"]["rounds"] == 2
+    for name in ("metrics.jsonl", "clients.jsonl"):
+        cut, uncut = (read_metrics(tmp_path / d / name) for d in ("part", "whole"))
+        assert [r["defence"] for r in cut] == [r["defence"] for r in uncut]
     other = build_simulation(_attacked(0.5, 2), tmp_path / "part", show_progress=False)
     with pytest.raises(ValueError, match=r"checkpoint's malicious clients .* differ"):
         other.run(resume=True)

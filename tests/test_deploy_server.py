@@ -272,6 +272,30 @@ def test_local_acc_trained_equals_the_simulators(tmp_path):
     assert all(0 <= r["local_acc_trained"] <= 1 for r in rows)
 
 
+MALICIOUS = ("malicious_kept", "malicious_clipped", "malicious_dropped")
+
+
+def test_a_defence_runs_under_flower_as_in_the_simulator(tmp_path):
+    """A defence alone (no attack, which `hetfl serve` refuses) through the adapter:
+    Multi-Krum keeping 2 of the 3 clients each round; every row, its `defence` key included,
+    and the per-client trace with each client's decision equal the simulator's, and the
+    summary's totals too."""
+    raw = config(
+        algorithm="fedavg",
+        options={"fedavg": {"reducer": {"kind": "multi-krum", "f": 0, "m": 2}}},
+        **{"train.rounds": 2, "train.clients_per_round": 3},
+    )
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    summary = run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
+    decided = {"kind": "multi-krum", "kept": 2, "clipped": 0, "dropped": 1, "fallback": False}
+    assert [r["defence"] for r in rows] == [{**decided, **dict.fromkeys(MALICIOUS)}] * 2
+    served = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert served["defence"] == summary["defence"] and summary["defence"]["dropped"] == 2
+
+
 def test_registration_gives_up_naming_the_missing_partitions(tmp_path):
     raw = config(**{"deploy.registration_timeout_s": 0.3})
     with pytest.raises(TimeoutError, match=r"missing partitions: \[2\]"):

@@ -337,3 +337,26 @@ def test_attack_success_is_a_column_and_a_plotted_curve_when_a_run_reports_it(
     assert main(["plot", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 0
     assert ("fedavg-bd attack_success", "-.") in drawn
     assert not any(label == "fedavg attack_success" for label, _ in drawn)
+
+
+_MALICIOUS = ("malicious_kept", "malicious_clipped", "malicious_dropped")
+
+
+def test_malicious_kept_is_a_column_for_defended_attacked_runs(tmp_path: Path):
+    """The share of malicious updates let through (kept or clipped) over those decided:
+    (1 + 1) / 4 = 0.5 and 3 / 3 = 1 over the seeds: 0.75 ± sd(0.5, 1) = 0.3536. Runs
+    without a defence (or without an attack) have no column."""
+    for seed, (kept, clipped, dropped) in enumerate([(1, 1, 2), (3, 0, 0)]):
+        run = _fake_run(tmp_path / f"krum-s{seed}", seed, [0.1], None)
+        summary = json.loads((run / "summary.json").read_text())
+        counts = {"kept": kept, "clipped": clipped, "dropped": dropped}
+        summary["defence"] = {"kind": "krum", **{f"malicious_{d}": n for d, n in counts.items()}}
+        (run / "summary.json").write_text(json.dumps(summary))
+    clean = _fake_run(tmp_path / "clean-s0", 0, [0.1], None)
+    summary = json.loads((clean / "summary.json").read_text())
+    summary["defence"] = {"kind": "krum", **dict.fromkeys(_MALICIOUS)}
+    (clean / "summary.json").write_text(json.dumps(summary))
+    _fake_run(tmp_path / "fedavg-s0", 0, [0.1], None)
+    rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
+    assert rows["krum"]["malicious kept"] == "0.7500 ± 0.3536"
+    assert "malicious kept" not in rows["clean"] and "malicious kept" not in rows["fedavg"]

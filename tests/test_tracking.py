@@ -114,12 +114,20 @@ def test_resumed_events_equal_an_uninterrupted_run(tmp_path):
     assert events == reference
 
 
-def test_scalars_flatten_nested_keys_and_skip_nulls():
-    row = {"round": 4, "loss": 0.5, "val_acc": None, "groups": {"width=0.5": {"acc": 0.25, "n": 3}}}
+def test_scalars_flatten_nested_keys_and_skip_nulls_and_text():
+    row = {
+        "round": 4,
+        "loss": 0.5,
+        "val_acc": None,
+        "groups": {"width=0.5": {"acc": 0.25, "n": 3}},
+        "defence": {"kind": "krum", "kept": 1, "fallback": True, "malicious_kept": None},
+    }
     assert list(scalars(row)) == [
         ("loss", 0.5),
         ("groups/width=0.5/acc", 0.25),
         ("groups/width=0.5/n", 3.0),
+        ("defence/kept", 1.0),
+        ("defence/fallback", 1.0),
     ]
 
 

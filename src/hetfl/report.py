@@ -1,4 +1,4 @@
-"""Reading run directories back: comparison tables (mean ± sd over seeds) and plots.
+"""One job: reading run directories back, comparison tables (mean ± sd over seeds) and plots.
 
 Runs are grouped by everything that identifies them except the seed: the sweep point name
 with its `-s<seed>` part removed, so `fedavg-s0` and `fedavg-s1` form one row.
@@ -13,6 +13,10 @@ locally: the worst decile (the mean of the lowest ceil(n/10) of the n clients' l
 accuracies) and the standard deviation over those clients (population: the clients
 evaluated are the whole population reported), for all clients and per local-evaluation
 group. Runs without a trace (written before it existed, or with `local_eval: none`) show "-".
+
+Attacked runs under a defence (`summary.json`'s `defence`, `hetfl.engine.decisions`) get a
+`malicious kept` column: the share of the malicious updates the defence decided on that it
+let through, kept or clipped, over the run (mean ± sd over seeds).
 """
 
 from __future__ import annotations
@@ -150,9 +154,10 @@ def comparison_rows(
             "final global_acc": _fmt([f.get("global_acc") for f in final]),
             "best global_acc": _fmt([b.get("global_acc") for b in best]),
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
-            **_stats_pass_column(final),
-            **_trained_column(final),
-            **_attack_column(final),
+            **_optional_column(final, "local_acc_stats"),
+            **_optional_column(final, "local_acc_trained"),
+            **_optional_column(final, "attack_success"),
+            **_malicious_column(members),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
             "MB sent": _fmt(
@@ -177,26 +182,32 @@ def comparison_rows(
     return rows
 
 
-def _stats_pass_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """`final local_acc_stats` (`eval.stats_pass`) when some run reports it."""
-    values = [f.get("local_acc_stats") for f in final]
-    return {"final local_acc_stats": _fmt(values)} if any(v is not None for v in values) else {}
+def _optional_column(final: Sequence[dict[str, Any]], key: str) -> dict[str, str]:
+    """`final <key>` for a metric only some runs measure (`local_acc_stats` with
+    `eval.stats_pass`, `local_acc_trained` with `eval.local_trained`, `attack_success` with a
+    trigger attack), when some run of the group reports it."""
+    values = [f.get(key) for f in final]
+    return {f"final {key}": _fmt(values)} if any(v is not None for v in values) else {}
 
 
-def _trained_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """`final local_acc_trained` (the clients' models right after local training,
-    `eval.local_trained`), for groups whose runs measured it."""
-    values = [f.get("local_acc_trained") for f in final]
+def malicious_through(summary: Mapping[str, Any]) -> float | None:
+    """The share of a run's malicious updates its defence let through, kept or clipped:
+    (kept + clipped) / (kept + clipped + dropped) of the malicious clients over the rounds
+    it decided (`summary.json`'s `defence`); None without a defence, an attack or any
+    malicious update decided."""
+    totals = summary.get("defence") or {}
+    kept, clipped, dropped = (totals.get(f"malicious_{d}") for d in ("kept", "clipped", "dropped"))
+    if kept is None or clipped is None or dropped is None or not kept + clipped + dropped:
+        return None
+    return float(kept + clipped) / (kept + clipped + dropped)
+
+
+def _malicious_column(members: Sequence[RunRecord]) -> dict[str, str]:
+    """`malicious kept` (`malicious_through`) for groups whose runs report it."""
+    values = [malicious_through(m.summary) for m in members]
     if all(v is None for v in values):
         return {}
-    return {"final local_acc_trained": _fmt(values)}
-
-
-def _attack_column(final: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """`final attack_success` (a backdoor's trigger on the global model) when some run
-    reports it."""
-    values = [f.get("attack_success") for f in final]
-    return {"final attack_success": _fmt(values)} if any(v is not None for v in values) else {}
+    return {"malicious kept": _fmt(values)}
 
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:

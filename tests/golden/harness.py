@@ -3,15 +3,16 @@ no result.
 
 A scenario is a short run (at most 3 rounds, digits, threads 1, simulated clock, no progress
 display). Its fixture, `tests/golden/<name>.json`, holds the metrics rows (without
-`wall_time_s`), the summary's failures, aggregated rounds and strategy description, and,
-after every round, a record of every tensor of the checkpointed state: the global state
-(`global/...`), the strategy's extra state (`extra/...`: server optimiser moments, Ada's v),
-the client store (`store/<cid>/...`: private tensors and kept momentum) and the server
-programs' store (`server_store/<cid>/...`) and the pending downloads of a server phase
-(`downloads/<cid>/...`). A record is a SHA-256 of the tensor's dtype,
-shape and bytes, and its float64 sum, L2 norm and max |x|. What else the checkpoint holds
-(each client's simulated times under device profiles) is kept as plain values. Each round's
-state is read through the engine's `checkpoint_extras` hook, as its checkpoint is written.
+`wall_time_s`), the summary's failures, aggregated rounds, strategy description and a
+defence's totals (where it has one), and, after every round, a record of every tensor of
+the checkpointed state: the global state (`global/...`), the strategy's extra state
+(`extra/...`: server optimiser moments, Ada's v), the client store (`store/<cid>/...`:
+private tensors and kept momentum) and the server programs' store (`server_store/<cid>/...`)
+and the pending downloads of a server phase (`downloads/<cid>/...`). A record is a SHA-256
+of the tensor's dtype, shape and bytes, and its float64 sum, L2 norm and max |x|. What else
+the checkpoint holds (each client's simulated times under device profiles) is kept as plain
+values. Each round's state is read through the engine's `checkpoint_extras` hook, as its
+checkpoint is written.
 
 The fixture also records the numerics fingerprint of the machine that wrote it
 (`hetfl.core.numerics.fingerprint()`: torch and numpy, architecture, threads, the ATen and
@@ -454,6 +455,25 @@ SCENARIOS: tuple[Scenario, ...] = (
         "FedAvg with data.validation 0.2: val_acc on the pooled hold-out",
         configured("fedavg", {"data.validation": 0.2}),
     ),
+    Scenario(
+        "heterofl-attacked",
+        "HeteroFL as in its scenario, every client each round, 1 of 6 malicious (FedFA's "
+        "poisoning, lambda 20, at the widest level) under Multi-Krum with f = 1",
+        configured(
+            "heterofl",
+            {
+                **WIDTHS,
+                "options.heterofl": {
+                    "levels": [1.0, 0.5, 0.25],
+                    "assignment": "fixed",
+                    "reducer": {"kind": "multi-krum", "f": 1},
+                },
+                "train.clip_grad_norm": 0.5,
+                "train.clients_per_round": 6,
+                "attack": {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20},
+            },
+        ),
+    ),
 )
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -556,6 +576,8 @@ def run_scenario(
         raise RuntimeError(f"{len(rounds)} checkpoints for {sim.settings.rounds} rounds")
     metrics = [{k: v for k, v in row.items() if k != "wall_time_s"} for row in sim.metrics.read()]
     kept = ("strategy", "failures", "rounds_aggregated")
+    # a defence's totals where a scenario has one (null elsewhere, left out of older fixtures)
+    kept += ("defence",) if summary.get("defence") is not None else ()
     return {
         "scenario": scenario.name,
         "about": scenario.about,

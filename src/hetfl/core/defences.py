@@ -25,15 +25,18 @@ client covers.
   fewer valid results (failures, deadlines); such a round is reduced by the coordinate-wise
   median (`hetfl.core.robust`) instead, and the reducer's `decisions` say so.
 
-Each reducer records its `decisions` (`Decisions`: per added client, in the order added,
-"kept", "clipped" or "dropped", and whether it fell back), so that a round's outcome can be
-reported.
+Each reducer records its `decisions` (`Decisions`: its kind, per added client in the order
+added "kept", "clipped" or "dropped", and whether it fell back). A strategy reduces through
+a `DecisionRecorder`, which keeps every reducer a round builds and gives the round's
+`RoundDecisions` by client id (`hetfl.core.strategy.Strategy.aggregate_with_decisions`), for
+the run outputs (`hetfl.engine.decisions`). The median and the trimmed mean keep every
+client and decide nothing per client: they record no decisions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,18 +44,87 @@ import torch
 
 from hetfl.core.robust import CoordinateReducer, median
 from hetfl.core.spec import IndexMap
-from hetfl.core.state import Fill, State, check_fill, entry_weight, merge_estimate, place, untouched
+from hetfl.core.state import (
+    Fill,
+    Reducer,
+    ReducerFactory,
+    State,
+    check_fill,
+    entry_weight,
+    merge_estimate,
+    place,
+    untouched,
+)
 
 Decision = Literal["kept", "clipped", "dropped"]
+#: From the mildest to the severest: a client with two contributions to one reduction (split
+#: learning's client and server parts) takes the milder decision.
+SEVERITY: tuple[Decision, ...] = ("kept", "clipped", "dropped")
 
 
 @dataclass
 class Decisions:
-    """What a defence did with each added client, in the order added, and whether the round
-    fell back to the median."""
+    """What a defence of `kind` (its reducer kind's name) did with each added client, in
+    the order added, and whether the reduction fell back to the median."""
 
+    kind: str
     per_client: list[Decision] = field(default_factory=list)
     fallback: bool = False
+
+
+@dataclass(frozen=True)
+class RoundDecisions:
+    """What a round's defence decided for each trained client (by client id), and whether
+    any of its reductions fell back to the median."""
+
+    kind: str
+    by_client: dict[int, Decision]
+    fallback: bool
+
+
+class DecisionRecorder:
+    """A `ReducerFactory` around the method's: builds each reducer of a round through it
+    and keeps them, to read their decisions once the round is reduced."""
+
+    def __init__(self, factory: ReducerFactory) -> None:
+        self.factory = factory
+        self.built: list[Reducer] = []
+
+    def __call__(self, reference: Mapping[str, torch.Tensor]) -> Reducer:
+        reducer = self.factory(reference)
+        self.built.append(reducer)
+        return reducer
+
+    def decided(self, first: Sequence[int], later: Sequence[int]) -> RoundDecisions | None:
+        """The round's decisions by client id, None when no reducer decided any. `first`
+        names the client of each contribution of the round's first reduction (the
+        strategy's: a split-learning client twice, its tensors and its server session's,
+        which take the milder decision, `SEVERITY`), `later` those of every later one (the
+        server update's, one per result). Where the server update reduces again (FedNova's
+        normalised deltas), its decisions are the round's: that reduction moves the trainable
+        parameters, the first one only what the update takes from the average (BatchNorm
+        buffers). The round fell back if any reduction did."""
+        found = [
+            (first if i == 0 else later, decisions)
+            for i, reducer in enumerate(self.built)
+            if (decisions := getattr(reducer, "decisions", None)) is not None
+        ]
+        if not found:
+            return None
+        owners, last = found[-1]
+        if len(owners) != len(last.per_client):
+            raise ValueError(
+                f"the {last.kind} reducer decided {len(last.per_client)} contributions, but "
+                f"{len(owners)} clients contributed to it"
+            )
+        by_client: dict[int, Decision] = {}
+        for cid, decision in zip(owners, last.per_client, strict=True):
+            by_client[cid] = min(by_client.get(cid, "dropped"), decision, key=SEVERITY.index)
+        return RoundDecisions(
+            last.kind,
+            dict(sorted(by_client.items())),
+            any(decisions.fallback for _, decisions in found),
+        )
 
 
 class _Held:
@@ -169,12 +241,19 @@ def check_krum(f: int, n: int) -> None:
 
 
 class KrumReducer:
-    """Multi-Krum keeping `m` clients (Krum: m = 1; None: n − f), then the weighted mean."""
+    """Multi-Krum keeping `m` clients (Krum: m = 1; None: n − f), then the weighted mean;
+    `kind` names it in its decisions."""
 
-    def __init__(self, reference: Mapping[str, torch.Tensor], f: int, m: int | None) -> None:
-        self.held, self.f, self.m = _Held(reference), f, m
+    def __init__(
+        self,
+        reference: Mapping[str, torch.Tensor],
+        f: int,
+        m: int | None,
+        kind: str = "multi-krum",
+    ) -> None:
+        self.held, self.f, self.m, self.kind = _Held(reference), f, m, kind
         self.fallback = CoordinateReducer(reference, median)
-        self.decisions = Decisions()
+        self.decisions = Decisions(kind)
 
     def add(
         self,
@@ -190,13 +269,15 @@ class KrumReducer:
         check_fill(fill)
         n = len(self.held)
         if not n > 2 * self.f + 2:
-            self.decisions = Decisions(["kept"] * n, fallback=True)
+            self.decisions = Decisions(self.kind, ["kept"] * n, fallback=True)
             return self.fallback.result(previous, fill)
         scores = krum_scores(pairwise_distances(self.held), self.f)
         m = n - self.f if self.m is None else min(self.m, n)
         order = sorted(range(n), key=lambda i: (float(scores[i]), i))
         chosen = sorted(order[:m])
-        self.decisions = Decisions(["kept" if i in chosen else "dropped" for i in range(n)])
+        self.decisions = Decisions(
+            self.kind, ["kept" if i in chosen else "dropped" for i in range(n)]
+        )
         return self.held.weighted_mean(chosen, previous, fill)
 
 
@@ -206,7 +287,7 @@ class ClippingReducer:
 
     def __init__(self, reference: Mapping[str, torch.Tensor], bound: float | str) -> None:
         self.held, self.bound = _Held(reference), bound
-        self.decisions = Decisions()
+        self.decisions = Decisions("norm-clip")
 
     def add(
         self,
@@ -236,5 +317,7 @@ class ClippingReducer:
         median_norm = (ordered[(k - 1) // 2] + ordered[k // 2]) / 2
         bound = median_norm if self.bound == "median" else float(self.bound)
         factors = {i: (bound / x if x > bound else 1.0) for i, x in enumerate(norms)}
-        self.decisions = Decisions(["clipped" if factors[i] < 1.0 else "kept" for i in factors])
+        self.decisions = Decisions(
+            "norm-clip", ["clipped" if factors[i] < 1.0 else "kept" for i in factors]
+        )
         return self.held.weighted_mean(list(factors), previous, fill, factors)

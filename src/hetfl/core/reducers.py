@@ -135,9 +135,9 @@ def _norm_clip(options: ClipOptions) -> ReducerFactory:
 
 @register_reducer("krum", KrumOptions)
 def _krum(options: KrumOptions) -> ReducerFactory:
-    return partial(KrumReducer, f=options.f, m=1)
+    return partial(KrumReducer, f=options.f, m=1, kind="krum")
 
 
 @register_reducer("multi-krum", MultiKrumOptions)
 def _multi_krum(options: MultiKrumOptions) -> ReducerFactory:
-    return partial(KrumReducer, f=options.f, m=options.m)
+    return partial(KrumReducer, f=options.f, m=options.m, kind="multi-krum")

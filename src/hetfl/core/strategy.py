@@ -39,7 +39,8 @@ simulator, the Flower adapter) call these verbs:
 2. the engine runs each task's client program and validates its result against the task's
    index map (names, shapes, finiteness); invalid results and clients that raised become
    `Failure`s.
-3. `aggregate(round, state, trained)` -> the new global state. `trained` (a
+3. `aggregate(round, state, trained)` -> the new global state (an engine calls
+   `aggregate_with_decisions`, which also gives what a defence decided). `trained` (a
    `TrainedRound`) holds every valid result at once with the task it answered, sorted by
    client id, so norms across clients and robust rules are possible, and each result is
    written through the index map its task carried; without results the state comes back
@@ -61,12 +62,13 @@ optimiser moments), for checkpoints; the engine checkpoints the global state its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Any, NamedTuple, Protocol, final, runtime_checkable
 
 import torch
 
 from hetfl.core.assign import Assignment, Sampler, SeededAssignment, round_specs
 from hetfl.core.declared import DeclaredTensor, build_declared
+from hetfl.core.defences import DecisionRecorder, RoundDecisions
 from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
 from hetfl.core.maps import MapTransform
@@ -126,6 +128,14 @@ class SetupQuery(Protocol):
 #: `(info, task this round or None) -> {name: scalar}`: a method's fields for a client's
 #: row of the per-client trace (`Strategy.trace_fields`).
 TraceFields = Callable[[ClientInfo, ClientTask | None], Mapping[str, Any]]
+
+
+class Aggregated(NamedTuple):
+    """A round's aggregation: the new global state, and what the method's defence decided
+    for each trained client (`hetfl.core.defences`; None without a defence or results)."""
+
+    state: State
+    defence: RoundDecisions | None
 
 
 @runtime_checkable
@@ -350,8 +360,16 @@ class Strategy:
         """The new global state: each result reduced through its task's map with its weight
         (fill "keep"), with its server session's tensors in split learning, then the server
         update. Unchanged without results."""
+        return self.aggregate_with_decisions(round, state, trained).state
+
+    def aggregate_with_decisions(
+        self, round: int, state: State, trained: TrainedRound
+    ) -> Aggregated:
+        """`aggregate`, with the decisions of a defence among the reducers (kept, clipped,
+        dropped per trained client, the median fallback), which every reduction of the
+        round records (`DecisionRecorder`)."""
         if not trained.trained:
-            return dict(state)
+            return Aggregated(dict(state), None)
         results = trained.results
         maps = [t.task.index_map for t in trained.trained]
         weights = [self.weighting(r) for r in results]
@@ -366,14 +384,18 @@ class Strategy:
                 f"the scaling part gave {len(scales)} scales for {len(results)} results; it "
                 "must give one per trained client, in their order"
             )
-        contributions = []
+        contributions, owners = [], []
         for r, imap, w, s, scale in zip(results, maps, weights, served, scales, strict=True):
             contributions.append(Contribution(r.tensors, imap, w, scale))
+            owners.append(r.cid)
             if s is not None and self.server_side is not None:
                 contributions.append(Contribution(s.tensors, self.server_side.index_map(s), w))
-        average = reduce(self.reducer, state, contributions, fill="keep")
-        done = RoundResults(results, maps, weights, self.parameter_names(), self.reducer)
-        return self.server_update.step(state, average, done)
+                owners.append(r.cid)
+        recorder = DecisionRecorder(self.reducer)
+        average = reduce(recorder, state, contributions, fill="keep")
+        done = RoundResults(results, maps, weights, self.parameter_names(), recorder)
+        new = self.server_update.step(state, average, done)
+        return Aggregated(new, recorder.decided(owners, [r.cid for r in results]))
 
     def server_program(
         self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]

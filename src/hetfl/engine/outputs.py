@@ -34,6 +34,7 @@ ROW_KEYS = (
     "sim_time_s",
     "wall_time_s",
     "groups",
+    "defence",
 )
 #: Metrics where larger is better; every other scalar metric is better when smaller
 #: (`attack_success` too: its best is its lowest, the defence's view).
@@ -173,11 +174,13 @@ def summarise(
     *,
     failures: Mapping[str, int],
     rounds_aggregated: int,
+    defence: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Final and best of each metric, the row selected by validation accuracy
     (`best_by_val`), when each target was first reached, the excluded clients counted by
-    kind (`hetfl.core.types.FailureKind`) and how many rounds aggregated any client's
-    result."""
+    kind (`hetfl.core.types.FailureKind`), how many rounds aggregated any client's
+    result, and a defence's totals (`hetfl.engine.decisions.defence_summary`; None
+    without one)."""
     final = dict(rows[-1]) if rows else {}
     best: dict[str, float | None] = {}
     for key in _BEST:
@@ -195,6 +198,7 @@ def summarise(
         "targets": reached_targets(rows, targets),
         "failures": dict(sorted(failures.items())),
         "rounds_aggregated": rounds_aggregated,
+        "defence": None if defence is None else dict(defence),
     }
 
 

@@ -61,6 +61,7 @@ from hetfl.core.types import (
     TrainedRound,
 )
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.engine.decisions import add_round, defence_row, defence_summary
 from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, summarise, write_json
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
@@ -172,7 +173,10 @@ class RoundLoop(ABC):
                 if evaluating and self.settings.local_trained:
                     before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
-                self.state = self.strategy.aggregate(rnd, self.state, trained)
+                self.state, outcome.defence = self.strategy.aggregate_with_decisions(
+                    rnd, self.state, trained
+                )
+                add_round(self.counters.defence, outcome.defence, self.settings.malicious)
                 # Step 3b: the strategy's server phase, on every valid upload of the round.
                 self._server_phase(rnd, trained, outcome)
                 self.after_training(outcome)
@@ -202,6 +206,7 @@ class RoundLoop(ABC):
             self.info,
             failures=self.counters.failures,
             rounds_aggregated=self.counters.rounds_aggregated,
+            defence=defence_summary(self.counters.defence, bool(self.settings.malicious)),
         )
         write_json(self.run_dir / "summary.json", summary)
         return summary
@@ -260,6 +265,7 @@ class RoundLoop(ABC):
             self.sim_time_s(),
             local_acc_stats=local_acc_stats,
             local_acc_trained=mean_local_scores(trained)[0],
+            defence=defence_row(outcome.defence, self.settings.malicious),
         )
         return row, local
 

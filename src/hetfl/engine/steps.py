@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hetfl.core.bn_statistics import has_batch_norm
+from hetfl.core.defences import RoundDecisions
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.spec import Spec
@@ -50,7 +51,8 @@ Scorer = Callable[[nn.Module, Spec, torch.Tensor, torch.Tensor], tuple[int, floa
 @dataclass
 class Counters:
     """Cumulative quantities since round 1; checkpointed. `failures` counts excluded
-    clients by `FailureKind`; `rounds_aggregated` the rounds that aggregated any result."""
+    clients by `FailureKind`; `rounds_aggregated` the rounds that aggregated any result;
+    `defence` a defence's decisions (`hetfl.engine.decisions.add_round`)."""
 
     bytes_down: int = 0
     bytes_up: int = 0
@@ -59,6 +61,7 @@ class Counters:
     sim_time_s: float = 0.0
     failures: dict[str, int] = field(default_factory=dict)
     rounds_aggregated: int = 0
+    defence: dict[str, Any] = field(default_factory=dict)
 
     def count_round(self, outcome: RoundOutcome) -> None:
         """Add a trained round's charges, its failures and whether it aggregated anything."""
@@ -89,7 +92,8 @@ class RoundOutcome:
     `charges` what each asked client cost (`charge`), which `Counters.count_round` adds up
     and the per-client trace reports (`hetfl.engine.trace`); `phase_macs` and
     `phase_wall_s` the priced and measured work of the strategy's server phase, which the
-    clock places after the clients (`hetfl.core.server_phase`)."""
+    clock places after the clients (`hetfl.core.server_phase`); `defence` what the
+    method's defence decided once the round is aggregated (None without one)."""
 
     results: list[ClientResult] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
@@ -98,6 +102,7 @@ class RoundOutcome:
     charges: dict[int, Charge] = field(default_factory=dict)
     phase_macs: int = 0
     phase_wall_s: float = 0.0
+    defence: RoundDecisions | None = None
 
     def charge(self, cid: int, *, bytes_down: int = 0, bytes_up: int = 0, macs: int = 0) -> None:
         """Charge client `cid` for what it sent, received or computed this round."""
@@ -364,9 +369,11 @@ def metrics_row(
     *,
     local_acc_trained: float | None = None,
     local_acc_stats: float | None = None,
+    defence: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results.
-    `wall_time_s` is set by the engine once the round's time is known."""
+    """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results;
+    `defence` the round's decisions (`hetfl.engine.decisions.defence_row`). `wall_time_s`
+    is set by the engine once the round's time is known."""
     results = outcome.results
     n_ex = sum(r.num_examples for r in results)
     loss = sum(r.loss * r.num_examples for r in results) / n_ex if n_ex else None
@@ -388,4 +395,5 @@ def metrics_row(
         val_acc=scores.val_acc,
         val_loss=scores.val_loss,
         attack_success=scores.attack_success,
+        defence=defence,
     )

@@ -9,7 +9,8 @@ under every executor, after a resume and under the Flower engine.
 
 The numbers are those the engine already has: the charges the counters add up
 (`RoundOutcome.charges`), the simulated times the clock computed (`RoundOutcome.times`),
-the kept results, the failures and the local scores `local_acc` averages. A row's `fields`
+the kept results, the failures, a defence's decision (`RoundOutcome.defence`) and the
+local scores `local_acc` averages. A row's `fields`
 are what the method declares per client (`Strategy.trace_fields`, and a client program
 with a `trace_fields` method, `TracedProgram`: an attack's malicious flag).
 """
@@ -38,6 +39,7 @@ TRACE_KEYS = (
     "macs",
     "sim",
     "failure",
+    "defence",
     "local_acc",
     "local_loss",
     "group",
@@ -116,6 +118,7 @@ def trace_rows(
     failed = {f.cid: f.kind for f in outcome.failures}
     scored = {s.cid: s for s in local}
     after_training = {s.cid: s.acc for s in trained}
+    decided = {} if outcome.defence is None else outcome.defence.by_client
     rows = []
     for cid in sorted(asked.keys() | scored.keys()):
         task, result, score = asked.get(cid), kept.get(cid), scored.get(cid)
@@ -135,6 +138,7 @@ def trace_rows(
                 "macs": None if task is None else charge.macs,
                 "sim": _sim(outcome.times.get(cid)),
                 "failure": failed.get(cid),
+                "defence": decided.get(cid),
                 "local_acc": None if score is None else score.acc,
                 "local_loss": None if score is None else score.loss,
                 "group": None if score is None else score.group,

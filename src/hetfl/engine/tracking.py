@@ -6,7 +6,8 @@ and every truncation it makes, so a tracker holds exactly what `metrics.jsonl` h
 TensorBoard (`tracking: tensorboard`, the `hetfl[tensorboard]` extra) gets one scalar per
 number of a row at step = the row's `round`: the tag is the row's key (`global_acc`,
 `bytes_up`, ...) and a nested key is its path joined by "/" (`groups/width=0.5/acc`,
-`groups/width=0.5/n`); nulls are not written. Scalars are written in double precision, so
+`groups/width=0.5/n`, `defence/kept`; booleans as 0 or 1); nulls and text (`defence/kind`)
+are not written. Scalars are written in double precision, so
 the event values equal the row's (byte counts beyond 2**24 included).
 
 On resume, `rewrite` deletes the run's event files and writes the kept rows again: the
@@ -33,12 +34,13 @@ TENSORBOARD_INSTALL = "pip install 'hetfl[tensorboard]'"
 
 def scalars(row: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
     """(tag, value) for every number of `row` but its `round` (the step), nested keys
-    joined by "/"; None values are skipped."""
+    joined by "/", booleans as 0 or 1 (`defence/fallback`); None values and text (a
+    defence's `kind`) are skipped."""
     for key, value in row.items():
         tag = f"{prefix}{key}"
         if isinstance(value, Mapping):
             yield from scalars(value, f"{tag}/")
-        elif value is not None and tag != "round":
+        elif isinstance(value, int | float) and tag != "round":
             yield tag, float(value)
 
 

@@ -360,3 +360,24 @@ def test_malicious_kept_is_a_column_for_defended_attacked_runs(tmp_path: Path):
     rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
     assert rows["krum"]["malicious kept"] == "0.7500 ± 0.3536"
     assert "malicious kept" not in rows["clean"] and "malicious kept" not in rows["fedavg"]
+
+
+def test_the_share_of_malicious_updates_let_through_is_a_plotted_curve(tmp_path: Path, monkeypatch):
+    """A round's `defence` row kept 1 and clipped 1 of 4 malicious updates: 0.5 is drawn
+    dotted with crosses; a round with no malicious update decided draws nothing."""
+    decided = {"kind": "norm-clip", "malicious_kept": 1, "malicious_clipped": 1}
+    _paired_run(
+        tmp_path / "krum-s0", 0, {"global_acc": 0.5, "defence": {**decided, "malicious_dropped": 2}}
+    )
+    _paired_run(tmp_path / "clean-s0", 0, {"global_acc": 0.5, "defence": {"kind": "krum"}})
+    axes = pytest.importorskip("matplotlib.axes")
+    drawn, original = [], axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append((kwargs.get("label"), list(args[1]), args[2]))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(axes.Axes, "plot", recording)
+    assert main(["plot", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 0
+    assert ("krum malicious kept", [0.5], "x:") in drawn
+    assert not any(label == "clean malicious kept" for label, _, _ in drawn)

@@ -25,8 +25,9 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -190,12 +191,12 @@ def _optional_column(final: Sequence[dict[str, Any]], key: str) -> dict[str, str
     return {f"final {key}": _fmt(values)} if any(v is not None for v in values) else {}
 
 
-def malicious_through(summary: Mapping[str, Any]) -> float | None:
-    """The share of a run's malicious updates its defence let through, kept or clipped:
-    (kept + clipped) / (kept + clipped + dropped) of the malicious clients over the rounds
-    it decided (`summary.json`'s `defence`); None without a defence, an attack or any
-    malicious update decided."""
-    totals = summary.get("defence") or {}
+def malicious_through(record: Mapping[str, Any]) -> float | None:
+    """The share of malicious updates a defence let through, kept or clipped: (kept +
+    clipped) / (kept + clipped + dropped) of the malicious clients, over a run
+    (`summary.json`'s `defence`) or one round (a metrics row's); None without a defence, an
+    attack or any malicious update decided."""
+    totals = record.get("defence") or {}
     kept, clipped, dropped = (totals.get(f"malicious_{d}") for d in ("kept", "clipped", "dropped"))
     if kept is None or clipped is None or dropped is None or not kept + clipped + dropped:
         return None
@@ -366,18 +367,22 @@ def plot_run(run_dir: Path) -> list[Path]:
     return written
 
 
-#: The curves `plot_runs` draws, each where a run reports it, and their line styles.
-_CURVES = (
-    ("global_acc", "-"),
-    ("local_acc", "--"),
-    ("local_acc_trained", ":"),
-    ("attack_success", "-."),
+#: The curves `plot_runs` draws, each where a run reports it: name, line style, the value
+#: of a metrics row.
+_CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
+    ("global_acc", "-", methodcaller("get", "global_acc")),
+    ("local_acc", "--", methodcaller("get", "local_acc")),
+    ("local_acc_trained", ":", methodcaller("get", "local_acc_trained")),
+    ("attack_success", "-.", methodcaller("get", "attack_success")),
+    ("malicious kept", "x:", malicious_through),
 )
 
 
 def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
     """Accuracy curves of several runs in one PNG; seeds of one group drawn as a band. A
-    backdoored run's `attack_success` (a share of test images too) is drawn dash-dotted."""
+    backdoored run's `attack_success` (a share of test images too) is drawn dash-dotted, and
+    a defended, attacked run's share of malicious updates let through (`malicious kept`)
+    dotted with crosses."""
     plt = _pyplot()
     label_x, get_x = _AXES[x]
     groups: dict[str, list[RunRecord]] = {}
@@ -390,13 +395,13 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
         )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn: set[str] = set()
-    for metric, style in _CURVES:
+    for metric, style, value in _CURVES:
         for name, members in groups.items():
             series = [
                 [
-                    (get_x(row), row[metric])
+                    (get_x(row), value(row))
                     for row in m.rows
-                    if row.get(metric) is not None and get_x(row) is not None
+                    if value(row) is not None and get_x(row) is not None
                 ]
                 for m in members
             ]
@@ -413,7 +418,8 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
                 lo, hi = [min(v) for v in ys], [max(v) for v in ys]
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
     ax.set_xlabel(label_x)
-    ax.set_ylabel("accuracy, attack success" if "attack_success" in drawn else "accuracy")
+    shares = [m for m in ("attack_success", "malicious kept") if m in drawn]
+    ax.set_ylabel(", ".join(["accuracy", *(m.replace("_", " ") for m in shares)]))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

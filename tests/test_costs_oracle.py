@@ -81,33 +81,50 @@ def test_heterofl_levels_and_fjord_widths_agree_with_torch_counter() -> None:
             _agree(family, PassRecord(widest, kind, 2, 1, width=p), shape)
 
 
-class _Zoo(nn.Module):
-    """Every product `MacTally` prices beyond the registered families' own: 1-d and
-    grouped 3-d convolutions, a broadcast batched matmul, `mm`, a bidirectional
-    sequence-first LSTM from a learnt initial state."""
+class _Convs(nn.Module):
+    """A 1-d convolution, then a grouped 3-d one: (B=2, 2, 8) -> (2, 4, 1, 1, 2)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv1 = nn.Conv1d(2, 4, 3)
         self.conv3 = nn.Conv3d(4, 4, (1, 2, 2), groups=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv3(self.conv1(x).reshape(2, 4, 1, 2, 3))
+
+
+class _Zoo(nn.Module):
+    """Every product `MacTally` prices beyond the registered families' own: 1-d and
+    grouped 3-d convolutions, a broadcast batched matmul, `mm`, `@` and `Tensor.mm`, a
+    bidirectional sequence-first LSTM from a learnt initial state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = _Convs()
         self.mix = nn.Parameter(torch.ones(3, 6, 5))
         self.square = nn.Parameter(torch.ones(5, 5))
         self.lstm = nn.LSTM(5, 3, num_layers=2, bidirectional=True)
         self.h0 = nn.Parameter(torch.zeros(4, 2, 3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B=2, 2, 8)
-        y = self.conv1(x)  # (2, 4, 6)
-        y = self.conv3(y.reshape(2, 4, 1, 2, 3)).reshape(2, 1, 1, 8)[..., :6]  # (2, 1, 1, 6)
+        y = self.convs(x).reshape(2, 1, 1, 8)[..., :6]  # (2, 1, 1, 6)
         z = torch.matmul(y, self.mix)  # (2, 3, 1, 5)
         z = torch.mm(z.reshape(6, 5), self.square)  # (6, 5)
+        z = (z @ self.square).mm(self.square)
         seq = z.reshape(3, 2, 5)  # (T=3, B=2, 5)
         out, _ = self.lstm(seq, (self.h0, self.h0 + 1))
         return out
 
 
 class _ZooFamily:
+    """Watched modules that nest (`convs` holds `convs.conv1`): each is charged the
+    products it runs, its submodules' included."""
+
     def build(self, spec: Spec) -> nn.Module:
         return _Zoo()
+
+    def modules(self, spec: Spec) -> list[str]:
+        return ["convs", "convs.conv1", "lstm"]
 
 
 def test_every_priced_product_agrees_with_torch_counter() -> None:

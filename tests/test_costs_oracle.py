@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flop_oracle import oracle_cost
@@ -96,7 +97,8 @@ class _Convs(nn.Module):
 class _Zoo(nn.Module):
     """Every product `MacTally` prices beyond the registered families' own: 1-d and
     grouped 3-d convolutions, a broadcast batched matmul, `mm`, `@` and `Tensor.mm`, a
-    bidirectional sequence-first LSTM from a learnt initial state."""
+    bidirectional sequence-first LSTM from a learnt initial state, an unbatched
+    convolution and linear map."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,7 +115,8 @@ class _Zoo(nn.Module):
         z = (z @ self.square).mm(self.square)
         seq = z.reshape(3, 2, 5)  # (T=3, B=2, 5)
         out, _ = self.lstm(seq, (self.h0, self.h0 + 1))
-        return out
+        unbatched = torch.conv1d(x[0], self.convs.conv1.weight)  # (2, 8) -> (4, 6)
+        return out + unbatched.sum() + F.linear(x[0, 0, :5], self.square[:1]).sum()
 
 
 class _ZooFamily:

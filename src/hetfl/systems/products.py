@@ -23,6 +23,16 @@ much).
 A product is charged to every watched module running when it is called (`modules`:
 name -> module, tracked by forward hooks), its backward MACs too: they belong to the
 module whose forward they differentiate.
+
+Limits, each refused or checked rather than silently wrong: a product the tally does not
+price (`bmm`, `einsum`, attention, GRUs, transposed convolutions, ...) raises; the pass's
+result is taken to depend on every product run with gradients on (a product whose result
+is dropped is still charged its backward, which a real backward pass would skip); the
+tests hold the tally equal to `FlopCounterMode` on every registered family.
+
+Convolutions and linear maps run on the first sample of the batch only and their result
+is that sample repeated (`_first_sample`): the shapes and the need of gradients that
+later products are priced from are right, for a fraction of the arithmetic.
 """
 
 from __future__ import annotations
@@ -95,7 +105,7 @@ class MacTally(TorchFunctionMode):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = _first_sample(func, args, kwargs) if func in _PER_SAMPLE else func(*args, **kwargs)
         pricing = _PRODUCTS.get(func)
         if pricing is not None:
             self._charge(pricing(self.backward, out, *args, **kwargs))
@@ -113,10 +123,25 @@ class MacTally(TorchFunctionMode):
             self.per_module[name] += macs
 
 
+def _first_sample(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """`func` (a convolution or a linear map) over the first sample of a batched input,
+    repeated over the batch: the result's shape, dtype and need of a gradient for 1/B of
+    the arithmetic (its values are not the product's, and no product's size depends on
+    values). An unbatched input, or one passed by keyword, is computed whole."""
+    if not args:
+        return func(*args, **kwargs)
+    x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+    batched = x.dim() > 1 if func is F.linear else x.dim() == weight.dim()
+    if not batched:
+        return func(*args, **kwargs)
+    head = func(x[:1], *args[1:], **kwargs)
+    return head.expand(x.shape[0], *head.shape[1:]).clone()
+
+
 def _conv(
     backward: bool,
     out: torch.Tensor,
-    x: torch.Tensor,
+    input: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     stride: Any = 1,
@@ -126,9 +151,11 @@ def _conv(
 ) -> int:
     """FLOPs of `conv{1,2,3}d`: torch's `conv_flop` forward; backward as torch's
     `conv_backward_flop` for the input gradient and the weight gradient by groups."""
-    x_shape, w_shape, out_shape = list(x.shape), list(weight.shape), list(out.shape)
+    x_shape, w_shape, out_shape = list(input.shape), list(weight.shape), list(out.shape)
+    if len(x_shape) < len(w_shape):  # one unbatched sample: torch convolves a batch of 1
+        x_shape, out_shape = [1, *x_shape], [1, *out_shape]
     flops = conv_flop_count(x_shape, w_shape, out_shape)
-    if backward and _needs_grad(x):
+    if backward and _needs_grad(input):
         flops += conv_flop_count(out_shape, w_shape, x_shape, transposed=True)
     if backward and _needs_grad(weight):
         whole = conv_flop_count(_transposed(x_shape), _transposed(out_shape), _transposed(w_shape))
@@ -154,23 +181,27 @@ def _matrix_product(backward: bool, a: torch.Tensor, b: torch.Tensor) -> int:
     return flops
 
 
-def _matmul(backward: bool, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> int:
-    return _matrix_product(backward, a, b)
+def _matmul(backward: bool, out: torch.Tensor, input: torch.Tensor, other: torch.Tensor) -> int:
+    return _matrix_product(backward, input, other)
+
+
+def _mm(backward: bool, out: torch.Tensor, input: torch.Tensor, mat2: torch.Tensor) -> int:
+    return _matrix_product(backward, input, mat2)
 
 
 def _linear(
     backward: bool,
     out: torch.Tensor,
-    x: torch.Tensor,
+    input: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> int:
     """FLOPs of `linear`: x (..., in) times weight.T (in, out), the leading dimensions
     folded into rows (torch's `addmm`/`mm`)."""
-    rows = prod(x.shape[:-1])
+    rows = prod(input.shape[:-1])
     flops = mm_flop((rows, weight.shape[1]), (weight.shape[1], weight.shape[0]))
     if backward:
-        flops *= 1 + _needs_grad(x) + _needs_grad(weight)
+        flops *= 1 + _needs_grad(input) + _needs_grad(weight)
     return flops
 
 
@@ -228,10 +259,13 @@ _PRODUCTS: dict[Callable[..., Any], Callable[..., int]] = {
     F.linear: _linear,
     torch.matmul: _matmul,
     torch.Tensor.matmul: _matmul,  # also `a @ b`
-    torch.mm: _matmul,
-    torch.Tensor.mm: _matmul,
+    torch.mm: _mm,
+    torch.Tensor.mm: _mm,
     torch.lstm: _lstm,
 }
+
+#: Products whose result keeps the input's first dimension, computed for its first sample.
+_PER_SAMPLE = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, F.linear})
 
 #: Products torch's counter counts that this tally does not price: refused, not missed.
 _UNPRICED: frozenset[Callable[..., Any]] = frozenset(

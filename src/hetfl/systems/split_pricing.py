@@ -12,13 +12,13 @@ For a cut given as the specs of its two sides, on a batch of B samples:
   channel counts them;
 - model bytes: the client spec's tensors its index map sends, as the payload is counted.
 
-MACs are counted as `hetfl.systems.costs.MacCounter` counts them (`torch.utils.flop_counter`,
-half the FLOPs of matrix products and convolutions), module by module of the pipeline
-(`ModelFamily.modules`) on the meta device: a side's training pass is the sum of its
+MACs are counted as `hetfl.systems.costs.MacCounter` counts them (`hetfl.systems.products.
+MacTally`: torch's FLOP formulas for matrix products and convolutions, halved), module by
+module of the pipeline (`ModelFamily.modules`): a side's training pass is the sum of its
 modules' passes, the first without its input's gradient and every later one with it, so
-the seven cuts of a model cost about two passes of the whole model to price, from shapes
-alone. Modules of the whole model (`family.global_spec`) are taken from it; a client's
-own extra modules (DTFL's heads) from the client model, reading the activation at the cut.
+the seven cuts of a model cost about two forward passes of the whole model to price.
+Modules of the whole model (`family.global_spec`) are taken from it; a client's own extra
+modules (DTFL's heads) from the client model, reading the activation at the cut.
 Under the simulated clock a profile is then exact: a client's costs in a round are its
 batches times these (MACs and bytes grow linearly with the batch) plus the model's transfer.
 """
@@ -33,11 +33,10 @@ from hetfl.core.init import build_model
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.split_costs import CutCost, check_rate
 from hetfl.core.types import ModelFamily
-from hetfl.systems.costs import counting_flops
+from hetfl.systems.products import MacTally
 
 #: Bytes of one label as the channel sends it (class indices are int64 in HetFL's data).
 LABEL_BYTES = torch.empty((), dtype=torch.int64).element_size()
-_META = torch.device("meta")
 
 
 class SplitPricer:
@@ -65,8 +64,7 @@ class SplitPricer:
         server_macs = self._side_macs(server, whole, cut, batch)
         activation = batch * int(torch.Size(cut).numel()) * element
         sent = set(local_names(self.family.index_map(client)))
-        with _META:
-            tensors = build_model(self.family, client).state_dict()
+        tensors = build_model(self.family, client).state_dict()
         model = sum(t.numel() * t.element_size() for k, t in tensors.items() if k in sent)
         return CutCost(batch, client_macs, server_macs, activation + batch * LABEL_BYTES, model)
 
@@ -82,8 +80,7 @@ class SplitPricer:
                 owner, module, shape = whole, dict(whole_model.named_modules())[name], shapes[name]
             else:
                 if own is None:
-                    with _META:
-                        own = build_model(self.family, side)
+                    own = build_model(self.family, side)
                 owner, module, shape = side, dict(own.named_modules())[name], cut
             total += self._module_macs(owner, name, module, shape, i > 0, batch)
         return total
@@ -99,11 +96,11 @@ class SplitPricer:
     ) -> int:
         key = (owner, name, input_grad, batch)
         if key not in self._macs:
-            x = torch.zeros((batch, *shape), device=_META, requires_grad=input_grad)
+            x = torch.zeros((batch, *shape), requires_grad=input_grad)
             module.eval()  # normalisation is not counted; eval mode spares its statistics
-            with counting_flops() as counter:
-                module(x).sum().backward()
-            self._macs[key] = counter.get_total_flops() // 2
+            with MacTally(backward=True) as tally:
+                module(x)
+            self._macs[key] = tally.total
         return self._macs[key]
 
     def _names(self, spec: Spec) -> list[str]:
@@ -112,11 +109,10 @@ class SplitPricer:
         return self._modules[spec]
 
     def _pipeline(self, whole: Spec) -> tuple[torch.nn.Module, dict[str, tuple[int, ...]], int]:
-        """The whole model on the meta device, the shape of one sample's input to each of
-        its pipeline modules, and the element size of what flows between them."""
+        """The whole model, the shape of one sample's input to each of its pipeline modules,
+        and the element size of what flows between them."""
         if whole not in self._whole:
-            with _META:
-                model = build_model(self.family, whole)
+            model = build_model(self.family, whole)
             shapes: dict[str, tuple[int, ...]] = {}
             sizes: list[int] = []
             named = dict(model.named_modules())
@@ -130,7 +126,7 @@ class SplitPricer:
                 handles.append(named[name].register_forward_pre_hook(hook))
             try:
                 with torch.no_grad():
-                    model.eval()(torch.zeros((1, *self.input_shape), device=_META))
+                    model.eval()(torch.zeros((1, *self.input_shape)))
             finally:
                 for h in handles:
                     h.remove()

@@ -35,7 +35,7 @@ from pydantic_core import PydanticUndefined
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import RunConfig
-from hetfl.core.kinds import Chosen, choose
+from hetfl.core.kinds import Chosen, Kind, choose
 from hetfl.core.reducers import REDUCERS
 from hetfl.core.registry import Registry
 from hetfl.core.wrappers import WRAPPERS
@@ -301,7 +301,11 @@ def algorithm_sections() -> Iterator[Section]:
 
 def kind_sections() -> Iterator[Section]:
     for kind, (title, names) in KIND_SECTIONS.items():
-        registry = {REDUCERS.kind: REDUCERS, WRAPPERS.kind: WRAPPERS}.get(kind)
+        registries: dict[str, Registry[Kind[Any]]] = {
+            REDUCERS.kind: REDUCERS,
+            WRAPPERS.kind: WRAPPERS,
+        }
+        registry = registries.get(kind)
         if not names or registry is None:
             yield Section(
                 2,

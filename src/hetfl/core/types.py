@@ -1,9 +1,9 @@
-"""The plain data that crosses between engine, strategy and client program.
+"""One job: the plain data that crosses between engine, strategy and client program.
 
 These are the words of the round protocol (see `hetfl.core.strategy`):
 
     engine -> [ClientInfo] -> strategy.plan -> [ClientTask] -> client program -> ClientResult
-    engine -> strategy.aggregate(round, state, TrainedRound) -> new global state
+    engine -> strategy.aggregate_with_decisions(round, state, TrainedRound) -> new global state
     engine -> strategy.eval_models(state) -> [EvalModel]
 
 Everything here is a plain dataclass of tensors, numbers and strings, so that an engine

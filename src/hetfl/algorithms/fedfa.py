@@ -35,18 +35,14 @@ from hetfl.algorithms.architecture_choice import (
     architecture_choice,
     candidate_grid,
 )
-from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
+from hetfl.algorithms.architecture_strategy import architecture_strategy
 from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.grafting import Grafting, sectioned
-from hetfl.core.local.parts import CrossEntropy, LocalRecipe
-from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.maps import LabelSplit, MapTransform
+from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.norm_scaling import NormKind, QuantileNormScaling, ScaledTensors
-from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
 
 
 class FedFAOptions(ArchitectureOptions):
@@ -84,25 +80,14 @@ def _make(
         normalisation={"bn": "static", "scaler": False},  # §5.1, App. 0.G: no scaler
         batch_size=train.batch_size,
     )
-    transforms: list[MapTransform] = [Grafting(blocks, choice.global_spec)]
-    if opts.label_split:
-        transforms.append(LabelSplit(family))
-
-    strategy = Strategy(
+    return architecture_strategy(
         family,
+        opts,
+        choice,
+        query,
         train=train,
-        sampler=opts.sampler(clients_per_round),
-        assignment=choice,
-        transforms=transforms,
-        weighting=weighting(opts.weighting),
+        clients_per_round=clients_per_round,
+        transforms=[Grafting(blocks, choice.global_spec)],
+        stats_pass=True,
         scaling=QuantileNormScaling(family, norm=opts.norm, scale=opts.scale),
-        server_update=Averaged(),
-        global_eval=ArchitectureModels(choice),
-        local_eval=OwnArchitecture(choice, label_mask=opts.label_split),
-        describe=choice.describe,
-        trace_fields=choice.trace_fields,
-        reducer=opts.reducer.build(),
-        setup_query=query,
     )
-    forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
-    return strategy, LocalRecipe(forward=forward)

@@ -40,18 +40,15 @@ import torch
 from pydantic import Field, model_validator
 
 from hetfl.algorithms.architecture_choice import ArchitectureOptions, architecture_choice
-from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
+from hetfl.algorithms.architecture_strategy import architecture_strategy
 from hetfl.algorithms.base import WeightingOption, register_algorithm
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import CrossEntropy, LocalRecipe
-from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.maps import Grouped, LabelSplit, MapTransform
-from hetfl.core.server_update import Averaged
+from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.maps import Grouped
 from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
 
 
 class FlexiFedOptions(ArchitectureOptions):
@@ -110,23 +107,14 @@ def _make(
         candidate = choice.candidate_at(spec)
         return {} if candidate is None else groups[candidate.label]
 
-    transforms: list[MapTransform] = [Grouped(path_of)]
-    if opts.label_split:
-        transforms.append(LabelSplit(family))
-    strategy = Strategy(
+    return architecture_strategy(
         family,
+        opts,
+        choice,
+        query,
         train=train,
-        sampler=opts.sampler(clients_per_round),
-        assignment=choice,
-        transforms=transforms,
-        weighting=weighting(opts.weighting),
-        server_update=Averaged(),
-        global_eval=ArchitectureModels(choice, first=lambda c: c.depth, stats_pass=False),
-        local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=False),
-        describe=choice.describe,
-        trace_fields=choice.trace_fields,
-        reducer=opts.reducer.build(),
-        setup_query=query,
+        clients_per_round=clients_per_round,
+        transforms=[Grouped(path_of)],
+        stats_pass=False,
+        first=lambda c: c.depth,
     )
-    forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
-    return strategy, LocalRecipe(forward=forward)

@@ -1,0 +1,72 @@
+"""The strategy of a method whose clients train architectures from a grid of candidates
+(FedFA and its baselines FlexiFed and NeFL): what the three share, built once, so that a
+comparison between them differs only in the parts each method brings (its map transforms,
+its scaling, whether it evaluates after a statistics pass, which architecture is its
+global model).
+
+Shared: the assignment (`ArchitectureChoice` and its set-up query), the sampler, the
+weighting and reducer from the options, plain averaging as the server update, every chosen
+architecture evaluated (`ArchitectureModels`) and each client on its own
+(`OwnArchitecture`), and the non-IID treatment FedFA's paper applies to every method it
+compares (Park and Joe-Wong, "Federated Learning with Flexible Architectures",
+ECML-PKDD 2024, §5.1): with `label_split`, the logits of a client's absent classes zeroed
+in training (`MaskedCrossEntropy`), its head rows only from the clients holding their
+class (`LabelSplit`, after the method's own transforms) and its own evaluation masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from hetfl.algorithms.architecture_choice import (
+    ArchitectureChoice,
+    ArchitectureOptions,
+    Candidate,
+    ZicoQuery,
+)
+from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
+from hetfl.core.local.parts import CrossEntropy, LocalRecipe
+from hetfl.core.local.terms import MaskedCrossEntropy
+from hetfl.core.maps import LabelSplit, MapTransform
+from hetfl.core.server_update import Averaged
+from hetfl.core.strategy import Strategy
+from hetfl.core.training import LocalTraining
+from hetfl.core.types import ModelFamily
+from hetfl.core.weighting import Scaling, weighting
+
+
+def architecture_strategy(
+    family: ModelFamily,
+    opts: ArchitectureOptions,
+    choice: ArchitectureChoice,
+    query: ZicoQuery | None,
+    *,
+    train: LocalTraining,
+    clients_per_round: int,
+    transforms: Sequence[MapTransform],
+    stats_pass: bool,
+    first: Callable[[Candidate], float] | None = None,
+    scaling: Scaling | None = None,
+) -> tuple[Strategy, LocalRecipe]:
+    """The method's strategy and local recipe: its `transforms` (then the label split),
+    its `scaling`, evaluation with or without a statistics pass, `first` naming the
+    architecture `global_acc` scores (none: the global spec)."""
+    chained = [*transforms, LabelSplit(family)] if opts.label_split else list(transforms)
+    strategy = Strategy(
+        family,
+        train=train,
+        sampler=opts.sampler(clients_per_round),
+        assignment=choice,
+        transforms=chained,
+        weighting=weighting(opts.weighting),
+        scaling=scaling,
+        server_update=Averaged(),
+        global_eval=ArchitectureModels(choice, first=first, stats_pass=stats_pass),
+        local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=stats_pass),
+        describe=choice.describe,
+        trace_fields=choice.trace_fields,
+        reducer=opts.reducer.build(),
+        setup_query=query,
+    )
+    forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
+    return strategy, LocalRecipe(forward=forward)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from hetfl.config import ConfigError, validate
-from hetfl.core.defences import ClippingReducer, KrumReducer, _Held, krum_scores, pairwise_distances
+from hetfl.core.defences import ClippingReducer, KrumReducer, krum_scores, pairwise_distances
 from hetfl.core.kinds import choose
 from hetfl.core.reducers import REDUCERS
-from hetfl.core.robust import CoordinateReducer, median
+from hetfl.core.robust import CoordinateReducer, HeldClients, median
 from hetfl.core.spec import MapEntry, prefix_index
 
 HALF = [MapEntry("v", "w", prefix_index(2))]
@@ -42,7 +42,7 @@ def test_krum_distances_over_shared_elements_and_its_choice() -> None:
     4·0.25 / 4 = 0.25, D-E (64 + 49) / 2 = 56.5. With f = 1 each score sums the 2 nearest:
     A 0 + 0.25, B 0 + 0.25, C 0.25 + 0.25, D 0.25 + 0.5, E 56.25 + 56.5; Krum takes A (the
     earlier of a tie), whose w[:2] replaces the global one, w[2:] kept."""
-    held = _added(_Held(REF), _clients())
+    held = _added(HeldClients(REF), _clients())
     d = pairwise_distances(held)
     assert d[0, 3] == 0.5 and d[1, 2] == 0.25 and d[3, 4] == 56.5 and d[0, 1] == 0
     assert krum_scores(d, 1).tolist() == [0.25, 0.25, 0.5, 0.75, 112.75]
@@ -63,7 +63,7 @@ def test_grafted_repeats_count_once_per_global_element() -> None:
     """A client whose two local tensors both land on w[:2] counts there once, with their mean
     (2, 2): its distance to B is (1 + 1) / 2 elements = 1, not over 4 entries."""
     grafted = [MapEntry("x", "w", prefix_index(2)), MapEntry("y", "w", prefix_index(2))]
-    held = _Held(REF)
+    held = HeldClients(REF)
     held.add({"x": torch.tensor([1.0, 1.0]), "y": torch.tensor([3.0, 3.0])}, grafted, 1.0, None)
     held.add({"v": torch.ones(4)}, WHOLE, 1.0, None)
     assert pairwise_distances(held)[0, 1] == 1.0

@@ -42,7 +42,7 @@ from typing import Literal
 
 import torch
 
-from hetfl.core.robust import CoordinateReducer, median
+from hetfl.core.robust import CoordinateReducer, HeldClients, median
 from hetfl.core.spec import IndexMap
 from hetfl.core.state import (
     Fill,
@@ -50,9 +50,6 @@ from hetfl.core.state import (
     ReducerFactory,
     State,
     check_fill,
-    entry_weight,
-    merge_estimate,
-    place,
     untouched,
 )
 
@@ -127,82 +124,7 @@ class DecisionRecorder:
         )
 
 
-class _Held:
-    """Every added client in global coordinates: float64 values (scaled), coverage, and its
-    weight per global name (0 where it does not cover the tensor)."""
-
-    def __init__(self, reference: Mapping[str, torch.Tensor]) -> None:
-        self.reference = reference
-        self.like = {
-            name: torch.zeros((), dtype=torch.float64, device=t.device).expand(t.shape)
-            for name, t in reference.items()
-        }
-        self.values: list[dict[str, torch.Tensor]] = []
-        self.covered: list[dict[str, torch.Tensor]] = []
-        self.weights: list[dict[str, float]] = []
-
-    def add(
-        self,
-        local: Mapping[str, torch.Tensor],
-        index_map: IndexMap,
-        weight: float | Mapping[str, float] = 1.0,
-        scale: Mapping[str, float] | None = None,
-    ) -> None:
-        weighted = [(e, entry_weight(e, local, self.reference, weight)) for e in index_map]
-        covering = [e for e, w in weighted if w > 0]
-        placed = place(local, covering, self.like)
-        weights = {e.global_name: w for e, w in weighted if w > 0}
-        values = {}
-        for name, v in placed.values.items():
-            s = 1.0 if scale is None else float(scale.get(name, 1.0))
-            values[name] = v if s == 1.0 else v * s
-        self.values.append(values)
-        self.covered.append(dict(placed.covered))
-        self.weights.append(weights)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def update(self, i: int, previous: Mapping[str, torch.Tensor], fill: Fill) -> State:
-        """Client i's update over what it covers (zero elsewhere)."""
-        out = {}
-        for name, v in self.values[i].items():
-            base = previous[name].to(torch.float64) if fill == "keep" else torch.zeros_like(v)
-            out[name] = torch.where(self.covered[i][name], v - base, 0.0)
-        return out
-
-    def weighted_mean(
-        self,
-        chosen: list[int],
-        previous: Mapping[str, torch.Tensor],
-        fill: Fill,
-        factors: Mapping[int, float] | None = None,
-    ) -> State:
-        """The method's weighted mean over the `chosen` clients covering each element, each
-        client's update multiplied by its factor (clipping); `previous` or zero elsewhere."""
-        out: State = {}
-        for name, prev in previous.items():
-            total = torch.zeros(prev.shape, dtype=torch.float64, device=prev.device)
-            count = torch.zeros_like(total)
-            for i in chosen:
-                if name not in self.values[i]:
-                    continue
-                w, cov = self.weights[i].get(name, 0.0), self.covered[i][name]
-                v = self.values[i][name]
-                if factors is not None and factors[i] != 1.0:
-                    base = prev.to(torch.float64) if fill == "keep" else torch.zeros_like(v)
-                    v = base + factors[i] * (v - base)
-                total += torch.where(cov, w * v, 0.0)
-                count += torch.where(cov, w, 0.0)
-            hit = count > 0
-            if not bool(hit.any()):
-                out[name] = untouched(prev, fill)
-                continue
-            out[name] = merge_estimate(prev, total / count.clamp(min=1e-300), hit, fill)
-        return out
-
-
-def pairwise_distances(held: _Held) -> torch.Tensor:
+def pairwise_distances(held: HeldClients) -> torch.Tensor:
     """(n, n) float64: the mean squared difference of two clients over the global elements
     both cover (infinite where they share none; 0 on the diagonal)."""
     n = len(held)
@@ -251,7 +173,7 @@ class KrumReducer:
         m: int | None,
         kind: str = "multi-krum",
     ) -> None:
-        self.held, self.f, self.m, self.kind = _Held(reference), f, m, kind
+        self.held, self.f, self.m, self.kind = HeldClients(reference), f, m, kind
         self.fallback = CoordinateReducer(reference, median)
         self.decisions = Decisions(kind)
 
@@ -286,7 +208,7 @@ class ClippingReducer:
     weighted mean."""
 
     def __init__(self, reference: Mapping[str, torch.Tensor], bound: float | str) -> None:
-        self.held, self.bound = _Held(reference), bound
+        self.held, self.bound = HeldClients(reference), bound
         self.decisions = Decisions("norm-clip")
 
     def add(

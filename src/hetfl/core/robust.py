@@ -60,23 +60,93 @@ from hetfl.core.state import (
 Statistic = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class HeldClients:
+    """Every added client in global coordinates: float64 values (scaled), coverage, and its
+    weight per global name (0 where it does not cover the tensor); what a coordinate-wise
+    statistic and a defence (`hetfl.core.defences`) read. `place` writes at the dtype of its
+    `like`: float64 keeps the client's values exact (and unrounded for integer tensors)
+    until the single cast of a result; expanded zero-dim tensors carry shape and device
+    without allocating the tensor."""
+
+    def __init__(self, reference: Mapping[str, torch.Tensor]) -> None:
+        self.reference = reference
+        self.like = {
+            name: torch.zeros((), dtype=torch.float64, device=t.device).expand(t.shape)
+            for name, t in reference.items()
+        }
+        self.values: list[dict[str, torch.Tensor]] = []
+        self.covered: list[dict[str, torch.Tensor]] = []
+        self.weights: list[dict[str, float]] = []
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        weighted = [(e, entry_weight(e, local, self.reference, weight)) for e in index_map]
+        covering = [e for e, w in weighted if w > 0]
+        placed = place(local, covering, self.like)
+        weights = {e.global_name: w for e, w in weighted if w > 0}
+        values = {}
+        for name, v in placed.values.items():
+            s = 1.0 if scale is None else float(scale.get(name, 1.0))
+            values[name] = v if s == 1.0 else v * s
+        self.values.append(values)
+        self.covered.append(dict(placed.covered))
+        self.weights.append(weights)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def update(self, i: int, previous: Mapping[str, torch.Tensor], fill: Fill) -> State:
+        """Client i's update over what it covers (zero elsewhere)."""
+        out = {}
+        for name, v in self.values[i].items():
+            base = previous[name].to(torch.float64) if fill == "keep" else torch.zeros_like(v)
+            out[name] = torch.where(self.covered[i][name], v - base, 0.0)
+        return out
+
+    def weighted_mean(
+        self,
+        chosen: list[int],
+        previous: Mapping[str, torch.Tensor],
+        fill: Fill,
+        factors: Mapping[int, float] | None = None,
+    ) -> State:
+        """The method's weighted mean over the `chosen` clients covering each element, each
+        client's update multiplied by its factor (clipping); `previous` or zero elsewhere."""
+        out: State = {}
+        for name, prev in previous.items():
+            total = torch.zeros(prev.shape, dtype=torch.float64, device=prev.device)
+            count = torch.zeros_like(total)
+            for i in chosen:
+                if name not in self.values[i]:
+                    continue
+                w, cov = self.weights[i].get(name, 0.0), self.covered[i][name]
+                v = self.values[i][name]
+                if factors is not None and factors[i] != 1.0:
+                    base = prev.to(torch.float64) if fill == "keep" else torch.zeros_like(v)
+                    v = base + factors[i] * (v - base)
+                total += torch.where(cov, w * v, 0.0)
+                count += torch.where(cov, w, 0.0)
+            hit = count > 0
+            if not bool(hit.any()):
+                out[name] = untouched(prev, fill)
+                continue
+            out[name] = merge_estimate(prev, total / count.clamp(min=1e-300), hit, fill)
+        return out
+
+
 class CoordinateReducer:
     """A reducer (`hetfl.core.state.Reducer`): a per-element `statistic` over the clients
     covering each element. It holds every added client's tensors in global coordinates: k
     float64 copies of each touched tensor and their coverage."""
 
     def __init__(self, reference: Mapping[str, torch.Tensor], statistic: Statistic) -> None:
-        self._reference = reference
+        self._held = HeldClients(reference)
         self._statistic = statistic
-        # `place` writes at the dtype of its `like`: float64 keeps the client's values exact
-        # (and unrounded for integer tensors) until the single cast in `result`. Expanded
-        # zero-dim tensors carry shape and device without allocating the tensor.
-        self._like = {
-            name: torch.zeros((), dtype=torch.float64, device=t.device).expand(t.shape)
-            for name, t in reference.items()
-        }
-        self._values: dict[str, list[torch.Tensor]] = {}
-        self._covered: dict[str, list[torch.Tensor]] = {}
 
     def add(
         self,
@@ -86,24 +156,22 @@ class CoordinateReducer:
         scale: Mapping[str, float] | None = None,
     ) -> None:
         """Add one client. Entries of weight zero do not cover; the weight is otherwise unused."""
-        covering = [e for e in index_map if entry_weight(e, local, self._reference, weight) > 0]
-        placed = place(local, covering, self._like)
-        for name, values in placed.values.items():
-            s = 1.0 if scale is None else float(scale.get(name, 1.0))
-            self._values.setdefault(name, []).append(values if s == 1.0 else values * s)
-            self._covered.setdefault(name, []).append(placed.covered[name])
+        self._held.add(local, index_map, weight, scale)
 
     def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
         """The statistic where k >= 1 clients cover an element; `previous` or zero elsewhere."""
         check_fill(fill)
         out: State = {}
+        held = self._held
         for name, prev in previous.items():
-            if name not in self._values:
+            holding = [i for i in range(len(held)) if name in held.values[i]]
+            if not holding:
                 out[name] = untouched(prev, fill)
                 continue
-            covered = torch.stack(self._covered[name])  # (clients, *shape)
+            covered = torch.stack([held.covered[i][name] for i in holding])  # (clients, *shape)
             # NaN sorts after every number, so the k covering values come first, ascending.
-            values = torch.where(covered, torch.stack(self._values[name]), math.nan)
+            values = torch.stack([held.values[i][name] for i in holding])
+            values = torch.where(covered, values, math.nan)
             ordered = torch.sort(values, dim=0).values
             count = covered.sum(dim=0)  # (*shape): k
             out[name] = merge_estimate(prev, self._statistic(ordered, count), count > 0, fill)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from pydantic import Field, model_validator
 
-from hetfl.attacks.malicious import Delegating
+from hetfl.attacks.malicious import Delegating, check_class
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, poisoned_upload
 from hetfl.core.client import Program
 from hetfl.core.kinds import KindOptions
@@ -124,11 +124,7 @@ class BackdooredProgram(Delegating):
         channel: Channel | None = None,
     ) -> ClientOutput:
         target = self.trigger.target
-        if target >= data.num_classes:
-            raise ValueError(
-                f"attack backdoor: target = {target} is not a class of the data "
-                f"(0..{data.num_classes - 1})"
-            )
+        check_class("backdoor", "target", target, data)
         stamp = TriggerStamp(
             self.trigger, self.fraction, sibling_generator(generator, ATTACK_PURPOSE)
         )

@@ -58,6 +58,15 @@ def draw_malicious(cids: Iterable[int], fraction: float, seed: int) -> frozenset
     return frozenset(ordered[i] for i in order[:k].tolist())
 
 
+def check_class(attack: str, option: str, value: int, data: ClientData) -> None:
+    """ValueError unless the class an attack option names is one of the client's data."""
+    if value >= data.num_classes:
+        raise ValueError(
+            f"attack {attack}: {option} = {value} is not a class of the data "
+            f"(0..{data.num_classes - 1})"
+        )
+
+
 def declared_attrs(malicious: Collection[int]) -> dict[int, dict[str, Any]]:
     """What each malicious client declares at set-up: that it takes the largest model."""
     return {cid: {LARGEST: True} for cid in sorted(malicious)}

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 from pydantic import Field, model_validator
 
-from hetfl.attacks.malicious import Delegating
+from hetfl.attacks.malicious import Delegating, check_class
 from hetfl.core.client import Program
 from hetfl.core.kinds import KindOptions
 from hetfl.core.rng import sibling_generator
@@ -160,11 +160,7 @@ class FlippedProgram(Delegating):
         channel: Channel | None = None,
     ) -> ClientOutput:
         for name, c in (("source", self.source), ("target", self.target)):
-            if c >= data.num_classes:
-                raise ValueError(
-                    f"attack label-flip: {name} = {c} is not a class of the data "
-                    f"(0..{data.num_classes - 1})"
-                )
+            check_class("label-flip", name, c, data)
         y = torch.where(data.y_train == self.source, self.target, data.y_train)
         flipped = replace(data, y_train=y)
         return self.honest.fit(

@@ -11,23 +11,24 @@ the same client tensors, the same initial weights, the same sampled clients and 
 batch order (generators derived as the engine derives them).
 
 `run_floor` is the one-process, two-thread floor the ratio is taken against;
-`run_floor_two_processes` splits the clients between two one-thread worker processes and
-averages in the parent, to show the physical bound on this machine (an extra line).
+`run_floor_two_processes` (`floor2`) splits each round's clients and the test batches
+between two one-thread worker processes (`bench_worker_pair`) and adds their float64 sums
+in the parent: what two cores give when the work is split by hand.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from bench_side import Profile, SideClock, save_atomically
+from bench_worker_pair import WORKERS, WorkerPair, deal
 from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, Workload
 from torch import nn
 
@@ -129,18 +130,31 @@ def train_clients(
     return sums, total
 
 
+def test_batch_starts(test: Test) -> list[int]:
+    """Where HetFL's evaluation batches start in the test set."""
+    return list(range(0, int(test.y.shape[0]), EVAL_BATCH))
+
+
 @torch.no_grad()
-def test_accuracy(model: nn.Module, test: Test) -> float:
-    """Accuracy on the test set in eval mode, in HetFL's evaluation batches, each
-    standardised as it is drawn (loss summed too, as HetFL's evaluation computes it)."""
+def test_batches(model: nn.Module, test: Test, starts: Sequence[int]) -> tuple[int, int]:
+    """Correct predictions and images over the evaluation batches starting at `starts`, in
+    eval mode, each standardised as it is drawn (loss summed too, as HetFL's evaluation
+    computes it)."""
     model.eval()
-    x, y = test.x, test.y
-    correct, loss_sum = 0, 0.0
-    for s in range(0, int(y.shape[0]), EVAL_BATCH):
-        out, yb = model(test.pixels(x[s : s + EVAL_BATCH])), y[s : s + EVAL_BATCH]
+    correct, seen, loss_sum = 0, 0, 0.0
+    for s in starts:
+        xb, yb = test.x[s : s + EVAL_BATCH], test.y[s : s + EVAL_BATCH]
+        out = model(test.pixels(xb))
         loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(dim=1) == yb).sum())
-    return correct / int(y.shape[0])
+        seen += int(yb.shape[0])
+    return correct, seen
+
+
+def test_accuracy(model: nn.Module, test: Test) -> float:
+    """Accuracy on the whole test set."""
+    correct, seen = test_batches(model, test, test_batch_starts(test))
+    return correct / seen
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -148,20 +162,10 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
 
 
-def _finish_round(
-    model: nn.Module,
-    state: State,
-    test: Test,
-    rnd: int,
-    workdir: Path,
-    clock: SideClock,
-    accs: list[float],
-) -> None:
-    """Test the new global model, write its metrics row, mark the row, checkpoint."""
-    model.load_state_dict(state)
-    accs.append(test_accuracy(model, test))
+def _finish_round(state: State, acc: float, rnd: int, workdir: Path, clock: SideClock) -> None:
+    """Write the tested global model's metrics row, mark the row, checkpoint."""
     with open(workdir / "metrics.jsonl", "a") as fh:
-        fh.write(json.dumps({"round": rnd, "global_acc": accs[-1]}) + "\n")
+        fh.write(json.dumps({"round": rnd, "global_acc": acc}) + "\n")
     clock.row()
     save_atomically(state, workdir / "checkpoint.pt")
 
@@ -187,60 +191,61 @@ def run_floor(
         for rnd in range(1, rounds + 1):
             sums, total = train_clients(model, optimizer, state, sampled(w, rnd), data, rnd)
             state = _average(sums, total, state)
-            _finish_round(model, state, test, rnd, workdir, clock, accs)
+            model.load_state_dict(state)
+            accs.append(test_accuracy(model, test))
+            _finish_round(state, accs[-1], rnd, workdir, clock)
         clock.end()
     torch.save(state, weights)
     return {**clock.report(), "n_params": sum(v.numel() for v in state.values()), "acc": accs}
 
 
 # -- two one-thread processes -------------------------------------------------------------------
-def _worker(conn: Connection, w: Workload, owned: list[int]) -> None:
-    """A worker of the two-process floor: trains the round's clients among `owned`."""
-    torch.set_num_threads(1)
-    data = load_clients(w)
-    model, _ = initial_model()
-    optimizer = _sgd(model)
-    conn.send("ready")
-    while (msg := conn.recv()) is not None:
-        rnd, state = msg
-        mine = [c for c in sampled(w, rnd) if c in owned]
-        conn.send(train_clients(model, optimizer, state, mine, data, rnd))
+class FedAvgWorker:
+    """A floor2 worker: every client's data and the test set loaded, one model and its
+    optimiser built; it trains its share of a round's clients and tests its share of the
+    evaluation batches (`deal`: the clients hold equal shares in A and B, so equal costs)."""
+
+    def __init__(self, w: Workload) -> None:
+        self.w = w
+        self.data, self.test = load_clients(w), load_test(w)
+        self.model, _ = initial_model()
+        self.optimizer = _sgd(self.model)
+
+    def train(self, rnd: int, state: State, part: int) -> tuple[State, int]:
+        mine = deal([(cid, 1.0) for cid in sampled(self.w, rnd)])[part]
+        return train_clients(self.model, self.optimizer, state, mine, self.data, rnd)
+
+    def evaluate(self, state: State, part: int) -> tuple[int, int]:
+        starts = test_batch_starts(self.test)
+        sizes = [min(EVAL_BATCH, int(self.test.y.shape[0]) - s) for s in starts]
+        mine = deal(list(zip(starts, map(float, sizes), strict=True)))[part]
+        self.model.load_state_dict(state)
+        return test_batches(self.model, self.test, mine)
 
 
 def run_floor_two_processes(
     w: Workload, rounds: int, workdir: Path, weights: Path, profile: str | None
 ) -> dict[str, Any]:
-    """The clients split between two one-thread worker processes (first and second half by
-    id); the parent adds their float64 sums, tests with `THREADS` threads and checkpoints."""
+    """floor2: the round's clients and the test batches split between two one-thread worker
+    processes; the parent adds their float64 sums (worker order), their correct counts, and
+    checkpoints."""
     clock = SideClock()
-    torch.set_num_threads(THREADS)
-    ctx = mp.get_context("spawn")
-    half = w.clients // 2
-    pipes, procs = [], []
-    for owned in (list(range(half)), list(range(half, w.clients))):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, w, owned), daemon=True)
-        proc.start()
-        pipes.append(parent)
-        procs.append(proc)
-    test = load_test(w)
-    model, state = initial_model()
-    for conn in pipes:
-        conn.recv()  # "ready": data loaded, model built
+    torch.set_num_threads(1)
+    pair = WorkerPair(partial(FedAvgWorker, w))
+    _, state = initial_model()
+    pair.ready()
+    parts = range(WORKERS)
     accs: list[float] = []
     with Profile(profile):
         clock.start_rounds()
         for rnd in range(1, rounds + 1):
-            for conn in pipes:
-                conn.send((rnd, state))
-            (first, n_first), (second, n_second) = (conn.recv() for conn in pipes)
-            sums = {k: first[k] + second[k] for k in state}
-            state = _average(sums, n_first + n_second, state)
-            _finish_round(model, state, test, rnd, workdir, clock, accs)
-        for conn in pipes:
-            conn.send(None)
-        for proc in procs:
-            proc.join()
+            trained = pair.call("train", [(rnd, state, i) for i in parts])
+            sums = {k: torch.stack([s[k] for s, _ in trained]).sum(0) for k in state}
+            state = _average(sums, sum(n for _, n in trained), state)
+            tested = pair.call("evaluate", [(state, i) for i in parts])
+            accs.append(sum(c for c, _ in tested) / sum(n for _, n in tested))
+            _finish_round(state, accs[-1], rnd, workdir, clock)
+        pair.close()
         clock.end()
     torch.save(state, weights)
     return {**clock.report(), "n_params": sum(v.numel() for v in state.values()), "acc": accs}

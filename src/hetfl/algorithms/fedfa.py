@@ -4,14 +4,15 @@
 Reproduced: each client trains one architecture of a Pre-activation ResNet or of
 MobileNetV2 (§5.1), a depth per section and a width per layer (`architecture_choice`: half
 of the clients the smallest, the others the best within their budget by the ZiCo proxy,
-§5.1; with the same seed, options and clients, its baselines FlexiFed and NeFL put the
-same clients on the same architectures); the global model has the largest width of every
-layer and the largest depth of every section (Alg. 1, line 3); a client receives the first d blocks of each section, every layer
-a leading width slice (Alg. 3); its last block of a section is grafted into the deeper
-blocks it lacks (Alg. 2, `grafting`); every tensor is rescaled by α, the round's mean
-95th-percentile norm over the client's own, and the global model is sum(n_k α W_k) /
-sum(n_k) element-wise over the clients covering each element (Alg. 1, lines 12-22,
-`hetfl.core.norm_scaling`); static BatchNorm without HeteroFL's scaler (§5.1, App. 0.G).
+§5.1; with the same seed, options and clients, its baselines FlexiFed and NeFL put the same
+clients on the same architectures); the global model has the largest width of every layer
+and the largest depth of every section (Alg. 1, line 3); a client receives the first d
+blocks of each section, every layer a leading width slice (Alg. 3); its last block of a
+section is grafted into the deeper blocks it lacks (Alg. 2, `grafting`); every tensor is
+rescaled by α, the round's mean 95th-percentile norm over the client's own, and the global
+model is sum(n_k α W_k) / sum(n_k) element-wise over the clients covering each element
+(Alg. 1, lines 12-22, `hetfl.core.norm_scaling`); static BatchNorm without HeteroFL's
+scaler (§5.1, App. 0.G).
 
 Choices where the paper is silent or its text is loose:
 - the candidate grid (depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1}) is a project default,

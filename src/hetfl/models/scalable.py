@@ -255,18 +255,17 @@ def depth_blocks(spec: Spec, depth: int) -> tuple[int, ...]:
     `spec`'s, as `global_spec` does. A depth above the full one is refused: it would be the
     full model under another label."""
     caps = ARCHITECTURES.get(spec["family"]).max_repeats
-    used = range(spec["stages"])
-    if caps is not None and depth > max(caps[: spec["stages"]]):
-        full = max(caps[: spec["stages"]])
+    stages = spec["stages"]
+    if caps is None:
+        return tuple(depth if i < stages else b for i, b in enumerate(spec["blocks"]))
+    if depth > max(caps[:stages]):
+        full = max(caps[:stages])
         raise SpecError(
             f"{spec['family']}: a depth candidate d puts min(d, n) blocks in a stage of n "
-            f"repeats, n = {caps[: spec['stages']]}, so depth {depth} is the full model, "
-            f"depth {full}; list depths up to {full}"
+            f"repeats, n = {caps[:stages]}, so depth {depth} is the full model, depth "
+            f"{full}; list depths up to {full}"
         )
-    return tuple(
-        (depth if caps is None else min(depth, caps[i])) if i in used else b
-        for i, b in enumerate(spec["blocks"])
-    )
+    return tuple(min(depth, caps[i]) if i < stages else b for i, b in enumerate(spec["blocks"]))
 
 
 def input_reductions(base: Spec) -> list[int]:

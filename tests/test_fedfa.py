@@ -287,11 +287,6 @@ def test_a_declared_depth_above_the_candidates_and_a_budget_no_candidate_fits_ar
             {"family": "stage-cnn", "input_shape": (3, 8, 8), "num_classes": 4, "stages": 2}
         )
         ALGORITHMS.get("fedfa").build(stage, None, clients_per_round=2, train=TRAIN)
-    with pytest.raises(ValueError, match=r"grafts residual blocks.*model.name preresnet"):
-        mobilenet = ScalableFamily(
-            {"family": "mobilenetv2", "input_shape": (3, 8, 8), "num_classes": 4}
-        )
-        ALGORITHMS.get("fedfa").build(mobilenet, None, clients_per_round=2, train=TRAIN)
 
 
 # -- bytes and MACs --------------------------------------------------------------------------

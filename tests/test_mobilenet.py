@@ -148,8 +148,8 @@ def test_index_map_slices_depthwise_filters_and_keeps_each_stages_first_repeats(
     )
     # The input joins the output in the repeats only (stride 1, equal base widths).
     model = family.build(spec)
-    assert [b.residual for b in model.stages[1]] == [False, True]
-    assert [b.residual for b in model.stages[4]] == [False, True, True]
+    assert [b.identity for b in model.stages[1]] == [False, True]
+    assert [b.identity for b in model.stages[4]] == [False, True, True]
 
 
 def test_widths_may_differ_and_shrink_from_stage_to_stage() -> None:

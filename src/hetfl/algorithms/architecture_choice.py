@@ -10,6 +10,9 @@ candidates are priced and scored as architectures: `ArchitectureChoice.architect
 A candidate is one depth for every section and one width multiplier for every layer
 (`Candidate`). The paper's candidate tables are images no text reproduces, so the grid is a
 project default: depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1} (FlexiFed's at one width).
+On MobileNetV2 (§5.1: per-stage repeat counts of at least 2) a depth d caps each stage at
+its own repeats, min(d, n) blocks (`hetfl.models.scalable.depth_blocks`, a HetFL choice):
+its one-block stages keep one, and d = 4 is its own full depth.
 
 A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
 0. the largest candidate (most MACs per sample) for a client that declares
@@ -45,6 +48,7 @@ from hetfl.core.pixels import model_inputs
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientData, ClientInfo, ModelFamily, PassRecord
 from hetfl.core.zico import zico
+from hetfl.models.scalable import depth_blocks
 from hetfl.systems.costs import MacCounter
 
 Choice = Literal["zico", "random"]
@@ -61,7 +65,8 @@ ARCHITECTURE_NORMALISATION: Mapping[str, Any] = {"bn": "static", "scaler": False
 
 @dataclass(frozen=True)
 class Candidate:
-    """One depth for every section and one width multiplier for every layer."""
+    """One depth for every section (capped by a stage's own repeats where the family has
+    them: `depth_blocks`) and one width multiplier for every layer."""
 
     depth: int
     width: float
@@ -103,7 +108,11 @@ class ArchitectureOptions(AggregationOptions):
     non-IID treatment (`label_split`), which the FedFA paper applies to every method it
     compares ("clients zero-out logits for absent classes", §5.1)."""
 
-    depths: list[int] = Field([2, 3, 4], description="candidate depths, blocks in every section")
+    depths: list[int] = Field(
+        [2, 3, 4],
+        description="candidate depths, blocks in every section (mobilenetv2: min(depth, n) in "
+        "a stage of n repeats, 4 its full depth)",
+    )
     widths: list[float] = Field(
         [0.25, 0.5, 0.75, 1.0], description="candidate width multipliers, in (0, 1]"
     )
@@ -164,7 +173,8 @@ class ArchitectureChoice:
         if "blocks" not in base:
             raise ValueError(
                 f"{method} trains architectures of a depth per section: model.name must be a "
-                f"family of residual blocks (preresnet), got {base.get('family')!r}"
+                f"family of residual blocks (preresnet, resnet18, mobilenetv2), got "
+                f"{base.get('family')!r}"
             )
         self.family, self.base, self.candidates = family, base, list(candidates)
         self.method, self.normalisation = method, dict(normalisation)
@@ -181,9 +191,7 @@ class ArchitectureChoice:
         # spec that is a candidate is then that candidate's spec, tensor groups included.
         used = range(self.base["stages"])
         return self.base.replace(
-            blocks=tuple(
-                candidate.depth if i in used else b for i, b in enumerate(self.base["blocks"])
-            ),
+            blocks=depth_blocks(self.base, candidate.depth),
             widths=tuple(
                 candidate.width if i in used else w for i, w in enumerate(self.base["widths"])
             ),

@@ -1,21 +1,24 @@
 """FedFA: Park and Joe-Wong, "Federated Learning with Flexible Architectures" (ECML-PKDD
 2024), §4 and Algorithms 1-3. Notes on the choices: docs/methods.md, "FedFA".
 
-Reproduced: each client trains one architecture of a Pre-activation ResNet, a depth per
-section and a width per layer (`architecture_choice`: half of the clients the smallest, the
-others the best within their budget by the ZiCo proxy, §5.1; with the same seed, options and
-clients, its baselines FlexiFed and NeFL put the same clients on the same architectures);
-the global model has the largest width of every layer and the largest depth of every
-section (Alg. 1, line 3); a client receives the first d blocks of each section, every layer
-a leading width slice (Alg. 3); its last block of a section is grafted into the deeper
-blocks it lacks (Alg. 2, `grafting`); every tensor is rescaled by α, the round's mean
-95th-percentile norm over the client's own, and the global model is sum(n_k α W_k) /
-sum(n_k) element-wise over the clients covering each element (Alg. 1, lines 12-22,
-`hetfl.core.norm_scaling`); static BatchNorm without HeteroFL's scaler (§5.1, App. 0.G).
+Reproduced: each client trains one architecture of a Pre-activation ResNet or of
+MobileNetV2 (§5.1), a depth per section and a width per layer (`architecture_choice`: half
+of the clients the smallest, the others the best within their budget by the ZiCo proxy,
+§5.1; with the same seed, options and clients, its baselines FlexiFed and NeFL put the same
+clients on the same architectures); the global model has the largest width of every layer
+and the largest depth of every section (Alg. 1, line 3); a client receives the first d
+blocks of each section, every layer a leading width slice (Alg. 3); its last block of a
+section is grafted into the deeper blocks it lacks (Alg. 2, `grafting`); every tensor is
+rescaled by α, the round's mean 95th-percentile norm over the client's own, and the global
+model is sum(n_k α W_k) / sum(n_k) element-wise over the clients covering each element
+(Alg. 1, lines 12-22, `hetfl.core.norm_scaling`); static BatchNorm without HeteroFL's
+scaler (§5.1, App. 0.G).
 
 Choices where the paper is silent or its text is loose:
 - the candidate grid (depths {2, 3, 4} x widths {1/4, 1/2, 3/4, 1}) is a project default,
-  since the paper's Table 5 is an image; a budget is forward MACs per sample, drawn
+  since the paper's Table 5 is an image; on MobileNetV2 a depth d gives a stage of n
+  repeats min(d, n) blocks (its one-block stages keep one; d = 4 is its full depth;
+  `hetfl.models.scalable.depth_blocks`); a budget is forward MACs per sample, drawn
   uniformly between the cheapest and the dearest candidate when not given;
 - elements no client covers keep their value (Alg. 1 as printed divides 0 by 0 there);
 - in non-IID runs the logits of a client's absent classes are zeroed in training and its
@@ -48,8 +51,9 @@ from hetfl.core.types import ModelFamily
 class FedFAOptions(ArchitectureOptions):
     depths: list[int] = Field(
         [2, 3, 4],
-        description="candidate depths, blocks in every section (>= 2 where any is deeper: "
-        "grafting copies a section's last block, an identity block only from depth 2)",
+        description="candidate depths, blocks in every section (mobilenetv2: min(depth, n) in "
+        "a stage of n repeats, 4 its full depth; >= 2 where any is deeper: grafting copies a "
+        "section's last block, an identity block only from depth 2)",
     )
     norm: NormKind = Field(
         "l2",

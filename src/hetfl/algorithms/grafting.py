@@ -10,7 +10,12 @@ entry, so the client downloads its own blocks only (Algorithm 3: the first d blo
 section) and uploads each tensor once; aggregation writes it into every block it stands in
 for. Only identity blocks are grafted (no stride, no projection shortcut: the one shape a
 section's later blocks share); a section's last block is one wherever the client's depth
-there is at least 2, and anything else is refused.
+there is at least 2, and anything else is refused. The family says which blocks are
+identity blocks (`SectionBlock.identity`): a ResNet's blocks without a shortcut
+convolution, MobileNetV2's inverted residuals after a stage's first (stride 1, equal
+widths, the input added), so a stage's first block, which strides or changes channels, is
+never a graft target, and MobileNetV2's one-block stages are never grafted (every client
+has their one block).
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from hetfl.core.types import ClientInfo, ModelFamily
 
 @runtime_checkable
 class Sectioned(Protocol):
-    """A family whose models are built in sections of residual blocks (the ResNets of
-    `hetfl.models.scalable`)."""
+    """A family whose models are built in sections of residual blocks (the ResNets and
+    MobileNetV2 of `hetfl.models.scalable`)."""
 
     def sections(self, spec: Spec) -> list[list[SectionBlock]]: ...
 
@@ -43,7 +48,7 @@ def sectioned(family: ModelFamily, method: str) -> Sectioned:
             pass
     raise ValueError(
         f"{method} grafts residual blocks: it needs a model built in sections of blocks "
-        "(model.name preresnet or resnet18)"
+        "(model.name preresnet, resnet18 or mobilenetv2)"
     )
 
 

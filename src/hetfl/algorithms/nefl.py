@@ -34,6 +34,7 @@ Choices where the code differs or is silent:
   head row is averaged over the clients holding its class (`label_split`, on by default),
   as FedFA does: FedFA's paper applies it to every method it compares (§5.1);
   `label_split: false` trains without it;
+- only Pre-ResNet takes step sizes: NeFL refuses MobileNetV2 (FedFA and FlexiFed take it);
 - when the chosen sub-models are not nested (d3-w0.25 and d2-w0.5, say), the global state
   spans their per-section maximum, which no client trains as a whole: its BatchNorm and
   step sizes, under plain names, are never trained nor evaluated.
@@ -60,6 +61,7 @@ from hetfl.core.spec import Spec
 from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
+from hetfl.models.scalable import ARCHITECTURES
 
 
 class NeFLOptions(ArchitectureOptions):
@@ -96,6 +98,13 @@ def _make(
         normalisation={"bn": "batch", "step_size": True},
         batch_size=train.batch_size,
     )
+    name = choice.base["family"]
+    if not ARCHITECTURES.get(name).step_sizes:
+        raise ValueError(
+            f"nefl multiplies every residual branch by a learnable step size, which {name}'s "
+            "blocks do not take; use model.name preresnet, or fedfa or flexifed on "
+            f"{name}"
+        )
     return architecture_strategy(
         family,
         opts,

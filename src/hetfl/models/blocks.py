@@ -20,8 +20,11 @@ resnet.py`), so a network is given its block class:
 
 A block has a shortcut convolution where the stride or the *base* widths differ (never
 where only the built widths do), so every sub-model of a family has the same blocks and
-tensor names. `preactivation` says whether the block normalises its input (the network
-then ends with a norm and a ReLU and its stem has none) or its outputs.
+tensor names. A block's `identity` says it has none, so its input and output have one
+shape and it adds its input unchanged (what FedFA's grafting copies between blocks of a
+section, `hetfl.models.scalable.sections`). `preactivation` says whether the block
+normalises its input (the network then ends with a norm and a ReLU and its stem has none)
+or its outputs.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ class BasicBlock(nn.Module):
         if stride != 1 or base_in != base_out:
             self.shortcut = slim_conv(cin, base_out, ratio, 1, stride)
             self.norm_sc = norm(base_out, ratio)
+        self.identity = self.shortcut is None
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         h = torch.relu(self.norm1(self.conv1(x, width), width))
@@ -201,6 +205,7 @@ class PreActBlock(nn.Module):
         self.shortcut: SlimConv2d | None = None
         if stride != 1 or base_in != base_out:
             self.shortcut = slim_conv(cin, base_out, ratio, 1, stride)
+        self.identity = self.shortcut is None
         self.step = StepSize() if step_size else None
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
@@ -244,6 +249,7 @@ class Bottleneck(nn.Module):
         if stride != 1 or base_in != base_wide:
             self.shortcut = slim_conv(cin, base_wide, ratio, 1, stride)
             self.norm_sc = norm(base_wide, ratio)
+        self.identity = self.shortcut is None
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         h = torch.relu(self.norm1(self.conv1(x, width), width))  # (B, planes, H, W)

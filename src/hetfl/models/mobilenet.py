@@ -27,6 +27,14 @@ ECML-PKDD 2024, trains MobileNetV2 on CIFAR-100 and its Table 4 could not be rea
   3, 1); a sub-model keeps each stage's first blocks. Stages 1 and 7 have one block (n = 1)
   and keep it: depth varies by the repeats of the stages with at least two. `stages`
   below 7 ends the model early, as for the other scalable families.
+- **Depth candidates** (FedFA and its baselines, one depth d for the whole model:
+  `hetfl.models.scalable.depth_blocks`): a stage of n repeats gets min(d, n) blocks, so
+  d = 2, 3, 4 are (1, 2, 2, 2, 2, 2, 1), (1, 2, 3, 3, 3, 3, 1) and Table 2's own
+  (1, 2, 3, 4, 3, 3, 1); the one-block stages keep their block, a depth of at least 2
+  keeps at least 2 where a stage repeats (FedFA grafts a stage's last block, an identity
+  block only from its second), and depths above 4 are refused. A HetFL choice: the
+  paper's candidate table (Park and Joe-Wong, Table 5) is an image, and per-stage repeat
+  counts of at least 2 are all its §5.1 text says.
 - No dropout before the classifier (torchvision's has p = 0.2; the CIFAR ports have none),
   and no convolution biases, as in the residual families (`hetfl.models.blocks`).
 """
@@ -100,13 +108,15 @@ class InvertedResidual(nn.Module):
         self.norm1 = norm(base_hidden, ratio)
         self.project = slim_conv(hidden, base_out, ratio, 1, 1)
         self.norm2 = norm(base_out, ratio)
-        self.residual = stride == 1 and base_in == base_out
+        # An identity block (stride 1, equal base widths) adds its input, as the residual
+        # families' blocks without a shortcut do (`hetfl.models.blocks`).
+        self.identity = stride == 1 and base_in == base_out
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         h = x if self.expand is None else self.expand(x, width)  # (B, t C_in, H, W)
         h = F.relu6(self.norm1(self.depthwise(h, width), width))  # (B, t C_in, H/s, W/s)
         h = self.norm2(self.project(h, width), width)  # (B, C_out, H/s, W/s)
-        return x + h if self.residual else h
+        return x + h if self.identity else h
 
 
 class MobileNetV2(nn.Module):
@@ -177,5 +187,6 @@ ARCHITECTURES.register(
         lambda s: 2 ** halvings(s),
         "MobileNetV2 (Sandler et al. 2018): widths per stage, depth by repeats (FedFA)",
         check=check_repeats,
+        max_repeats=MobileNetV2.REPEATS,
     ),
 )

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -192,6 +192,9 @@ class Architecture:
     check: Callable[[Spec], None] | None = None
     #: Whether its blocks take a step size (`step_size` in the spec: NeFL's).
     step_sizes: bool = False
+    #: The most blocks a depth candidate gives each stage (`depth_blocks`: MobileNetV2's
+    #: Table 2 repeats); None: no cap, the candidate's depth in every stage.
+    max_repeats: tuple[int, ...] | None = None
 
     @property
     def slots(self) -> int:
@@ -242,6 +245,27 @@ for _name, _block, _summary in _RESNET_BLOCKS:
             step_sizes=_block is PreActBlock,
         ),
     )
+
+
+def depth_blocks(spec: Spec, depth: int) -> tuple[int, ...]:
+    """The blocks per stage of a depth candidate (FedFA and its baselines: one depth for
+    the whole model): `min(depth, n)` in each of `spec`'s stages, where n is the family's
+    `max_repeats` for that stage (none: `depth` itself), so MobileNetV2's one-block stages
+    keep their block and depth 4 is its own full depth; slots beyond `stages` keep
+    `spec`'s, as `global_spec` does. A depth above the full one is refused: it would be the
+    full model under another label."""
+    caps = ARCHITECTURES.get(spec["family"]).max_repeats
+    stages = spec["stages"]
+    if caps is None:
+        return tuple(depth if i < stages else b for i, b in enumerate(spec["blocks"]))
+    if depth > max(caps[:stages]):
+        full = max(caps[:stages])
+        raise SpecError(
+            f"{spec['family']}: a depth candidate d puts min(d, n) blocks in a stage of n "
+            f"repeats, n = {caps[:stages]}, so depth {depth} is the full model, depth "
+            f"{full}; list depths up to {full}"
+        )
+    return tuple(min(depth, caps[i]) if i < stages else b for i, b in enumerate(spec["blocks"]))
 
 
 def input_reductions(base: Spec) -> list[int]:
@@ -338,14 +362,15 @@ class ScalableFamily:
             return list(self.build(spec).pipeline)  # type: ignore[arg-type]
 
     def sections(self, spec: Spec) -> list[list[SectionBlock]]:
-        """The residual blocks of each section (stage) of a ResNet-style spec, in order:
-        what depth-flexible methods take apart (FedFA's grafting; a method that drops or
-        steps over blocks). A family without residual sections is a `SpecError`."""
+        """The residual blocks of each section (stage) of a spec built in sections of
+        blocks (the ResNets, MobileNetV2), in order: what depth-flexible methods take apart
+        (FedFA's grafting; a method that drops or steps over blocks). A family without
+        residual sections is a `SpecError`."""
         spec = self.checked(spec)
         if ARCHITECTURES.get(spec["family"]).default_blocks is None:
             raise SpecError(
                 f"{spec['family']} has no residual sections; a depth-flexible method needs a "
-                "ResNet-style model (resnet18, preresnet)"
+                "model built in sections of blocks (resnet18, preresnet, mobilenetv2)"
             )
         return [list(section) for section in _sections(spec)]
 
@@ -402,25 +427,33 @@ def _layout(spec: Spec) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
     return shapes, frozenset(kept)
 
 
+@runtime_checkable
+class SectionMember(Protocol):
+    """A block of a section that says whether it is an identity block: stride 1 and equal
+    base widths, adding its input unchanged (`hetfl.models.blocks`' residual blocks without
+    a shortcut, MobileNetV2's repeats after a stage's first block)."""
+
+    identity: bool
+
+
 @lru_cache(maxsize=256)
 def _sections(spec: Spec) -> tuple[tuple[SectionBlock, ...], ...]:
-    """Each stage's blocks of a ResNet spec, found on a model built on the meta device: a
-    block is an identity block where it has no shortcut convolution (stride 1, equal base
-    widths in and out)."""
+    """Each stage's blocks of a spec built in sections, found on a model built on the meta
+    device, each an identity block where it says so (`SectionMember`)."""
     with torch.device("meta"):
         model = _make(spec)
     out = []
     for i, stage in enumerate(cast(nn.ModuleList, model.stages)):
         blocks = []
         for b, block in enumerate(cast(nn.ModuleList, stage)):
-            if not hasattr(block, "shortcut"):  # MobileNetV2's inverted residuals
+            if not isinstance(block, SectionMember):
                 raise SpecError(
-                    f"{spec['family']} has no residual sections of blocks with a shortcut; a "
-                    "depth-flexible method needs a ResNet-style model (resnet18, preresnet)"
+                    f"{spec['family']}'s blocks do not say which are identity blocks; a "
+                    "depth-flexible method needs resnet18, preresnet or mobilenetv2"
                 )
             path = f"stages.{i}.{b}"
             names = tuple(f"{path}.{k}" for k in block.state_dict())
-            blocks.append(SectionBlock(path, names, block.shortcut is None))
+            blocks.append(SectionBlock(path, names, block.identity))
         out.append(tuple(blocks))
     return tuple(out)
 

@@ -22,6 +22,7 @@ to `sim_time_s` and gives each client's times to the next `plan` in `ClientInfo.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,7 @@ from hetfl.core.types import (
     Problem,
     State,
 )
+from hetfl.engine.global_eval import Score, Scoring, as_tested
 from hetfl.engine.heap import trim_heap
 from hetfl.engine.outputs import RowSink
 from hetfl.engine.progress import Progress
@@ -68,14 +70,15 @@ from hetfl.engine.steps import (
 )
 from hetfl.sim.executor import Executor, SequentialExecutor
 from hetfl.sim.tasks import (
+    BatchScore,
     ClientJob,
     LocalScoreItem,
+    RoundModel,
     ScoreItem,
     StatisticsItem,
     TaskOutcome,
     client_statistics,
-    score_batch,
-    score_client,
+    evaluation_unit,
 )
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
@@ -295,80 +298,116 @@ class Simulation(RoundLoop):
     def sim_time_s(self) -> float | None:
         return None if self.clock is None else self.counters.sim_time_s
 
-    def local_scores(
+    def local_tasks(
         self,
         rnd: int,
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
         stats_pass: bool = False,
-    ) -> list[LocalScore]:
+    ) -> list[EvalTask]:
         """Each sampled (or each ever trained) client on its own `split`, with its own
         private state."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        tasks = [
+        return [
             local_task(self.strategy, self.infos[cid], self.state, evaluated, split, stats_pass)
             for cid in cids
         ]
-        return self.score_clients(rnd, tasks)
 
-    def pooled_scores(self, rnd: int, split: EvalSplit) -> list[LocalScore]:
+    def pooled_tasks(self, rnd: int, split: EvalSplit) -> list[EvalTask]:
         """Every client that has trained (it holds private state), by the strategy's
         pooled task, on its own `split`."""
         tasks = [self.strategy.pooled_task(self.infos[cid], self.state) for cid in self.store]
-        return self.score_clients(rnd, [replace(t, split=split) for t in tasks if t is not None])
+        return [replace(t, split=split) for t in tasks if t is not None]
 
     def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
         """Each task through the executor (`score_client`), with its client's data and
         private state as the store holds it; clients whose split is empty are left out."""
-        items = [
+        return self.score_round(rnd, [], [tasks])[1][0]
+
+    def score_round(
+        self, rnd: int, scorings: Sequence[Scoring], task_lists: Sequence[Sequence[EvalTask]]
+    ) -> tuple[list[Score], list[list[LocalScore]]]:
+        """The round's evaluation as one exchange of the executor: each scoring's fixed
+        batches of `EVAL_BATCH` (their losses added in batch order, as `evaluate_model`
+        adds them) and each task's client (`score_client`, with its data and private state
+        as the store holds it; clients whose split is empty are left out). The units of
+        one model share it as a `RoundModel`: loaded once per process that runs them."""
+        exchange = uuid.uuid4().hex
+        units: list[ScoreItem | LocalScoreItem] = []
+        for s in scorings:
+            model = RoundModel(exchange, s.model.name, s.model.spec, s.model.tensors)
+            units += [
+                ScoreItem(model, s.x[i : i + EVAL_BATCH], s.y[i : i + EVAL_BATCH], self.pixels)
+                for i in range(0, int(s.y.shape[0]), EVAL_BATCH)
+            ]
+        asked = [self._local_items(tasks) for tasks in task_lists]
+        units += [item for items in asked for item in items]
+        answers = iter(self.executor.map(self.programs, evaluation_unit, units))
+        scores: list[Score] = []
+        for s in scorings:
+            correct, loss_sum = 0, 0.0
+            for _ in range(0, int(s.y.shape[0]), EVAL_BATCH):
+                batch = next(answers)
+                assert isinstance(batch, BatchScore)
+                correct += batch.correct
+                loss_sum += batch.loss_sum
+            scores.append((correct, loss_sum, int(s.y.shape[0])))
+        local = [[_local_score(item, next(answers)) for item in items] for items in asked]
+        return scores, local
+
+    def _local_items(self, tasks: Sequence[EvalTask]) -> list[LocalScoreItem]:
+        """The units of `tasks` whose client's split is not empty."""
+        return [
             LocalScoreItem(task, self.clients[task.cid], self.store.get(task.cid))
             for task in tasks
             if self.clients[task.cid].split(task.split)[1].numel()
         ]
-        answers = self.executor.map(self.programs, score_client, items)
-        return [
-            LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group, n)
-            for item, (correct, loss_sum, n) in zip(items, answers, strict=True)
-        ]
 
-    def score(
-        self, model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[int, float, int]:
-        """The loaded global model on (x, y) in fixed batches of `EVAL_BATCH` through the
-        executor, the batches' losses added in batch order (as `evaluate_model` adds them)."""
-        tensors = model.state_dict()
-        items = [
-            ScoreItem(
-                spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH], pixels=self.pixels
-            )
-            for s in range(0, int(y.shape[0]), EVAL_BATCH)
-        ]
-        correct, loss_sum = 0, 0.0
-        for batch in self.executor.map(self.programs, score_batch, items):
-            correct += batch.correct
-            loss_sum += batch.loss_sum
-        return correct, loss_sum, int(y.shape[0])
+    def stats_passes(self, rnd: int, models: Sequence[EvalModel]) -> list[State]:
+        """Every model's statistics pass in one exchange of the executor; see `stats_pass`."""
+        totals = self._statistics([(em.name, em.spec, em.tensors) for em in models])
+        passed = []
+        for em, total in zip(models, totals, strict=True):
+            model = self._loaded(em)
+            apply_bn_statistics(model, total)
+            passed.append(as_tested(model))
+        return passed
 
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Static-BN statistics from every client's training data (or its share of
         `settings.stats_samples`), as `hetfl.engine.statistics` defines the pass: each
         client's part through the executor, the parts added in client-id order."""
+        apply_bn_statistics(model, self._statistics([(em.name, em.spec, model.state_dict())])[0])
+
+    def _statistics(self, models: Sequence[tuple[str, Spec, State]]) -> list[BNStatistics]:
+        """The summed statistics of each (name, spec, tensors) model over every client's
+        share, as one exchange: a unit per model and client, each model's parts added in
+        client-id order."""
         sizes = {cid: data.n_train for cid, data in self.clients.items()}
-        shares = stats_shares(sizes, self.settings.stats_samples)
-        tensors, seed = model.state_dict(), self.settings.seed
+        shares = {c: n for c, n in stats_shares(sizes, self.settings.stats_samples).items() if n}
+        exchange, seed = uuid.uuid4().hex, self.settings.seed
         items = [
             StatisticsItem(
-                em.spec, tensors, self.clients[cid].x_train, share, seed, cid, self.pixels
+                RoundModel(exchange, name, spec, tensors),
+                self.clients[cid].x_train,
+                share,
+                seed,
+                cid,
+                self.pixels,
             )
+            for name, spec, tensors in models
             for cid, share in shares.items()
-            if share
         ]
-        total: BNStatistics = {}
-        for part in self.executor.map(self.programs, client_statistics, items):
-            add_bn_statistics(total, part)
-        apply_bn_statistics(model, total)
+        parts = iter(self.executor.map(self.programs, client_statistics, items))
+        totals = []
+        for _ in models:
+            total: BNStatistics = {}
+            for _ in shares:
+                add_bn_statistics(total, next(parts))
+            totals.append(total)
+        return totals
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint_extras(self) -> dict[str, Any]:
@@ -386,6 +425,13 @@ class Simulation(RoundLoop):
         self.downloads.load_entries(ckpt.get("downloads", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_history(cid, times)
+
+
+def _local_score(item: LocalScoreItem, answer: BatchScore | tuple[int, float, int]) -> LocalScore:
+    """A client's local evaluation (`score_client`'s answer) as its score."""
+    assert not isinstance(answer, BatchScore), "a local evaluation answered a batch's score"
+    correct, loss_sum, n = answer
+    return LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group, n)
 
 
 def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:

@@ -22,7 +22,6 @@ to `sim_time_s` and gives each client's times to the next `plan` in `ClientInfo.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +32,6 @@ from torch import nn
 
 from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
 from hetfl.core.client import Programs
-from hetfl.core.scoring import EVAL_BATCH
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.spec import Spec
 from hetfl.core.store import ClientStore, StoreSettings
@@ -57,7 +55,7 @@ from hetfl.engine.outputs import RowSink
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.rounds import RoundLoop
-from hetfl.engine.statistics import add_bn_statistics, stats_shares
+from hetfl.engine.statistics import stats_shares
 from hetfl.engine.steps import (
     Charge,
     LocalScore,
@@ -68,18 +66,9 @@ from hetfl.engine.steps import (
     run_pixels,
     task_bytes,
 )
+from hetfl.sim.eval_exchange import scoring_exchange, statistics_exchange
 from hetfl.sim.executor import Executor, SequentialExecutor
-from hetfl.sim.tasks import (
-    BatchScore,
-    ClientJob,
-    LocalScoreItem,
-    RoundModel,
-    ScoreItem,
-    StatisticsItem,
-    TaskOutcome,
-    client_statistics,
-    evaluation_unit,
-)
+from hetfl.sim.tasks import ClientJob, LocalScoreItem, TaskOutcome
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
 
@@ -329,33 +318,12 @@ class Simulation(RoundLoop):
     def score_round(
         self, rnd: int, scorings: Sequence[Scoring], task_lists: Sequence[Sequence[EvalTask]]
     ) -> tuple[list[Score], list[list[LocalScore]]]:
-        """The round's evaluation as one exchange of the executor: each scoring's fixed
-        batches of `EVAL_BATCH` (their losses added in batch order, as `evaluate_model`
-        adds them) and each task's client (`score_client`, with its data and private state
-        as the store holds it; clients whose split is empty are left out). The units of
-        one model share it as a `RoundModel`: loaded once per process that runs them."""
-        exchange = uuid.uuid4().hex
-        units: list[ScoreItem | LocalScoreItem] = []
-        for s in scorings:
-            model = RoundModel(exchange, s.model.name, s.model.spec, s.model.tensors)
-            units += [
-                ScoreItem(model, s.x[i : i + EVAL_BATCH], s.y[i : i + EVAL_BATCH], self.pixels)
-                for i in range(0, int(s.y.shape[0]), EVAL_BATCH)
-            ]
+        """The round's evaluation as one exchange of the executor
+        (`hetfl.sim.eval_exchange`): each scoring in fixed batches, and each task's client
+        with its data and private state as the store holds it (clients whose split is
+        empty are left out)."""
         asked = [self._local_items(tasks) for tasks in task_lists]
-        units += [item for items in asked for item in items]
-        answers = iter(self.executor.map(self.programs, evaluation_unit, units))
-        scores: list[Score] = []
-        for s in scorings:
-            correct, loss_sum = 0, 0.0
-            for _ in range(0, int(s.y.shape[0]), EVAL_BATCH):
-                batch = next(answers)
-                assert isinstance(batch, BatchScore)
-                correct += batch.correct
-                loss_sum += batch.loss_sum
-            scores.append((correct, loss_sum, int(s.y.shape[0])))
-        local = [[_local_score(item, next(answers)) for item in items] for items in asked]
-        return scores, local
+        return scoring_exchange(self.executor, self.programs, scorings, asked, self.pixels)
 
     def _local_items(self, tasks: Sequence[EvalTask]) -> list[LocalScoreItem]:
         """The units of `tasks` whose client's split is not empty."""
@@ -383,31 +351,18 @@ class Simulation(RoundLoop):
 
     def _statistics(self, models: Sequence[tuple[str, Spec, State]]) -> list[BNStatistics]:
         """The summed statistics of each (name, spec, tensors) model over every client's
-        share, as one exchange: a unit per model and client, each model's parts added in
-        client-id order."""
+        share, as one exchange of the executor (`hetfl.sim.eval_exchange`)."""
         sizes = {cid: data.n_train for cid, data in self.clients.items()}
         shares = {c: n for c, n in stats_shares(sizes, self.settings.stats_samples).items() if n}
-        exchange, seed = uuid.uuid4().hex, self.settings.seed
-        items = [
-            StatisticsItem(
-                RoundModel(exchange, name, spec, tensors),
-                self.clients[cid].x_train,
-                share,
-                seed,
-                cid,
-                self.pixels,
-            )
-            for name, spec, tensors in models
-            for cid, share in shares.items()
-        ]
-        parts = iter(self.executor.map(self.programs, client_statistics, items))
-        totals = []
-        for _ in models:
-            total: BNStatistics = {}
-            for _ in shares:
-                add_bn_statistics(total, next(parts))
-            totals.append(total)
-        return totals
+        return statistics_exchange(
+            self.executor,
+            self.programs,
+            models,
+            self.clients,
+            shares,
+            self.settings.seed,
+            self.pixels,
+        )
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint_extras(self) -> dict[str, Any]:
@@ -425,13 +380,6 @@ class Simulation(RoundLoop):
         self.downloads.load_entries(ckpt.get("downloads", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_history(cid, times)
-
-
-def _local_score(item: LocalScoreItem, answer: BatchScore | tuple[int, float, int]) -> LocalScore:
-    """A client's local evaluation (`score_client`'s answer) as its score."""
-    assert not isinstance(answer, BatchScore), "a local evaluation answered a batch's score"
-    correct, loss_sum, n = answer
-    return LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group, n)
 
 
 def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:

@@ -28,7 +28,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.trigger import Trigger
 from hetfl.core.types import ClientData, ClientOutput, ClientResult, ClientTask, EvalModel
 from hetfl.data.dataset import Dataset
-from hetfl.engine.steps import evaluate_global
+from hetfl.engine.global_eval import plan_global
 from hetfl.models.base import PlainFamily
 from hetfl.runner import build_simulation
 
@@ -192,16 +192,17 @@ def test_attack_success_by_hand_on_a_hand_set_linear_model() -> None:
     y = torch.tensor([0, 1, 0, 0, 1, 0, 0])
     main = EvalModel("main", spec, _linear([-1.0, 0.0, 0.0, 1.0], [0.5, 0.0]))
     other = EvalModel("other", spec, _linear([0.0] * 4, [0.0, 1.0]), group="other")
-    evaluate = partial(
-        evaluate_global,
-        TwoModels([main, other]),
-        {},
-        ModelCache(family),
-        (x, y),
-        None,
-        (),
-        lambda model, spec, xs, ys: evaluate_model(model, xs, ys, pixels=UNIT),
-    )
+    models = ModelCache(family)
+
+    def evaluate(triggered=None):
+        plan = plan_global(TwoModels([main, other]).eval_models({}), (x, y), (), triggered)
+        answers = []
+        for scoring in plan.scorings:
+            model = models.model_for(scoring.model.spec)
+            model.load_state_dict(scoring.model.tensors)
+            answers.append(evaluate_model(model, scoring.x, scoring.y, pixels=UNIT))
+        return plan.scores(answers)
+
     scores = evaluate(Trigger(patch=1, target=1).triggered(x, y))
     assert scores.attack_success == pytest.approx(3 / 5, abs=1e-12)
     assert scores.global_acc == pytest.approx(5 / 7)  # clean images: all called 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -149,6 +150,31 @@ def test_a_unit_that_raises_in_a_worker_stops_the_exchange_with_its_traceback(po
     with pytest.raises(RuntimeError, match=r"(?s)failed in a worker process.*unit 2 is broken"):
         pool.map(programs, _fails, [0, 1, 2, 3])
     assert pool.map(programs, _fails, [0, 1, 3]) == [0, 10, 30]  # the pool recovers
+
+
+def _workers() -> set[int | None]:
+    return {p.pid for p in mp.active_children() if p.name == "hetfl-worker" and p.is_alive()}
+
+
+def test_the_workers_start_with_the_executor_not_at_its_first_unit():
+    """Built, they start while the run loads its data: once the data is shared (which
+    waits for their start), two more workers are running, before any unit was sent."""
+    before = _workers()
+    with ProcessExecutor(2) as executor:
+        executor.share({"x": torch.zeros(3)})
+        assert len(_workers() - before) == 2
+    assert _workers() == before  # and `close` stopped them
+
+
+def test_a_start_that_fails_says_so_when_the_executor_is_first_used(monkeypatch):
+    def cannot_fork(self):
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(ProcessExecutor, "_spawn", cannot_fork)
+    executor = ProcessExecutor(2)
+    with pytest.raises(RuntimeError, match=r"2 worker process\(es\) did not start: OSError"):
+        executor.share({"x": torch.zeros(3)})
+    executor.close()  # nothing left to stop
 
 
 def test_a_worker_that_died_while_idle_is_replaced_at_the_next_exchange(pool):

@@ -34,8 +34,8 @@ def build_simulation(
     passes auto). A process executor's workers live until `sim.executor.close()`. The
     config's `tracking` sinks come first: a missing extra fails before anything starts."""
     sinks = make_sinks(cfg.tracking, run_dir)
-    # The executor first: a process executor's fork server imports torch and HetFL while
-    # this process loads and partitions the data.
+    # The executor first: a process executor's fork server and workers start (import torch
+    # and HetFL) while this process loads and partitions the data; stopped if that fails.
     chosen, described = make_executor(
         cfg.executor or executor,
         workers=cfg.workers,
@@ -46,7 +46,11 @@ def build_simulation(
         measured_clock=cfg.measured_clock,
         plugins=cfg.plugins,
     )
-    p = build_parts(cfg, show_progress=show_progress, label=label)
+    try:
+        p = build_parts(cfg, show_progress=show_progress, label=label)
+    except BaseException:
+        chosen.close()
+        raise
     if isinstance(chosen, VectorisedExecutor):
         described = chosen.describe(run_fallback(p.programs, p.strategy.train))
     info = {**p.info, "executor": described}

@@ -270,24 +270,23 @@ class FlowerServer(RoundLoop):
             )
         apply_bn_statistics(model, total)
 
-    def local_scores(
+    def local_tasks(
         self,
         rnd: int,
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
         stats_pass: bool = False,
-    ) -> list[LocalScore]:
-        """A second exchange: each client evaluates on its own `split` with its private
-        state; clients that do not answer are left out (with a warning)."""
+    ) -> list[EvalTask]:
+        """Each sampled (or each participating) client on its own `split` with its private
+        state, which `score_clients` asks for in an exchange of its own."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else sorted(self.participated)
         infos = self.members.infos
-        tasks = [
+        return [
             local_task(self.strategy, infos[c], self.state, evaluated, split, stats_pass)
             for c in cids
         ]
-        return self.score_clients(rnd, tasks)
 
     def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
         """An `evaluate` exchange: each connected task's node scores its client on the

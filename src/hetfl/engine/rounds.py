@@ -11,13 +11,18 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
   client its costs;
 - `after_training(outcome)`: anything due once the round's results are aggregated and its
   server phase has run (the simulator advances its clock here);
-- `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them;
-- `local_scores(rnd, outcome, evaluated, split, stats_pass)`: each locally evaluated
-  client's accuracy, loss and group on its local test split (or its validation split),
-  after a statistics pass over its own training data when asked (`eval.stats_pass`);
+- `stats_pass(rnd, model, em)`: static BatchNorm statistics for a model that needs them
+  (`stats_passes`: those of every tested model of the round, one after the other unless
+  the engine does them together);
+- `local_tasks(rnd, outcome, evaluated, split, stats_pass)`: the task of each locally
+  evaluated client on its local test split (or its validation split), after a statistics
+  pass over its own training data when asked (`eval.stats_pass`);
 - `score_clients(rnd, tasks)`: run given evaluation tasks on their clients (with
   `eval.local_trained`, each trained client's model of this round, `trained_eval_task`);
-- `pooled_scores(rnd, split)`: every trained client's score on its own split by the
+- `score_round(rnd, scorings, task_lists)`: a round's evaluation at once, the global
+  models' scorings (`hetfl.engine.global_eval`) and the clients' evaluation tasks (the
+  simulator in one exchange of its executor; by default one after the other);
+- `pooled_tasks(rnd, split)`: every trained client's task on its own split by the
   strategy's pooled task, for methods without a single global model whose clients share
   one (FedGKT's `global_acc`; only the simulator has it);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
@@ -36,7 +41,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,6 @@ from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, torch_generator
 from hetfl.core.scoring import evaluate_model
-from hetfl.core.spec import Spec
 from hetfl.core.store import ClientStore
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
@@ -62,6 +65,7 @@ from hetfl.core.types import (
 )
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.decisions import add_round, defence_row, defence_summary
+from hetfl.engine.global_eval import Score, Scoring, as_tested, plan_global
 from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, summarise, write_json
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
@@ -70,7 +74,6 @@ from hetfl.engine.steps import (
     LocalScore,
     Pooled,
     RoundOutcome,
-    evaluate_global,
     every_client_failed,
     mean_local_accuracy,
     mean_local_scores,
@@ -227,35 +230,42 @@ class RoundLoop(ABC):
         the triggered test images (`RoundSettings.trigger`) that the model `global_acc` scores
         classifies as the target; null where `global_acc` pools the clients' own splits.
         """
-        scores = evaluate_global(
-            self.strategy,
-            self.state,
-            self.eval_models,
-            (self.x_test, self.y_test),
-            partial(self.stats_pass, rnd),
-            self.validation,
-            self.score,
-            self.triggered,
-        )
-        if self.strategy.pooled_eval is not None:  # not the global test set: the clients' own
-            scores.global_acc, scores.test_loss = pooled_accuracy(self.pooled_scores(rnd, "test"))
+        tested = self.tested_models(rnd)
+        plan = plan_global(tested, (self.x_test, self.y_test), self.validation, self.triggered)
+        evaluated = {em.name: em.tensors for em in tested}
+        pooled = self.strategy.pooled_eval is not None
+        # Every client task of the round's evaluation, asked together with the scorings.
+        asked: dict[str, list[EvalTask]] = {}
+        if pooled:  # not the global test set: the clients' own
+            asked["pooled"] = self.pooled_tasks(rnd, "test")
+            if self.validation:
+                asked["pooled validation"] = self.pooled_tasks(rnd, "validation")
+        if self.settings.local_eval != "none":
+            asked["local"] = self.local_tasks(rnd, outcome, evaluated)
+            if self.settings.local_stats_pass:
+                asked["local stats"] = self.local_tasks(rnd, outcome, evaluated, stats_pass=True)
+            if self.validation and not tested and not pooled:  # no global model
+                asked["local validation"] = self.local_tasks(rnd, outcome, evaluated, "validation")
+        answers, answered = self.score_round(rnd, plan.scorings, list(asked.values()))
+        clients = dict(zip(asked, answered, strict=True))
+        scores = plan.scores(answers)
+        if pooled:
+            scores.global_acc, scores.test_loss = pooled_accuracy(clients["pooled"])
             scores.attack_success = None  # no one model scores global_acc
             if self.validation:
-                scores.val_acc, scores.val_loss = pooled_accuracy(
-                    self.pooled_scores(rnd, "validation")
-                )
+                scores.val_acc, scores.val_loss = pooled_accuracy(clients["pooled validation"])
         local_acc = local_acc_stats = None
         local: list[LocalScore] = []
         if self.settings.local_eval != "none":
-            local = self.local_scores(rnd, outcome, scores.models)
+            local = clients["local"]
             local_acc = mean_local_accuracy(local, scores.groups)
             if self.settings.local_stats_pass:
-                passed = self.local_scores(rnd, outcome, scores.models, stats_pass=True)
-                local_acc_stats = mean_local_scores(passed)[0]
+                local_acc_stats = mean_local_scores(clients["local stats"])[0]
             if self.validation and scores.global_acc is None:  # no global model
-                scores.val_acc, scores.val_loss = mean_local_scores(
-                    self.local_scores(rnd, outcome, scores.models, "validation")
-                )
+                if "local validation" not in clients:  # pooled clients scored no sample
+                    tasks = self.local_tasks(rnd, outcome, evaluated, "validation")
+                    clients["local validation"] = self.score_clients(rnd, tasks)
+                scores.val_acc, scores.val_loss = mean_local_scores(clients["local validation"])
         row = metrics_row(
             rnd,
             outcome,
@@ -319,25 +329,56 @@ class RoundLoop(ABC):
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Set `model`'s BatchNorm statistics from clients' training data."""
 
-    def score(
-        self, model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[int, float, int]:
-        """(correct, summed loss, count) of the loaded global `model` of `spec` on (x, y);
-        an engine may spread the batches over processes (default: here, `evaluate_model`)."""
-        return evaluate_model(model, x, y, pixels=self.pixels)
+    def stats_passes(self, rnd: int, models: Sequence[EvalModel]) -> list[State]:
+        """Each model's tensors after its statistics pass (`stats_pass`), in order; an
+        engine may run the passes of the round's models together."""
+        passed = []
+        for em in models:
+            model = self._loaded(em)
+            self.stats_pass(rnd, model, em)
+            passed.append(as_tested(model))
+        return passed
+
+    def tested_models(self, rnd: int) -> list[EvalModel]:
+        """The strategy's models to test this round (`Strategy.eval_models`), each with its
+        tensors as the model of its spec holds them, after its statistics pass when it has
+        one (every such model's pass first, `stats_passes`)."""
+        models = self.strategy.eval_models(self.state)
+        passed = iter(self.stats_passes(rnd, [em for em in models if em.stats_pass]))
+        return [
+            replace(em, tensors=next(passed) if em.stats_pass else as_tested(self._loaded(em)))
+            for em in models
+        ]
+
+    def score_round(
+        self, rnd: int, scorings: Sequence[Scoring], task_lists: Sequence[Sequence[EvalTask]]
+    ) -> tuple[list[Score], list[list[LocalScore]]]:
+        """A round's evaluation: each scoring's (correct, summed loss, count), and each list
+        of client tasks scored (`score_clients`), in order. Here: the scorings in this
+        process (`evaluate_model`), then each list; an engine may run them all at once."""
+        answers = [
+            evaluate_model(self._loaded(s.model), s.x, s.y, pixels=self.pixels) for s in scorings
+        ]
+        return answers, [self.score_clients(rnd, tasks) for tasks in task_lists]
+
+    def _loaded(self, em: EvalModel) -> nn.Module:
+        """The evaluation cache's model of `em.spec`, holding `em.tensors`."""
+        model = self.eval_models.model_for(em.spec)
+        model.load_state_dict(em.tensors, strict=True)
+        return model
 
     @abstractmethod
-    def local_scores(
+    def local_tasks(
         self,
         rnd: int,
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
         stats_pass: bool = False,
-    ) -> list[LocalScore]:
-        """The score of each client evaluated on its own `split` (its local test split or
-        its validation split), as `settings.local_eval` ("sampled" or "all") asks, each by
-        the task `local_task(...)` gives (`strategy.eval_task`; `evaluated`: the round's
+    ) -> list[EvalTask]:
+        """The task of each client evaluated on its own `split` (its local test split or
+        its validation split), as `settings.local_eval` ("sampled" or "all") asks, each the
+        one `local_task(...)` gives (`strategy.eval_task`; `evaluated`: the round's
         globally evaluated models, as tested, by name; `stats_pass`: the client's statistics
         pass first)."""
 
@@ -347,9 +388,9 @@ class RoundLoop(ABC):
         (clients with an empty split, or that do not answer, left out), in the tasks'
         order."""
 
-    def pooled_scores(self, rnd: int, split: EvalSplit) -> list[LocalScore]:
-        """Each client that has trained, judged on its own `split` by the strategy's pooled
-        task (`Strategy.pooled_task`); an engine that cannot says so."""
+    def pooled_tasks(self, rnd: int, split: EvalSplit) -> list[EvalTask]:
+        """The task of each client that has trained, judged on its own `split` by the
+        strategy's pooled task (`Strategy.pooled_task`); an engine that cannot says so."""
         raise RuntimeError(
             f"{type(self).__name__} cannot evaluate a method judged on its clients' own "
             "splits (Strategy.pooled_eval); run it in the simulator"

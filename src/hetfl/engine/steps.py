@@ -8,19 +8,16 @@ through these functions, so that a run reports the same numbers whichever engine
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 
 from hetfl.core.bn_statistics import has_batch_norm
 from hetfl.core.defences import RoundDecisions
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
-from hetfl.core.spec import Spec
 from hetfl.core.state import state_bytes
 from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
@@ -29,7 +26,6 @@ from hetfl.core.types import (
     ClientResult,
     ClientTask,
     ClientTimes,
-    EvalModel,
     EvalSplit,
     EvalTask,
     Failure,
@@ -44,8 +40,6 @@ from hetfl.engine.outputs import make_row
 from hetfl.systems.costs import MacCounter
 
 Groups = dict[str, dict[str, float | int]]
-#: Scores a loaded model of a spec on (x, y): (correct, summed loss, count).
-Scorer = Callable[[nn.Module, Spec, torch.Tensor, torch.Tensor], tuple[int, float, int]]
 
 
 @dataclass
@@ -204,75 +198,6 @@ def pooled_validation(clients: Sequence[ClientData]) -> list[tuple[torch.Tensor,
         (torch.cat([x for x, _ in splits]), torch.cat([y for _, y in splits]))
         for splits in by_shape.values()
     ]
-
-
-def evaluate_global(
-    strategy: Strategy,
-    state: State,
-    models: ModelCache,
-    test: tuple[torch.Tensor, torch.Tensor],
-    stats_pass: Callable[[nn.Module, EvalModel], None] | None,
-    validation: Pooled,
-    score: Scorer,
-    triggered: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> GlobalScores:
-    """Test every model `strategy.eval_models(state)` names on the global test set, and the main
-    one (after its statistics pass, if it has one) also on the pooled `validation` samples.
-
-    `stats_pass(model, em)` re-estimates the loaded model's BatchNorm statistics from
-    clients' training data for a model with `em.stats_pass` (`hetfl.engine.statistics`:
-    the simulator in process, the Flower adapter by asking the clients); None refuses
-    such a model with an error that says so. `models` is the engine's evaluation cache,
-    into which each model's tensors are loaded. Each model's tensors as tested are kept in
-    `GlobalScores.models` for the strategy's local evaluation. `score(model, spec, x, y)`
-    scores the loaded model on (x, y) (`RoundLoop.score`: `evaluate_model` in this
-    process, or the simulator's executor), standardising stored pixels.
-
-    `triggered` are the global test images whose label is not a backdoor's target, stamped
-    with its trigger and labelled with the target (`hetfl.core.trigger.Trigger.triggered`):
-    the main model's accuracy on them, the share it classifies as the target, is
-    `attack_success` (None when there are none).
-    """
-    x_test, y_test = test
-    scores = GlobalScores()
-    means: dict[str, list[float]] = {}
-    for i, em in enumerate(strategy.eval_models(state)):
-        model = models.model_for(em.spec)
-        model.load_state_dict(em.tensors, strict=True)
-        if em.stats_pass:
-            if stats_pass is None:
-                raise RuntimeError(
-                    f"evaluated model {em.name!r} needs a BatchNorm statistics pass over "
-                    "clients' training data, which this engine was not given"
-                )
-            stats_pass(model, em)
-        correct, loss_sum, n = score(model, em.spec, x_test, y_test)
-        scores.models[em.name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if i == 0:
-            scores.global_acc, scores.test_loss = correct / n, loss_sum / n
-            if validation:
-                scores.val_acc, scores.val_loss = _pooled_scores(
-                    partial(score, model, em.spec), validation
-                )
-            if triggered is not None and triggered[1].numel():
-                hits, _, m = score(model, em.spec, *triggered)
-                scores.attack_success = hits / m
-        if em.group is not None:
-            scores.groups[em.group] = {"acc": correct / n, "n": n}
-        if em.mean_group is not None:
-            means.setdefault(em.mean_group, []).append(correct / n)
-    for group, accs in means.items():
-        scores.groups[group] = {"acc": sum(accs) / len(accs), "n": len(x_test)}
-    return scores
-
-
-def _pooled_scores(
-    score: Callable[[torch.Tensor, torch.Tensor], tuple[int, float, int]], pooled: Pooled
-) -> tuple[float, float]:
-    """(accuracy, mean loss) of a model (`score` scores it) over every sample of `pooled`."""
-    totals = [score(x, y) for x, y in pooled]
-    n = sum(t[2] for t in totals)
-    return sum(t[0] for t in totals) / n, sum(t[1] for t in totals) / n
 
 
 def local_task(

@@ -32,7 +32,6 @@ from torch import nn
 
 from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
 from hetfl.core.client import Programs
-from hetfl.core.scoring import EVAL_BATCH
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.spec import Spec
 from hetfl.core.store import ClientStore, StoreSettings
@@ -50,12 +49,13 @@ from hetfl.core.types import (
     Problem,
     State,
 )
+from hetfl.engine.global_eval import Score, Scoring, as_tested
 from hetfl.engine.heap import trim_heap
 from hetfl.engine.outputs import RowSink
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.rounds import RoundLoop
-from hetfl.engine.statistics import add_bn_statistics, stats_shares
+from hetfl.engine.statistics import stats_shares
 from hetfl.engine.steps import (
     Charge,
     LocalScore,
@@ -66,17 +66,9 @@ from hetfl.engine.steps import (
     run_pixels,
     task_bytes,
 )
+from hetfl.sim.eval_exchange import scoring_exchange, statistics_exchange
 from hetfl.sim.executor import Executor, SequentialExecutor
-from hetfl.sim.tasks import (
-    ClientJob,
-    LocalScoreItem,
-    ScoreItem,
-    StatisticsItem,
-    TaskOutcome,
-    client_statistics,
-    score_batch,
-    score_client,
-)
+from hetfl.sim.tasks import ClientJob, LocalScoreItem, TaskOutcome
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
 
@@ -295,80 +287,82 @@ class Simulation(RoundLoop):
     def sim_time_s(self) -> float | None:
         return None if self.clock is None else self.counters.sim_time_s
 
-    def local_scores(
+    def local_tasks(
         self,
         rnd: int,
         outcome: RoundOutcome,
         evaluated: Mapping[str, State],
         split: EvalSplit = "test",
         stats_pass: bool = False,
-    ) -> list[LocalScore]:
+    ) -> list[EvalTask]:
         """Each sampled (or each ever trained) client on its own `split`, with its own
         private state."""
         mode = self.settings.local_eval
         cids = [r.cid for r in outcome.results] if mode == "sampled" else list(self.store)
-        tasks = [
+        return [
             local_task(self.strategy, self.infos[cid], self.state, evaluated, split, stats_pass)
             for cid in cids
         ]
-        return self.score_clients(rnd, tasks)
 
-    def pooled_scores(self, rnd: int, split: EvalSplit) -> list[LocalScore]:
+    def pooled_tasks(self, rnd: int, split: EvalSplit) -> list[EvalTask]:
         """Every client that has trained (it holds private state), by the strategy's
         pooled task, on its own `split`."""
         tasks = [self.strategy.pooled_task(self.infos[cid], self.state) for cid in self.store]
-        return self.score_clients(rnd, [replace(t, split=split) for t in tasks if t is not None])
+        return [replace(t, split=split) for t in tasks if t is not None]
 
     def score_clients(self, rnd: int, tasks: Sequence[EvalTask]) -> list[LocalScore]:
         """Each task through the executor (`score_client`), with its client's data and
         private state as the store holds it; clients whose split is empty are left out."""
-        items = [
+        return self.score_round(rnd, [], [tasks])[1][0]
+
+    def score_round(
+        self, rnd: int, scorings: Sequence[Scoring], task_lists: Sequence[Sequence[EvalTask]]
+    ) -> tuple[list[Score], list[list[LocalScore]]]:
+        """The round's evaluation as one exchange of the executor
+        (`hetfl.sim.eval_exchange`): each scoring in fixed batches, and each task's client
+        with its data and private state as the store holds it (clients whose split is
+        empty are left out)."""
+        asked = [self._local_items(tasks) for tasks in task_lists]
+        return scoring_exchange(self.executor, self.programs, scorings, asked, self.pixels)
+
+    def _local_items(self, tasks: Sequence[EvalTask]) -> list[LocalScoreItem]:
+        """The units of `tasks` whose client's split is not empty."""
+        return [
             LocalScoreItem(task, self.clients[task.cid], self.store.get(task.cid))
             for task in tasks
             if self.clients[task.cid].split(task.split)[1].numel()
         ]
-        answers = self.executor.map(self.programs, score_client, items)
-        return [
-            LocalScore(item.task.cid, correct / n, loss_sum / n, item.task.group, n)
-            for item, (correct, loss_sum, n) in zip(items, answers, strict=True)
-        ]
 
-    def score(
-        self, model: nn.Module, spec: Spec, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[int, float, int]:
-        """The loaded global model on (x, y) in fixed batches of `EVAL_BATCH` through the
-        executor, the batches' losses added in batch order (as `evaluate_model` adds them)."""
-        tensors = model.state_dict()
-        items = [
-            ScoreItem(
-                spec, tensors, x[s : s + EVAL_BATCH], y[s : s + EVAL_BATCH], pixels=self.pixels
-            )
-            for s in range(0, int(y.shape[0]), EVAL_BATCH)
-        ]
-        correct, loss_sum = 0, 0.0
-        for batch in self.executor.map(self.programs, score_batch, items):
-            correct += batch.correct
-            loss_sum += batch.loss_sum
-        return correct, loss_sum, int(y.shape[0])
+    def stats_passes(self, rnd: int, models: Sequence[EvalModel]) -> list[State]:
+        """Every model's statistics pass in one exchange of the executor; see `stats_pass`."""
+        totals = self._statistics([(em.name, em.spec, em.tensors) for em in models])
+        passed = []
+        for em, total in zip(models, totals, strict=True):
+            model = self._loaded(em)
+            apply_bn_statistics(model, total)
+            passed.append(as_tested(model))
+        return passed
 
     def stats_pass(self, rnd: int, model: nn.Module, em: EvalModel) -> None:
         """Static-BN statistics from every client's training data (or its share of
         `settings.stats_samples`), as `hetfl.engine.statistics` defines the pass: each
         client's part through the executor, the parts added in client-id order."""
+        apply_bn_statistics(model, self._statistics([(em.name, em.spec, model.state_dict())])[0])
+
+    def _statistics(self, models: Sequence[tuple[str, Spec, State]]) -> list[BNStatistics]:
+        """The summed statistics of each (name, spec, tensors) model over every client's
+        share, as one exchange of the executor (`hetfl.sim.eval_exchange`)."""
         sizes = {cid: data.n_train for cid, data in self.clients.items()}
-        shares = stats_shares(sizes, self.settings.stats_samples)
-        tensors, seed = model.state_dict(), self.settings.seed
-        items = [
-            StatisticsItem(
-                em.spec, tensors, self.clients[cid].x_train, share, seed, cid, self.pixels
-            )
-            for cid, share in shares.items()
-            if share
-        ]
-        total: BNStatistics = {}
-        for part in self.executor.map(self.programs, client_statistics, items):
-            add_bn_statistics(total, part)
-        apply_bn_statistics(model, total)
+        shares = {c: n for c, n in stats_shares(sizes, self.settings.stats_samples).items() if n}
+        return statistics_exchange(
+            self.executor,
+            self.programs,
+            models,
+            self.clients,
+            shares,
+            self.settings.seed,
+            self.pixels,
+        )
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint_extras(self) -> dict[str, Any]:

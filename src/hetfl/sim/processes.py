@@ -7,6 +7,10 @@ This executor keeps `workers` processes (`hetfl.sim.worker`) for the run:
 - Started by `forkserver`, never by `fork` after torch has run parallel work; the fork
   server preloads torch and HetFL once, so a worker (and a restarted one) starts warm. A
   worker imports the run's `plugins` (`hetfl.core.plugins`) before it receives anything.
+- Started as soon as the executor is built, by a thread, so that the fork server's imports
+  and the workers' start overlap the run's loading of its data: the first exchange (or
+  `share`) waits for that start, and raises its error if it failed; `close` waits for it
+  too, so a run stopped while its data loads leaves no worker behind.
 - The run's data (clients' samples, the test and validation sets) is placed once in one
   shared-memory block (`share`); the engine keeps views of it and they travel by reference.
 - The programs go to each worker once; within one exchange (a round's trainings, one
@@ -39,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import signal
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import forkserver
@@ -86,7 +91,7 @@ class ProcessExecutor:
     """Runs units in `workers` worker processes of `threads` intra-op threads each.
 
     `plugins`: the run's, which every worker imports first. Use as a context manager, or
-    call `close()`; the workers start at the first unit."""
+    call `close()`; the workers start now, in the background (`_await_start`)."""
 
     def __init__(
         self,
@@ -109,17 +114,47 @@ class ProcessExecutor:
         self.plugins = tuple(plugins)
         self._context = mp.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
-        forkserver.ensure_running()  # it imports PRELOAD while the caller goes on
         self._pool: list[_Worker] = []
         self._block: SharedBuffer | None = None
         self._programs: Programs | None = None
         self.restarts = 0
+        self._start_error: BaseException | None = None
+        # A worker's start waits for the fork server's imports: a thread waits, not the caller.
+        self._starting: threading.Thread | None = threading.Thread(
+            target=self._start_workers, name="hetfl-worker-start", daemon=True
+        )
+        self._starting.start()
+
+    def _start_workers(self) -> None:
+        """The pool's first start (in the `_starting` thread): the fork server, then every
+        worker; an error is kept for `_await_start` to raise in the caller's thread."""
+        try:
+            forkserver.ensure_running()
+            while len(self._pool) < self.workers:
+                self._pool.append(self._spawn())
+        except BaseException as error:
+            self._start_error = error
+
+    def _await_start(self) -> None:
+        """Wait for the background start (once); a start that failed stops the workers
+        it started and raises here."""
+        starting, self._starting = self._starting, None
+        if starting is None:
+            return
+        starting.join()
+        if self._start_error is not None:
+            self._kill()
+            raise RuntimeError(
+                f"the process executor's {self.workers} worker process(es) did not start: "
+                f"{self._start_error!r}; use executor 'sequential' to run without them"
+            ) from self._start_error
 
     # -- the Executor protocol -----------------------------------------------------------
     def share(self, data: T) -> T:
         """`data` rebuilt on one shared-memory block that every worker maps; the engine
         keeps the returned copy (its tensors are views of the block), so the data is held
         once on the machine, and views of it travel by reference."""
+        self._await_start()
         self._block, placed = SharedBuffer.place(data)
         for w in self._pool:
             self._send_block(w)
@@ -154,6 +189,7 @@ class ProcessExecutor:
         the run stops with `WorkerDied`)."""
         if not items:
             return []
+        self._await_start()
         self._start(programs)
         try:
             answers = self._exchange(unit, items, costs, on_death)
@@ -196,6 +232,8 @@ class ProcessExecutor:
 
     def close(self) -> None:
         """Stop every worker (asked first, killed if it has not stopped within a grace)."""
+        with contextlib.suppress(RuntimeError):  # a failed start: nothing left to stop
+            self._await_start()
         pool, self._pool = self._pool, []
         for w in pool:
             with contextlib.suppress(OSError):

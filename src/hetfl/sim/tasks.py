@@ -9,11 +9,16 @@ item as tensors (views of the run's shared data block under the process executor
 - `train_with_server`: the same against its session of the round's server program (split
   learning), client and server side in one process;
 - `score_batch`: one fixed batch of a global evaluation (`EVAL_BATCH` samples,
-  `hetfl.core.client`): the
-  engine adds the batches' losses in batch order, as `evaluate_model` does in one process;
+  `hetfl.core.scoring`): the engine adds the batches' losses in batch order, as
+  `evaluate_model` does in one process;
 - `client_statistics`: one client's part of the static-BN statistics pass
   (`hetfl.engine.statistics`); the engine adds the parts in client-id order;
-- `score_client`: one client's local evaluation (`ClientProgram.evaluate`).
+- `score_client`: one client's local evaluation (`ClientProgram.evaluate`);
+- `evaluation_unit`: either of `score_batch` and `score_client`, by its item, so that a
+  round's global and local evaluations go to the executor as one exchange.
+
+A global model that units of one exchange share travels as a `RoundModel`: the process
+that runs them loads it once (`WorkerContext.round_model`), not once per unit.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from hetfl.core.bn_statistics import BNStatistics
 from hetfl.core.client import Programs
+from hetfl.core.init import build_model
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.scoring import score_batch_of
@@ -44,20 +51,44 @@ from hetfl.core.types import (
 from hetfl.engine.statistics import client_bn_statistics
 
 
+class RoundModel(NamedTuple):
+    """A global model that units of one exchange share: `exchange` names the exchange
+    (unique in the run), `name` the model in it (`EvalModel.name`)."""
+
+    exchange: str
+    name: str
+    spec: Spec
+    tensors: State
+
+
 @dataclass
 class WorkerContext:
-    """What a process that runs units holds for the whole run: the programs and its own
-    evaluation models (loaded per unit, never shared with the engine's)."""
+    """What a process that runs units holds for the whole run: the programs, its own
+    evaluation models (loaded per unit, never shared with the engine's) and the models of
+    its current exchange (`round_model`). `loads` counts the round models it has loaded."""
 
     programs: Programs
     eval_models: ModelCache = field(init=False)
+    loads: int = field(init=False, default=0)
+    _exchange: str = field(init=False, default="")
+    _round_models: dict[str, nn.Module] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.eval_models = ModelCache(self.programs.family, self.programs.device)
 
-    def loaded(self, spec: Spec, tensors: State) -> torch.nn.Module:
-        model = self.eval_models.model_for(spec)
-        model.load_state_dict(tensors, strict=True)
+    def round_model(self, ref: RoundModel) -> nn.Module:
+        """`ref`'s model, loaded at its first unit in this process; the last exchange's
+        models are dropped when units of another arrive. Units use it as they found it:
+        scoring runs in eval mode, a statistics pass in train mode, which normalises by
+        the batch's statistics, not the running ones it overwrites."""
+        if ref.exchange != self._exchange:
+            self._exchange, self._round_models = ref.exchange, {}
+        model = self._round_models.get(ref.name)
+        if model is None:
+            model = build_model(self.programs.family, ref.spec).to(self.programs.device)
+            model.load_state_dict(ref.tensors, strict=True)
+            self._round_models[ref.name] = model
+            self.loads += 1
         return model
 
 
@@ -139,23 +170,19 @@ class BatchScore(NamedTuple):
 
 
 class ScoreItem(NamedTuple):
-    spec: Spec
-    tensors: State
+    model: RoundModel
     x: torch.Tensor
     y: torch.Tensor
-    label_mask: tuple[int, ...] | None = None
     pixels: PixelNorm | None = None
 
 
 def score_batch(ctx: WorkerContext, item: ScoreItem) -> BatchScore:
-    model = ctx.loaded(item.spec, item.tensors)
     x = model_inputs(item.x, item.pixels)
-    return BatchScore(*score_batch_of(model, x, item.y, item.label_mask))
+    return BatchScore(*score_batch_of(ctx.round_model(item.model), x, item.y))
 
 
 class StatisticsItem(NamedTuple):
-    spec: Spec
-    tensors: State
+    model: RoundModel
     x_train: torch.Tensor
     share: int
     seed: int
@@ -164,7 +191,7 @@ class StatisticsItem(NamedTuple):
 
 
 def client_statistics(ctx: WorkerContext, item: StatisticsItem) -> BNStatistics:
-    model = ctx.loaded(item.spec, item.tensors)
+    model = ctx.round_model(item.model)
     return client_bn_statistics(model, item.x_train, item.share, item.seed, item.cid, item.pixels)
 
 
@@ -177,3 +204,12 @@ class LocalScoreItem(NamedTuple):
 def score_client(ctx: WorkerContext, item: LocalScoreItem) -> tuple[int, float, int]:
     program = ctx.programs.program_for(item.data.cid)
     return program.evaluate(item.task, item.data, item.private, ctx.eval_models)
+
+
+def evaluation_unit(
+    ctx: WorkerContext, item: ScoreItem | LocalScoreItem
+) -> BatchScore | tuple[int, float, int]:
+    """A global evaluation's batch or a client's local evaluation, by the item."""
+    if isinstance(item, ScoreItem):
+        return score_batch(ctx, item)
+    return score_client(ctx, item)

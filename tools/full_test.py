@@ -5,9 +5,10 @@ to keep rounds cheap; a report quotes the final model on all of it. This rebuild
 from its `config.yaml` with `test_samples` unset, loads its last checkpoint (a finished run
 always checkpoints its last round; one that does not match the summary is refused),
 restores the strategy's and the clients' state as `hetfl resume` does, and scores the
-models the strategy evaluates exactly as the engine does each round (`evaluate_global`,
-statistics pass included). It writes `full_test.json` beside `summary.json`: the round,
-the number of test samples, `global_acc`, `test_loss` and any per-group accuracies.
+models the strategy evaluates exactly as the engine does each round (`tested_models`,
+statistics passes included, then the scorings of `plan_global` through `score_round`).
+It writes `full_test.json` beside `summary.json`: the round, the number of test samples,
+`global_acc`, `test_loss` and any per-group accuracies.
 
 Usage: python tools/full_test.py RUN_DIR [RUN_DIR ...]   (a sweep folder: every finished point)
 """
@@ -17,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hetfl.config import load_raw, validate
 from hetfl.engine.checkpoint import load_checkpoint
-from hetfl.engine.steps import evaluate_global
+from hetfl.engine.global_eval import plan_global
 from hetfl.report import find_runs
 from hetfl.runner import build_simulation
 
@@ -47,15 +47,10 @@ def full_test(run_dir: Path) -> dict[str, Any]:
             sim.state = dict(ckpt["global"])
             sim.strategy.load_extra_state(ckpt["strategy"])
             sim.restore_extras(ckpt)
-            scores = evaluate_global(
-                sim.strategy,
-                sim.state,
-                sim.eval_models,
-                (sim.x_test, sim.y_test),
-                partial(sim.stats_pass, ckpt["round"]),
-                [],
-                sim.score,
-            )
+            tested = sim.tested_models(ckpt["round"])
+            plan = plan_global(tested, (sim.x_test, sim.y_test), [], None)
+            answers, _ = sim.score_round(ckpt["round"], plan.scorings, [])
+            scores = plan.scores(answers)
         finally:
             sim.executor.close()
     return {

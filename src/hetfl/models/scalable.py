@@ -250,11 +250,16 @@ for _name, _block, _summary in _RESNET_BLOCKS:
 def depth_blocks(spec: Spec, depth: int) -> tuple[int, ...]:
     """The blocks per stage of a depth candidate (FedFA and its baselines: one depth for
     the whole model): `min(depth, n)` in each of `spec`'s stages, where n is the family's
-    `max_repeats` for that stage (none: `depth` itself), so MobileNetV2's one-block stages
-    keep their block and depth 4 is its own full depth; slots beyond `stages` keep
-    `spec`'s, as `global_spec` does. A depth above the full one is refused: it would be the
-    full model under another label."""
-    caps = ARCHITECTURES.get(spec["family"]).max_repeats
+    `max_repeats` for that stage (none, or a spec of no registered architecture: `depth`
+    itself), so MobileNetV2's one-block stages keep their block and depth 4 is its own
+    full depth; slots beyond `stages` keep `spec`'s, as `global_spec` does. A depth above
+    the full one is refused: it would be the full model under another label."""
+    family = spec.get("family")
+    caps = (
+        ARCHITECTURES.get(family).max_repeats
+        if isinstance(family, str) and family in ARCHITECTURES
+        else None
+    )
     stages = spec["stages"]
     if caps is None:
         return tuple(depth if i < stages else b for i, b in enumerate(spec["blocks"]))

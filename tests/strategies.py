@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.server_update import Averaged
 from hetfl.core.strategy import Strategy
@@ -47,3 +49,18 @@ def trained(
     pairs = tuple(Trained(by_cid[r.cid], r) for r in sorted(results, key=lambda r: r.cid))
     served = None if server_results is None else tuple(server_results)
     return TrainedRound(pairs, server_results=served)
+
+
+def constant_results(tasks: Sequence[ClientTask]) -> list[ClientResult]:
+    """Each task's client uploading its payload's every element as 1 + 2 * cid, from
+    10 + 20 * cid samples: an aggregate a test can work out by hand."""
+    return [
+        ClientResult(
+            t.cid,
+            {k: torch.full_like(v, 1.0 + 2 * t.cid) for k, v in t.payload.items()},
+            num_examples=10 + 20 * t.cid,
+            num_steps=1,
+            loss=0.0,
+        )
+        for t in tasks
+    ]

@@ -27,7 +27,7 @@ from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
-from strategies import trained
+from strategies import constant_results, trained
 
 FAMILY = ScalableFamily(
     {"family": "preresnet", "input_shape": (3, 8, 8), "num_classes": 4, "stages": 2}
@@ -153,11 +153,7 @@ def test_two_clients_of_different_depth_and_width_aggregate_by_hand() -> None:
     assert strategy.global_spec["blocks"][:2] == (3, 3)
     assert strategy.global_spec["widths"][:2] == (0.5, 0.5)
     tasks = strategy.plan(1, state, infos, torch.Generator().manual_seed(1))
-    results = [
-        ClientResult(t.cid, {k: torch.full_like(v, 1.0 + 2 * t.cid) for k, v in t.payload.items()},
-                     num_examples=10 + 20 * t.cid, num_steps=1, loss=0.0)
-        for t in tasks
-    ]  # fmt: skip
+    results = constant_results(tasks)
     new = strategy.aggregate(1, state, trained(tasks, results))
     conv = new["stages.0.2.conv1.weight"].double()
     assert conv.shape == (32, 32, 3, 3)

@@ -19,13 +19,13 @@ from hetfl.algorithms.grafting import graft
 from hetfl.core.client import Programs
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, ClientResult
+from hetfl.core.types import ClientInfo
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic
 from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
-from strategies import trained
+from strategies import constant_results, trained
 
 TRAIN = LocalTraining(batch_size=4)
 
@@ -131,11 +131,7 @@ def test_two_clients_of_different_depth_aggregate_a_depthwise_filter_by_hand() -
     state = strategy.setup(infos, torch.Generator().manual_seed(0))
     assert strategy.global_spec["blocks"][:3] == (1, 2, 3)
     tasks = strategy.plan(1, state, infos, torch.Generator().manual_seed(1))
-    results = [
-        ClientResult(t.cid, {k: torch.full_like(v, 1.0 + 2 * t.cid) for k, v in t.payload.items()},
-                     num_examples=10 + 20 * t.cid, num_steps=1, loss=0.0)
-        for t in tasks
-    ]  # fmt: skip
+    results = constant_results(tasks)
     assert results[0].tensors["stages.2.1.depthwise.weight"].shape == (96, 1, 3, 3)
     assert results[1].tensors["stages.2.2.depthwise.weight"].shape == (48, 1, 3, 3)
     new = strategy.aggregate(1, state, trained(tasks, results))

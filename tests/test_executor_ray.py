@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import SUITE_PINS
 from golden.harness import BY_NAME, compare, run_scenario
 from hetfl.config import validate
+from hetfl.core.types import Problem
 from hetfl.runner import build_simulation
 from hetfl.sim.factory import make_executor
-from hetfl.sim.ray_executor import MISSING, RayExecutor, RaySettings
+from hetfl.sim.ray_executor import MISSING, WORKER_NICENESS, RayExecutor, RaySettings
 from test_executor_processes import KillsItsWorker, _config, _Raises
 
 TESTS = Path(__file__).parent
@@ -47,8 +49,10 @@ def cluster():
 
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), str(TESTS), *filter(None, [before])])
+    niceness = {"worker_niceness": WORKER_NICENESS}
     nodes = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": niceness},
     )
     nodes.add_node(num_cpus=1)
     nodes.wait_for_nodes()
@@ -77,7 +81,18 @@ def test_the_units_take_one_actor_on_each_node(on_ray):
     assert on_ray.units == 2
     nodes = {ray.get(actor.node.remote()) for actor in on_ray._actors}
     assert len(nodes) == 2
-    assert "2 units x 1 thread(s), 1 CPU each" in on_ray.describe()
+    assert "2 units x 1 thread(s), 1.0 CPU each" in on_ray.describe()
+    # the suite's numeric pins travel in the actors' runtime_env (to any node of a cluster)
+    programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
+    seen = on_ray.map(programs, _environment, [0, 1])
+    assert seen == [(SUITE_PINS, 1)] * 2
+
+
+def _environment(ctx, item: int) -> tuple[dict[str, str], int]:
+    import ray
+
+    env_vars = ray.get_runtime_context().runtime_env.get("env_vars", {})
+    return {k: v for k, v in env_vars.items() if k in SUITE_PINS}, torch.get_num_threads()
 
 
 @pytest.mark.ray
@@ -91,21 +106,39 @@ def test_golden_scenario_on_two_ray_nodes_is_bit_for_bit(name, on_ray, tmp_path,
     assert not problems, "on two Ray nodes:\n" + "\n".join(problems[:20])
 
 
+class _Recording:
+    """An executor that keeps the outcomes of the one it wraps."""
+
+    def __init__(self, executor: RayExecutor) -> None:
+        self.executor, self.outcomes = executor, []
+
+    def run(self, *args):
+        done = self.executor.run(*args)
+        self.outcomes += done
+        return done
+
+    def __getattr__(self, name: str):
+        return getattr(self.executor, name)
+
+
 @pytest.mark.ray
 def test_an_actor_killed_mid_round_fails_only_its_client_and_is_replaced(on_ray, tmp_path):
-    sim = build_simulation(validate(_config()), tmp_path, show_progress=False)
+    one_round = validate({**_config(), "train": {**_config()["train"], "rounds": 1}})
+    sim = build_simulation(one_round, tmp_path, show_progress=False)
     sim.programs.wrappers = (KillsItsWorker(3),)
-    sim.executor = on_ray
+    sim.executor = _Recording(on_ray)
     restarts = on_ray.restarts
     sim.run()
+    (died,) = [o.output for o in sim.executor.outcomes if isinstance(o.output, Problem)]
+    assert died.kind == "raised" and died.detail.startswith("client 3 failed: its Ray actor died")
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["clients"] for r in rows] == [5, 5]
+    assert [r["clients"] for r in rows] == [5]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["failures"] == {"raised": 2}
-    assert on_ray.restarts == restarts + 2
+    assert summary["failures"] == {"raised": 1}
+    assert on_ray.restarts == restarts + 1
     assert 3 not in sim.store and all(c in sim.store for c in (0, 1, 2, 4, 5))
     # the others trained as they do when client 3 raises in process
-    ref = build_simulation(validate(_config()), tmp_path / "ref", show_progress=False)
+    ref = build_simulation(one_round, tmp_path / "ref", show_progress=False)
     ref.programs.wrappers = (_Raises(3),)
     ref.run()
     for cid in (0, 1, 2, 4, 5):
@@ -124,9 +157,11 @@ def _fails(ctx, item: int) -> int:
 @pytest.mark.ray
 def test_a_unit_that_raises_stops_the_exchange_with_its_traceback(on_ray):
     programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
+    actors = list(on_ray._actors)
     with pytest.raises(RuntimeError, match=r"(?s)failed in a Ray actor.*unit 2 is broken"):
         on_ray.map(programs, _fails, [0, 1, 2, 3])
     assert on_ray.map(programs, _fails, [3, 1, 0], costs=[0, 5, 1]) == [30, 10, 0]
+    assert on_ray._actors == actors  # the same actors go on
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -77,6 +77,11 @@ MISSING = (
 )
 
 
+#: The niceness of a local Ray's workers: the units are the run's work, as the process
+#: executor's workers are (Ray's default, 15, leaves them only the cycles others spare).
+WORKER_NICENESS = 0
+
+
 @dataclass(frozen=True)
 class RaySettings:
     """Where the Ray executor runs (`ray:` in a run's config, docs/ray.md): `address`
@@ -95,6 +100,10 @@ def import_ray() -> Any:
     except ImportError as error:
         raise ImportError(MISSING) from error
     return ray
+
+
+class UnitFailed(RuntimeError):
+    """A unit raised in an actor (its traceback in the message)."""
 
 
 class _Frames:
@@ -202,7 +211,12 @@ class RayExecutor:
         self.settings, self.threads = settings, threads
         self.started = not ray.is_initialized() and settings.address is None
         if self.started:
-            ray.init(address="local", include_dashboard=False)
+            # Ray runs workers at niceness 15 by default: behind any other work of the machine
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _system_config={"worker_niceness": WORKER_NICENESS},
+            )
         elif not ray.is_initialized():
             ray.init(address=settings.address)
         self.units = units or self._capacity()
@@ -276,8 +290,10 @@ class RayExecutor:
         refs = [self._block, self._programs_ref(programs), self._put(unit, items)]
         try:
             answers = self._exchange(refs, items, costs, on_death)
+        except UnitFailed:
+            raise
         except BaseException:
-            self._kill()  # units may be queued on the actors: start afresh at the next exchange
+            self._kill()  # units may still run on the actors: start afresh at the next exchange
             raise
         return [answers[i] for i in range(len(items))]
 
@@ -315,7 +331,9 @@ class RayExecutor:
                 answers[index] = on_death(items[index], why)
             else:
                 if kind == "error":
-                    raise RuntimeError(f"a unit failed in a Ray actor:\n{value}")
+                    # the actors stay: the units they run finish, unread
+                    ray.wait(list(running), num_returns=len(running))
+                    raise UnitFailed(f"a unit failed in a Ray actor:\n{value}")
                 answers[index] = value
             give(slot)
         return answers

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SUITE_PINS
 from golden.harness import BY_NAME, compare, run_scenario
 from hetfl.config import validate
+from hetfl.core.numerics import NUMERIC_ENV
 from hetfl.core.types import Problem
 from hetfl.runner import build_simulation
 from hetfl.sim.factory import make_executor
@@ -82,7 +82,10 @@ def test_the_units_take_one_actor_on_each_node(on_ray):
     nodes = {ray.get(actor.node.remote()) for actor in on_ray._actors}
     assert len(nodes) == 2
     assert "2 units x 1 thread(s), 1.0 CPU each" in on_ray.describe()
-    # the suite's numeric pins travel in the actors' runtime_env (to any node of a cluster)
+    # the suite's numeric pins travel in the actors' runtime_env (to any node of a cluster);
+    # imported here: an actor imports this module, and conftest refuses a late import
+    from conftest import SUITE_PINS
+
     programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
     seen = on_ray.map(programs, _environment, [0, 1])
     assert seen == [(SUITE_PINS, 1)] * 2
@@ -92,7 +95,7 @@ def _environment(ctx, item: int) -> tuple[dict[str, str], int]:
     import ray
 
     env_vars = ray.get_runtime_context().runtime_env.get("env_vars", {})
-    return {k: v for k, v in env_vars.items() if k in SUITE_PINS}, torch.get_num_threads()
+    return {k: v for k, v in env_vars.items() if k in NUMERIC_ENV}, torch.get_num_threads()
 
 
 @pytest.mark.ray

@@ -5,7 +5,10 @@ B (FedAvg, 200 clients, 20 sampled per round), H (HeteroFL on FLANC's CNN at fou
 Each runs against its own floor in this invocation: the sides interleaved (who goes first
 alternates), each in its own subprocess, 3 repetitions. Every workload's floor also runs as
 two one-thread processes (`floor2`: clients and evaluation split between them, what two
-cores give when the work is split by hand). No Ray or Flower side is built yet.
+cores give when the work is split by hand). On A, HetFL also runs with its Ray executor
+(side `ray`: a local Ray of `--workers` units of one thread), against the process executor:
+`A ratio ray/processes: X.XX  target <= 1.15` (skipped with `--no-ray`, with `--smoke`, or
+where Ray is not installed). No Flower side is built yet.
 
 Measured per side (`bench_side`, `bench_proc`): per-round times (metrics row to metrics row),
 the total from before the data is loaded, the peak summed PSS of its process tree (sampled
@@ -25,13 +28,13 @@ of an older commit) through that checkout's own `bench.py --side hetfl`, interle
 the others, so a change's cost is measured in one invocation: `X ratio base/floor` and
 `X ratio hetfl/base` per workload (median over repetitions of the per-round ratios).
 
-`--smoke` runs every workload's code path and every side on a tiny shape (4 clients of 64
+`--smoke` runs every workload's code path and every side but Ray's on a tiny shape (4 clients of 64
 samples, 1 round, 1 repetition, no start-up timings) with the weight check and the ratio
 lines: the test suite runs it so the benchmark cannot rot; its times mean nothing.
 
 Usage: python benchmarks/bench.py [--workload A,B,H] [--reps 3] [--rounds N] [--quick]
        [--smoke] [--baseline DIR] [--executor processes|sequential] [--workers 2]
-       [--no-startup]
+       [--no-startup] [--no-ray]
        python benchmarks/bench.py --workload A --side hetfl --profile /tmp/h.prof
 """
 
@@ -54,6 +57,7 @@ from bench_workloads import (
     EXECUTORS,
     FLOOR2_TARGET,
     MEMORY_TARGET,
+    RAY_TARGET,
     THREADS,
     TOTAL_TARGET_A,
     TOTAL_TARGET_A_FLOOR2,
@@ -72,6 +76,8 @@ TOLERANCE = 1e-4
 ACROSS_THREADS = 5e-3
 NOISY = 0.25  # cores kept busy by other processes above which a side's times are flagged
 SIDES = ("hetfl", "floor", "floor2")
+#: The side that runs HetFL with its Ray executor (a local Ray, `--workers` units), on A.
+RAY = "ray"
 #: The side that runs HetFL from another checkout (`--baseline DIR`).
 BASE = "base"
 
@@ -80,8 +86,8 @@ BASE = "base"
 def child(args: argparse.Namespace) -> None:
     w = chosen_workload(args.workload, args.smoke)
     workdir, weights = Path(args.workdir), Path(args.weights)
-    executor = executor_overrides(args.executor, args.workers)
-    if args.side == "hetfl":
+    executor = executor_overrides("ray" if args.side == RAY else args.executor, args.workers)
+    if args.side in ("hetfl", RAY):
         from bench_hetfl import run_hetfl
 
         report = run_hetfl(w, args.rounds, workdir, weights, executor, args.profile)
@@ -153,6 +159,7 @@ def max_abs_delta(path_a: str, path_b: str) -> float:
 def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
     sides = (*SIDES, BASE) if args.baseline else SIDES
+    sides = (*sides, RAY) if ray_side(w, args) else sides
     print(f"\n== {w.describe(rounds)}", flush=True)
     reps: list[dict[str, Any]] = []
     for rep in range(args.reps):
@@ -166,6 +173,11 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
             "round_ratio_floor2": round_ratio(h["round_s"], res["floor2"]["round_s"]),
             "total_ratio": h["total_s"] / f["total_s"],
             "delta": {s: max_abs_delta(h["weights"], res[s]["weights"]) for s in sides[1:]},
+            **(
+                {"ray_ratio": round_ratio(res[RAY]["round_s"], h["round_s"])}
+                if RAY in sides
+                else {}
+            ),
         }
         reps.append(rec)
         print(
@@ -188,8 +200,23 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
     return summarise(w, sides, reps, args.executor)
 
 
+def ray_side(w: Workload, args: argparse.Namespace) -> bool:
+    """Whether workload `w` gets the Ray side: on A, against the process executor, unless
+    `--no-ray` or `--smoke` (a Ray start is seconds) or Ray is not installed."""
+    if w.name != "A" or args.executor != "processes" or args.no_ray or args.smoke:
+        return False
+    try:
+        import ray  # noqa: F401 (only whether it imports)
+    except ImportError:
+        print("(no Ray side: Ray is not installed; pip install 'hetfl[ray]')", flush=True)
+        return False
+    return True
+
+
 def side_threads(side: str, executor: str) -> int:
     """The intra-op threads a side trains with."""
+    if side == RAY:
+        return 1
     if side in ("hetfl", BASE):
         return 1 if executor == "processes" else THREADS
     return 1 if side == "floor2" else THREADS
@@ -263,7 +290,8 @@ def summarise(
     differ = [f"{w.name}'s {s}" for s, d in worst.items() if not d <= tolerance(s, executor)]
     ratio = statistics.median(r["round_ratio"] for r in reps)
     ratio2 = statistics.median(r["round_ratio_floor2"] for r in reps)
-    return {"ratio": ratio, "ratio_floor2": ratio2, "differ": differ}
+    ray = statistics.median(r["ray_ratio"] for r in reps) if RAY in sides else None
+    return {"ratio": ratio, "ratio_floor2": ratio2, "ray_ratio": ray, "differ": differ}
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -292,6 +320,8 @@ def driver(args: argparse.Namespace) -> None:
     for name, r in results.items():
         print(ratio_line(name, r["ratio"], WORKLOADS[name].target))
         print(ratio_line(name, r["ratio_floor2"], FLOOR2_TARGET, versus="floor2"))
+        if r["ray_ratio"] is not None:
+            print(ratio_line(name, r["ray_ratio"], RAY_TARGET, versus="processes", side=RAY))
     if args.smoke:
         print("(--smoke: tiny shapes, one repetition; the times and ratios mean nothing)")
     failed = [side for r in results.values() for side in r["differ"]]
@@ -336,9 +366,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2, help="HetFL's worker processes (default 2)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
     p.add_argument(
+        "--no-ray", action="store_true", help="skip the Ray executor's side (on A by default)"
+    )
+    p.add_argument(
         "--baseline", metavar="DIR", help="also time HetFL of this other checkout (side 'base')"
     )
-    p.add_argument("--side", choices=SIDES, help="run one side of one workload (to profile it)")
+    p.add_argument(
+        "--side", choices=(*SIDES, RAY), help="run one side of one workload (to profile it)"
+    )
     p.add_argument("--profile", help="with --side: write cProfile stats of the timed part here")
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)

@@ -43,10 +43,13 @@ def run_hetfl(
     sim = build_simulation(cfg, run_dir, show_progress=False)  # loads and partitions the data
     sim.progress = RowClock(cfg.train.rounds, clock)
     sim.setup()  # the initial global state, as `run_one` does before the run starts
-    with Profile(profile):
-        clock.start_rounds()
-        sim.run()
-        clock.end()
+    try:
+        with Profile(profile):
+            clock.start_rounds()
+            sim.run()
+            clock.end()
+    finally:
+        sim.executor.close()  # worker processes, or the local Ray of the Ray side
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     torch.save(dict(sim.state), weights)
     return {

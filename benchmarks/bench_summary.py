@@ -32,7 +32,10 @@ def verdict(value: float, target: float) -> str:
     return f"target <= {target:.2f}: {'met' if value <= target else 'MISSED'}"
 
 
-def ratio_line(workload: str, ratio: float, target: float, versus: str = "floor") -> str:
+def ratio_line(
+    workload: str, ratio: float, target: float, versus: str = "floor", side: str = "hetfl"
+) -> str:
     """A line a workload's result is read from: `A ratio hetfl/floor: 0.58  target ...`
-    (`versus` "floor2": HetFL against the floor split over two one-thread processes)."""
-    return f"{workload} ratio hetfl/{versus}: {ratio:.2f}  {verdict(ratio, target)}"
+    (`versus` "floor2": HetFL against the floor split over two one-thread processes;
+    `side` "ray", `versus` "processes": HetFL's Ray executor against its process executor)."""
+    return f"{workload} ratio {side}/{versus}: {ratio:.2f}  {verdict(ratio, target)}"

@@ -27,7 +27,7 @@ BATCH = 32
 LR = 0.05
 #: `hetfl.core.client.evaluate_model`'s batch, which the engine uses for every evaluation.
 EVAL_BATCH = 1000
-EXECUTORS = ("processes", "sequential")
+EXECUTORS = ("processes", "sequential", "ray")
 
 
 @dataclass(frozen=True)
@@ -100,18 +100,24 @@ MEMORY_TARGET = 1.5
 #: per-round ratio on every workload, and the total-time ratio on A.
 FLOOR2_TARGET = 1.03
 TOTAL_TARGET_A_FLOOR2 = 1.05
+#: The Ray executor's per-round time over the process executor's, on A (issue 34).
+RAY_TARGET = 1.15
 
 
 def executor_overrides(executor: str, workers: int) -> dict[str, Any]:
     """The HetFL config keys that choose how clients run: `sequential` adds nothing (one
     process, `threads` as the workload sets it); `processes` runs `workers` worker
-    processes of one intra-op thread each."""
+    processes of one intra-op thread each; `ray` as many units on a local Ray."""
     if executor == "sequential":
         return {}
     if executor == "processes":
         if workers < 1:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         return {"executor": "processes", "workers": workers, "threads": 1}
+    if executor == "ray":
+        if workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers}")
+        return {"executor": "ray", "workers": workers, "threads": 1}
     raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
 
 

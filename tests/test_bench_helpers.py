@@ -29,7 +29,7 @@ from bench_proc import (
 )
 from bench_summary import per_round_medians, ratio_line, round_ratio
 from bench_worker_pair import deal
-from bench_workloads import FLOOR2_TARGET, executor_overrides
+from bench_workloads import FLOOR2_TARGET, RAY_TARGET, executor_overrides
 
 from conftest import fmnist_available
 
@@ -107,6 +107,14 @@ def test_the_floor2_ratio_line_and_its_verdict() -> None:
     assert ratio_line("H", 1.03, FLOOR2_TARGET, versus="floor2").endswith("1.03: met")
 
 
+def test_the_ray_ratio_line() -> None:
+    assert RAY_TARGET == 1.15  # issue 34: Ray within 15 % of the process executor
+    assert (
+        ratio_line("A", 1.161, RAY_TARGET, versus="processes", side="ray")
+        == "A ratio ray/processes: 1.16  target <= 1.15: MISSED"
+    )
+
+
 def test_deal_balances_costs_and_keeps_each_workers_order() -> None:
     # Equal costs (A's and B's clients) alternate, ties going to the lower worker.
     assert deal([(c, 1.0) for c in (3, 5, 8, 9, 12)]) == [[3, 8, 12], [5, 9]]
@@ -159,7 +167,8 @@ def test_executor_settings() -> None:
         "workers": 3,
         "threads": 1,
     }
-    with pytest.raises(ValueError, match="--executor must be one of processes, sequential"):
+    assert executor_overrides("ray", 2) == {"executor": "ray", "workers": 2, "threads": 1}
+    with pytest.raises(ValueError, match="--executor must be one of processes, sequential, ray"):
         executor_overrides("threads", 2)
     with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
         executor_overrides("processes", 0)

@@ -346,7 +346,8 @@ def test_bad_executor_settings_are_refused_with_the_field():
     with pytest.raises(ValueError, match=r"workers = 2 is for executor 'processes'"):
         validate(_config(executor="sequential", workers=2))
     with pytest.raises(
-        ValueError, match=r"Input should be 'sequential', 'processes', 'vectorised' or 'auto'"
+        ValueError,
+        match=r"Input should be 'sequential', 'processes', 'vectorised', 'ray' or 'auto'",
     ):
         validate(_config(executor="threads"))
     measured = {

@@ -45,6 +45,7 @@ def build_simulation(
         clients_per_round=cfg.train.clients_per_round,
         measured_clock=cfg.measured_clock,
         plugins=cfg.plugins,
+        ray=None if cfg.ray is None else cfg.ray.settings(),
     )
     try:
         p = build_parts(cfg, show_progress=show_progress, label=label)

@@ -18,6 +18,7 @@ from hetfl.config.sections import (
     DeployConfig,
     EvalConfig,
     ModelConfig,
+    RayConfig,
     StoreConfig,
     TargetConfig,
     TrainConfig,
@@ -101,16 +102,25 @@ class RunConfig(_Strict):
         description="intra-op threads of every unit of work (a client's training, an "
         "evaluation batch) in every executor; results depend on it, the executor does not",
     )
-    executor: Literal["sequential", "processes", "vectorised", "auto"] | None = Field(
+    executor: Literal["sequential", "processes", "vectorised", "ray", "auto"] | None = Field(
         None,
         description="where clients train and evaluation batches run: sequential (in "
         "process), processes (worker processes on the CPU), vectorised (same-spec clients "
         "trained together with vmap, for a GPU; agrees to about 1e-5, not bit for bit), "
-        "auto (processes with more than one core and one client per round); unset: auto "
-        "from the CLI, sequential from the library",
+        "ray (Ray actors on one machine or a cluster, see ray:), auto (processes with more "
+        "than one core and one client per round); unset: auto from the CLI, sequential "
+        "from the library",
     )
     workers: int | None = Field(
-        None, ge=1, description="worker processes of executor processes (default: cores / threads)"
+        None,
+        ge=1,
+        description="worker processes of executor processes (default: cores / threads), or "
+        "the units of executor ray (default: as many as its cluster has room for)",
+    )
+    ray: RayConfig | None = Field(
+        None,
+        description="where executor ray runs: `{address: null | auto | host:port, "
+        "cpus_per_unit: 1, gpus_per_unit: 0}` (docs/ray.md); only with executor: ray",
     )
     output_dir: str = Field("runs", description="the folder that holds the run folders")
     tracking: Literal["none", "tensorboard"] = Field(
@@ -223,14 +233,19 @@ class RunConfig(_Strict):
         self._plateau_is_observed()
         if self.workers is not None and self.executor == "sequential":
             raise ValueError(
-                f"workers = {self.workers} is for executor 'processes' (or 'auto'), "
+                f"workers = {self.workers} is for executor 'processes', 'ray' (or 'auto'), "
                 "but executor is 'sequential'"
             )
-        if self.executor == "processes" and self.measured_clock:
+        if self.ray is not None and self.executor != "ray":
             raise ValueError(
-                "executor 'processes' with system.clock 'measured': clients training at the "
-                "same time contend for the cores, so their measured times would not be "
-                "theirs; use executor 'sequential' or the simulated clock"
+                f"a ray: section is for executor 'ray', but executor is {self.executor!r}: "
+                "set executor: ray, or remove the ray: section"
+            )
+        if self.executor in ("processes", "ray") and self.measured_clock:
+            raise ValueError(
+                f"executor {self.executor!r} with system.clock 'measured': clients training "
+                "at the same time contend for the cores, so their measured times would not "
+                "be theirs; use executor 'sequential' or the simulated clock"
             )
         if self.deploy.min_clients is not None and self.deploy.min_clients > self.data.num_clients:
             raise ValueError(

@@ -32,6 +32,7 @@ from hetfl.models.factory import (
     unknown_model_message,
 )
 from hetfl.models.flanc import COMPOSED
+from hetfl.sim.ray_executor import RaySettings
 
 
 class ConfigError(ValueError):
@@ -592,6 +593,26 @@ def parse_size(value: Any) -> int:
             f"(units: {', '.join(_SIZE_UNITS)})"
         )
     return int(float(match[1]) * _SIZE_UNITS[match[2]])
+
+
+class RayConfig(_Strict):
+    """Where executor 'ray' runs its units (docs/ray.md)."""
+
+    address: str | None = Field(
+        None,
+        pattern=r"^(auto|[A-Za-z0-9_.\-]+:\d+)$",
+        description="null: start a local Ray for the run (shut down at its end); auto: join "
+        "the Ray cluster this machine belongs to (`ray start`); host:port: a cluster's head",
+    )
+    cpus_per_unit: float = Field(
+        1, gt=0, description="CPUs of the cluster each unit (a Ray actor) holds"
+    )
+    gpus_per_unit: float = Field(
+        0, ge=0, description="GPUs each unit holds (with device: cuda; a fraction shares one)"
+    )
+
+    def settings(self) -> RaySettings:
+        return RaySettings(self.address, self.cpus_per_unit, self.gpus_per_unit)
 
 
 class StoreConfig(_Strict):

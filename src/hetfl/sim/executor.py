@@ -14,6 +14,8 @@ plain and picklable, so that an executor in other processes runs the same units.
   round's server program, feeds it per batch through a `Channel` and closes it.
 - `ProcessExecutor` (`hetfl.sim.processes`) runs units in worker processes, on the CPU,
   split learning's included: a client and its server session run in the same worker.
+- `RayExecutor` (`hetfl.sim.ray_executor`) runs the same units on Ray actors, on one
+  machine or a cluster, split learning's included.
 - `VectorisedExecutor` (`hetfl.sim.vectorised`) trains same-spec clients together with
   `torch.func.vmap`, for a GPU; it alone agrees with the others to about 1e-5 only.
 

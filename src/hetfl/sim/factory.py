@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hetfl.sim.executor import Executor, SequentialExecutor
 
-ExecutorName = Literal["sequential", "processes", "vectorised", "auto"]
+if TYPE_CHECKING:
+    from hetfl.sim.ray_executor import RaySettings
+
+ExecutorName = Literal["sequential", "processes", "vectorised", "ray", "auto"]
 
 
 def make_executor(
@@ -25,13 +28,15 @@ def make_executor(
     clients_per_round: int,
     measured_clock: bool,
     plugins: Sequence[str] = (),
+    ray: RaySettings | None = None,
 ) -> tuple[Executor, str]:
     """The executor a run asked for, and why it was chosen (for the start banner).
 
     `auto` takes processes when there is more than one core and more than one client per
     round, on the CPU, with a simulated clock; else sequential. `workers` defaults to the
     usable cores divided by `threads`. `plugins`: the run's, for worker processes to
-    import."""
+    import. `ray` says where executor 'ray' runs (default: a local Ray); its `workers`
+    are its units, by default as many as the cluster has room for."""
     cores = len(os.sched_getaffinity(0))
     count = workers or max(1, cores // threads)
     auto = name == "auto"
@@ -49,13 +54,25 @@ def make_executor(
             why = ", ".join(reasons) or f"{count} worker"
             return SequentialExecutor(), f"sequential (auto: {why})"
         name = "processes"
+    if name in ("processes", "ray") and measured_clock:
+        raise ValueError(
+            f"executor {name!r} with system.clock 'measured': clients training at "
+            "the same time contend for the cores, so their measured times would not be "
+            "theirs; use executor 'sequential' or the simulated clock"
+        )
+    if name == "ray":
+        from hetfl.sim.ray_executor import RayExecutor, RaySettings
+
+        on_ray = RayExecutor(
+            ray or RaySettings(),
+            units=workers,
+            threads=threads,
+            device=device,
+            deterministic=deterministic,
+            plugins=plugins,
+        )
+        return on_ray, on_ray.describe()
     if name == "processes":
-        if measured_clock:
-            raise ValueError(
-                "executor 'processes' with system.clock 'measured': clients training at "
-                "the same time contend for the cores, so their measured times would not be "
-                "theirs; use executor 'sequential' or the simulated clock"
-            )
         from hetfl.sim.processes import ProcessExecutor
 
         chosen = ProcessExecutor(

@@ -56,8 +56,8 @@ import torch.multiprocessing
 
 from hetfl.core.client import Programs
 from hetfl.core.server_program import ServerProgram
-from hetfl.core.types import ClientData, Problem
-from hetfl.sim.tasks import ClientJob, TaskOutcome, train_client, train_with_server
+from hetfl.core.types import ClientData
+from hetfl.sim.tasks import ClientJob, TaskOutcome, died_while_training, training_units
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 from hetfl.sim.worker import serve
 
@@ -167,14 +167,9 @@ class ProcessExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        if server is None:
-            items: list[Any] = [(job, clients[job.task.cid]) for job in jobs]
-            unit: Callable[[Any, Any], TaskOutcome] = train_client
-        else:
-            items = [(job, clients[job.task.cid], server) for job in jobs]
-            unit = train_with_server
+        unit, items = training_units(jobs, clients, server)
         costs = [job.cost for job in jobs]
-        return self.map(programs, unit, items, costs=costs, on_death=_died_while_training)
+        return self.map(programs, unit, items, costs=costs, on_death=died_while_training)
 
     def map(
         self,
@@ -334,9 +329,3 @@ def _death(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"its worker process was killed by {signal.Signals(-exitcode).name}"
     return f"its worker process exited with code {exitcode}"
-
-
-def _died_while_training(item: tuple[Any, ...], why: str) -> TaskOutcome:
-    """A training unit's outcome when its worker died: the item is (job, data[, server])."""
-    job: ClientJob = item[0]
-    return TaskOutcome(job.task, Problem("raised", f"client {job.task.cid} failed: {why}"))

@@ -24,8 +24,9 @@ that runs them loads it once (`WorkerContext.round_model`), not once per unit.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -162,6 +163,25 @@ def train_with_server(
     out, wall_s = fit_client(ctx.programs, job, data, channel)
     served = None if isinstance(out, Problem) else session.close()
     return TaskOutcome(job.task, out, wall_s, served, channel.counts())
+
+
+def training_units(
+    jobs: Sequence[ClientJob], clients: Mapping[int, ClientData], server: ServerProgram | None
+) -> tuple[Callable[[WorkerContext, Any], TaskOutcome], list[Any]]:
+    """A round's trainings as one unit and its items, for an executor that runs them
+    elsewhere: `train_client` on (job, data), or `train_with_server` on (job, data,
+    server) in split learning."""
+    if server is None:
+        return train_client, [(job, clients[job.task.cid]) for job in jobs]
+    return train_with_server, [(job, clients[job.task.cid], server) for job in jobs]
+
+
+def died_while_training(item: tuple[Any, ...], why: str) -> TaskOutcome:
+    """A training unit's outcome when the worker that ran it died (killed, out of memory):
+    that client fails this round with `why` in its reason, as when it raises. The item is
+    (job, data[, server])."""
+    job: ClientJob = item[0]
+    return TaskOutcome(job.task, Problem("raised", f"client {job.task.cid} failed: {why}"))
 
 
 class BatchScore(NamedTuple):

@@ -8,7 +8,10 @@ two one-thread processes (`floor2`: clients and evaluation split between them, w
 cores give when the work is split by hand). On A, HetFL also runs with its Ray executor
 (side `ray`: a local Ray of `--workers` units of one thread), against the process executor:
 `A ratio ray/processes: X.XX  target <= 1.15` (skipped with `--no-ray`, with `--smoke`, or
-where Ray is not installed). No Flower side is built yet.
+where Ray is not installed). Also on A, with Ray: side `flower`, the floor written as a
+Flower app and run on Flower's simulation engine (`bench_flower_sim`, Ray backend, one
+actor of one CPU per core), what researchers use today: `A ratio flower/processes: X.XX`
+beside the Ray line (no target: it is the reference, not ours).
 
 Measured per side (`bench_side`, `bench_proc`): per-round times (metrics row to metrics row),
 the total from before the data is loaded, the peak summed PSS of its process tree (sampled
@@ -78,6 +81,8 @@ NOISY = 0.25  # cores kept busy by other processes above which a side's times ar
 SIDES = ("hetfl", "floor", "floor2")
 #: The side that runs HetFL with its Ray executor (a local Ray, `--workers` units), on A.
 RAY = "ray"
+#: The side that runs the floor as a Flower app on Flower's simulation engine, on A.
+FLOWER = "flower"
 #: The side that runs HetFL from another checkout (`--baseline DIR`).
 BASE = "base"
 
@@ -91,6 +96,10 @@ def child(args: argparse.Namespace) -> None:
         from bench_hetfl import run_hetfl
 
         report = run_hetfl(w, args.rounds, workdir, weights, executor, args.profile)
+    elif args.side == FLOWER:
+        from bench_flower_sim import run_flower_sim
+
+        report = run_flower_sim(w, args.rounds, workdir, weights, args.profile, smoke=args.smoke)
     elif w.algorithm == "heterofl":
         from bench_floor_heterofl import (
             run_floor_heterofl,
@@ -159,7 +168,7 @@ def max_abs_delta(path_a: str, path_b: str) -> float:
 def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
     sides = (*SIDES, BASE) if args.baseline else SIDES
-    sides = (*sides, RAY) if ray_side(w, args) else sides
+    sides = (*sides, RAY, FLOWER) if ray_side(w, args) else sides
     print(f"\n== {w.describe(rounds)}", flush=True)
     reps: list[dict[str, Any]] = []
     for rep in range(args.reps):
@@ -174,7 +183,10 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
             "total_ratio": h["total_s"] / f["total_s"],
             "delta": {s: max_abs_delta(h["weights"], res[s]["weights"]) for s in sides[1:]},
             **(
-                {"ray_ratio": round_ratio(res[RAY]["round_s"], h["round_s"])}
+                {
+                    "ray_ratio": round_ratio(res[RAY]["round_s"], h["round_s"]),
+                    "flower_ratio": round_ratio(res[FLOWER]["round_s"], h["round_s"]),
+                }
                 if RAY in sides
                 else {}
             ),
@@ -201,7 +213,8 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
 
 
 def ray_side(w: Workload, args: argparse.Namespace) -> bool:
-    """Whether workload `w` gets the Ray side: on A, against the process executor, unless
+    """Whether workload `w` gets the Ray sides (HetFL's Ray executor, Flower's simulation
+    engine): on A, against the process executor, unless
     `--no-ray` or `--smoke` (a Ray start is seconds) or Ray is not installed."""
     if w.name != "A" or args.executor != "processes" or args.no_ray or args.smoke:
         return False
@@ -215,7 +228,7 @@ def ray_side(w: Workload, args: argparse.Namespace) -> bool:
 
 def side_threads(side: str, executor: str) -> int:
     """The intra-op threads a side trains with."""
-    if side == RAY:
+    if side in (RAY, FLOWER):
         return 1
     if side in ("hetfl", BASE):
         return 1 if executor == "processes" else THREADS
@@ -290,8 +303,18 @@ def summarise(
     differ = [f"{w.name}'s {s}" for s, d in worst.items() if not d <= tolerance(s, executor)]
     ratio = statistics.median(r["round_ratio"] for r in reps)
     ratio2 = statistics.median(r["round_ratio_floor2"] for r in reps)
-    ray = statistics.median(r["ray_ratio"] for r in reps) if RAY in sides else None
-    return {"ratio": ratio, "ratio_floor2": ratio2, "ray_ratio": ray, "differ": differ}
+    ray, flower = (
+        (statistics.median(r[k] for r in reps) for k in ("ray_ratio", "flower_ratio"))
+        if RAY in sides
+        else (None, None)
+    )
+    return {
+        "ratio": ratio,
+        "ratio_floor2": ratio2,
+        "ray_ratio": ray,
+        "flower_ratio": flower,
+        "differ": differ,
+    }
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -322,6 +345,7 @@ def driver(args: argparse.Namespace) -> None:
         print(ratio_line(name, r["ratio_floor2"], FLOOR2_TARGET, versus="floor2"))
         if r["ray_ratio"] is not None:
             print(ratio_line(name, r["ray_ratio"], RAY_TARGET, versus="processes", side=RAY))
+            print(f"{name} ratio {FLOWER}/processes: {r['flower_ratio']:.2f}  (the reference)")
     if args.smoke:
         print("(--smoke: tiny shapes, one repetition; the times and ratios mean nothing)")
     failed = [side for r in results.values() for side in r["differ"]]
@@ -366,13 +390,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2, help="HetFL's worker processes (default 2)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
     p.add_argument(
-        "--no-ray", action="store_true", help="skip the Ray executor's side (on A by default)"
+        "--no-ray",
+        action="store_true",
+        help="skip the Ray sides: HetFL's Ray executor and Flower's simulation (on A by default)",
     )
     p.add_argument(
         "--baseline", metavar="DIR", help="also time HetFL of this other checkout (side 'base')"
     )
     p.add_argument(
-        "--side", choices=(*SIDES, RAY), help="run one side of one workload (to profile it)"
+        "--side", choices=(*SIDES, RAY, FLOWER), help="run one side of one workload (to profile it)"
     )
     p.add_argument("--profile", help="with --side: write cProfile stats of the timed part here")
     p.add_argument("--out", help=argparse.SUPPRESS)

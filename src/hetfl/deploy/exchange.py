@@ -12,6 +12,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from hetfl.core.types import FailureKind
+from hetfl.deploy import profile
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.records import from_content
 
@@ -54,11 +55,18 @@ class Exchange:
         pending = {mid: k for k, mid in zip(keys, ids, strict=False) if mid}
         replies: dict[K, Message] = {}
         deadline = time.monotonic() + timeout
+        timing = profile.enabled()
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 key = pending.pop(reply.metadata.reply_to_message_id, None)
                 if key is not None:
                     replies[key] = reply
+                    if timing:
+                        profile.record(
+                            side="server",
+                            message=reply.metadata.reply_to_message_id,
+                            seen=time.time(),
+                        )
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll_s)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +40,7 @@ from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
+from hetfl.deploy import profile
 from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.statistics import client_bn_statistics
@@ -70,6 +72,9 @@ class Node:
 #: Builds a node from Flower's node config and the server's config text (the face does:
 #: this engine does not read configs).
 NodeBuilder = Callable[[Mapping[str, Any], str], Node]
+
+#: A message handler of the ClientApp, given the node builder.
+Handler = Callable[[Message, Context, NodeBuilder], Message]
 
 #: Built nodes of this process. Under `flower-supernode` every message runs in a fresh
 #: process and this stays small; Flower's simulation engine re-uses worker processes for
@@ -156,11 +161,40 @@ class PrivateState:
 def make_client_app(build: NodeBuilder) -> ClientApp:
     """The ClientApp whose handlers serve the node that `build` makes."""
     app = ClientApp()
-    app.query("register")(partial(register, build=build))
-    app.query("stats")(partial(stats, build=build))
-    app.train()(partial(train, build=build))
-    app.evaluate()(partial(evaluate, build=build))
+    app.query("register")(partial(timed, register, build=build))
+    app.query("stats")(partial(timed, stats, build=build))
+    app.train()(partial(timed, train, build=build))
+    app.evaluate()(partial(timed, evaluate, build=build))
     return app
+
+
+def timed(handler: Handler, msg: Message, context: Context, build: NodeBuilder) -> Message:
+    """`handler`'s reply; with `HETFL_DEPLOY_PROFILE` set, its times are logged
+    (`hetfl.deploy.profile`): message created, process started, handler entered, node
+    built, reply ready."""
+    if not profile.enabled():
+        return handler(msg, context, build)
+    entered = time.time()
+    built = [entered]
+
+    def build_timed(node_config: Mapping[str, Any], server_config: str) -> Node:
+        node = build(node_config, server_config)
+        built[0] = time.time()
+        return node
+
+    reply = handler(msg, context, build_timed)
+    profile.record(
+        side="node",
+        kind=msg.metadata.message_type,
+        message=msg.metadata.message_id,
+        round=msg.metadata.group_id,
+        created=msg.metadata.created_at,
+        process=profile.process_started(),
+        entered=entered,
+        built=built[0],
+        done=time.time(),
+    )
+    return reply
 
 
 def register(msg: Message, context: Context, build: NodeBuilder) -> Message:

@@ -29,11 +29,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from logging import INFO
 from pathlib import Path
 from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from hetfl.core.client import Program
 from hetfl.core.model_cache import ModelCache
@@ -76,20 +78,27 @@ NodeBuilder = Callable[[Mapping[str, Any], str], Node]
 #: A message handler of the ClientApp, given the node builder.
 Handler = Callable[[Message, Context, NodeBuilder], Message]
 
-#: Built nodes of this process. Under `flower-supernode` every message runs in a fresh
-#: process and this stays small; Flower's simulation engine re-uses worker processes for
-#: many virtual nodes and messages, which is where building once pays.
-_NODES: dict[tuple[int, int, str, str], Node] = {}
+#: Built nodes of this process, by (run id, server config, node id, node config). A
+#: `hetfl client` node serves every message of a run from one process
+#: (`hetfl.launch.supernode`), and Flower's simulation engine re-uses worker processes for
+#: many virtual nodes, so a node's partition and client program are built once per run.
+_NODES: dict[tuple[int, str, int, str], Node] = {}
 
 
 def node_for(context: Context, server_config: str, build: NodeBuilder) -> Node:
-    """The node `build` makes from this context and the server's config (once per process)."""
+    """The node `build` makes from this context and the server's config, built on the
+    first message of a run. A message of another run, or with another server config,
+    drops the nodes built for the previous one (a node serves one run at a time; its
+    data and program follow the config)."""
     own = json.dumps(dict(context.node_config), sort_keys=True, default=str)
-    key = (context.run_id, context.node_id, server_config, own)
+    key = (context.run_id, server_config, context.node_id, own)
     node = _NODES.get(key)
     if node is None:
+        for old in [k for k in _NODES if k[:2] != key[:2]]:
+            del _NODES[old]
         node = build(context.node_config, server_config)
         _NODES[key] = node
+        log(INFO, "client %d: partition and client program built (run %d)", node.cid, key[0])
     return node
 
 

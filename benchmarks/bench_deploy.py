@@ -177,7 +177,7 @@ def messages(profile: Path) -> list[dict[str, Any]]:
     seen = {x["message"]: x["seen"] for x in lines if x["side"] == "server"}
     out = []
     for x in (x for x in lines if x["side"] == "node" and x["message"] in seen):
-        start = max(x["process"], x["created"])
+        start = x["process"] if x["process"] > x["created"] else x["entered"]  # cold, warm
         stages = {
             "delivery": start - x["created"],
             "startup": x["entered"] - start,

@@ -55,7 +55,7 @@ FLOWER_IDLE_S = 3.0
 #: How often, while a message is in flight, the SuperNode looks for the ClientApp's reply.
 REPLY_POLL_S = 0.005
 #: The executor also looks for tasks this often when no message woke it (a safety net).
-FALLBACK_POLL_S = 1.0
+FALLBACK_POLL_S = 10.0
 
 
 class SuperNodeWaits:

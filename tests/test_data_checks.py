@@ -139,12 +139,12 @@ def test_a_flower_node_refuses_its_partition_with_the_same_check(tmp_path):
 
 def test_hetfl_client_checks_its_data_before_becoming_a_node(tmp_path, capsys, monkeypatch):
     pytest.importorskip("flwr")
-    from hetfl.launch import client as launch
+    from hetfl.launch import supernode
 
-    def became_a_node(argv: list[str]) -> None:
+    def became_a_node(*args) -> None:
         raise AssertionError("the node started before its data was checked")
 
-    monkeypatch.setattr(launch, "exec_client", became_a_node)
+    monkeypatch.setattr(supernode, "run_supernode", became_a_node)
     x = np.zeros((24, 4))
     x[3, 1] = np.nan
     data = _npz(tmp_path / "nan.npz", x_train=x)

@@ -264,3 +264,84 @@ def test_processes_stop_ends_detached_descendants(tmp_path):
     procs.stop(grace_s=5)
     assert child.poll() is not None
     assert procs.tagged() == []
+
+
+# -- the warm client side: one node build per run, Flower's waits shortened --------------
+def _context(run_id: int, node_id: int, partition: int) -> Context:
+    config = {"partition-id": partition}
+    return Context(
+        run_id=run_id, node_id=node_id, node_config=config, state=RecordDict(), run_config={}
+    )
+
+
+def test_a_node_is_built_once_per_run_and_again_for_a_new_run_or_config(monkeypatch):
+    from hetfl.deploy import node as deploy_node
+
+    monkeypatch.setattr(deploy_node, "_NODES", {})
+    built: list[tuple[int, str]] = []
+
+    def build(node_config, server_config: str) -> Node:
+        cid = int(node_config["partition-id"])
+        built.append((cid, server_config))
+        return replace(make_node(None), cid=cid)
+
+    first = deploy_node.node_for(_context(1, 7, 0), "config A", build)
+    assert deploy_node.node_for(_context(1, 7, 0), "config A", build) is first
+    other = deploy_node.node_for(_context(1, 8, 1), "config A", build)  # a second virtual node
+    assert deploy_node.node_for(_context(1, 7, 0), "config A", build) is first
+    assert deploy_node.node_for(_context(1, 8, 1), "config A", build) is other
+    assert built == [(0, "config A"), (1, "config A")]
+    new_run = deploy_node.node_for(_context(2, 7, 0), "config A", build)
+    assert new_run is not first and len(deploy_node._NODES) == 1  # run 1's nodes dropped
+    new_config = deploy_node.node_for(_context(2, 7, 0), "config B", build)
+    assert new_config is not new_run and len(deploy_node._NODES) == 1
+    assert built == [(0, "config A"), (1, "config A"), (0, "config A"), (0, "config B")]
+
+
+def test_the_supernode_loop_waits_less_and_wakes_the_executor(monkeypatch):
+    import threading
+    import types
+
+    from flwr.supernode import start_client_internal
+
+    from hetfl.launch import supernode
+
+    slept: list[float] = []
+    monkeypatch.setattr(supernode, "time", types.SimpleNamespace(sleep=slept.append))
+    loop = types.ModuleType("loop")
+    answers = iter([None, 42])
+    loop.time = None
+    loop._pull_and_store_message = lambda *args, **kwargs: next(answers)
+    wake = threading.Event()
+    supernode.patch_supernode_loop(loop, 0.25, wake)
+    assert loop._pull_and_store_message() is None and not wake.is_set()  # no message
+    assert loop._pull_and_store_message() == 42 and wake.is_set()  # a message of run 42
+    loop.time.sleep(3)  # Flower's idle pause
+    loop.time.sleep(0.5)  # its polls for the ClientApp's reply
+    assert slept == [0.25, supernode.REPLY_POLL_S]
+    # The pinned Flower has what is patched; another one is refused by name.
+    assert hasattr(start_client_internal, "time")
+    assert hasattr(start_client_internal, "_pull_and_store_message")
+    with pytest.raises(
+        RuntimeError, match=r"other has no time, _pull_and_store_message: .*flwr==1\.41\.0"
+    ):
+        supernode.patch_supernode_loop(types.ModuleType("other"), 0.25, wake)
+
+
+def test_an_exchange_pulls_after_waits_that_double_up_to_its_poll(monkeypatch):
+    import time
+    import types
+
+    from hetfl.deploy import exchange
+
+    slept: list[float] = []
+    clock = types.SimpleNamespace(sleep=slept.append, monotonic=time.monotonic)
+    monkeypatch.setattr(exchange, "time", clock)
+    reply = types.SimpleNamespace(metadata=types.SimpleNamespace(reply_to_message_id="m1"))
+    pulls = iter([[], [], [], [], [], [], [reply]])  # the reply comes at the seventh pull
+    grid = types.SimpleNamespace(
+        push_messages=lambda messages: ["m1"], pull_messages=lambda ids: next(pulls)
+    )
+    replies = exchange.Exchange(grid, poll_s=0.05)({"client 0": object()}, timeout=60)
+    assert replies == {"client 0": reply}
+    assert slept == [0.01, 0.02, 0.04, 0.05, 0.05, 0.05]

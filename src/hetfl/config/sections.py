@@ -567,6 +567,13 @@ class DeployConfig(_Strict):
     state_dir: str | None = Field(
         None, description="node-local directory where clients keep private state across restarts"
     )
+    node_poll_s: float = Field(
+        0.25,
+        gt=0,
+        le=60,
+        description="how often an idle client node asks the SuperLink for a message (Flower's "
+        "own SuperNode: every 3 s); read from the node's own config",
+    )
 
     @field_validator("superlink")
     @classmethod

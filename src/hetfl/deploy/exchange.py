@@ -12,6 +12,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from hetfl.core.types import FailureKind
+from hetfl.deploy import profile
 from hetfl.deploy.codec import CodecError
 from hetfl.deploy.records import from_content
 
@@ -30,8 +31,14 @@ TRANSIENT = frozenset(
 )
 
 
+#: The first wait between pulls for replies; each next one doubles, up to `poll_s`, so a
+#: reply that comes in milliseconds is seen in milliseconds and a long round costs few pulls.
+FIRST_POLL_S = 0.01
+
+
 class Exchange:
-    """Exchanges with the nodes of `grid`, polling for replies every `poll_s` seconds."""
+    """Exchanges with the nodes of `grid`, pulling replies after waits that double from
+    `FIRST_POLL_S` up to `poll_s` seconds."""
 
     def __init__(self, grid: Grid, poll_s: float) -> None:
         self.grid = grid
@@ -54,14 +61,23 @@ class Exchange:
         pending = {mid: k for k, mid in zip(keys, ids, strict=False) if mid}
         replies: dict[K, Message] = {}
         deadline = time.monotonic() + timeout
+        timing = profile.enabled()
+        wait = FIRST_POLL_S
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 key = pending.pop(reply.metadata.reply_to_message_id, None)
                 if key is not None:
                     replies[key] = reply
+                    if timing:
+                        profile.record(
+                            side="server",
+                            message=reply.metadata.reply_to_message_id,
+                            seen=time.time(),
+                        )
             if not pending or time.monotonic() >= deadline:
                 break
-            time.sleep(self.poll_s)
+            time.sleep(min(wait, self.poll_s))
+            wait *= 2
         return replies
 
 

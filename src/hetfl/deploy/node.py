@@ -25,20 +25,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from logging import INFO
 from pathlib import Path
 from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from hetfl.core.client import Program
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
 from hetfl.core.validate import result_problem
+from hetfl.deploy import profile
 from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.statistics import client_bn_statistics
@@ -71,20 +75,30 @@ class Node:
 #: this engine does not read configs).
 NodeBuilder = Callable[[Mapping[str, Any], str], Node]
 
-#: Built nodes of this process. Under `flower-supernode` every message runs in a fresh
-#: process and this stays small; Flower's simulation engine re-uses worker processes for
-#: many virtual nodes and messages, which is where building once pays.
-_NODES: dict[tuple[int, int, str, str], Node] = {}
+#: A message handler of the ClientApp, given the node builder.
+Handler = Callable[[Message, Context, NodeBuilder], Message]
+
+#: Built nodes of this process, by (run id, server config, node id, node config). A
+#: `hetfl client` node serves every message of a run from one process
+#: (`hetfl.launch.supernode`), and Flower's simulation engine re-uses worker processes for
+#: many virtual nodes, so a node's partition and client program are built once per run.
+_NODES: dict[tuple[int, str, int, str], Node] = {}
 
 
 def node_for(context: Context, server_config: str, build: NodeBuilder) -> Node:
-    """The node `build` makes from this context and the server's config (once per process)."""
+    """The node `build` makes from this context and the server's config, built on the
+    first message of a run. A message of another run, or with another server config,
+    drops the nodes built for the previous one (a node serves one run at a time; its
+    data and program follow the config)."""
     own = json.dumps(dict(context.node_config), sort_keys=True, default=str)
-    key = (context.run_id, context.node_id, server_config, own)
+    key = (context.run_id, server_config, context.node_id, own)
     node = _NODES.get(key)
     if node is None:
+        for old in [k for k in _NODES if k[:2] != key[:2]]:
+            del _NODES[old]
         node = build(context.node_config, server_config)
         _NODES[key] = node
+        log(INFO, "client %d: partition and client program built (run %d)", node.cid, key[0])
     return node
 
 
@@ -156,11 +170,40 @@ class PrivateState:
 def make_client_app(build: NodeBuilder) -> ClientApp:
     """The ClientApp whose handlers serve the node that `build` makes."""
     app = ClientApp()
-    app.query("register")(partial(register, build=build))
-    app.query("stats")(partial(stats, build=build))
-    app.train()(partial(train, build=build))
-    app.evaluate()(partial(evaluate, build=build))
+    app.query("register")(partial(timed, register, build=build))
+    app.query("stats")(partial(timed, stats, build=build))
+    app.train()(partial(timed, train, build=build))
+    app.evaluate()(partial(timed, evaluate, build=build))
     return app
+
+
+def timed(handler: Handler, msg: Message, context: Context, build: NodeBuilder) -> Message:
+    """`handler`'s reply; with `HETFL_DEPLOY_PROFILE` set, its times are logged
+    (`hetfl.deploy.profile`): message created, process started, handler entered, node
+    built, reply ready."""
+    if not profile.enabled():
+        return handler(msg, context, build)
+    entered = time.time()
+    built = [entered]
+
+    def build_timed(node_config: Mapping[str, Any], server_config: str) -> Node:
+        node = build(node_config, server_config)
+        built[0] = time.time()
+        return node
+
+    reply = handler(msg, context, build_timed)
+    profile.record(
+        side="node",
+        kind=msg.metadata.message_type,
+        message=msg.metadata.message_id,
+        round=msg.metadata.group_id,
+        created=msg.metadata.created_at,
+        process=profile.process_started(),
+        entered=entered,
+        built=built[0],
+        done=time.time(),
+    )
+    return reply
 
 
 def register(msg: Message, context: Context, build: NodeBuilder) -> Message:

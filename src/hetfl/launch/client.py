@@ -1,21 +1,26 @@
 """One job: `hetfl client`: the node config that tells the ClientApp its partition and local
-config, and the `flower-supernode` command this process replaces itself with."""
+config, and the `flower-supernode` arguments of the SuperNode this process then runs, with
+HetFL's ClientApp warm beside it (`hetfl.launch.supernode`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from hetfl.config import ConfigError, RunConfig, load_raw, validate
 from hetfl.launch.plumbing import flower_bin, free_port, require_flower
 from hetfl.launch.security import Security
+
+if TYPE_CHECKING:
+    from flwr.clientapp import ClientApp
+
+#: The ClientApp a node serves, as `hetfl serve`'s Flower App names it.
+CLIENT_APP = "hetfl.flower:client_app"
 
 
 def node_config(
@@ -74,23 +79,22 @@ def client_argv(
     return argv
 
 
-def exec_client(argv: Sequence[str]) -> None:
-    """Become the SuperNode (it retries until the SuperLink is up; Ctrl-C stops it)."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(argv[0], list(argv), env)
+def _client_app() -> ClientApp:
+    from hetfl.flower import client_app
+
+    return client_app
 
 
 # -- the commands --------------------------------------------------------------------------
 def start_client(args: argparse.Namespace) -> int:
-    """`hetfl client`: check everything the node will need, then become the SuperNode.
+    """`hetfl client`: check everything the node will need, then run the SuperNode in
+    this process with HetFL's ClientApp kept warm beside it (`hetfl.launch.supernode`).
 
     The node's data is loaded (and so checked) here too, so a missing or malformed file is
     an error at this terminal rather than a refusal in the server's log.
     """
     from hetfl.assembly import load_dataset
+    from hetfl.launch.supernode import run_supernode
 
     require_flower()
     cfg = validate(load_raw(args.config))
@@ -100,6 +104,7 @@ def start_client(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise ConfigError(f"--attr {pair!r} is not of the form KEY=VALUE")
         attrs[key] = yaml.safe_load(value)
+    runtime_port = free_port()
     argv = client_argv(
         cfg,
         args.config,
@@ -109,6 +114,7 @@ def start_client(args: argparse.Namespace) -> int:
         auth_key=args.auth_key,
         state_dir=args.state_dir,
         attrs=attrs,
+        runtime_port=runtime_port,
     )
     load_dataset(cfg)
     print(
@@ -116,5 +122,5 @@ def start_client(args: argparse.Namespace) -> int:
         "(Ctrl-C stops the node)",
         flush=True,
     )
-    exec_client(argv)
-    return 0  # not reached: exec replaced this process
+    run_supernode(argv[1:], runtime_port, _client_app, CLIENT_APP, cfg.deploy.node_poll_s)
+    return 0

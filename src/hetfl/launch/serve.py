@@ -17,6 +17,7 @@ import yaml
 
 from hetfl.config import ConfigError, RunConfig, expand_sweep, validate
 from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
+from hetfl.launch.client import CLIENT_APP
 from hetfl.launch.plumbing import (
     Processes,
     flower_bin,
@@ -51,7 +52,7 @@ def write_flower_app(app_dir: Path, run_dir: Path, resume: bool) -> None:
                     "publisher": "hetfl",
                     "components": {
                         "serverapp": "hetfl.flower:server_app",
-                        "clientapp": "hetfl.flower:client_app",
+                        "clientapp": CLIENT_APP,
                     },
                     "config": {"hetfl-run-dir": str(run_dir.resolve()), "hetfl-resume": resume},
                 }

@@ -25,7 +25,7 @@ server_app = ServerApp()
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
-    arrays = [a + 1 for a in msg.content["model"].to_numpy_ndarrays()]
+    arrays = [a + 1 for a in msg.content.array_records["model"].to_numpy_ndarrays()]
     return Message(RecordDict({"model": ArrayRecord(arrays)}), reply_to=msg)
 
 
@@ -61,7 +61,7 @@ def main(grid: Grid, context: Context) -> None:
             msgs = [Message(content, nid, kind, group_id=str(rnd)) for nid in ids]
             replies = exchange(grid, msgs, poll_s)
             if kind == "train":
-                uploads = [r.content["model"].to_numpy_ndarrays()[0] for r in replies]
+                uploads = [r.content.array_records["model"].to_numpy_ndarrays()[0] for r in replies]
                 model = [np.mean(uploads, axis=0)]
         with out.open("a") as f:
             f.write(json.dumps({"round": rnd, "seconds": time.time() - started}) + "\n")

@@ -33,6 +33,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig, load_raw, validate
 from hetfl.core.model_cache import ModelCache
+from hetfl.deploy.exchange import POLL_S
 from hetfl.deploy.node import Node, make_client_app
 from hetfl.deploy.server import Deployment, FlowerServer
 from hetfl.engine.tracking import make_sinks
@@ -114,7 +115,7 @@ def deployment(cfg: RunConfig) -> Deployment:
 
 
 def flower_server(
-    grid: Grid, cfg: RunConfig, run_dir: Path, *, show_progress: bool = True, poll_s: float = 0.5
+    grid: Grid, cfg: RunConfig, run_dir: Path, *, show_progress: bool = True, poll_s: float = POLL_S
 ) -> FlowerServer:
     """The Flower server that runs `cfg` over `grid` into `run_dir` (with the config's
     `tracking` sinks, made first: a missing extra fails before the data is loaded)."""

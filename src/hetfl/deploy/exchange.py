@@ -34,6 +34,11 @@ TRANSIENT = frozenset(
 #: The first wait between pulls for replies; each next one doubles, up to `poll_s`, so a
 #: reply that comes in milliseconds is seen in milliseconds and a long round costs few pulls.
 FIRST_POLL_S = 0.01
+#: The longest wait between pulls for replies (the server's `poll_s`): a reply waits for the
+#: next pull, on average half of this once the waits have doubled up to it; a pull is one
+#: small request to the SuperLink. 0.5 s cost about 0.25 s per exchange in the README
+#: example (benchmarks/README.md, "Deployment rounds over Flower").
+POLL_S = 0.1
 
 
 class Exchange:

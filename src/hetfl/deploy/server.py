@@ -66,7 +66,7 @@ from hetfl.core.types import (
     Problem,
     State,
 )
-from hetfl.deploy.exchange import Exchange, answer_of, failure_kind
+from hetfl.deploy.exchange import POLL_S, Exchange, answer_of, failure_kind
 from hetfl.deploy.membership import Membership
 from hetfl.deploy.records import EVALUATE, STATS, TRAIN, to_content
 from hetfl.engine.outputs import RowSink
@@ -111,7 +111,7 @@ class FlowerServer(RoundLoop):
         deployment: Deployment,
         run_dir: Path,
         *,
-        poll_s: float = 0.5,
+        poll_s: float = POLL_S,
         sinks: Sequence[RowSink] = (),
     ) -> None:
         """`parts` are built exactly as for the simulator; their clients' data is used here

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,11 +42,10 @@ import torch
 from hetfl.config import validate
 from hetfl.data.synthetic import load_synthetic
 from hetfl.runner import build_simulation
-from hetfl.sim import Executor, SequentialExecutor, Simulation
-from hetfl.sim.vectorised import VectorisedExecutor
+from hetfl.sim import Simulation
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_vectorised import _max_diff, _timed
+from bench_vectorised import compare
 
 
 def write_data(path: Path, clients: int, per_client: int) -> Path:
@@ -95,24 +93,7 @@ def vectorised_round(
     cfg = validate(config(data, args.clients, args.steps, args.device, deterministic=deterministic))
     sim: Simulation = build_simulation(cfg, workdir, show_progress=False)
     sim.setup()
-    sequential, vectorised = SequentialExecutor(), VectorisedExecutor()
-    first, _ = _timed(vectorised, sim)
-    print(f"first vectorised run (loads torch.func's rules): {first:.2f} s", flush=True)
-    times: dict[str, list[float]] = {"sequential": [], "vectorised": []}
-    diff = 0.0
-    for rep in range(args.reps):
-        order: list[tuple[str, Executor]] = [("sequential", sequential), ("vectorised", vectorised)]
-        outcomes = {}
-        for name, executor in order if rep % 2 == 0 else order[::-1]:
-            seconds, outcomes[name] = _timed(executor, sim)
-            times[name].append(seconds)
-        diff = max(diff, _max_diff(outcomes["sequential"], outcomes["vectorised"]))
-        print(
-            f"rep {rep + 1}: sequential {times['sequential'][-1]:.2f} s, "
-            f"vectorised {times['vectorised'][-1]:.2f} s",
-            flush=True,
-        )
-    seq, vec = (statistics.median(times[k]) for k in ("sequential", "vectorised"))
+    seq, vec, diff, vectorised = compare(sim, args.reps)
     print(f"vectorised groups: {vectorised.grouped}; alone: {vectorised.alone}")
     print(f"median: sequential {seq:.2f} s, vectorised {vec:.2f} s; max |diff| {diff:.2e}")
     print(f"ratio vectorised/sequential: {vec / seq:.2f}")
@@ -147,7 +128,7 @@ def _tensors(obj: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
     return []
 
 
-def compare(a: Path, b: Path) -> str:
+def compare_runs(a: Path, b: Path) -> str:
     x, y = final_state(a), final_state(b)
     assert x.keys() == y.keys(), "the two runs saved different tensors"
     differ = [k for k in x if not torch.equal(x[k], y[k])]
@@ -204,7 +185,7 @@ def main() -> None:
                 runs = [root / f"det-{deterministic}-{i}" for i in (1, 2)]
                 walls = [one_run(data, run, deterministic, args) for run in runs]
                 print(
-                    f"deterministic {str(deterministic).lower()}: {compare(*runs)}; "
+                    f"deterministic {str(deterministic).lower()}: {compare_runs(*runs)}; "
                     f"metrics rows {'equal' if same_metrics(*runs) else 'differ'}; "
                     f"runs {walls[0]:.1f} s and {walls[1]:.1f} s",
                     flush=True,

@@ -90,6 +90,32 @@ def _max_diff(a: list[TaskOutcome], b: list[TaskOutcome]) -> float:
     return worst
 
 
+def compare(sim: Simulation, reps: int) -> tuple[float, float, float, VectorisedExecutor]:
+    """The sequential and the vectorised executor on the same round's jobs, interleaved
+    `reps` times (who goes first alternates), after one untimed-apart vectorised run: their
+    median seconds, the largest difference between their results, and the vectorised
+    executor (its groups)."""
+    sequential, vectorised = SequentialExecutor(), VectorisedExecutor()
+    first, _ = _timed(vectorised, sim)
+    print(f"first vectorised run (loads torch.func's rules): {first:.2f} s", flush=True)
+    times: dict[str, list[float]] = {"sequential": [], "vectorised": []}
+    diff = 0.0
+    for rep in range(reps):
+        order: list[tuple[str, Executor]] = [("sequential", sequential), ("vectorised", vectorised)]
+        outcomes = {}
+        for name, executor in order if rep % 2 == 0 else order[::-1]:
+            seconds, outcomes[name] = _timed(executor, sim)
+            times[name].append(seconds)
+        diff = max(diff, _max_diff(outcomes["sequential"], outcomes["vectorised"]))
+        print(
+            f"rep {rep + 1}: sequential {times['sequential'][-1]:.2f} s, "
+            f"vectorised {times['vectorised'][-1]:.2f} s",
+            flush=True,
+        )
+    seq, vec = (statistics.median(times[k]) for k in ("sequential", "vectorised"))
+    return seq, vec, diff, vectorised
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -98,27 +124,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         sim = _simulation(args.device, args.threads, Path(workdir))
-        sequential, vectorised = SequentialExecutor(), VectorisedExecutor()
-        first, _ = _timed(vectorised, sim)
-        print(f"first vectorised run (loads torch.func's rules): {first:.2f} s")
-        times: dict[str, list[float]] = {"sequential": [], "vectorised": []}
-        diff = 0.0
-        for rep in range(args.reps):
-            order: list[tuple[str, Executor]] = [
-                ("sequential", sequential),
-                ("vectorised", vectorised),
-            ]
-            outcomes = {}
-            for name, executor in order if rep % 2 == 0 else order[::-1]:
-                seconds, outcomes[name] = _timed(executor, sim)
-                times[name].append(seconds)
-            diff = max(diff, _max_diff(outcomes["sequential"], outcomes["vectorised"]))
-            print(
-                f"rep {rep + 1}: sequential {times['sequential'][-1]:.2f} s, "
-                f"vectorised {times['vectorised'][-1]:.2f} s"
-            )
+        seq, vec, diff, vectorised = compare(sim, args.reps)
         assert vectorised.grouped, "the round was not vectorised"
-        seq, vec = (statistics.median(times[k]) for k in ("sequential", "vectorised"))
         print(
             f"device {sim.programs.device}, threads {args.threads}, "
             f"groups {len(vectorised.grouped)}"

@@ -57,7 +57,7 @@ import torch.multiprocessing
 from hetfl.core.client import Programs
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
-from hetfl.sim.tasks import ClientJob, TaskOutcome, died_while_training, training_units
+from hetfl.sim.tasks import ClientJob, TaskOutcome, train_as_units
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 from hetfl.sim.worker import serve
 
@@ -167,9 +167,7 @@ class ProcessExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        unit, items = training_units(jobs, clients, server)
-        costs = [job.cost for job in jobs]
-        return self.map(programs, unit, items, costs=costs, on_death=died_while_training)
+        return train_as_units(self.map, programs, jobs, clients, server)
 
     def map(
         self,

@@ -63,8 +63,7 @@ from hetfl.sim.tasks import (
     ClientJob,
     TaskOutcome,
     WorkerContext,
-    died_while_training,
-    training_units,
+    train_as_units,
 )
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 
@@ -269,9 +268,7 @@ class RayExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        unit, items = training_units(jobs, clients, server)
-        costs = [job.cost for job in jobs]
-        return self.map(programs, unit, items, costs=costs, on_death=died_while_training)
+        return train_as_units(self.map, programs, jobs, clients, server)
 
     def map(
         self,

@@ -176,6 +176,21 @@ def training_units(
     return train_with_server, [(job, clients[job.task.cid], server) for job in jobs]
 
 
+def train_as_units(
+    map_units: Callable[..., list[TaskOutcome]],
+    programs: Programs,
+    jobs: Sequence[ClientJob],
+    clients: Mapping[int, ClientData],
+    server: ServerProgram | None,
+) -> list[TaskOutcome]:
+    """`Executor.run` for an executor whose workers may die (processes, Ray actors): the
+    round's trainings as units of its `map_units` (its `map`), ordered by the jobs' costs,
+    a dead worker's unit answered by `died_while_training`."""
+    unit, items = training_units(jobs, clients, server)
+    costs = [job.cost for job in jobs]
+    return map_units(programs, unit, items, costs=costs, on_death=died_while_training)
+
+
 def died_while_training(item: tuple[Any, ...], why: str) -> TaskOutcome:
     """A training unit's outcome when the worker that ran it died (killed, out of memory):
     that client fails this round with `why` in its reason, as when it raises. The item is

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from golden.harness import BY_NAME, compare, run_scenario
+from golden.harness import BY_NAME, assert_same_as_sequential, run_scenario
 from hetfl.config import validate
 from hetfl.core.assign import one_spec
 from hetfl.core.client import Program, Programs
@@ -65,10 +65,7 @@ def test_golden_scenario_under_two_worker_processes_is_bit_for_bit(
     """Compared with the sequential executor's run of the scenario in this pytest run (on
     this machine, whatever its numerics), never with the fixture."""
     got = run_scenario(BY_NAME[name], tmp_path, pool)
-    sequential = golden_runs[name]
-    assert sequential["fingerprint"] == got["fingerprint"]
-    problems = compare(sequential, got)
-    assert not problems, "under two worker processes:\n" + "\n".join(problems[:20])
+    assert_same_as_sequential(golden_runs[name], got, "under two worker processes")
 
 
 # -- faults ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from golden.harness import BY_NAME, compare, run_scenario
+from golden.harness import BY_NAME, assert_same_as_sequential, run_scenario
 from hetfl.config import validate
 from hetfl.core.numerics import NUMERIC_ENV
 from hetfl.core.types import Problem
@@ -103,10 +103,7 @@ def _environment(ctx, item: int) -> tuple[dict[str, str], int]:
 def test_golden_scenario_on_two_ray_nodes_is_bit_for_bit(name, on_ray, tmp_path, golden_runs):
     """Compared with the sequential executor's run of the scenario in this pytest run."""
     got = run_scenario(BY_NAME[name], tmp_path, on_ray)
-    sequential = golden_runs[name]
-    assert sequential["fingerprint"] == got["fingerprint"]
-    problems = compare(sequential, got)
-    assert not problems, "on two Ray nodes:\n" + "\n".join(problems[:20])
+    assert_same_as_sequential(golden_runs[name], got, "on two Ray nodes")
 
 
 class _Recording:

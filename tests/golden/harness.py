@@ -663,6 +663,16 @@ def exact_comparison(expected: Mapping[str, Any], got: Mapping[str, Any]) -> boo
     return bool(expected["fingerprint"] == got["fingerprint"])
 
 
+def assert_same_as_sequential(
+    sequential: Mapping[str, Any], got: Mapping[str, Any], where: str
+) -> None:
+    """`got`, a scenario run `where` (another executor, on this machine), equals the
+    sequential executor's run of it bit for bit."""
+    assert sequential["fingerprint"] == got["fingerprint"]
+    problems = compare(sequential, got)
+    assert not problems, f"{where}:\n" + "\n".join(problems[:20])
+
+
 def compare(
     expected: Mapping[str, Any], got: Mapping[str, Any], tolerance: Tolerance | None = None
 ) -> list[str]:

@@ -45,7 +45,7 @@ from bench_worker_pair import WORKERS, WorkerPair, deal
 from bench_workloads import BATCH, EVAL_BATCH, LR, SEED, THREADS, Workload
 from torch import nn
 
-from hetfl.algorithms.width_assignment import assign_in_proportion
+from hetfl.algorithms.parts.width_assignment import assign_in_proportion
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, numpy_generator, torch_generator

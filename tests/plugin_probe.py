@@ -97,7 +97,7 @@ def main(work: Path) -> None:
     # names taken twice: from HetFL, across the model registries, from another plugin
     plugins = {
         "dup_method.py": (
-            "from hetfl.algorithms.base import Options, register_algorithm\n"
+            "from hetfl.algorithms.parts.method_registry import Options, register_algorithm\n"
             "register_algorithm('fedavg', Options, summary='mine')(print)\n"
         ),
         "dup_model.py": (

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
 from hetfl.algorithms.flexifed import max_common
+from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
 from hetfl.core.local.parts import CrossEntropy
 from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.rng import torch_generator

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from hetfl.algorithms.architecture_choice import ArchitectureChoice, Candidate
-from hetfl.algorithms.width_assignment import WidthAssignment
+from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate
+from hetfl.algorithms.parts.width_assignment import WidthAssignment
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, Flip, Poison
 from hetfl.config import ConfigError, validate

@@ -459,28 +459,32 @@ def test_registry_duplicate_registration_raises_and_keeps_first():
 
 
 def test_register_algorithm_stacks_one_decorator_per_name_and_refuses_duplicates(monkeypatch):
-    from hetfl.algorithms import base
     from hetfl.algorithms.fedavg import FedAvgOptions, FedBNOptions
+    from hetfl.algorithms.parts import method_registry
 
-    registry: Registry[base.Algorithm] = Registry("algorithm")
-    monkeypatch.setattr(base, "ALGORITHMS", registry)
+    registry: Registry[method_registry.Algorithm] = Registry("algorithm")
+    monkeypatch.setattr(method_registry, "ALGORITHMS", registry)
 
     def make(*args, **kwargs):  # never called: registration only stores it
         raise AssertionError
 
     summaries = {"a": "first", "b": "second"}
-    decorated = base.register_algorithm("a", FedAvgOptions, summaries=summaries)(
-        base.register_algorithm("b", FedBNOptions, needs="scalable", summaries=summaries)(make)
+    decorated = method_registry.register_algorithm("a", FedAvgOptions, summaries=summaries)(
+        method_registry.register_algorithm(
+            "b", FedBNOptions, needs="scalable", summaries=summaries
+        )(make)
     )
     assert decorated is make
     assert registry.names() == ["a", "b"]
-    assert registry.get("a") == base.Algorithm("a", "first", FedAvgOptions, make, "any")
-    assert registry.get("b") == base.Algorithm("b", "second", FedBNOptions, make, "scalable")
+    assert registry.get("a") == method_registry.Algorithm("a", "first", FedAvgOptions, make, "any")
+    assert registry.get("b") == method_registry.Algorithm(
+        "b", "second", FedBNOptions, make, "scalable"
+    )
     with pytest.raises(ValueError, match="algorithm 'a' is already registered"):
-        base.register_algorithm("a", FedBNOptions, summaries={"a": "again"})(make)
+        method_registry.register_algorithm("a", FedBNOptions, summaries={"a": "again"})(make)
     assert registry.get("a").summary == "first"
     with pytest.raises(KeyError, match=r"no summary in hetfl\.catalogue\.ALGORITHMS"):
-        base.register_algorithm("c", FedAvgOptions, summaries=summaries)
+        method_registry.register_algorithm("c", FedAvgOptions, summaries=summaries)
 
 
 def test_methods_sharing_a_make_register_one_name_per_decorator():

@@ -20,8 +20,8 @@ from torch import nn
 from flop_oracle import oracle_cost
 from hetfl.algorithms.fjord import FjORDOptions
 from hetfl.algorithms.heterofl import HeteroFLOptions
-from hetfl.algorithms.width_norms import level_norm
-from hetfl.algorithms.widths import full_width_base
+from hetfl.algorithms.parts.width_norms import level_norm
+from hetfl.algorithms.parts.widths import full_width_base
 from hetfl.core.spec import Spec
 from hetfl.core.types import ModelFamily, PassRecord
 from hetfl.models import model_names

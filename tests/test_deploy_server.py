@@ -24,7 +24,7 @@ from flwr.common.constant import ErrorCode
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from hetfl.algorithms.base import SimulatorOnlyError
+from hetfl.algorithms.parts.method_registry import SimulatorOnlyError
 from hetfl.cli import main
 from hetfl.config import validate
 from hetfl.deploy import node

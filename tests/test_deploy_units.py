@@ -19,7 +19,7 @@ pytest.importorskip("flwr")
 from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
-from hetfl.algorithms.base import SimulatorOnlyError, refuse_simulator_only
+from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
 from hetfl.core.bn_statistics import (

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.base import SimulatorOnlyError, refuse_simulator_only
-from hetfl.algorithms.tier_scheduler import estimate
+from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
+from hetfl.algorithms.parts.tier_scheduler import estimate
 from hetfl.config import validate
 from hetfl.core.client import Programs
 from hetfl.core.local.parts import TrainContext

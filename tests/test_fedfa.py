@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
 from hetfl.algorithms.fedfa import FedFAOptions
-from hetfl.algorithms.grafting import graft
+from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
+from hetfl.algorithms.parts.grafting import graft
 from hetfl.core.client import Programs
 from hetfl.core.norm_scaling import QuantileNormScaling, quantile_norm
 from hetfl.core.spec import MapEntry, Spec, prefix_index

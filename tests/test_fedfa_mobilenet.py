@@ -13,9 +13,9 @@ import torch
 from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.architecture_choice import ArchitectureChoice, Candidate, candidate_grid
 from hetfl.algorithms.flexifed import max_common
-from hetfl.algorithms.grafting import graft
+from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate, candidate_grid
+from hetfl.algorithms.parts.grafting import graft
 from hetfl.core.client import Programs
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining

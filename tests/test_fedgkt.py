@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.base import SimulatorOnlyError, refuse_simulator_only
+from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.client import Program, Programs
 from hetfl.core.local.distill import ServerLogitsKD, kd_loss
 from hetfl.core.local.loop import train_local

@@ -1,4 +1,4 @@
-"""Parts FLANC brings to the width methods (`hetfl.algorithms.widths`,
+"""Parts FLANC brings to the width methods (`hetfl.algorithms.parts.widths`,
 `hetfl.core.local.regularisers.OrthogonalityPenalty`) against hand computations: the
 capacity assignments, the orthogonality penalty's value and gradient, and bad settings."""
 
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from hetfl.algorithms.width_assignment import (
+from hetfl.algorithms.parts.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
     draw_every_level,

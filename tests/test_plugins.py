@@ -117,19 +117,19 @@ def test_a_registration_remembers_its_plugin_and_a_second_is_refused_naming_both
 
 
 def test_a_plugins_method_and_kinds_carry_their_own_summary(monkeypatch):
-    from hetfl.algorithms import base
     from hetfl.algorithms.fedavg import FedAvgOptions
+    from hetfl.algorithms.parts import method_registry
     from hetfl.core.reducers import REDUCERS, register_reducer
 
-    methods: Registry[base.Algorithm] = Registry("algorithm")
-    monkeypatch.setattr(base, "ALGORITHMS", methods)
+    methods: Registry[method_registry.Algorithm] = Registry("algorithm")
+    monkeypatch.setattr(method_registry, "ALGORITHMS", methods)
     monkeypatch.setattr(REDUCERS, "_entries", dict(REDUCERS._entries))
-    base.register_algorithm("mine", FedAvgOptions, summary="my method")(print)
+    method_registry.register_algorithm("mine", FedAvgOptions, summary="my method")(print)
     register_reducer("my-mean", summary="my reducer")(print)
     assert methods.get("mine").summary == "my method"
     assert REDUCERS.get("my-mean").summary == "my reducer"
     with pytest.raises(KeyError, match=r"in a plugin, pass it: .*summary="):
-        base.register_algorithm("unsummarised", FedAvgOptions)
+        method_registry.register_algorithm("unsummarised", FedAvgOptions)
     with pytest.raises(KeyError, match=r"in a plugin, pass it \(summary="):
         register_reducer("unsummarised")(print)
 

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fjord import OrderedDropout
-from hetfl.algorithms.width_assignment import assign_in_proportion
-from hetfl.algorithms.width_eval import OwnLevel, eval_model_at
+from hetfl.algorithms.parts.width_assignment import assign_in_proportion
+from hetfl.algorithms.parts.width_eval import OwnLevel, eval_model_at
 from hetfl.config import ConfigError, validate
 from hetfl.core.bn_statistics import recompute_bn_statistics
 from hetfl.core.client import Programs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetfl.algorithms.tier_scheduler import TierScheduler, choose_tiers, comm_s, ema, estimate
+from hetfl.algorithms.parts.tier_scheduler import TierScheduler, choose_tiers, comm_s, ema, estimate
 from hetfl.core.spec import Spec
 from hetfl.core.split_costs import CutCost
 from hetfl.core.training import LocalTraining

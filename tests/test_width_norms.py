@@ -1,4 +1,4 @@
-"""The comparator options of the width-sliced methods (`hetfl.algorithms.width_norms`,
+"""The comparator options of the width-sliced methods (`hetfl.algorithms.parts.width_norms`,
 HeteroFL's and FjORD's `norm`, HeteroFL's `scaler` and `default_clipping`): each norm
 trains and evaluates the spec it names, the defaults are the methods' own, the scaler
 divides by the width in training only (also without normalisation), per-capacity norms

@@ -38,7 +38,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.assign import one_spec
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.base import Options, ReducerOptions
+from hetfl.algorithms.parts.method_registry import Options, ReducerOptions
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.config import RunConfig
 from hetfl.core.client import Programs, Wrapper

@@ -16,6 +16,6 @@ from hetfl.algorithms import local_only as _local_only  # noqa: F401
 from hetfl.algorithms import nefl as _nefl  # noqa: F401
 from hetfl.algorithms import scalablefl as _scalablefl  # noqa: F401
 from hetfl.algorithms import splitfed as _splitfed  # noqa: F401
-from hetfl.algorithms.base import ALGORITHMS, Algorithm, Options
+from hetfl.algorithms.parts.method_registry import ALGORITHMS, Algorithm, Options
 
 __all__ = ["ALGORITHMS", "Algorithm", "Options"]

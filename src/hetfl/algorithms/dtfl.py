@@ -13,7 +13,7 @@ the code's AMSGrad, lr 1e-3, weight decay 5e-4). Every md tensor (BatchNorm stat
 included) is averaged over the round's clients by n_k whatever their tier, each client
 contributing its part and its server copy; each head `aux<m>.*` uniformly over its tier's
 clients, kept by a tier without clients. The aggregated md1..md8 without heads is
-evaluated, also for `local_acc`. The tier scheduler (`hetfl.algorithms.tier_scheduler`)
+evaluated, also for `local_acc`. The tier scheduler (`hetfl.algorithms.parts.tier_scheduler`)
 assigns tiers from the clients' simulated times and per-tier profiles of HetFL's cost
 model (`costs`). Simulator-only.
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.tier_scheduler import Observed, PricedCuts, TierScheduler
+from hetfl.algorithms.parts.method_registry import Options, register_algorithm
+from hetfl.algorithms.parts.tier_scheduler import Observed, PricedCuts, TierScheduler
 from hetfl.core.assign import UniformSampling
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.split import LocalLoss

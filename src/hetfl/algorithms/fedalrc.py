@@ -44,9 +44,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fednova import normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.init import build_model
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.regularisers import PartialSVT, RademacherTerm

@@ -32,7 +32,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.assign import one_spec
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import MapTransform, private_layers

@@ -33,14 +33,14 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.architecture_choice import (
+from hetfl.algorithms.parts.architecture_choice import (
     ArchitectureOptions,
     architecture_choice,
     candidate_grid,
 )
-from hetfl.algorithms.architecture_strategy import architecture_strategy
-from hetfl.algorithms.base import register_algorithm
-from hetfl.algorithms.grafting import Grafting, sectioned
+from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
+from hetfl.algorithms.parts.grafting import Grafting, sectioned
+from hetfl.algorithms.parts.method_registry import register_algorithm
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.norm_scaling import NormKind, QuantileNormScaling, ScaledTensors
 from hetfl.core.strategy import Strategy

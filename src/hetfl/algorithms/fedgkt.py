@@ -10,7 +10,7 @@ term only once the server has answered), then uploads the feature maps (md1's ou
 logits and labels of its whole training set with their sample indices
 (`ClientResult.uploads`, counted in `bytes_up`). Client models are never averaged: the
 edge model is private (its index map is empty). After every client of the round has
-finished, the server phase (`hetfl.algorithms.gkt_server`) trains the global server model,
+finished, the server phase (`hetfl.algorithms.parts.gkt_server`) trains the global server model,
 md2..md8 of the same family (`model.blocks` per group), over every valid upload for
 `server_epochs` epochs and answers each client the logits of its samples, delivered with
 its next task and counted in `bytes_down` then (`hetfl.core.server_phase`). Defaults as
@@ -42,8 +42,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from hetfl.algorithms.base import Options, register_algorithm
-from hetfl.algorithms.gkt_server import GKTServer
+from hetfl.algorithms.parts.gkt_server import GKTServer
+from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.evaluation import JoinedWithPrivate, NoGlobalModel
 from hetfl.core.local.distill import FeatureUpload, ServerLogitsKD

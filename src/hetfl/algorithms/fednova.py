@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.fedprox import FedProxOptions
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import ProximalTerm, StepNormaliser
 from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings

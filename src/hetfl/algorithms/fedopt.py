@@ -22,8 +22,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
 from hetfl.core.server_update import Optimised, pseudo_gradient

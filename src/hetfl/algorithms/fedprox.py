@@ -19,8 +19,8 @@ import warnings
 
 from pydantic import Field
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
 from hetfl.algorithms.fedavg import one_model_strategy
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.server_update import Averaged

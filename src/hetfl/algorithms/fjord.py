@@ -16,7 +16,7 @@ band-by-band average, since the slices are nested), and evaluates every level's 
 on the test set (`groups`: `width=p`, the widest is `global_acc`).
 
 `norm` (default `per-width`, the paper's and the baseline's) may be any normalisation of
-`hetfl.algorithms.width_norms` for comparisons on one network: `static` (evaluated after
+`hetfl.algorithms.parts.width_norms` for comparisons on one network: `static` (evaluated after
 a statistics pass), `per-capacity` (BatchNorm averaged within each tier, as FLANC's
 authors run FjORD on ResNet-18) or `none` (FLANC's Fashion-MNIST CNN).
 
@@ -26,7 +26,7 @@ Choices where the paper is silent:
   by default; client ids are exchangeable); for comparisons with FLANC, `assignment` also
   offers tiers redrawn every round (`dynamic`, `dynamic-all-levels`: FLANC's draw, until
   every level appears) and `declared` capacities quantised to the levels
-  (`hetfl.algorithms.width_assignment.WidthAssignment`);
+  (`hetfl.algorithms.parts.width_assignment.WidthAssignment`);
 - with `distill` and p = p_max the step is the plain p_max pass (distilling a model into
   itself adds nothing), as the baseline's code does;
 - the width draw uses the client's round generator after its batch order is drawn, so
@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from hetfl.algorithms.base import register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.width_assignment import (
+from hetfl.algorithms.parts.method_registry import register_algorithm
+from hetfl.algorithms.parts.width_assignment import (
     Assignment,
     Capacities,
     Levels,
@@ -53,9 +53,9 @@ from hetfl.algorithms.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.width_eval import level_models
-from hetfl.algorithms.width_norms import NormOption, level_norm
-from hetfl.algorithms.widths import check_levels, full_width_base
+from hetfl.algorithms.parts.width_eval import level_models
+from hetfl.algorithms.parts.width_norms import NormOption, level_norm
+from hetfl.algorithms.parts.widths import check_levels, full_width_base
 from hetfl.core.evaluation import GlobalEval, WholeModel
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.maps import private_layers

@@ -37,15 +37,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ReducerOptions, register_algorithm
-from hetfl.algorithms.width_assignment import (
+from hetfl.algorithms.parts.method_registry import ReducerOptions, register_algorithm
+from hetfl.algorithms.parts.width_assignment import (
     Capacities,
     Levels,
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.width_eval import LevelModels, OwnLevel
-from hetfl.algorithms.widths import check_levels
+from hetfl.algorithms.parts.width_eval import LevelModels, OwnLevel
+from hetfl.algorithms.parts.widths import check_levels
 from hetfl.core.assign import UniformSampling
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.local.regularisers import OrthogonalityPenalty

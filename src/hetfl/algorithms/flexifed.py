@@ -39,9 +39,9 @@ from collections.abc import Mapping
 import torch
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.architecture_choice import ArchitectureOptions, architecture_choice
-from hetfl.algorithms.architecture_strategy import architecture_strategy
-from hetfl.algorithms.base import WeightingOption, register_algorithm
+from hetfl.algorithms.parts.architecture_choice import ArchitectureOptions, architecture_choice
+from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
+from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
 from hetfl.core.init import build_model
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import Grouped

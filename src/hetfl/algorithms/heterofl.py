@@ -44,9 +44,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.base import WeightingOption, register_algorithm
 from hetfl.algorithms.fedavg import FedAvgOptions
-from hetfl.algorithms.width_assignment import (
+from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.algorithms.parts.width_assignment import (
     Assignment,
     Capacities,
     Levels,
@@ -54,9 +54,9 @@ from hetfl.algorithms.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.width_eval import LocalEvalModel, sliced_evaluation
-from hetfl.algorithms.width_norms import NormOption, level_norm
-from hetfl.algorithms.widths import check_levels, full_width_base
+from hetfl.algorithms.parts.width_eval import LocalEvalModel, sliced_evaluation
+from hetfl.algorithms.parts.width_norms import NormOption, level_norm
+from hetfl.algorithms.parts.widths import check_levels, full_width_base
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.maps import LabelSplit, MapTransform, private_layers

@@ -12,7 +12,7 @@ gives every client the same number of local steps.
 
 from __future__ import annotations
 
-from hetfl.algorithms.base import Options, register_algorithm
+from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.core.assign import UniformSampling, one_spec
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import NothingShared

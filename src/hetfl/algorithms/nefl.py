@@ -46,13 +46,13 @@ from collections.abc import Mapping
 
 import torch
 
-from hetfl.algorithms.architecture_choice import (
+from hetfl.algorithms.parts.architecture_choice import (
     ArchitectureChoice,
     ArchitectureOptions,
     architecture_choice,
 )
-from hetfl.algorithms.architecture_strategy import architecture_strategy
-from hetfl.algorithms.base import WeightingOption, register_algorithm
+from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
+from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
 from hetfl.core.init import build_model
 from hetfl.core.local.parts import LocalRecipe
 from hetfl.core.maps import Grouped, GroupRule

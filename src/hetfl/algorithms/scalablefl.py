@@ -40,8 +40,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from hetfl.algorithms.base import ReducerOptions, register_algorithm
-from hetfl.algorithms.widths import scalable_base
+from hetfl.algorithms.parts.method_registry import ReducerOptions, register_algorithm
+from hetfl.algorithms.parts.widths import scalable_base
 from hetfl.core.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
 from hetfl.core.evaluation import OwnModel
 from hetfl.core.local.parts import LocalRecipe

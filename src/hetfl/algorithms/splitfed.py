@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.base import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
 from hetfl.core.assign import one_spec
 from hetfl.core.evaluation import GlobalOnClient
 from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext

@@ -49,7 +49,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from torch import nn
 
-from hetfl.algorithms.base import (
+from hetfl.algorithms.parts.method_registry import (
     NEEDS_SERVER_PROGRAM,
     needs_setup_query,
     refuse_simulator_only,

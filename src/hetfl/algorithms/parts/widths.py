@@ -1,7 +1,7 @@
 """Width levels of a scalable model, shared by the width-sliced methods (HeteroFL, FjORD,
 FLANC, later FedFA): levels checked and paired with their proportions, and the full-width
 base spec a level is cut from (`full_width_base`, `level_specs`). Which client trains which
-level is `hetfl.algorithms.width_assignment`.
+level is `hetfl.algorithms.parts.width_assignment`.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from hetfl.algorithms.architecture_choice import ArchitectureChoice, Candidate
-from hetfl.algorithms.width_eval import eval_model_at
+from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate
+from hetfl.algorithms.parts.width_eval import eval_model_at
 from hetfl.core.evaluation import Layout
 from hetfl.core.spec import Spec
 from hetfl.core.state import State, extract

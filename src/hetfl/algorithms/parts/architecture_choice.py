@@ -40,8 +40,8 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.base import AggregationOptions
-from hetfl.algorithms.widths import full_width_base
+from hetfl.algorithms.parts.method_registry import AggregationOptions
+from hetfl.algorithms.parts.widths import full_width_base
 from hetfl.core.assign import LARGEST
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import model_inputs

@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.width_assignment import WidthAssignment
-from hetfl.algorithms.width_norms import LevelNorm
-from hetfl.algorithms.widths import LevelSpec
+from hetfl.algorithms.parts.width_assignment import WidthAssignment
+from hetfl.algorithms.parts.width_norms import LevelNorm
+from hetfl.algorithms.parts.widths import LevelSpec
 from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, WholeModel
 from hetfl.core.init import build_model
 from hetfl.core.spec import IndexMap, Spec

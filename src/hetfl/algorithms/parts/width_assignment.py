@@ -13,7 +13,7 @@ from typing import Annotated, Literal, get_args
 import torch
 from pydantic import Field
 
-from hetfl.algorithms.widths import LevelSpec, shares
+from hetfl.algorithms.parts.widths import LevelSpec, shares
 from hetfl.core.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo

@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from hetfl.algorithms.widths import LevelSpec, level_specs
+from hetfl.algorithms.parts.widths import LevelSpec, level_specs
 from hetfl.core.spec import Spec
 
 WidthNorm = Literal["static", "per-width", "per-capacity", "none"]

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from hetfl.algorithms.architecture_choice import (
+from hetfl.algorithms.parts.architecture_choice import (
     ArchitectureChoice,
     ArchitectureOptions,
     Candidate,
     ZicoQuery,
 )
-from hetfl.algorithms.architecture_eval import ArchitectureModels, OwnArchitecture
+from hetfl.algorithms.parts.architecture_eval import ArchitectureModels, OwnArchitecture
 from hetfl.core.local.parts import CrossEntropy, LocalRecipe
 from hetfl.core.local.terms import MaskedCrossEntropy
 from hetfl.core.maps import LabelSplit, MapTransform

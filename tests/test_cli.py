@@ -17,6 +17,7 @@ import torch
 from conftest import SUITE_PINS
 from hetfl.cli import main
 from hetfl.config import expand_sweep, parse_overrides
+from hetfl.engine.heap import HEAP_TUNABLES, c_library, tuned_environment
 
 BASE = """
 name: t
@@ -140,6 +141,7 @@ def _check_provenance(record: dict, run: Path) -> None:
     assert record["numerics"] == {**fingerprint(), "threads": record["numerics"]["threads"]}
     assert record["numeric_env"] == {k: os.environ[k] for k in record["numeric_env"]}
     assert set(SUITE_PINS) <= set(record["numeric_env"])
+    assert record["glibc_tunables"] == os.environ.get("GLIBC_TUNABLES")
     config = (run / "config.yaml").read_bytes()
     assert record["config_sha256"] == hashlib.sha256(config).hexdigest()
 
@@ -214,6 +216,23 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert a["round"] == b["round"] == 7
     for name, value in b["global"].items():
         assert torch.equal(a["global"][name], value), name
+    # every process ran under the allocator setting the command line gives itself on glibc
+    # (a re-execution, same pid: the kill above still hit the run), which the rows above
+    # show changes no number
+    on_glibc = tuned_environment({}, c_library()) is not None
+    expected = os.environ.get("GLIBC_TUNABLES", HEAP_TUNABLES if on_glibc else None)
+    for run in (victim, ref):
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["provenance"]["glibc_tunables"] == expected
+
+
+def test_tuned_environment_leaves_a_users_setting_and_other_libcs_alone():
+    env = {"PATH": "/bin"}
+    assert tuned_environment(env, "glibc 2.36") == {"PATH": "/bin", "GLIBC_TUNABLES": HEAP_TUNABLES}
+    assert tuned_environment({**env, "GLIBC_TUNABLES": ""}, "glibc 2.36") is None
+    own = {**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=1"}
+    assert tuned_environment(own, "glibc 2.36") is None
+    assert tuned_environment(env, "") is None  # musl, macOS: no glibc to tune
 
 
 def test_partition_prints_the_clients_the_run_trains_on(tmp_path, capsys):

@@ -170,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if argv is None and args.command in TRAINING_COMMANDS:
+        _reexec_with_heap_tunables()
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
@@ -184,6 +186,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {message}", file=sys.stderr)
         return 2
+
+
+#: The commands that train or evaluate, which run under `engine.heap.HEAP_TUNABLES`.
+TRAINING_COMMANDS = ("run", "resume", "serve", "client")
+
+
+def _reexec_with_heap_tunables() -> None:
+    """Replace this process (same pid, same arguments) with one whose glibc keeps large
+    blocks in the heap: about half the CPU of evaluation-heavy runs (`engine/heap.py`).
+    Only from the command line itself (`main()` with no argv), so that an embedding
+    program's process is never replaced; nothing where the C library is not glibc or
+    GLIBC_TUNABLES is already set."""
+    from hetfl.engine.heap import c_library, tuned_environment
+
+    env = tuned_environment(os.environ, c_library())
+    if env is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

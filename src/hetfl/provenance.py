@@ -5,12 +5,14 @@ HetFL version and, run from a git checkout, its commit and whether the tree had
 uncommitted changes), the numeric libraries and the kernels they ran
 (`hetfl.core.numerics`: float32 results differ across CPUs), the thread count, any pins in
 the environment, and the resolved config (its SHA-256, so that two runs with one hash ran
-the same settings).
+the same settings). `glibc_tunables` is the allocator setting in force (None when unset):
+it changes the CPU time of a run, never its numbers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from functools import cache
 from importlib import metadata
@@ -28,6 +30,7 @@ def provenance(cfg: RunConfig) -> dict[str, Any]:
         **_commit(),
         "numerics": fingerprint(),
         **diagnosis(),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "config_sha256": hashlib.sha256(cfg.to_yaml().encode()).hexdigest(),
     }
 

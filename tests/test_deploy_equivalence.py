@@ -61,7 +61,8 @@ def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, o
         backend_name="ray",
         backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 2, "include_dashboard": False},
+            # "local": a Ray of its own, never a cluster RAY_ADDRESS names on this machine
+            "init_args": {"address": "local", "num_cpus": 2, "include_dashboard": False},
         },
     )
     run_one(cfg, sim_dir, show_progress=False)

@@ -36,7 +36,7 @@ from golden.harness import (
     read_tolerance,
 )
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.numerics import PINS, pins_for_this_machine
+from hetfl.core.numerics import NUMERIC_ENV, PINS, fingerprint, pins_for_this_machine
 
 EXTRA = [s.name for s in SCENARIOS if s.name not in ALGORITHMS]
 
@@ -138,6 +138,45 @@ def test_the_goldens_ran_with_the_suites_pins(golden_runs) -> None:
     assert torch.backends.cpu.get_cpu_capability() == "AVX2"
     fingerprint = golden_runs["fedavg"]["fingerprint"]
     assert (fingerprint["aten_isa"], fingerprint["onednn_isa"]) == ("AVX2", "AVX2")
+
+
+#: Variables some machines of this kind set for numpy's OpenBLAS, and an MKL override that
+#: does change MKL's path (conditional numerical reproducibility at its compatible level).
+_FOR_NUMPY = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512"}
+_MKL_OVERRIDE = {"MKL_CBWR": "COMPATIBLE"}
+#: Per BLAS that torch computes with, which of the two keeps the goldens bit for bit.
+_KEEPS_BITS = {"mkl": (True, False), "openblas": (False, True)}
+
+
+@pytest.mark.parametrize("env", [_FOR_NUMPY, _MKL_OVERRIDE], ids=["for-numpy", "mkl-override"])
+def test_only_variables_of_torchs_own_blas_take_the_goldens_off_bit_for_bit(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mode decision under a machine's BLAS variables: those of another library than
+    torch's (OPENBLAS_* beside torch's MKL) leave the fingerprint, and so the verdict, as
+    they were; the library's own (MKL_CBWR) add to its path and send it to the tolerance."""
+    for key in NUMERIC_ENV:
+        if key.startswith(("MKL_", "OPENBLAS_")):
+            monkeypatch.delenv(key, raising=False)
+    clean = {"fingerprint": fingerprint()}
+    fixture = read_fixture(fixture_path("fedavg"))
+    verdict_without = comparison_mode(fixture, clean)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    here = {"fingerprint": fingerprint()}
+    library, path = clean["fingerprint"]["blas"], clean["fingerprint"]["blas_path"]
+    if library not in _KEEPS_BITS:
+        pytest.skip(f"torch's BLAS here is {library!r}: neither MKL nor OpenBLAS")
+    keeps = _KEEPS_BITS[library][0 if env is _FOR_NUMPY else 1]
+    if keeps:
+        assert comparison_mode(clean, here) == BIT_FOR_BIT
+        assert comparison_mode(fixture, here) == verdict_without
+    else:
+        overrides = ",".join(f"{k}={v}" for k, v in env.items())
+        assert comparison_mode(clean, here) == (
+            f"blas_path: {path!r} in the fixtures, {path + ',' + overrides!r} here"
+        )
+        assert comparison_mode(fixture, here) != BIT_FOR_BIT
 
 
 _FALLBACK = """

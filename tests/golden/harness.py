@@ -44,7 +44,7 @@ import torch
 
 from hetfl.config import set_dotted, validate
 from hetfl.core.client import Programs
-from hetfl.core.numerics import diagnosis, fingerprint
+from hetfl.core.numerics import BLAS_ENV, NUMERIC_ENV, blas, diagnosis, fingerprint
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import Executor, Simulation
@@ -856,6 +856,9 @@ def comparison_mode(expected: Mapping[str, Any], got: Mapping[str, Any]) -> str:
     )
 
 
+_ALL_BLAS_ENV = frozenset(k for names in BLAS_ENV.values() for k in names)
+
+
 def describe_modes(modes: Mapping[str, str], pins: Mapping[str, str]) -> str:
     """The end-of-run line(s): how many fixtures compared bit for bit, under which pins,
     and why the others compared to the measured tolerance."""
@@ -863,6 +866,13 @@ def describe_modes(modes: Mapping[str, str], pins: Mapping[str, str]) -> str:
     pinned = ", ".join(f"{k}={v}" for k, v in pins.items()) or unpinned or "none apply here"
     exact = sum(m == BIT_FOR_BIT for m in modes.values())
     lines = [f"{exact} of {len(modes)} golden runs compared bit for bit (numerics pins: {pinned})"]
+    others = {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ and k not in pins}
+    if others:
+        library = blas()[0]
+        blind = [k for k in others if k in _ALL_BLAS_ENV and k not in BLAS_ENV.get(library, ())]
+        shown = ", ".join(f"{k}={v}" for k, v in others.items())
+        note = f"; torch's BLAS is {library}: {', '.join(blind)} gate nothing" if blind else ""
+        lines.append(f"numeric variables also set: {shown}{note}")
     for reason in sorted({m for m in modes.values() if m != BIT_FOR_BIT}):
         n = sum(m == reason for m in modes.values())
         lines.append(

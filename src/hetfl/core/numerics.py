@@ -35,16 +35,19 @@ from typing import Any
 #: Environment variables that cap the instruction sets PyTorch's kernels use, at the level
 #: every x86-64 CPU with AVX2 shares: ATen's dispatch and oneDNN's (read when torch loads).
 PINS: Mapping[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}
-#: Every variable that changes which kernels run, recorded where set (pins or not).
-NUMERIC_ENV = (
-    "ATEN_CPU_CAPABILITY",
-    "DNNL_MAX_CPU_ISA",
-    "ONEDNN_MAX_CPU_ISA",
-    "MKL_CBWR",
-    "MKL_ENABLE_INSTRUCTIONS",
-    "MKL_DEBUG_CPU_TYPE",
-    "OPENBLAS_CORETYPE",
-)
+#: Variables that cap the instruction sets of torch's own kernels (ATen's and oneDNN's).
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA")
+#: Per BLAS library, the variables that change its code path and so its bits: MKL's
+#: conditional-numerics and instruction-set overrides; OpenBLAS's kernel choice and the
+#: cache size its blocking follows. A variable of another library than the one torch
+#: computes with cannot change a bit of torch's results (numpy's own BLAS reads OpenBLAS's).
+BLAS_ENV: Mapping[str, tuple[str, ...]] = {
+    "mkl": ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE"),
+    "openblas": ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"),
+}
+#: Every variable that changes which kernels run in torch or numpy, recorded where set
+#: (and passed on to the processes a run starts); only some gate a comparison (`blas()`).
+NUMERIC_ENV = KERNEL_ENV + tuple(k for names in BLAS_ENV.values() for k in names)
 #: oneDNN's instruction-set levels (its `dnnl_cpu_isa_t` names), lowest first, with the
 #: `/proc/cpuinfo` flags each needs.
 _ONEDNN_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -112,16 +115,14 @@ def onednn_isa() -> str:
 
 def blas() -> tuple[str, str]:
     """The BLAS library torch was built with, and the path it takes here: for MKL, the CPU
-    vendor (MKL picks its kernels by vendor) and any MKL variable that overrides it."""
+    vendor (MKL picks its kernels by vendor); then whichever of that library's own
+    variables (`BLAS_ENV`) are set. Another library's variables are left out: they reach
+    numpy's BLAS, never torch's (an `OPENBLAS_CORETYPE` set for numpy beside torch's MKL)."""
     import torch
 
     shown = torch.__config__.show()
     library = "mkl" if torch.backends.mkl.is_available() else _build_setting(shown, "BLAS_INFO")
-    overrides = [
-        f"{k}={os.environ[k]}"
-        for k in NUMERIC_ENV
-        if k.startswith(("MKL_", "OPENBLAS_")) and k in os.environ
-    ]
+    overrides = [f"{k}={os.environ[k]}" for k in BLAS_ENV.get(library, ()) if k in os.environ]
     path = cpu().vendor if library == "mkl" else "default"
     return library, ",".join([path, *overrides])
 
@@ -155,10 +156,25 @@ def fingerprint() -> dict[str, Any]:
 
 def diagnosis() -> dict[str, Any]:
     """What helps explain a difference but does not gate a comparison: the CPU model,
-    its widest vector extensions, and every numeric variable set in the environment."""
+    its widest vector extensions, numpy's BLAS (the goldens are torch's numbers, which it
+    never computes) and every numeric variable set in the environment, gating or not."""
     flags = cpu().flags
     return {
         "cpu_model": cpu().model,
         "cpu_simd": sorted(f for f in flags if f.startswith(("avx", "amx")) or f == "fma"),
+        "numpy_blas": numpy_blas(),
         "numeric_env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ},
     }
+
+
+def numpy_blas() -> str:
+    """numpy's BLAS as its build describes it (name and version), "unknown" where the build
+    does not say."""
+    import numpy as np
+
+    try:
+        deps = np.show_config(mode="dicts")["Build Dependencies"]
+    except (TypeError, KeyError):  # numpy before 1.26 prints its configuration only
+        return "unknown"
+    info = deps.get("blas", {})
+    return " ".join(str(info[k]) for k in ("name", "version") if info.get(k)) or "unknown"

@@ -12,7 +12,15 @@ import pytest
 from hetfl.cli import main
 from hetfl.config.sections import TargetConfig
 from hetfl.engine.outputs import ROW_KEYS, TARGET_METRICS, Target, read_metrics
-from hetfl.paired import paired_difference, paired_differences, paired_rows
+from hetfl.paired import (
+    TIME_RULE,
+    PairedDifference,
+    Rule,
+    interval_verdict,
+    paired_difference,
+    paired_differences,
+    paired_rows,
+)
 from hetfl.report import comparison_rows, final_spreads, find_runs, format_table, spread
 
 
@@ -212,13 +220,19 @@ def _paired_run(path: Path, seed: int, final: dict, best_val: dict | None = None
     (path / "summary.json").write_text(json.dumps(summary))
 
 
-def test_paired_differences_their_standard_errors_and_verdicts_by_hand(tmp_path: Path):
+#: Student's t quantiles from a printed table (not scipy): t(0.975, df) and t(0.80, df).
+T975 = {2: 4.302653, 3: 3.182446, 4: 2.776445}
+T80 = {2: 1.060660, 3: 0.978472, 4: 0.940965}
+
+
+def test_paired_differences_their_intervals_and_verdicts_by_hand(tmp_path: Path):
     """FLANC - HeteroFL over seeds 0-2 (seed 3 only FLANC ran: left out), IID setting.
-    global_acc: d = 0.05, 0.03, 0.04: mean 4 points, sd 1 point, se 1/sqrt(3) = 0.577,
-    band max(1, 1.155) = 1.155 -> holds. width 0.5 (FLANC's capacity=0.5): d = 0.02,
-    -0.01, 0.005: mean 0.5 points, sd 1.5, se 0.866, band 1.732 -> tie. local_acc:
-    d = -0.03 each: mean -3, se 0, band 1 -> fails. At the best-validation round: global
-    d = 0.001 each -> tie (within the 1-point floor)."""
+    global_acc: d = 0.05, 0.03, 0.04: mean 4 points, sd 1, se 0.577, 95 % interval
+    4 -+ 4.303 x 0.577 = [1.52, 6.48] -> holds; detectable (4.303 + 1.061) x 1 / sqrt(3) =
+    3.10 points. width 0.5 (FLANC's capacity=0.5): d = 2, -1, 0.5 points: mean 0.5, sd 1.5,
+    interval [-3.23, 4.23] -> tie. local_acc: d = -3 points each: sd 0, [-3, -3] -> fails.
+    At the best-validation round: d = 0.1 point each -> holds (margin 0: any difference
+    the seeds agree on)."""
     flanc = [(0.85, 0.80, 0.70), (0.83, 0.78, 0.70), (0.84, 0.805, 0.70), (0.9, 0.9, 0.9)]
     hetero = [(0.80, 0.78, 0.73), (0.80, 0.79, 0.73), (0.80, 0.80, 0.73)]
     for seed, (g, half, local) in enumerate(flanc):
@@ -241,37 +255,136 @@ def test_paired_differences_their_standard_errors_and_verdicts_by_hand(tmp_path:
     g = found["kind=iid", "global_acc", "final"]
     assert (g.n, g.verdict) == (3, "holds")
     assert g.mean == pytest.approx(0.04) and g.se == pytest.approx(0.01 / math.sqrt(3))
-    assert g.band == pytest.approx(0.02 / math.sqrt(3))
+    half_width = T975[2] * 0.01 / math.sqrt(3)
+    assert g.interval == pytest.approx((0.04 - half_width, 0.04 + half_width), abs=1e-6)
+    assert g.detectable == pytest.approx((T975[2] + T80[2]) * 0.01 / math.sqrt(3), abs=1e-6)
     half = found["kind=iid", "p=0.5", "final"]
     assert half.mean == pytest.approx(0.005) and half.se == pytest.approx(0.015 / math.sqrt(3))
+    assert half.interval[0] == pytest.approx(0.005 - T975[2] * 0.015 / math.sqrt(3), abs=1e-6)
     assert half.verdict == "tie"
     local = found["kind=iid", "local_acc", "final"]
     assert local.mean == pytest.approx(-0.03) and local.se == pytest.approx(0, abs=1e-12)
-    assert (local.band, local.verdict) == (0.01, "fails")
-    assert found["kind=iid", "global_acc", "best val"].verdict == "tie"
+    assert local.verdict == "fails"
+    assert found["kind=iid", "global_acc", "best val"].verdict == "holds"
     rows = paired_rows([g])
     assert rows == [{"setting": "kind=iid", "metric": "global_acc", "at": "final", "seeds": "3",
-                     "A - B (points)": "+4.00", "se": "0.58", "band": "1.15",
-                     "verdict": "holds"}]  # fmt: skip
+                     "A - B": "+4.00", "95% interval": "[+1.52, +6.48]",
+                     "detectable (80%)": "3.10 (observed)", "verdict": "holds"}]  # fmt: skip
 
 
-def test_the_band_is_beyond_max_of_one_point_and_two_standard_errors():
-    """Exactly on the band is a tie; a single seed has the 1-point floor alone."""
-    assert paired_difference("s", "m", "final", [0.5], [0.49]).verdict == "tie"
-    assert paired_difference("s", "m", "final", [0.5], [0.48]).verdict == "holds"
-    assert paired_difference("s", "m", "final", [0.48], [0.5]).verdict == "fails"
-    wide = paired_difference("s", "m", "final", [0.60, 0.50], [0.50, 0.50])  # se 5 points
-    assert (wide.mean, wide.band, wide.verdict) == (pytest.approx(0.05), pytest.approx(0.1), "tie")
+def _judged(diffs: list[float], rule: Rule | None = None) -> PairedDifference:
+    a, b = [0.5 + d for d in diffs], [0.5] * len(diffs)
+    return paired_difference("s", "m", "final", a, b, rule or Rule())
+
+
+def test_the_verdict_reads_the_interval_against_the_declared_margin():
+    """Superiority (margin 0, then 1 point) and non-inferiority (margin 2 points) on the
+    same differences; d = 1, 2, 3 points: mean 2, sd 1, 95 % interval 2 -+ 4.303 x 0.577 =
+    [-0.48, 4.48]; d = 3, 4, 5: [1.52, 6.48]; d = -5, -4, -3: [-6.48, -1.52]."""
+    up, far, down = [0.01, 0.02, 0.03], [0.03, 0.04, 0.05], [-0.05, -0.04, -0.03]
+    half_width = T975[2] * 0.01 / 3**0.5
+    assert _judged(up).interval == pytest.approx((0.02 - half_width, 0.02 + half_width), abs=1e-6)
+    assert [_judged(d).verdict for d in (up, far, down)] == ["tie", "holds", "fails"]
+    one_point = Rule("superiority", 0.01)
+    assert _judged(far, one_point).verdict == "holds"  # 1.52 > 1
+    assert _judged([0.014, 0.015, 0.016], one_point).verdict == "holds"
+    assert _judged([0.004, 0.005, 0.006], one_point).verdict == "fails"  # above 0, below 1
+    two_worse = Rule("non-inferiority", 0.02)
+    assert _judged(up, two_worse).verdict == "non-inferior"  # -0.48 > -2
+    assert _judged(far, two_worse).verdict == "holds"  # above 0
+    assert _judged(down, two_worse).verdict == "tie"  # [-6.48, -1.52] holds -2
+    assert _judged([-0.05, -0.045, -0.04], two_worse).verdict == "fails"
+    # exactly on the margin, to within the rounding of accuracies, is a tie
+    assert _judged([0.01, 0.01, 0.01], one_point).verdict == "tie"
+
+
+def test_fewer_than_three_seeds_give_no_verdict_and_the_pilot_spread_sets_the_power():
+    assert _judged([0.1]).verdict == "inconclusive"
+    two = _judged([0.10, 0.12])
+    assert (two.verdict, two.detectable_from) == ("inconclusive", "observed")
+    four = _judged([0.01, 0.02, 0.03, 0.02], Rule(pilot_sd=0.04))
+    assert four.detectable_from == "pilot"
+    assert four.detectable == pytest.approx((T975[3] + T80[3]) * 0.04 / 2, abs=1e-6)
+    (row,) = paired_rows([_judged([0.1])])
+    assert (row["95% interval"], row["detectable (80%)"]) == ("-", "-")
+
+
+def test_a_claim_is_checked_when_declared():
+    with pytest.raises(ValueError, match="non-inferiority claim needs its margin"):
+        Rule("non-inferiority")
+    with pytest.raises(ValueError, match="margin is >= 0"):
+        Rule("superiority", -0.01)
+    with pytest.raises(ValueError, match="one of superiority, non-inferiority"):
+        Rule("equivalence")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pilot spread is >= 0"):
+        Rule(pilot_sd=-1.0)
+
+
+def _timed_run(path: Path, seed: int, accs: list[float]) -> None:
+    """A run whose val_acc per round is `accs`."""
+    path.mkdir(parents=True)
+    rows = [{**dict.fromkeys(ROW_KEYS), "round": i, "val_acc": a, "bytes_down": 0,
+             "bytes_up": 0, "macs": 0, "sim_time_s": 0.0, "groups": {}}
+            for i, a in enumerate(accs, start=1)]  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps({"seed": seed, "final": rows[-1]}))
+
+
+def test_time_to_target_reports_censored_seeds_and_keeps_only_verdicts_they_cannot_turn(
+    tmp_path: Path,
+):
+    """Rounds to val_acc >= 0.8, B - A. FedAvg reaches it at rounds 2, 2, 3; FedProx at 4, 5
+    and never in 5 rounds (censored at 5): d = 2, 3, 2 (a lower bound: the censored run
+    would take longer, so 'A faster' can only strengthen) -> holds, with B's censoring
+    reported. Swapped, A's censored seed could turn 'A slower' into anything but the
+    verdict 'fails' it already gives: kept."""
+    reach = {"fedavg": [2, 2, 3], "fedprox": [4, 5, None]}
+    for name, rounds in reach.items():
+        for seed, r in enumerate(rounds):
+            accs = [0.5] * 5 if r is None else [0.5] * (r - 1) + [0.85] * (6 - r)
+            _timed_run(tmp_path / f"{name}-s{seed}", seed, accs[:5])
+    runs, target = find_runs([tmp_path]), Target("val_acc", 0.8)
+    (d,) = paired_differences(runs, "fedavg", "fedprox", targets=[target])
+    assert (d.metric, d.at, d.diffs, d.censored) == (
+        "rounds to val_acc>=0.8", "first reached", (2.0, 3.0, 2.0), (0, 1))  # fmt: skip
+    assert d.verdict == "holds"
+    (row,) = paired_rows([d])
+    assert row["seeds"] == "3 (censored: A 0, B 1)" and row["A - B"] == "+2.3"
+    (swapped,) = paired_differences(runs, "fedprox", "fedavg", targets=[target])
+    assert (swapped.censored, swapped.verdict) == ((1, 0), "fails")
+    # a censored seed on the side the verdict does not favour: no verdict
+    _timed_run(tmp_path / "fedadam-s0", 0, [0.5] * 5)
+    for seed, r in ((1, 5), (2, 5)):
+        _timed_run(tmp_path / f"fedadam-s{seed}", seed, [0.5] * (r - 1) + [0.9])
+    (mixed,) = paired_differences(find_runs([tmp_path]), "fedadam", "fedprox", targets=[target])
+    assert mixed.censored == (1, 1) and mixed.verdict == "inconclusive"
+    # 'A faster' computed with A's censored seed (a 2-round run) standing in: d = 2, 3, 3,
+    # interval [1.23, 4.10], but the true d of seed 0 may be anything below 2: no verdict
+    for seed in range(3):
+        _timed_run(tmp_path / f"fedbn-s{seed}", seed, [0.5] * 3 + [0.9] * 2)
+        _timed_run(tmp_path / f"fedyogi-s{seed}", seed, [0.5] * 2 if seed == 0 else [0.9] * 5)
+    (hidden,) = paired_differences(find_runs([tmp_path]), "fedyogi", "fedbn", targets=[target])
+    assert (hidden.diffs, hidden.censored) == ((2.0, 3.0, 3.0), (1, 0))
+    assert interval_verdict(*hidden.interval, TIME_RULE) == "holds"
+    assert hidden.verdict == "inconclusive"
 
 
 def test_compare_paired_command_and_its_errors(tmp_path: Path, capsys):
-    for seed, acc in enumerate((0.7, 0.8)):
+    for seed, acc in enumerate((0.7, 0.8, 0.75)):
         _paired_run(tmp_path / f"fedavg-s{seed}", seed, {"global_acc": acc})
-        _paired_run(tmp_path / f"fedprox-s{seed}", seed, {"global_acc": acc - 0.1})
+        _paired_run(tmp_path / f"fedprox-s{seed}", seed, {"global_acc": acc - 0.1 + seed / 100})
     assert main(["compare", str(tmp_path), "--paired", "fedavg", "fedprox"]) == 0
     out = capsys.readouterr().out
-    assert "| (its only setting) | global_acc | final | 2     | +10.00" in out
+    assert "claim: A better than B by more than 0 points (superiority)" in out
+    assert "| (its only setting) | global_acc | final | 3     | +9.00 | [+6.52, +11.48]" in out
     assert out.rstrip().endswith("| holds   |")
+    argv = ["compare", str(tmp_path), "--paired", "fedavg", "fedprox"]
+    assert main([*argv, "--claim", "non-inferiority", "--margin", "12"]) == 0
+    assert "by more than 12 points (non-inferiority)" in capsys.readouterr().out
+    assert main([*argv, "--claim", "non-inferiority"]) == 2
+    assert "non-inferiority claim needs its margin" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path), "--margin", "1"]) == 2
+    assert "judge a --paired comparison" in capsys.readouterr().err
     assert main(["compare", str(tmp_path), "--paired", "fedavg", "flanc"]) == 2
     assert "no runs of 'flanc' among the runs given (algorithms and settings found: fedavg," in (
         capsys.readouterr().err
@@ -290,7 +403,8 @@ def test_variants_of_one_algorithm_pair_by_their_point_names(tmp_path: Path):
     (d,) = paired_differences(
         runs, "scalablefl-variant=scalablefl", "scalablefl-variant=individual"
     )
-    assert (d.setting, d.metric, d.n, d.verdict) == ("(its only setting)", "local_acc", 2, "holds")
+    assert (d.setting, d.metric, d.n) == ("(its only setting)", "local_acc", 2)
+    assert d.verdict == "inconclusive"  # two seeds give no verdict
     assert d.mean == pytest.approx(0.1)
 
 
@@ -300,7 +414,7 @@ def test_the_local_accuracy_right_after_training_is_paired(tmp_path: Path):
         _paired_run(tmp_path / f"fedfa-s{seed}", seed, {"local_acc_trained": a})
         _paired_run(tmp_path / f"nefl-s{seed}", seed, {"local_acc_trained": b})
     (d,) = paired_differences(find_runs([tmp_path]), "fedfa", "nefl")
-    assert (d.metric, d.n, d.verdict) == ("local_acc_trained", 2, "holds")
+    assert (d.metric, d.n, d.verdict) == ("local_acc_trained", 2, "inconclusive")
     assert d.mean == pytest.approx(0.03)
 
 

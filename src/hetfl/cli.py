@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hetfl.engine.outputs import (
     NOTHING_AGGREGATED_EXIT,
@@ -96,8 +96,31 @@ def _parser() -> argparse.ArgumentParser:
         "--paired",
         nargs=2,
         metavar=("A", "B"),
-        help="per setting, metric and sub-model, A - B over the seeds both ran, its standard "
-        "error and the verdict on 'A is better' (holds / tie / fails, docs/results.md)",
+        help="per setting, metric and sub-model, A - B over the seeds both ran, its 95%% "
+        "interval, the effect the seeds could detect and the verdict on the claim (--claim; "
+        "holds / non-inferior / tie / fails, inconclusive under 3 seeds; docs/results.md)",
+    )
+    compare.add_argument(
+        "--claim",
+        choices=["superiority", "non-inferiority"],
+        default="superiority",
+        help="with --paired: 'A is better than B' by more than --margin (default), or 'A is "
+        "no worse than B' by more than --margin",
+    )
+    compare.add_argument(
+        "--margin",
+        type=float,
+        default=0.0,
+        metavar="POINTS",
+        help="with --paired: the claim's margin in accuracy points (default 0; a "
+        "non-inferiority claim needs one > 0, declared before the runs)",
+    )
+    compare.add_argument(
+        "--pilot-sd",
+        type=float,
+        metavar="POINTS",
+        help="with --paired: the seed-to-seed spread of the differences a pilot measured, "
+        "for the detectable effect (default: the observed spread, labelled so)",
     )
     compare.add_argument(
         "--target",
@@ -229,7 +252,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "partition":
         return cmd_partition(args.config, args.overrides, args.plugins)
     if args.command == "compare":
-        return cmd_compare(args.runs, args.select, args.paired, args.target)
+        rule = (args.claim, args.margin, args.pilot_sd)
+        return cmd_compare(args.runs, args.select, args.paired, args.target, rule)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "serve":
@@ -441,14 +465,19 @@ def cmd_compare(
     select: str | None = None,
     paired: Sequence[str] | None = None,
     targets: Sequence[Target] | None = None,
+    rule: tuple[str, float, float | None] = ("superiority", 0.0, None),
 ) -> int:
     """The comparison table; with `select` ("val_acc"), one swept setting per algorithm,
     chosen by validation accuracy, and a line per algorithm saying which; with `paired`
-    (A, B), the paired differences A - B and their verdicts (`hetfl.paired`); with
-    `targets`, the time to those levels instead of the runs' own."""
-    from hetfl.paired import paired_differences, paired_rows
+    (A, B), the paired differences A - B and their verdicts on the claim `rule` (shape,
+    margin and pilot spread in accuracy points; `hetfl.paired`); with `targets`, the time
+    to those levels instead of the runs' own."""
+    from hetfl.paired import Rule, Shape, paired_differences, paired_rows
     from hetfl.report import comparison_rows, find_runs, format_table, selection_rows
 
+    shape, margin, pilot_sd = rule
+    if paired is None and (shape, margin, pilot_sd) != ("superiority", 0.0, None):
+        raise ValueError("--claim, --margin and --pilot-sd judge a --paired comparison: give it")
     runs = find_runs(paths)
     if paired is not None:
         if select is not None:
@@ -456,14 +485,19 @@ def cmd_compare(
                 "--paired compares every setting both methods ran; --select picks one per "
                 "method: give one of them"
             )
+        pilot = None if pilot_sd is None else pilot_sd / 100
+        claim = Rule(cast(Shape, shape), margin / 100, pilot)  # Rule checks the shape
         a, b = paired
-        differences = paired_differences(runs, a, b)
+        differences = paired_differences(runs, a, b, claim, targets or ())
         if not differences:
             raise ValueError(
                 f"--paired {a} {b}: no setting and seed that both ran (each needs a run of the "
                 "other with the same point name after its own and the same seed)"
             )
-        print(f"A = {a}, B = {b}: A - B over shared seeds (holds: mean >= 0 beyond the band)")
+        print(
+            f"A = {a}, B = {b}: A - B over shared seeds; claim: {claim.describe()}; verdicts "
+            "from the 95% t interval, none under 3 seeds"
+        )
         print(format_table(paired_rows(differences)))
         return 0
     if select is None:

@@ -1,20 +1,39 @@
 """The paired comparison of two methods over their shared seeds (`hetfl compare --paired`),
-with a decision rule fixed before the runs.
+judged by a rule declared before the runs.
 
 A and B each name an algorithm, or a point name without its seed (or its leading part:
 `scalablefl-variant=individual`, for variants of one algorithm). Runs pair when they share
 a setting (the rest of the point name: `kind=iid` in `flanc-s0-kind=iid` and
-`heterofl-s0-kind=iid`) and a seed. For each accuracy
-metric (`global_acc`, `local_acc`, `local_acc_stats` and every sub-model's `groups` entry)
-at the final round, and at each run's round of best validation accuracy where it has one,
-the seed-by-seed differences d = A - B give a mean, a standard error (sample standard
-deviation / sqrt(n)) and a verdict on the claim "A is better than B":
+`heterofl-s0-kind=iid`) and a seed. For each accuracy metric (`global_acc`, `local_acc`,
+`local_acc_stats`, `local_acc_trained` and every sub-model's `groups` entry) at the final
+round, and at each run's round of best validation accuracy where it has one, the
+seed-by-seed differences d = A - B give a mean and its 95 % confidence interval (Student's
+t, n - 1 degrees of freedom). The verdict reads the interval against the claim (`Rule`):
 
-- `holds`: the mean is >= 0 and beyond the band max(1 point, 2 standard errors);
-- `tie`: the mean is within the band either way;
-- `fails`: the mean is below minus the band.
+- superiority, "A is better than B" by more than a margin m >= 0 (default 0): `holds` when
+  the whole interval is above m, `fails` when it is below m;
+- non-inferiority, "A is no worse than B by more than m" (m > 0, declared by the study):
+  `holds` when the whole interval is above 0 (A is better), `non-inferior` when it is above
+  -m, `fails` when it is below -m;
+- `tie` otherwise: the interval holds the margin, and the design cannot tell;
+- `inconclusive` with fewer than 3 seeds, whatever the interval (with 2 seeds the 95 %
+  interval is 12.7 standard errors to each side: no verdict is worth printing).
 
-One seed has no standard error: its band is the 1-point floor alone, and the row says n = 1.
+Each comparison also states the smallest true difference its design detects with 80 %
+power at the interval's level, (t(0.975, n - 1) + t(0.80, n - 1)) s / sqrt(n) (the usual
+approximation of the paired t-test's power), with s the declared pilot spread of the
+differences where the study gives one, else the observed spread, labelled so. A "tie" with
+a detectable effect of 7 points says the design was too small, not that the methods are
+equal.
+
+Time to a target (rounds to reach it, fewer is better) pairs the same way, d = rounds of B
+- rounds of A (positive: A is faster). A run that never reaches the target is censored:
+its time is known only to exceed the rounds it ran, which stand in for it. A verdict is
+kept only where every censored time is on the side it already favours (A faster with only
+B's runs censored, A slower with only A's: the unknown later times would move the mean
+further its way), and is `inconclusive` otherwise; the censored seeds are reported, never
+averaged away.
+
 A method's sub-models of one size pair whatever the method calls them: `capacity=p`
 (FLANC) and `width=p` (HeteroFL, FjORD) are both reported as `p=p`.
 """
@@ -27,50 +46,164 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from hetfl.engine.outputs import Target, reached_targets
 from hetfl.report import RunRecord, algorithm_of
 
-#: The band's floor: one accuracy point.
-ONE_POINT = 0.01
-#: How far a mean may pass the band and still be on it: accuracies are ratios of counts,
-#: and 0.5 - 0.49 is 0.010000000000000009 in floating point.
+#: How far an interval's bound may pass the margin and still be on it: accuracies are
+#: ratios of counts, and 0.5 - 0.49 is 0.010000000000000009 in floating point.
 ROUNDING = 1e-12
 #: The accuracies a paired comparison reads from a metrics row (beside its `groups`).
 METRICS = ("global_acc", "local_acc", "local_acc_stats", "local_acc_trained")
-Verdict = Literal["holds", "tie", "fails"]
+#: Fewer shared seeds than this give no verdict.
+MIN_SEEDS = 3
+#: The confidence level of the interval, and the power the detectable effect is stated at.
+LEVEL, POWER = 0.95, 0.80
+Shape = Literal["superiority", "non-inferiority"]
+SHAPES: tuple[Shape, ...] = ("superiority", "non-inferiority")
+Verdict = Literal["holds", "non-inferior", "tie", "fails", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The claim a comparison tests, declared before its runs: its shape, its margin (in
+    the metric's unit: accuracy as a fraction), and the seed-to-seed spread of the
+    differences a pilot measured (None: the observed spread, labelled so)."""
+
+    shape: Shape = "superiority"
+    margin: float = 0.0
+    pilot_sd: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"claim {self.shape!r}: one of {', '.join(SHAPES)}")
+        if self.shape == "superiority" and not self.margin >= 0:
+            raise ValueError(f"a superiority claim's margin is >= 0, not {self.margin}")
+        if self.shape == "non-inferiority" and not self.margin > 0:
+            raise ValueError(
+                "a non-inferiority claim needs its margin (how much worse A may be than B, "
+                f"> 0) declared before the runs, not {self.margin}"
+            )
+        if self.pilot_sd is not None and not self.pilot_sd >= 0:
+            raise ValueError(f"the pilot spread is >= 0, not {self.pilot_sd}")
+
+    def describe(self, scale: float = 100.0, unit: str = "points") -> str:
+        """The claim in words, its margin in `unit` (accuracy points by default)."""
+        m = f"{scale * self.margin:g} {unit}"
+        if self.shape == "superiority":
+            return f"A better than B by more than {m} (superiority)"
+        return f"A no worse than B by more than {m} (non-inferiority)"
+
+
+#: Time to a target is judged as a superiority claim of A being faster, margin 0: the
+#: declared rule's margin and spread are in accuracy, not rounds.
+TIME_RULE = Rule()
 
 
 @dataclass(frozen=True)
 class PairedDifference:
-    """A - B for one setting, metric and round choice, over `n` shared seeds."""
+    """A - B for one setting, metric and round choice, seed by seed (`diffs`), judged by
+    `rule`; `censored` counts the seeds whose A and whose B run never reached a target
+    (time-to-target comparisons only)."""
 
     setting: str
     metric: str
-    at: str  # "final" or "best val"
-    n: int
-    mean: float
-    se: float
+    at: str  # "final", "best val", or "first reached" for a target
+    diffs: tuple[float, ...]
+    rule: Rule = Rule()
+    censored: tuple[int, int] = (0, 0)
 
     @property
-    def band(self) -> float:
-        """What the mean must exceed to count: max(1 point, 2 standard errors)."""
-        return max(ONE_POINT, 2 * self.se)
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.diffs)
+
+    @property
+    def sd(self) -> float:
+        """The observed seed-to-seed spread of the differences (0 for one seed)."""
+        return statistics.stdev(self.diffs) if self.n > 1 else 0.0
+
+    @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(self.n)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95 % confidence interval of the mean difference (Student's t, n - 1
+        degrees of freedom); NaN for one seed."""
+        if self.n < 2:
+            return math.nan, math.nan
+        half = _t(0.5 + LEVEL / 2, self.n - 1) * self.se
+        return self.mean - half, self.mean + half
+
+    @property
+    def detectable(self) -> float:
+        """The smallest true difference (from the margin) this design detects with 80 %
+        power at the interval's level, from the declared pilot spread where there is one,
+        else the observed spread (`detectable_from`); NaN for one seed."""
+        if self.n < 2:
+            return math.nan
+        sd = self.sd if self.rule.pilot_sd is None else self.rule.pilot_sd
+        df = self.n - 1
+        return (_t(0.5 + LEVEL / 2, df) + _t(POWER, df)) * sd / math.sqrt(self.n)
+
+    @property
+    def detectable_from(self) -> str:
+        return "observed" if self.rule.pilot_sd is None else "pilot"
 
     @property
     def verdict(self) -> Verdict:
-        """holds, tie or fails; a mean on the band (to within float rounding of the
-        accuracies, 1e-12) is a tie."""
-        if abs(self.mean) <= self.band + ROUNDING:
-            return "tie"
-        return "holds" if self.mean > 0 else "fails"
+        if self.n < MIN_SEEDS:
+            return "inconclusive"
+        verdict = interval_verdict(*self.interval, self.rule)
+        a_censored, b_censored = self.censored
+        if not (a_censored or b_censored):
+            return verdict
+        # a censored time stands in for a later one: a verdict stands only where the
+        # unknown later times would move the mean further its way
+        if (verdict == "holds" and not a_censored) or (verdict == "fails" and not b_censored):
+            return verdict
+        return "inconclusive"
+
+
+def interval_verdict(low: float, high: float, rule: Rule) -> Verdict:
+    if rule.shape == "superiority":
+        if low > rule.margin + ROUNDING:
+            return "holds"
+        if high < rule.margin - ROUNDING:
+            return "fails"
+        return "tie"
+    if low > ROUNDING:
+        return "holds"
+    if low > -rule.margin + ROUNDING:
+        return "non-inferior"
+    if high < -rule.margin - ROUNDING:
+        return "fails"
+    return "tie"
+
+
+def _t(q: float, df: int) -> float:
+    """Student's t quantile (scipy, imported when a comparison is judged)."""
+    from scipy.stats import t
+
+    return float(t.ppf(q, df))
 
 
 def paired_difference(
-    setting: str, metric: str, at: str, a: Sequence[float], b: Sequence[float]
+    setting: str,
+    metric: str,
+    at: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    rule: Rule = Rule(),
 ) -> PairedDifference:
     """The difference of paired scores `a` and `b` (seed by seed, at least one pair)."""
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return PairedDifference(setting, metric, at, len(diffs), statistics.fmean(diffs), se)
+    diffs = tuple(x - y for x, y in zip(a, b, strict=True))
+    if not diffs:
+        raise ValueError("a paired difference needs at least one pair")
+    return PairedDifference(setting, metric, at, diffs, rule)
 
 
 def _size_name(group: str) -> str:
@@ -99,6 +232,16 @@ def _rows_of(run: RunRecord) -> Iterator[tuple[str, dict[str, float]]]:
         yield "best val", _scores(row)
 
 
+def _time_to(run: RunRecord, target: Target) -> tuple[float, bool]:
+    """The round `run` first met `target`, or, where it never did, the rounds it ran
+    (a lower bound of the time it would have taken) and True: censored."""
+    (hit,) = reached_targets(run.rows, [target])
+    if hit["round"] is not None:
+        return float(hit["round"]), False
+    ran = max((int(r.get("round") or 0) for r in run.rows), default=0)
+    return float(ran), True
+
+
 def _setting(run: RunRecord, name: str) -> str | None:
     """The run's setting as a member of `name` (an algorithm, or a point name without its
     seed, or its leading part: `scalablefl-variant=individual`), None when not a member."""
@@ -109,10 +252,17 @@ def _setting(run: RunRecord, name: str) -> str | None:
     return None
 
 
-def paired_differences(runs: Sequence[RunRecord], a: str, b: str) -> list[PairedDifference]:
+def paired_differences(
+    runs: Sequence[RunRecord],
+    a: str,
+    b: str,
+    rule: Rule = Rule(),
+    targets: Sequence[Target] = (),
+) -> list[PairedDifference]:
     """Every setting, metric and round choice that `a` and `b` (each an algorithm, or a
     point name without its seed, or its leading part) share over at least one seed, in
-    the order the settings first appear. A name no run has is an error naming those
+    the order the settings first appear, judged by `rule`; then, per target, the rounds
+    each took to reach it (`TIME_RULE`). A name no run has is an error naming those
     there are."""
     by: dict[str, dict[str, dict[int, RunRecord]]] = {a: {}, b: {}}
     for name in (a, b):
@@ -147,23 +297,50 @@ def paired_differences(runs: Sequence[RunRecord], a: str, b: str) -> list[Paired
                         at,
                         [r[at][metric] for r in a_rows],
                         [r[at][metric] for r in b_rows],
+                        rule,
                     )
                 )
+        for target in targets:
+            a_times = [_time_to(a_runs[s], target) for s in seeds]
+            b_times = [_time_to(b_runs[s], target) for s in seeds]
+            out.append(
+                PairedDifference(
+                    setting,
+                    f"rounds to {target.metric}>={target.value:g}",
+                    "first reached",
+                    tuple(tb - ta for (ta, _), (tb, _) in zip(a_times, b_times, strict=True)),
+                    TIME_RULE,
+                    (sum(c for _, c in a_times), sum(c for _, c in b_times)),
+                )
+            )
     return out
 
 
 def paired_rows(differences: Sequence[PairedDifference]) -> list[dict[str, str]]:
-    """Table rows, differences and bands in accuracy points."""
-    return [
-        {
-            "setting": d.setting,
-            "metric": d.metric,
-            "at": d.at,
-            "seeds": str(d.n),
-            "A - B (points)": f"{100 * d.mean:+.2f}",
-            "se": "-" if d.n == 1 else f"{100 * d.se:.2f}",
-            "band": f"{100 * d.band:.2f}",
-            "verdict": d.verdict,
-        }
-        for d in differences
-    ]
+    """Table rows: accuracy differences, intervals and detectable effects in accuracy
+    points, times in rounds (positive: A reached the target sooner)."""
+    rows = []
+    for d in differences:
+        is_time = d.at == "first reached"
+        scale, sign = (1.0, "{:+.1f}") if is_time else (100.0, "{:+.2f}")
+        low, high = d.interval
+        seeds = str(d.n)
+        if any(d.censored):
+            seeds += f" (censored: A {d.censored[0]}, B {d.censored[1]})"
+        rows.append(
+            {
+                "setting": d.setting,
+                "metric": d.metric,
+                "at": d.at,
+                "seeds": seeds,
+                "A - B": sign.format(scale * d.mean),
+                "95% interval": "-"
+                if d.n < 2
+                else f"[{sign.format(scale * low)}, {sign.format(scale * high)}]",
+                "detectable (80%)": "-"
+                if d.n < 2
+                else f"{scale * d.detectable:.2f} ({d.detectable_from})",
+                "verdict": d.verdict,
+            }
+        )
+    return rows

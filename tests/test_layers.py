@@ -22,6 +22,7 @@ FACE = (
     "hetfl.config",
     "hetfl.report",
     "hetfl.paired",
+    "hetfl.study",
     "hetfl.cli",
     "hetfl.listing",
     "hetfl.runner",

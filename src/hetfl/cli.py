@@ -131,6 +131,27 @@ def _parser() -> argparse.ArgumentParser:
         "its config named (repeatable; e.g. val_acc=0.8)",
     )
 
+    study = sub.add_parser(
+        "study",
+        help="run, track or report a study declared before its runs (studies/*.yaml)",
+        description="A study file declares the claim, methods, evaluation protocol, primary "
+        "metric, seeds and budget; `run` runs its points resumably and keeps their records "
+        "in results/<study>/, `status` says what is done, `report` writes "
+        "results/<study>/report.md from the records alone (docs/studies.md).",
+    )
+    study.add_argument("action", choices=["run", "status", "report"])
+    study.add_argument("file", type=Path, help="the study file, e.g. studies/x.yaml")
+    study.add_argument(
+        "--runs", type=Path, default=Path("runs/studies"), help="where the run folders go"
+    )
+    study.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results"),
+        help="where the records the repository keeps go (default: results/)",
+    )
+    study.add_argument("--quiet", action="store_true", help="no progress display")
+
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
     plot.add_argument("runs", nargs="+", type=Path)
     plot.add_argument("-o", "--out", type=Path, default=Path("comparison.png"))
@@ -256,6 +277,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_compare(args.runs, args.select, args.paired, args.target, rule)
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
+    if args.command == "study":
+        return cmd_study(args.action, args.file, args.runs, args.results, args.quiet)
     if args.command == "serve":
         from hetfl.launch import serve_config
 
@@ -385,6 +408,22 @@ def _finished(run_dir: Path, cfg: RunConfig) -> bool:
     return (
         path.exists() and json.loads(path.read_text()).get("rounds_completed") == cfg.train.rounds
     )
+
+
+def cmd_study(action: str, file: Path, runs: Path, results: Path, quiet: bool) -> int:
+    """`run` (then the report), `status` or `report`; `run` exits 1 while points remain
+    (the budget spent)."""
+    from hetfl.study import open_study, run_study, status_lines, write_report
+
+    study = open_study(file, runs, results)
+    if action == "status":
+        print("\n".join(status_lines(study)))
+        return 0
+    pending = run_study(study, show_progress=not quiet) if action == "run" else 0
+    path = write_report(study)
+    print(path.read_text(), end="")
+    print(f"(written to {path})")
+    return 1 if pending else 0
 
 
 def cmd_list(plugins: Sequence[str] = ()) -> int:

@@ -1,0 +1,246 @@
+"""A declared study (`hetfl.config.study`) run, tracked and reported: `hetfl study run |
+status | report`.
+
+Each point (a method at a seed) runs into `<runs>/<study>/<method>-s<seed>` and, once
+finished, its records (`summary.json`, `metrics.jsonl`) are copied into the repository's
+`results/<study>/`, beside a ledger of the machine time each point took. The report is
+computed from those records alone, so every number it publishes can be re-derived from
+what the repository holds, and a test regenerates it to check that it still does.
+
+Points run seed by seed (every method at the first seed, then the second), so a study cut
+short by its budget or by the end of a working session holds the same seeds for every
+method; a finished point is skipped and an interrupted one resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetfl.config import ConfigError, load_raw, validate
+from hetfl.config.study import Comparison, StudyConfig, load_study, point_config
+from hetfl.engine.checkpoint import has_checkpoint
+from hetfl.paired import PairedDifference, Rule, paired_differences, paired_rows
+from hetfl.report import RunRecord, find_runs, format_table
+
+#: The records of a point that the repository keeps (a few kB each for short runs).
+RECORDS = ("summary.json", "metrics.jsonl")
+LEDGER = "ledger.json"
+REPORT = "report.md"
+
+
+@dataclass(frozen=True)
+class Study:
+    """A loaded study and where its runs and records live."""
+
+    config: StudyConfig
+    base: dict[str, Any]
+    runs_dir: Path  # <runs>/<study>: the run folders, checkpoints and all
+    records_dir: Path  # results/<study>: what the repository keeps
+
+    def points(self) -> Iterator[tuple[str, int, str]]:
+        """(method, seed, point name), seed by seed."""
+        for seed in self.config.seeds:
+            for method in self.config.methods:
+                yield method, seed, f"{method}-s{seed}"
+
+    def ledger(self) -> dict[str, dict[str, float]]:
+        path = self.records_dir / LEDGER
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def process_hours(self) -> float:
+        """The wall-clock hours the study's runs took, as one process (the ledger's
+        `wall_s`; `cpu_s`, this process's and its reaped children's CPU, is kept beside it
+        for diagnosis: a fork server's workers are not its children)."""
+        return sum(p["wall_s"] for p in self.ledger().values()) / 3600
+
+
+def open_study(
+    path: Path, runs_root: Path = Path("runs/studies"), records_root: Path = Path("results")
+) -> Study:
+    """The study of `path`, each point's config validated now: a method that cannot be
+    scored by the study's protocol is refused by name before anything runs."""
+    config, base_path = load_study(path)
+    study = Study(config, load_raw(base_path), runs_root / config.name, records_root / config.name)
+    for method, seed, _ in study.points():
+        try:
+            validate(point_config(config, study.base, method, seed, runs_root))
+        except ConfigError as exc:
+            raise ConfigError(
+                f"study {config.name}: method {method!r} cannot run under the study's "
+                f"protocol {config.protocol}: {exc}"
+            ) from None
+    return study
+
+
+def run_study(study: Study, show_progress: bool = True) -> int:
+    """Run every point not yet recorded, resuming interrupted ones, until the points are
+    done or the budget is spent; returns the number of points still pending."""
+    from hetfl.runner import run_one
+
+    cfg = study.config
+    pending = [p for p in study.points() if not _recorded(study, p[2])]
+    for i, (method, seed, name) in enumerate(pending):
+        used = study.process_hours()
+        if used >= cfg.budget_process_hours:
+            print(
+                f"study {cfg.name}: budget spent ({used:.2f} of {cfg.budget_process_hours} "
+                f"process-hours); {len(pending) - i} point(s) not run",
+                file=sys.stderr,
+            )
+            return len(pending) - i
+        run_dir = study.runs_dir / name
+        raw = point_config(cfg, study.base, method, seed, study.runs_dir.parent)
+        resume = has_checkpoint(run_dir / "checkpoints")
+        label = f"[{cfg.name} {i + 1}/{len(pending)} {name}] "
+        wall, cpu = time.monotonic(), _cpu_s()
+        cfg_point = validate(raw)
+        run_one(
+            cfg_point,
+            run_dir,
+            resume=resume,
+            show_progress=show_progress,
+            label=label,
+            executor="auto",
+        )
+        _record(study, name, run_dir, time.monotonic() - wall, _cpu_s() - cpu)
+    return 0
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the executor's workers)."""
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _recorded(study: Study, name: str) -> bool:
+    return all((study.records_dir / name / f).exists() for f in RECORDS) and name in study.ledger()
+
+
+def _record(study: Study, name: str, run_dir: Path, wall_s: float, cpu_s: float) -> None:
+    """Copy the finished point's records into the repository's folder, then its time into
+    the ledger (written whole, so an interrupted write never leaves half a ledger)."""
+    target = study.records_dir / name
+    target.mkdir(parents=True, exist_ok=True)
+    for f in RECORDS:
+        shutil.copyfile(run_dir / f, target / f)
+    ledger = {**study.ledger(), name: {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1)}}
+    tmp = study.records_dir / f"{LEDGER}.tmp"
+    tmp.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+    tmp.replace(study.records_dir / LEDGER)
+
+
+def status_lines(study: Study) -> list[str]:
+    """One line per point (recorded, interrupted with a checkpoint, or pending) and the
+    budget used."""
+    cfg, ledger = study.config, study.ledger()
+    lines = []
+    for _, _, name in study.points():
+        if _recorded(study, name):
+            lines.append(f"  {name}: recorded ({ledger[name]['wall_s'] / 3600:.3f} process-hours)")
+        elif has_checkpoint(study.runs_dir / name / "checkpoints"):
+            lines.append(f"  {name}: interrupted (resumes from its checkpoint)")
+        else:
+            lines.append(f"  {name}: pending")
+    done = sum(_recorded(study, n) for _, _, n in study.points())
+    head = (
+        f"study {cfg.name}: {done} of {len(lines)} points recorded, "
+        f"{study.process_hours():.3f} of {cfg.budget_process_hours} process-hours"
+    )
+    return [head, *lines]
+
+
+def judged(study: Study) -> list[tuple[str, PairedDifference | None]]:
+    """Each declared comparison on the primary metric and reading, from the records; None
+    where the records hold no shared seed of the two methods yet."""
+    cfg = study.config
+    runs = find_runs([study.records_dir]) if study.records_dir.exists() else []
+    out = []
+    for c in cfg.comparisons:
+        found = _differences(runs, c, cfg)
+        primary = [d for d in found if (d.metric, d.at) == (cfg.primary.metric, cfg.primary.at)]
+        out.append((f"{c.a} vs {c.b}", primary[0] if primary else None))
+    return out
+
+
+def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list[PairedDifference]:
+    """Every paired difference of the comparison's two methods in `runs` (none until both
+    have a record), judged by its declared claim."""
+    pilot = None if cfg.pilot_sd_points is None else cfg.pilot_sd_points / 100
+    rule = Rule(c.shape, c.margin_points / 100, pilot)
+    mine = [r for r in runs if r.group in (c.a, c.b)]
+    if {r.group for r in mine} != {c.a, c.b}:
+        return []
+    return paired_differences(mine, c.a, c.b, rule)
+
+
+def verdict_lines(study: Study) -> list[str]:
+    """The sentence per comparison that README.md and docs/results.md quote verbatim."""
+    cfg = study.config
+    lines = []
+    for label, d in judged(study):
+        if d is None:
+            lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
+            continue
+        low, high = (100 * x for x in d.interval)
+        lines.append(
+            f"{cfg.name}, {label} ({d.rule.describe()}, {cfg.primary.metric} at "
+            f"{cfg.primary.at}, {d.n} seeds): **{d.verdict}**, A - B {100 * d.mean:+.2f} "
+            f"points, 95% interval [{low:+.2f}, {high:+.2f}]"
+        )
+    return lines
+
+
+def report_text(study: Study) -> str:
+    """The study's report, from its records alone: the declaration, the machine time, the
+    verdict on each declared comparison, then every metric both methods report (not the
+    primary reading, so not a verdict on the claim)."""
+    cfg = study.config
+    done = sum(_recorded(study, n) for _, _, n in study.points())
+    total = len(list(study.points()))
+    primary = [(label, d) for label, d in judged(study) if d is not None]
+    lines = [
+        f"# Study `{cfg.name}`",
+        "",
+        "Generated by `hetfl study report` from the records in this folder; do not edit.",
+        "",
+        f"- **Claim** ({cfg.source}): {cfg.claim}",
+        "- **Methods**: " + ", ".join(f"`{m}` {o}" for m, o in cfg.methods.items()),
+        f"- **Base config**: `{cfg.base}`",
+        f"- **Evaluation protocol** (every method): {cfg.protocol or 'the base config as it is'}",
+        f"- **Primary metric**: `{cfg.primary.metric}` at the {cfg.primary.at} round",
+        f"- **Seeds**: {cfg.seeds}; **budget** {cfg.budget_process_hours} process-hours, "
+        f"**used** {study.process_hours():.3f} ({done} of {total} points recorded)",
+        "",
+        "## Verdicts",
+        "",
+        *[f"- {line}" for line in verdict_lines(study)],
+    ]
+    if primary:
+        rows = paired_rows([d for _, d in primary])
+        labels = [label for label, _ in primary]
+        labelled = [{"comparison": c, **r} for c, r in zip(labels, rows, strict=True)]
+        lines += ["", format_table(labelled)]
+    runs = find_runs([study.records_dir]) if study.records_dir.exists() else []
+    for c in cfg.comparisons:
+        every = _differences(runs, c, cfg)
+        if every:
+            lines += ["", f"## Every metric, {c.a} vs {c.b} (secondary readings)", ""]
+            lines.append(format_table(paired_rows(every)))
+    return "\n".join(lines) + "\n"
+
+
+def write_report(study: Study) -> Path:
+    study.records_dir.mkdir(parents=True, exist_ok=True)
+    path = study.records_dir / REPORT
+    path.write_text(report_text(study))
+    return path

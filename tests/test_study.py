@@ -1,0 +1,161 @@
+"""Studies declared before their runs: validated at the edge, run resumably point by point,
+their records kept, and a report computed from the records alone. The repository's own
+studies regenerate to the reports and verdict lines it publishes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hetfl.cli import main
+from hetfl.config import ConfigError
+from hetfl.study import REPORT, open_study, report_text, verdict_lines
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = """
+name: base
+algorithm: fedavg
+data:
+  dataset: digits
+  num_clients: 4
+  partition: {kind: iid}
+  test_per_client: 10
+model: {name: linear}
+train: {rounds: 2, clients_per_round: 4, batch_size: 32, lr: 0.5}
+eval: {every: 1, local_eval: none}
+executor: sequential
+"""
+
+STUDY = """
+name: tiny
+claim: '"FedProx is no worse than FedAvg" (a test claim)'
+source: a test
+base: base.yaml
+methods:
+  fedprox: {algorithm: fedprox, options.fedprox.mu: 0.01}
+  fedavg: {algorithm: fedavg}
+protocol: {eval.every: 1, eval.stats_pass: false}
+primary: {metric: global_acc, at: final}
+comparisons:
+  - {a: fedprox, b: fedavg, shape: non-inferiority, margin_points: 5}
+seeds: [0, 1, 2]
+budget_process_hours: 1
+"""
+
+
+def _study(tmp_path: Path, text: str = STUDY) -> Path:
+    (tmp_path / "base.yaml").write_text(BASE)
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+def _args(tmp_path: Path, action: str) -> list[str]:
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    return ["study", action, str(tmp_path / "study.yaml"), "--runs", str(runs),
+            "--results", str(results), "--quiet"]  # fmt: skip
+
+
+def test_a_study_runs_every_point_keeps_its_records_and_reports_from_them(tmp_path, capsys):
+    _study(tmp_path)
+    assert main(_args(tmp_path, "run")) == 0
+    out = capsys.readouterr().out
+    records = tmp_path / "results" / "tiny"
+    points = sorted(p.name for p in records.iterdir() if p.is_dir())
+    assert points == [f"{m}-s{s}" for m in ("fedavg", "fedprox") for s in range(3)]
+    for point in points:
+        summary = json.loads((records / point / "summary.json").read_text())
+        assert summary["seed"] == int(point[-1]) and summary["rounds_completed"] == 2
+        run = tmp_path / "runs" / "tiny" / point
+        assert (records / point / "metrics.jsonl").read_bytes() == (
+            run / "metrics.jsonl"
+        ).read_bytes()
+    ledger = json.loads((records / "ledger.json").read_text())
+    assert set(ledger) == set(points) and all(v["wall_s"] > 0 for v in ledger.values())
+    assert (records / REPORT).read_text() in out
+    (line,) = verdict_lines(open_study(tmp_path / "study.yaml", tmp_path / "runs", records.parent))
+    assert line.startswith(
+        "tiny, fedprox vs fedavg (A no worse than B by more than 5 points (non-inferiority), "
+        "global_acc at final, 3 seeds): **"
+    )
+    # the records alone make the report: the run folders gone, the same text
+    study = open_study(tmp_path / "study.yaml", tmp_path / "runs", records.parent)
+    for run in (tmp_path / "runs" / "tiny").iterdir():
+        (run / "summary.json").unlink()
+    assert report_text(study) == (records / REPORT).read_text()
+    # a second run has nothing left to do
+    assert main(_args(tmp_path, "run")) == 0
+    assert json.loads((records / "ledger.json").read_text()) == ledger
+    assert main(_args(tmp_path, "status")) == 0
+    status = capsys.readouterr().out
+    assert "tiny: 6 of 6 points recorded" in status and "fedavg-s2: recorded" in status
+
+
+def test_the_budget_stops_a_study_between_points_and_the_next_run_goes_on(tmp_path, capsys):
+    """With its budget spent after the first point, a study stops, says so, exits 1 and
+    leaves the other points pending; with more budget the same command continues."""
+    _study(tmp_path, STUDY.replace("budget_process_hours: 1", "budget_process_hours: 1e-9"))
+    assert main(_args(tmp_path, "run")) == 1
+    assert "budget spent" in capsys.readouterr().err
+    records = tmp_path / "results" / "tiny"
+    assert list(json.loads((records / "ledger.json").read_text())) == ["fedprox-s0"]
+    assert "no shared seed recorded yet" in (records / REPORT).read_text()
+    _study(tmp_path)
+    assert main(_args(tmp_path, "status")) == 0
+    assert "1 of 6 points recorded" in capsys.readouterr().out
+    assert main(_args(tmp_path, "run")) == 0
+    assert len(json.loads((records / "ledger.json").read_text())) == 6
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("seeds: [0, 1, 2]", "seeds: [0, 1]"), "seeds: List should have at least 3 items"),
+        (("{eval.every: 1, eval.stats_pass: false}", "{train.lr: 0.1}"),
+         "train.lr: a protocol sets how every method is scored"),
+        (("{algorithm: fedavg}", "{algorithm: fedavg, eval.stats_pass: true}"),
+         "fedavg sets eval.stats_pass: every method is scored by the study's one protocol"),
+        (("a: fedprox, b: fedavg", "a: fedprox, b: fedadam"),
+         "comparisons[0] names fedadam, not a method of the study (fedprox, fedavg)"),
+        (("margin_points: 5", "margin_points: 0"),
+         "a non-inferiority claim needs margin_points > 0"),
+        (("  fedavg: {algorithm", "  fedavg-s1: {algorithm"), "never '-s<digit>'"),
+        (("base: base.yaml", "base: missing.yaml"), "base: no config file"),
+    ],
+)  # fmt: skip
+def test_a_study_that_breaks_its_own_declaration_is_refused(tmp_path, change, message):
+    path = _study(tmp_path, STUDY.replace(*change))
+    with pytest.raises(ConfigError) as caught:
+        open_study(path, tmp_path / "runs", tmp_path / "results")
+    assert message in str(caught.value)
+
+
+def test_a_method_the_protocol_cannot_score_is_refused_by_name_before_anything_runs(tmp_path):
+    """The protocol scores every client's model right after training; split learning's
+    client ends before the classifier, so SplitFed cannot be scored so."""
+    text = STUDY.replace("{eval.every: 1, eval.stats_pass: false}", "{eval.local_trained: true}")
+    text = text.replace("{algorithm: fedavg}", "{algorithm: splitfed}")
+    with pytest.raises(ConfigError, match="method 'fedavg' cannot run under the study's protocol"):
+        open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+
+
+STUDIES = sorted((REPO / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
+def test_every_published_study_regenerates_from_its_committed_records(path: Path):
+    """The report in results/<study>/ and the verdict lines quoted in docs/results.md are
+    what the committed records give today."""
+    study = open_study(path, REPO / "runs" / "studies", REPO / "results")
+    committed = study.records_dir / REPORT
+    assert committed.exists(), f"{path.name}: run `hetfl study report {path}` and commit it"
+    assert report_text(study) == committed.read_text(), (
+        f"{committed} differs from what its records give: `hetfl study report {path}`"
+    )
+    results = (REPO / "docs" / "results.md").read_text()
+    for line in verdict_lines(study):
+        assert line in results, f"docs/results.md does not quote {line!r}"

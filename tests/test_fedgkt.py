@@ -228,7 +228,7 @@ def test_uploads_are_checked_against_what_the_task_declared():
     )
 
 
-def test_a_run_counts_transfers_clocks_the_phase_and_pools_global_acc(
+def test_a_run_counts_transfers_clocks_the_phase_and_pools_its_clients_splits(
     synthetic_federation, tmp_path
 ):
     _, clients, test = synthetic_federation
@@ -269,7 +269,7 @@ def test_a_run_counts_transfers_clocks_the_phase_and_pools_global_acc(
     assert rows[0]["sim_time_s"] == pytest.approx(round_times[0] + phase / system.server_rate)
     assert rows[1]["sim_time_s"] == pytest.approx(sum(round_times) + 2 * phase / system.server_rate)
 
-    # global_acc: each client's extractor joined to the server model on its own test split,
+    # pooled_acc: each client's extractor joined to the server model on its own test split,
     # its BatchNorm statistics those of the client's training data (one batch: <= 500).
     whole = family.build(family.side_spec("whole"))
     norms = [m for m in whole.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -284,7 +284,9 @@ def test_a_run_counts_transfers_clocks_the_phase_and_pools_global_acc(
             whole.train()(c.x_train)
             correct += int((whole.eval()(c.x_test).argmax(1) == c.y_test).sum())
         n += int(c.y_test.numel())
-    assert rows[1]["global_acc"] == pytest.approx(correct / n, abs=1e-12)
+    assert rows[1]["pooled_acc"] == pytest.approx(correct / n, abs=1e-12)
+    # global_acc is the global test set's, which no one model of FedGKT's is scored on
+    assert [r["global_acc"] for r in rows] == [None, None]
 
 
 def test_settings_out_of_range_are_refused_naming_them():
@@ -304,3 +306,17 @@ def test_fedgkt_is_simulator_only():
         refuse_simulator_only("fedgkt", ALGORITHMS.get("fedgkt").simulator_only)
     strategy, _ = ALGORITHMS.get("fedgkt").build(_family(), {}, clients_per_round=1, train=TRAIN)
     assert strategy.needs_server_program  # the Flower server refuses it outside the registry
+
+
+def test_a_target_on_the_global_test_set_is_refused_naming_pooled_acc():
+    """FedGKT has no global model: a global_acc target would never be met, silently."""
+    from golden.harness import BY_NAME
+    from hetfl.assembly import build_parts
+    from hetfl.config import ConfigError, validate
+
+    raw = {**BY_NAME["fedgkt"].config, "targets": [{"metric": "global_acc", "value": 0.5}]}
+    with pytest.raises(ConfigError, match=r"global_acc is never reported by fedgkt.*pooled_acc"):
+        build_parts(validate(raw), show_progress=False)
+    raw["targets"] = [{"metric": "pooled_acc", "value": 0.5}]
+    (target,) = build_parts(validate(raw), show_progress=False).settings.targets
+    assert target.metric == "pooled_acc"

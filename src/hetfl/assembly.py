@@ -22,7 +22,7 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.method_registry import Options, ReducerOptions
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
-from hetfl.config import RunConfig
+from hetfl.config import ConfigError, RunConfig
 from hetfl.core.client import Programs, Wrapper
 from hetfl.core.device import make_deterministic, resolve_device
 from hetfl.core.kinds import Chosen
@@ -150,6 +150,18 @@ def checked_trigger(trigger: Trigger, fed: Federation) -> Trigger:
     return trigger
 
 
+def _check_scored_targets(cfg: RunConfig, pooled: bool) -> None:
+    """A target on the global test set for a method that never scores it (no global model:
+    its clients are scored on their own splits, `pooled_acc`) would silently never be met."""
+    never = [t.metric for t in cfg.targets if pooled and t.metric in ("global_acc", "test_loss")]
+    if never:
+        raise ConfigError(
+            f"targets: {', '.join(never)} is never reported by {cfg.algorithm}, which has no "
+            "global model to score on the global test set; watch pooled_acc (its clients' "
+            "own test splits, pooled) instead"
+        )
+
+
 def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") -> Parts:
     """Build a run's parts from `cfg` (the data is loaded and partitioned; nothing is
     written: the engine that runs them owns the run directory)."""
@@ -176,6 +188,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         train=cfg.train.local_training(),
         costs=costs,
     )
+    _check_scored_targets(cfg, strategy.pooled_eval is not None)
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     malicious: frozenset[int] = frozenset()
     trigger: Trigger | None = None

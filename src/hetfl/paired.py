@@ -4,10 +4,11 @@ judged by a rule declared before the runs.
 A and B each name an algorithm, or a point name without its seed (or its leading part:
 `scalablefl-variant=individual`, for variants of one algorithm). Runs pair when they share
 a setting (the rest of the point name: `kind=iid` in `flanc-s0-kind=iid` and
-`heterofl-s0-kind=iid`) and a seed. For each accuracy metric (`global_acc`, `local_acc`,
-`local_acc_stats`, `local_acc_trained` and every sub-model's `groups` entry) at the final
-round, and at each run's round of best validation accuracy where it has one, the
-seed-by-seed differences d = A - B give a mean and its 95 % confidence interval (Student's
+`heterofl-s0-kind=iid`) and a seed. For each accuracy metric (`global_acc`, `pooled_acc`,
+`local_acc`, `local_acc_stats`, `local_acc_trained` and every sub-model's `groups` entry) at
+the final round, and at each run's round of best validation accuracy where it has one
+(`pooled_acc` pairs only with `pooled_acc`: clients' own splits are not the global test
+set), the seed-by-seed differences d = A - B give a mean and its 95 % confidence interval (Student's
 t, n - 1 degrees of freedom). The verdict reads the interval against the claim (`Rule`):
 
 - superiority, "A is better than B" by more than a margin m >= 0 (default 0): `holds` when
@@ -53,7 +54,7 @@ from hetfl.report import RunRecord, algorithm_of
 #: ratios of counts, and 0.5 - 0.49 is 0.010000000000000009 in floating point.
 ROUNDING = 1e-12
 #: The accuracies a paired comparison reads from a metrics row (beside its `groups`).
-METRICS = ("global_acc", "local_acc", "local_acc_stats", "local_acc_trained")
+METRICS = ("global_acc", "pooled_acc", "local_acc", "local_acc_stats", "local_acc_trained")
 #: Fewer shared seeds than this give no verdict.
 MIN_SEEDS = 3
 #: The confidence level of the interval, and the power the detectable effect is stated at.

@@ -155,6 +155,7 @@ def comparison_rows(
             "final global_acc": _fmt([f.get("global_acc") for f in final]),
             "best global_acc": _fmt([b.get("global_acc") for b in best]),
             "final local_acc": _fmt([f.get("local_acc") for f in final]),
+            **_optional_column(final, "pooled_acc"),
             **_optional_column(final, "local_acc_stats"),
             **_optional_column(final, "local_acc_trained"),
             **_optional_column(final, "attack_success"),
@@ -184,7 +185,8 @@ def comparison_rows(
 
 
 def _optional_column(final: Sequence[dict[str, Any]], key: str) -> dict[str, str]:
-    """`final <key>` for a metric only some runs measure (`local_acc_stats` with
+    """`final <key>` for a metric only some runs measure (`pooled_acc` of a method scored
+    on its clients' own splits, `local_acc_stats` with
     `eval.stats_pass`, `local_acc_trained` with `eval.local_trained`, `attack_success` with a
     trigger attack), when some run of the group reports it."""
     values = [f.get(key) for f in final]
@@ -371,6 +373,7 @@ def plot_run(run_dir: Path) -> list[Path]:
 #: of a metrics row.
 _CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
     ("global_acc", "-", methodcaller("get", "global_acc")),
+    ("pooled_acc", "-", methodcaller("get", "pooled_acc")),
     ("local_acc", "--", methodcaller("get", "local_acc")),
     ("local_acc_trained", ":", methodcaller("get", "local_acc_trained")),
     ("attack_success", "-.", methodcaller("get", "attack_success")),

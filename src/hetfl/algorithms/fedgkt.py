@@ -18,10 +18,10 @@ FedML's published commands: T = 3, alpha = 1, no distillation on the server, 20 
 epochs, Adam with amsgrad (lr 1e-3, weight decay 1e-4) on both sides (the client's from
 the run's `train`, which the shipped configs set so).
 
-Evaluation: there is no single global model. `global_acc` is each trained client's
-extractor joined to the server model (md1 private, md2..md8 global) on that client's own
-local test split, pooled over clients by test samples, and `val_acc` the same on their
-validation splits: not the global test set the other methods use. `local_acc` is each
+Evaluation: there is no single global model, so `global_acc` (the global test set, for
+every method) is null. `pooled_acc` is each trained client's extractor joined to the
+server model (md1 private, md2..md8 global) on that client's own local test split, pooled
+over clients by test samples, and `val_acc` the same on their validation splits. `local_acc` is each
 client's own classifier on its local test split. A HetFL choice where the paper is silent:
 the joined model is judged after a statistics pass over the client's own training data
 (its BatchNorm statistics re-estimated for that evaluation only). The server trains client
@@ -55,7 +55,7 @@ from hetfl.core.types import ModelFamily
 from hetfl.core.weighting import uniform
 from hetfl.models.resnet_cifar import OUT_CHANNELS, split_family
 
-#: What the run outputs' `global_acc` means for FedGKT (the banner and summary.json say it).
+#: What the run outputs' `pooled_acc` is for FedGKT (the banner and summary.json say it).
 POOLED = (
     "pooled over the trained clients' local test splits (each client's extractor joined to "
     "the server model, BatchNorm statistics from the client's training data), not the "
@@ -123,7 +123,7 @@ def _make(
         global_eval=NoGlobalModel(),
         pooled_eval=JoinedWithPrivate(split.side_spec("whole"), stats_pass=True),
         server_phase=server,
-        describe=lambda: {**opts.model_dump(mode="json"), "global_acc": POOLED},
+        describe=lambda: {**opts.model_dump(mode="json"), "pooled_acc": POOLED},
     )
     recipe = LocalRecipe(
         loss_terms=(ServerLogitsKD(opts.alpha, opts.temperature),), upload=FeatureUpload()

@@ -543,7 +543,14 @@ class TargetConfig(_Strict):
     which the metric first reached it."""
 
     metric: Literal[
-        "global_acc", "local_acc", "local_acc_trained", "val_acc", "loss", "test_loss", "val_loss"
+        "global_acc",
+        "pooled_acc",
+        "local_acc",
+        "local_acc_trained",
+        "val_acc",
+        "loss",
+        "test_loss",
+        "val_loss",
     ] = Field(description="the metrics.jsonl key watched")
     value: float = Field(description="reached when accuracy is at least, or a loss at most, this")
 

@@ -21,6 +21,8 @@ ROW_KEYS = (
     "failed",
     "global_acc",
     "test_loss",
+    "pooled_acc",
+    "pooled_loss",
     "local_acc",
     "local_acc_stats",
     "local_acc_trained",
@@ -38,10 +40,18 @@ ROW_KEYS = (
 )
 #: Metrics where larger is better; every other scalar metric is better when smaller
 #: (`attack_success` too: its best is its lowest, the defence's view).
-HIGHER_IS_BETTER = ("global_acc", "local_acc", "local_acc_stats", "local_acc_trained", "val_acc")
+HIGHER_IS_BETTER = (
+    "global_acc",
+    "pooled_acc",
+    "local_acc",
+    "local_acc_stats",
+    "local_acc_trained",
+    "val_acc",
+)
 #: The metrics.jsonl keys a target may watch (config `targets`, `hetfl compare --target`).
 TARGET_METRICS = (
     "global_acc",
+    "pooled_acc",
     "local_acc",
     "local_acc_trained",
     "val_acc",
@@ -51,6 +61,7 @@ TARGET_METRICS = (
 )
 _BEST = (
     "global_acc",
+    "pooled_acc",
     "local_acc",
     "local_acc_stats",
     "local_acc_trained",
@@ -61,7 +72,7 @@ _BEST = (
     "attack_success",
 )
 #: What `best_by_val` reports of the row it selects.
-_BY_VAL = ("round", "val_acc", "global_acc", "local_acc", "test_loss")
+_BY_VAL = ("round", "val_acc", "global_acc", "pooled_acc", "local_acc", "test_loss")
 
 
 @dataclass(frozen=True)

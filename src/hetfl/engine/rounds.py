@@ -24,7 +24,7 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
   simulator in one exchange of its executor; by default one after the other);
 - `pooled_tasks(rnd, split)`: every trained client's task on its own split by the
   strategy's pooled task, for methods without a single global model whose clients share
-  one (FedGKT's `global_acc`; only the simulator has it);
+  one (FedGKT's `pooled_acc`; only the simulator has it);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
@@ -228,7 +228,9 @@ class RoundLoop(ABC):
         With `settings.local_stats_pass`, `local_acc_stats` is `local_acc` again after each
         client's statistics pass over its own training data. `attack_success` is the share of
         the triggered test images (`RoundSettings.trigger`) that the model `global_acc` scores
-        classifies as the target; null where `global_acc` pools the clients' own splits.
+        classifies as the target; null for a method scored on its clients' own splits
+        (`pooled_eval`), whose `pooled_acc`/`pooled_loss` pool them by samples and whose
+        `global_acc` is null: `global_acc` always means the global test set.
         """
         tested = self.tested_models(rnd)
         plan = plan_global(tested, (self.x_test, self.y_test), self.validation, self.triggered)
@@ -250,8 +252,8 @@ class RoundLoop(ABC):
         clients = dict(zip(asked, answered, strict=True))
         scores = plan.scores(answers)
         if pooled:
-            scores.global_acc, scores.test_loss = pooled_accuracy(clients["pooled"])
-            scores.attack_success = None  # no one model scores global_acc
+            scores.pooled_acc, scores.pooled_loss = pooled_accuracy(clients["pooled"])
+            scores.attack_success = None  # no one model to trigger
             if self.validation:
                 scores.val_acc, scores.val_loss = pooled_accuracy(clients["pooled validation"])
         local_acc = local_acc_stats = None
@@ -261,7 +263,8 @@ class RoundLoop(ABC):
             local_acc = mean_local_accuracy(local, scores.groups)
             if self.settings.local_stats_pass:
                 local_acc_stats = mean_local_scores(clients["local stats"])[0]
-            if self.validation and scores.global_acc is None:  # no global model
+            scored = scores.global_acc is not None or scores.pooled_acc is not None
+            if self.validation and not scored:  # no global model, nor pooled clients
                 if "local validation" not in clients:  # pooled clients scored no sample
                     tasks = self.local_tasks(rnd, outcome, evaluated, "validation")
                     clients["local validation"] = self.score_clients(rnd, tasks)

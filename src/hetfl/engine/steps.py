@@ -165,6 +165,10 @@ class GlobalScores:
 
     global_acc: float | None = None
     test_loss: float | None = None
+    #: A method without one global model, scored on its clients' own test splits pooled by
+    #: samples (FedGKT): never `global_acc`, which always means the global test set.
+    pooled_acc: float | None = None
+    pooled_loss: float | None = None
     groups: Groups = field(default_factory=dict)
     models: dict[str, State] = field(default_factory=dict)
     val_acc: float | None = None
@@ -257,7 +261,7 @@ class LocalScore(NamedTuple):
 
 def pooled_accuracy(scores: Sequence[LocalScore]) -> tuple[float | None, float | None]:
     """(accuracy, mean loss) over every sample of the clients' splits, each client weighted
-    by its `n` (None when no sample was scored): a pooled `global_acc`."""
+    by its `n` (None when no sample was scored): `pooled_acc` and `pooled_loss`."""
     n = sum(s.n for s in scores)
     if not n:
         return None, None
@@ -308,6 +312,8 @@ def metrics_row(
         failed=len(outcome.failures),
         global_acc=scores.global_acc,
         test_loss=scores.test_loss,
+        pooled_acc=scores.pooled_acc,
+        pooled_loss=scores.pooled_loss,
         local_acc=local_acc,
         local_acc_stats=local_acc_stats,
         local_acc_trained=local_acc_trained,

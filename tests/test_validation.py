@@ -166,7 +166,8 @@ def test_summary_picks_the_round_of_best_val_acc_not_of_best_test(tmp_path):
     rows = [_row(1, 0.5, 0.9), _row(2, 0.7, 0.6), _row(3, 0.7, 0.65), _row(4, 0.6, 0.95)]
     summary = summarise(rows, [Target("global_acc", 0.9)], {}, failures={}, rounds_aggregated=4)
     assert summary["best_by_val"] == {
-        "round": 2, "val_acc": 0.7, "global_acc": 0.6, "local_acc": None, "test_loss": 0.4
+        "round": 2, "val_acc": 0.7, "global_acc": 0.6, "pooled_acc": None, "local_acc": None,
+        "test_loss": 0.4,
     }  # fmt: skip
     assert summary["best"]["val_acc"] == 0.7 and summary["best"]["val_loss"] == pytest.approx(0.3)
     assert summary["best"]["global_acc"] == 0.95

@@ -62,9 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress display")
     _plugin_option(run)
 
-    resume = sub.add_parser("resume", help="continue a run (or every point of a sweep)")
-    resume.add_argument("run_dir", type=Path)
-    resume.add_argument("--quiet", action="store_true")
+    resume = sub.add_parser(
+        "resume",
+        help="continue a run (or every point of a sweep) from its last checkpoint",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resume.add_argument("run_dir", type=Path, help="a run folder, or a sweep's folder")
+    resume.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value for keys that cannot alter results only (executor, workers, ray.*, "
+        "checkpoint_every, tracking, ...: docs/usage.md); recorded in summary.json",
+    )
+    resume.add_argument("--quiet", action="store_true", help="no progress display")
 
     listing = sub.add_parser(
         "list", help="registered algorithms, models, datasets, partitioners, reducers, wrappers"
@@ -164,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`hetfl run cfg.yaml --quiet train.lr=0.1`);
     # argparse cannot intermix positionals with subcommands, so collect them here.
-    takes_overrides = args.command in ("run", "partition", "serve")
+    takes_overrides = args.command in ("run", "resume", "partition", "serve")
     stray = [a for a in extra if not takes_overrides or "=" not in a or a.startswith("-")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
@@ -221,7 +232,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         return cmd_run(args.config, args.overrides, args.overwrite, args.quiet, args.plugins)
     if args.command == "resume":
-        return cmd_resume(args.run_dir, args.quiet)
+        return cmd_resume(args.run_dir, args.quiet, args.overrides)
     if args.command == "list":
         return cmd_list(args.plugins)
     if args.command == "data":
@@ -320,7 +331,10 @@ def _print_comparison(base: Path, dirs: Sequence[Path]) -> None:
     print(f"(written to {base / 'comparison.md'})")
 
 
-def cmd_resume(run_dir: Path, quiet: bool) -> int:
+def cmd_resume(run_dir: Path, quiet: bool, overrides: Sequence[str] = ()) -> int:
+    """Continue a run, or every unfinished point of a sweep, after checking each folder's
+    config against the one its checkpoint was written under (`hetfl.config.resume`);
+    `overrides` may set only the keys that cannot alter results."""
     from hetfl.config import ConfigError
     from hetfl.runner import run_one
 
@@ -330,8 +344,10 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
             f"`hetfl serve {run_dir / 'config.yaml'} --resume` (see docs/deploy.md)"
         )
     if (run_dir / "config.yaml").exists():
-        cfg = _saved_config(run_dir)
-        summary = run_one(cfg, run_dir, resume=True, show_progress=not quiet, executor="auto")
+        cfg, resumed = _resume_config(run_dir, overrides)
+        summary = run_one(
+            cfg, run_dir, resume=True, show_progress=not quiet, executor="auto", resumed=resumed
+        )
         _print_summary(summary, run_dir)
         return _exit_status([run_dir])
     points = (
@@ -341,19 +357,43 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
     )
     if not points:
         raise FileNotFoundError(f"{run_dir} holds no run (no config.yaml) and no sweep points")
-    for d in points:
-        cfg = _saved_config(d)
+    checked = [(d, *_resume_config(d, overrides)) for d in points]  # all, before any runs
+    for d, cfg, resumed in checked:
         if _finished(d, cfg):
             continue
-        run_one(cfg, d, resume=True, show_progress=not quiet, label=f"[{d.name}] ", executor="auto")
+        run_one(
+            cfg,
+            d,
+            resume=True,
+            show_progress=not quiet,
+            label=f"[{d.name}] ",
+            executor="auto",
+            resumed=resumed,
+        )
     _print_comparison(run_dir, points)
     return _exit_status(points)
 
 
-def _saved_config(run_dir: Path) -> RunConfig:
-    from hetfl.config import load_raw, validate
+def _resume_config(run_dir: Path, overrides: Sequence[str]) -> tuple[RunConfig, dict | None]:
+    """The config to resume `run_dir` with: its config.yaml with `overrides` (result-neutral
+    keys only), refused where it differs from the config the checkpoint was written under in
+    what determines the results; and `summary.json`'s record of the resume (None when
+    there is no checkpoint: the run starts again from round 1)."""
+    from hetfl.config import load_raw, parse_overrides, set_dotted, validate
+    from hetfl.config.resume import check_resume, neutral_overrides, resume_record
+    from hetfl.engine.checkpoint import has_checkpoint, written_under
 
-    return validate(load_raw(run_dir / "config.yaml"))
+    given = parse_overrides(overrides)
+    neutral_overrides(given)
+    raw = load_raw(run_dir / "config.yaml")
+    for key, value in given.items():
+        set_dotted(raw, key, value)
+    cfg = validate(raw)
+    if not has_checkpoint(run_dir / "checkpoints"):
+        return cfg, None
+    after, written = written_under(run_dir / "checkpoints")
+    edited = check_resume(written, cfg.to_yaml(), str(run_dir)) if written else []
+    return cfg, resume_record(after, given, edited)
 
 
 def _finished(run_dir: Path, cfg: RunConfig) -> bool:

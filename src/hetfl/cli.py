@@ -278,13 +278,15 @@ def cmd_run(
     quiet: bool,
     plugins: Sequence[str] = (),
 ) -> int:
-    from hetfl.config import ConfigError, expand_sweep, validate
+    from hetfl.config import ConfigError, validate_points
+    from hetfl.config.output import writable_folder
     from hetfl.runner import run_one
 
     raw = _raw_config(config, overrides, plugins)
-    points = [(name, validate(point)) for name, point in expand_sweep(raw)]
+    points = validate_points(raw)
     first = points[0][1]
     base = Path(first.output_dir) / first.name
+    writable_folder(base)
     is_sweep = bool(raw.get("sweep"))
     dirs = [base / name if is_sweep else base for name, _ in points]
     if not overwrite:
@@ -418,10 +420,12 @@ def cmd_partition(config: str | None, overrides: Sequence[str], plugins: Sequenc
     (the first sweep point's seed, when the config is a sweep)."""
     from hetfl.assembly import load_dataset, partition
     from hetfl.config import expand_sweep, validate
+    from hetfl.config.output import writable_folder
     from hetfl.data import class_counts, format_class_table
 
     raw = _raw_config(config, overrides, plugins)
     cfg = validate(next(iter(expand_sweep(raw)))[1])
+    writable_folder(Path(cfg.output_dir) / cfg.name)
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
     table = format_class_table(class_counts(dataset.y_train, parts, dataset.num_classes))
@@ -431,7 +435,6 @@ def cmd_partition(config: str | None, overrides: Sequence[str], plugins: Sequenc
         f"seed {cfg.seed}: {min(sizes)}-{max(sizes)} samples per client"
     )
     out_dir = Path(cfg.output_dir) / cfg.name
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "partition.txt").write_text(f"{head}\n{table}\n")
     print(f"{head}\n{table}\n(written to {out_dir / 'partition.txt'})")
     return 0

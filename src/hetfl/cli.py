@@ -44,7 +44,9 @@ EXIT_STATUSES = f"""exit status (run, resume, serve):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hetfl",
-        description=__doc__.splitlines()[0],
+        description="HetFL: federated learning across heterogeneous clients, simulated on one "
+        "machine or deployed over Flower. `hetfl COMMAND --help` tells more; docs/usage.md "
+        "is the guide.",
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -120,9 +122,23 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
-    plot.add_argument("runs", nargs="+", type=Path)
-    plot.add_argument("-o", "--out", type=Path, default=Path("comparison.png"))
-    plot.add_argument("--x", choices=["round", "bytes", "sim_time"], default="round")
+    plot.add_argument(
+        "runs", nargs="+", type=Path, help="run directories or sweep folders (seeds as a band)"
+    )
+    plot.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=Path("comparison.png"),
+        help="the PNG to write (default: comparison.png in the current folder)",
+    )
+    plot.add_argument(
+        "--x",
+        choices=["round", "bytes", "sim_time"],
+        default="round",
+        help="the x axis: round, MB sent (bytes) or simulated time (sim_time, with device "
+        "profiles); default round",
+    )
 
     serve = sub.add_parser("serve", help="serve a config as a Flower federation (docs/deploy.md)")
     serve.add_argument("config", help="YAML config")
@@ -526,7 +542,8 @@ def cmd_compare(
 def cmd_plot(paths: Sequence[Path], out: Path, x: str) -> int:
     from hetfl.report import find_runs, plot_runs
 
-    print(plot_runs(find_runs(paths), out, x=x))
+    written = plot_runs(find_runs(paths), out, x=x)
+    print(f"(written to {written.resolve()})")
     return 0
 
 

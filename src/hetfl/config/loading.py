@@ -35,10 +35,9 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         try:
             out[key.strip()] = _load_yaml(raw) if raw.strip() else None
         except (DuplicateKeyError, yaml.YAMLError) as exc:
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
             why = (
-                exc
-                if isinstance(exc, DuplicateKeyError)
-                else f"its value is not YAML ({getattr(exc, 'problem', None) or exc})"
+                exc if isinstance(exc, DuplicateKeyError) else f"its value is not YAML ({problem})"
             )
             raise ConfigError(f"override {pair!r}: {why}") from None
     return out

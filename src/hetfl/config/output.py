@@ -2,8 +2,10 @@
 
 A run that cannot write its folder would otherwise fail only when it first writes
 (`NotADirectoryError` deep in the run, after the data is loaded), and leave nothing to
-resume. The check creates the folder and a file in it, which is the only test that holds
-for every reason a write can fail (a path under a file, permissions, a read-only disk).
+resume. The check writes a file where the folder would be created (the folder itself, if it
+exists, or its deepest existing parent), which is the only test that holds for every reason
+a write can fail (permissions, a read-only disk); it creates nothing, so a command refused
+later leaves no folder behind.
 """
 
 from __future__ import annotations
@@ -15,22 +17,24 @@ from hetfl.config.sections import ConfigError
 
 
 def writable_folder(folder: Path) -> None:
-    """Create `folder` (and its parents) and write a file in it; a ConfigError naming
-    `folder` and why when that fails."""
+    """A ConfigError naming `folder` and why, unless it can be created (or exists) and be
+    written."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        raise ConfigError(
-            f"output_dir: cannot write the run folder {folder}: {_why(folder, exc)}; set "
-            "output_dir (or name) to a folder you can write"
-        ) from None
-
-
-def _why(folder: Path, exc: OSError | ValueError) -> str:
-    """The reason in words: the first part of the path that is a file, or the OS's own."""
-    for part in [*reversed(folder.parents), folder]:
-        if part.exists() and not part.is_dir():
-            return f"{part} is a file, not a folder"
-    return getattr(exc, "strerror", None) or str(exc)
+        if "\x00" in str(folder):  # the OS cannot take it; `Path.exists` says False
+            raise ValueError("the path holds a NUL character")
+        existing = next(p for p in [folder, *folder.parents] if p.exists())
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file, not a folder")
+        try:
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as exc:
+            raise OSError(f"nothing can be written in {existing} ({exc.strerror})") from None
+    except (OSError, ValueError) as exc:
+        why = str(exc)
+    else:
+        return
+    raise ConfigError(
+        f"output_dir: cannot write the run folder {folder}: {why}; set output_dir (or name) "
+        "to a folder you can write"
+    )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hetfl.cli import main
 from hetfl.config.resume import Change, alters_results, changes
 from test_cli import BASE, _cfg, _run
 
@@ -26,8 +27,6 @@ def _refused(code: int, err: str) -> None:
 def finished(tmp_path_factory) -> Path:
     """A finished two-round run (its checkpoint after round 2), copied by each test."""
     root = tmp_path_factory.mktemp("finished")
-    from hetfl.cli import main
-
     assert main(["run", str(_cfg(root)), "--quiet"]) == 0
     return root / "runs" / "t"
 
@@ -171,3 +170,31 @@ def test_validation_errors_name_the_field_never_the_whole_config(
         assert fragment in err, (fragment, err)
     assert "(top level)" not in err and "'dataset'" not in err  # no config dumped
     assert not (tmp_path / "runs" / "t" / "config.yaml").exists()
+
+
+# -- help texts ---------------------------------------------------------------------------
+def test_the_help_texts_are_whole_and_say_what_each_option_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    description = text.split("\n\n")[1]
+    assert description.startswith("HetFL: ") and description.endswith("is the guide.")
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    text = capsys.readouterr().out
+    assert "comparison.png in the\n" in text and "the x axis" in text
+    assert "run directories or sweep folders" in text
+    with pytest.raises(SystemExit):
+        main(["resume", "--help"])
+    assert "cannot alter results" in capsys.readouterr().out
+
+
+def test_a_sweep_folder_is_checked_point_by_point_before_any_runs(tmp_path, capsys):
+    cfg = _cfg(tmp_path, BASE.replace("rounds: 2", "rounds: 1") + "sweep: {seed: [0, 1]}\n")
+    assert main(["run", str(cfg), "--quiet"]) == 0
+    sweep = tmp_path / "runs" / "t"
+    _edit(sweep / "fedavg-s1", "lr: 0.1\n", "lr: 0.2\n")
+    capsys.readouterr()
+    code, _, err = _run(capsys, "resume", str(sweep), "--quiet")
+    _refused(code, err)
+    assert f"{sweep / 'fedavg-s1'}: the config to resume with" in err and "train.lr" in err

@@ -44,8 +44,8 @@ EXIT_STATUSES = f"""exit status (run, resume, serve):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hetfl",
-        description="HetFL: federated learning across heterogeneous clients, simulated on one "
-        "machine or deployed over Flower. `hetfl COMMAND --help` tells more; docs/usage.md "
+        description="HetFL: federated learning across heterogeneous clients, simulated on one\n"
+        "machine or deployed over Flower. `hetfl COMMAND --help` tells more; docs/usage.md\n"
         "is the guide.",
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -451,6 +451,7 @@ def cmd_partition(config: str | None, overrides: Sequence[str], plugins: Sequenc
         f"seed {cfg.seed}: {min(sizes)}-{max(sizes)} samples per client"
     )
     out_dir = Path(cfg.output_dir) / cfg.name
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "partition.txt").write_text(f"{head}\n{table}\n")
     print(f"{head}\n{table}\n(written to {out_dir / 'partition.txt'})")
     return 0

@@ -278,7 +278,7 @@ def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):
     own config makes it ask the SuperLink for messages only every 15 s, so round 1's
     message waits for it). The server keeps running, round 1 aggregates the two that
     answered within round_timeout_s and records the failure, and round 2 proceeds with the
-    two that are left."""
+    two that are left. The server names the silent client and counts it in summary.json."""
     port = free_port()
     changes = {"data.num_clients": 3, "train.clients_per_round": 3, "deploy.round_timeout_s": 30}
     config = write_config(tmp_path / "faults.yaml", port, **changes)
@@ -316,3 +316,14 @@ def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):
     assert all(r["global_acc"] is not None for r in rows)
     summary = json.loads((tmp_path / "runs" / "fed" / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
+    # Named once when first missed; dropped in round 2 only if Flower saw the node leave
+    # (deploy.max_missed_rounds is 2, and a second miss would drop it only from round 3).
+    assert log.count("warning: client 2 did not answer") == 1
+    assert "did not answer in round 1" in log
+    dropped = "client 2 dropped from sampling from round 2: its node" in log
+    assert summary["unresponsive"] == {
+        "missed": 1 + rows[1]["failed"],
+        "dropped": int(dropped),
+        "rejoined": 0,
+        "dropped_now": [2] if dropped else [],
+    }

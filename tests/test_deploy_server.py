@@ -191,23 +191,82 @@ def test_without_state_dirs_a_resumed_node_restarts_its_private_head(tmp_path):
     assert rows[2]["loss"] != expected[2]["loss"], (rows, expected, first.participated)
 
 
-def test_a_silent_node_is_a_failure_each_round_and_the_run_completes(tmp_path):
+def test_a_silent_client_is_named_dropped_after_max_missed_rounds_and_counted(tmp_path, capsys):
+    """A node that registers, then never answers: its client is a timeout failure in
+    rounds 1 and 2 (deploy.max_missed_rounds = 2), said when it first misses and when it is
+    dropped, then no longer asked (round 3 waits for no one); summary.json counts it."""
     raw = config(
         algorithm="fedavg",
         **{"train.clients_per_round": 3, "eval.local_eval": "none", "deploy.round_timeout_s": 0.2},
     )
     grid = LoopbackGrid(nodes(tmp_path, 3), dead_in_training={1002})
-    _, rows = serve(grid, raw, tmp_path / "run")
+    server = flower_server(grid, validate(raw), tmp_path / "run", poll_s=0.01)
+    server.run()
+    rows = server.metrics.read()
     assert [(r["round"], r["clients"], r["failed"]) for r in rows] == [
         (1, 2, 1),
         (2, 2, 1),
-        (3, 2, 1),
+        (3, 2, 0),
     ]
     assert rows[2]["global_acc"] > 0.2
     # its client (partition 2) is traced as timed out: sent the model, nothing back
     silent = [r for r in read_metrics(tmp_path / "run" / "clients.jsonl") if r["cid"] == 2]
-    assert [r["failure"] for r in silent] == ["timeout"] * 3
+    assert [(r["round"], r["failure"]) for r in silent] == [(1, "timeout"), (2, "timeout")]
     assert all(r["bytes_down"] > 0 and r["bytes_up"] == r["macs"] == 0 for r in silent)
+    said = [line for line in capsys.readouterr().err.splitlines() if "client 2 " in line]
+    assert [line.split(":")[0] for line in said if "did not answer" in line] == ["warning"]
+    assert "did not answer in round 1 (deploy.round_timeout_s = 0.2 s)" in said[0]
+    dropped = [line for line in said if "dropped from sampling from round" in line]
+    assert len(dropped) == 1 and "from round 3: it missed 2 round(s) in a row" in dropped[0]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["unresponsive"] == {"missed": 2, "dropped": 1, "rejoined": 0, "dropped_now": [2]}
+
+
+class RestartingGrid(LoopbackGrid):
+    """Node 1002 stops answering from its first training message; once round `restart`'s
+    training messages are sent, it is gone and a new node (1003) serves its partition, as a
+    restarted `hetfl client` would."""
+
+    def __init__(self, node_configs: list[dict], restart: int) -> None:
+        super().__init__(node_configs, dead_in_training={1002})
+        self.restart = restart
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        if any(m.metadata.group_id == str(self.restart) for m in messages):
+            old = self.contexts.pop(1002)
+            self.contexts[1003] = Context(
+                run_id=1, node_id=1003, node_config=old.node_config, state=RecordDict(),
+                run_config={},
+            )  # fmt: skip
+        return ids
+
+
+def test_a_client_whose_node_restarts_rejoins_and_is_said(tmp_path, capsys):
+    raw = config(
+        algorithm="fedavg",
+        **{
+            "train.clients_per_round": 3,
+            "eval.local_eval": "none",
+            "deploy.round_timeout_s": 0.2,
+            "deploy.max_missed_rounds": 1,
+        },
+    )
+    grid = RestartingGrid(nodes(tmp_path, 3), 2)
+    server = flower_server(grid, validate(raw), tmp_path / "r", poll_s=0.01)
+    server.run()
+    rows = server.metrics.read()
+    assert [(r["round"], r["clients"], r["failed"]) for r in rows] == [
+        (1, 2, 1),  # missed: dropped at once (max_missed_rounds 1)
+        (2, 2, 0),  # not asked; its node restarts
+        (3, 3, 0),  # the new node registered: back
+    ]
+    err = capsys.readouterr().err
+    assert "client 2 dropped from sampling from round 2: it missed 1 round(s) in a row" in err
+    assert "client 2 rejoined in round 3 (node 1003)" in err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["unresponsive"] == {"missed": 1, "dropped": 1, "rejoined": 1, "dropped_now": []}
 
 
 def test_serve_exits_3_when_no_node_ever_answered(tmp_path, capsys):

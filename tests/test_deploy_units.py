@@ -133,8 +133,8 @@ def test_node_config_parses_back_as_flower_reads_it(tmp_path):
 
 # -- split learning is simulator-only ------------------------------------------------------
 def test_serve_refuses_a_simulator_only_method_before_anything_starts(tmp_path, capsys):
-    split = "algorithm: splitfed\nmodel: {name: resnet-cifar, blocks: 1}\n"
-    code, err = run_cli(capsys, "serve", str(cfg_file(tmp_path, split)), "--insecure")
+    split = ["algorithm=splitfed", "model={name: resnet-cifar, blocks: 1}"]
+    code, err = run_cli(capsys, "serve", str(cfg_file(tmp_path)), *split, "--insecure")
     assert code == 2
     assert "algorithm 'splitfed' runs in the simulator only" in err
     assert "activations and gradients with the server every batch" in err

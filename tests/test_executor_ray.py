@@ -225,7 +225,7 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_shuts_down_the_local_ray_the_run_started(tmp_path):
     """`hetfl run` on a local Ray of its own (address null), interrupted once it has
     trained a round: the run stops and every process it started (Ray's services, its
-    actors) is gone."""
+    actors) is gone. Ray's INFO line and its FutureWarning were not printed."""
     pytest.importorskip("ray")
     raw = _config(executor="ray", workers=1, output_dir=str(tmp_path), name="ctrl-c")
     raw["train"]["rounds"] = 50
@@ -246,6 +246,8 @@ def test_ctrl_c_shuts_down_the_local_ray_the_run_started(tmp_path):
     os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
     run.wait()
     assert run.returncode != 0
+    said = run.stderr.read().decode() if run.stderr else ""
+    assert "Started a local Ray instance" not in said and "FutureWarning" not in said, said
     for _ in range(200):
         if not any(_alive(p) for p in started):
             break

@@ -158,9 +158,9 @@ def test_plugins_that_cannot_load_are_config_errors_naming_them(tmp_path):
 
 
 def test_resume_imports_the_plugins_its_saved_config_names(tmp_path):
-    """`hetfl resume` validates each saved config (`_saved_config`) before it runs; the
+    """`hetfl resume` validates each saved config (`_resume_config`) before it runs; the
     plugin here only leaves a mark, so importing it changes no registry."""
-    from hetfl.cli import _saved_config
+    from hetfl.cli import _resume_config
 
     spy = tmp_path / "resume_spy.py"
     spy.write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
@@ -168,7 +168,7 @@ def test_resume_imports_the_plugins_its_saved_config_names(tmp_path):
         validate({}).to_yaml().replace("plugins: []", f"plugins: [{spy}]")
     )
     assert not (tmp_path / "imported").exists()
-    assert _saved_config(tmp_path).plugins == [str(spy)]
+    assert _resume_config(tmp_path, [])[0].plugins == [str(spy)]
     assert (tmp_path / "imported").exists()
 
 

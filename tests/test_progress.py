@@ -32,7 +32,8 @@ def test_plain_lines_when_not_a_terminal():
     lines = stream.getvalue().splitlines()
     assert lines[0] == "resuming after round 1"
     assert re.fullmatch(
-        r"\[1/2 fedavg-s0\] round 3/3 +\d+\.\ds  global_acc 0\.5000  loss 1\.2500  failed 2",
+        r"\[1/2 fedavg-s0\] round 3/3  elapsed \d+\.\ds  global_acc 0\.5000  loss 1\.2500  "
+        r"failed 2",
         lines[1],
     ), lines[1]
     assert len(lines) == 2
@@ -68,7 +69,7 @@ def test_the_bar_shows_round_eta_accuracy_and_loss():
     ), text
     # The evaluated round also left its plain line above the bar.
     assert re.search(
-        r"\[1/2 fedavg-s0\] round 2/3 +\d+\.\ds  global_acc 0\.5000  loss 1\.2500", text
+        r"\[1/2 fedavg-s0\] round 2/3  elapsed \d+\.\ds  global_acc 0\.5000  loss 1\.2500", text
     )
 
 

@@ -495,3 +495,32 @@ def test_the_share_of_malicious_updates_let_through_is_a_plotted_curve(tmp_path:
     assert main(["plot", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 0
     assert ("krum malicious kept", [0.5], "x:") in drawn
     assert not any(label == "clean malicious kept" for label, _, _ in drawn)
+
+
+def test_a_comparison_plot_says_what_it_shows(sweep: Path, tmp_path: Path, capsys):
+    """A title, whole-number round ticks, one colour per method for all its curves, a
+    legend entry naming the band, and the written file's path printed."""
+    from matplotlib.colors import same_color
+
+    from hetfl.report import comparison_figure
+
+    runs = find_runs([sweep])
+    for run in runs:
+        for row in run.rows:
+            row["local_acc"] = row["global_acc"] / 2
+    ax = comparison_figure(runs, "round").axes[0]
+    assert ax.get_title() == "fedavg, fedprox: accuracy against round"
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    colours = {}
+    for line in ax.get_lines():
+        colours.setdefault(line.get_label().split()[0], []).append(line.get_color())
+    assert {k: len(v) for k, v in colours.items()} == {"fedavg": 2, "fedprox": 2}
+    assert all(same_color(c, v[0]) for v in colours.values() for c in v)
+    assert not same_color(colours["fedavg"][0], colours["fedprox"][0])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "fedavg: lines the mean of 3 seeds, band lowest to highest" in legend
+    assert legend.count("fedavg global_acc") == 1 and "fedprox global_acc" in legend
+    assert not any(text.startswith("fedprox:") for text in legend)  # one seed: no band
+    png = tmp_path / "out" / "p.png"
+    assert main(["plot", str(sweep), "-o", str(png)]) == 0
+    assert capsys.readouterr().out.strip() == f"(written to {png.resolve()})"

@@ -732,6 +732,7 @@ def test_stats_subsample_is_each_clients_share_drawn_by_its_own_generator(tmp_pa
         ({"format": 1}, "format 1"),  # the global state inside the strategy's entry
         ({"format": 2}, "format 2"),  # the client store pickled inside latest.pt
         ({"format": 3}, "format 3"),  # no digests
+        ({"format": 4}, "format 4"),  # no config
     ],
 )
 def test_a_checkpoint_of_another_format_is_refused_with_the_fix(tmp_path, written, shown):

@@ -213,6 +213,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         local_trained=cfg.eval.local_trained,
         malicious=malicious,
         trigger=trigger,
+        config=cfg.to_yaml(),
     )
     info = {
         "name": cfg.name,

@@ -44,7 +44,9 @@ EXIT_STATUSES = f"""exit status (run, resume, serve):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hetfl",
-        description=__doc__.splitlines()[0],
+        description="HetFL: federated learning across heterogeneous clients, simulated on one\n"
+        "machine or deployed over Flower. `hetfl COMMAND --help` tells more; docs/usage.md\n"
+        "is the guide.",
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -62,9 +64,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress display")
     _plugin_option(run)
 
-    resume = sub.add_parser("resume", help="continue a run (or every point of a sweep)")
-    resume.add_argument("run_dir", type=Path)
-    resume.add_argument("--quiet", action="store_true")
+    resume = sub.add_parser(
+        "resume",
+        help="continue a run (or every point of a sweep) from its last checkpoint",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resume.add_argument("run_dir", type=Path, help="a run folder, or a sweep's folder")
+    resume.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value for keys that cannot alter results only (executor, workers, ray.*, "
+        "checkpoint_every, tracking, ...: docs/usage.md); recorded in summary.json",
+    )
+    resume.add_argument("--quiet", action="store_true", help="no progress display")
 
     listing = sub.add_parser(
         "list", help="registered algorithms, models, datasets, partitioners, reducers, wrappers"
@@ -153,9 +166,23 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--quiet", action="store_true", help="no progress display")
 
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
-    plot.add_argument("runs", nargs="+", type=Path)
-    plot.add_argument("-o", "--out", type=Path, default=Path("comparison.png"))
-    plot.add_argument("--x", choices=["round", "bytes", "sim_time"], default="round")
+    plot.add_argument(
+        "runs", nargs="+", type=Path, help="run directories or sweep folders (seeds as a band)"
+    )
+    plot.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=Path("comparison.png"),
+        help="the PNG to write (default: comparison.png in the current folder)",
+    )
+    plot.add_argument(
+        "--x",
+        choices=["round", "bytes", "sim_time"],
+        default="round",
+        help="the x axis: round, MB sent (bytes) or simulated time (sim_time, with device "
+        "profiles); default round",
+    )
 
     serve = sub.add_parser("serve", help="serve a config as a Flower federation (docs/deploy.md)")
     serve.add_argument("config", help="YAML config")
@@ -208,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`hetfl run cfg.yaml --quiet train.lr=0.1`);
     # argparse cannot intermix positionals with subcommands, so collect them here.
-    takes_overrides = args.command in ("run", "partition", "serve")
+    takes_overrides = args.command in ("run", "resume", "partition", "serve")
     stray = [a for a in extra if not takes_overrides or "=" not in a or a.startswith("-")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
@@ -265,7 +292,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         return cmd_run(args.config, args.overrides, args.overwrite, args.quiet, args.plugins)
     if args.command == "resume":
-        return cmd_resume(args.run_dir, args.quiet)
+        return cmd_resume(args.run_dir, args.quiet, args.overrides)
     if args.command == "list":
         return cmd_list(args.plugins)
     if args.command == "data":
@@ -314,13 +341,15 @@ def cmd_run(
     quiet: bool,
     plugins: Sequence[str] = (),
 ) -> int:
-    from hetfl.config import ConfigError, expand_sweep, validate
+    from hetfl.config import ConfigError, validate_points
+    from hetfl.config.output import writable_folder
     from hetfl.runner import run_one
 
     raw = _raw_config(config, overrides, plugins)
-    points = [(name, validate(point)) for name, point in expand_sweep(raw)]
+    points = validate_points(raw)
     first = points[0][1]
     base = Path(first.output_dir) / first.name
+    writable_folder(base)
     is_sweep = bool(raw.get("sweep"))
     dirs = [base / name if is_sweep else base for name, _ in points]
     if not overwrite:
@@ -367,7 +396,10 @@ def _print_comparison(base: Path, dirs: Sequence[Path]) -> None:
     print(f"(written to {base / 'comparison.md'})")
 
 
-def cmd_resume(run_dir: Path, quiet: bool) -> int:
+def cmd_resume(run_dir: Path, quiet: bool, overrides: Sequence[str] = ()) -> int:
+    """Continue a run, or every unfinished point of a sweep, after checking each folder's
+    config against the one its checkpoint was written under (`hetfl.config.resume`);
+    `overrides` may set only the keys that cannot alter results."""
     from hetfl.config import ConfigError
     from hetfl.runner import run_one
 
@@ -377,8 +409,10 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
             f"`hetfl serve {run_dir / 'config.yaml'} --resume` (see docs/deploy.md)"
         )
     if (run_dir / "config.yaml").exists():
-        cfg = _saved_config(run_dir)
-        summary = run_one(cfg, run_dir, resume=True, show_progress=not quiet, executor="auto")
+        cfg, resumed = _resume_config(run_dir, overrides)
+        summary = run_one(
+            cfg, run_dir, resume=True, show_progress=not quiet, executor="auto", resumed=resumed
+        )
         _print_summary(summary, run_dir)
         return _exit_status([run_dir])
     points = (
@@ -388,19 +422,43 @@ def cmd_resume(run_dir: Path, quiet: bool) -> int:
     )
     if not points:
         raise FileNotFoundError(f"{run_dir} holds no run (no config.yaml) and no sweep points")
-    for d in points:
-        cfg = _saved_config(d)
+    checked = [(d, *_resume_config(d, overrides)) for d in points]  # all, before any runs
+    for d, cfg, resumed in checked:
         if _finished(d, cfg):
             continue
-        run_one(cfg, d, resume=True, show_progress=not quiet, label=f"[{d.name}] ", executor="auto")
+        run_one(
+            cfg,
+            d,
+            resume=True,
+            show_progress=not quiet,
+            label=f"[{d.name}] ",
+            executor="auto",
+            resumed=resumed,
+        )
     _print_comparison(run_dir, points)
     return _exit_status(points)
 
 
-def _saved_config(run_dir: Path) -> RunConfig:
-    from hetfl.config import load_raw, validate
+def _resume_config(run_dir: Path, overrides: Sequence[str]) -> tuple[RunConfig, dict | None]:
+    """The config to resume `run_dir` with: its config.yaml with `overrides` (result-neutral
+    keys only), refused where it differs from the config the checkpoint was written under in
+    what determines the results; and `summary.json`'s record of the resume (None when
+    there is no checkpoint: the run starts again from round 1)."""
+    from hetfl.config import load_raw, parse_overrides, set_dotted, validate
+    from hetfl.config.resume import check_resume, neutral_overrides, resume_record
+    from hetfl.engine.checkpoint import has_checkpoint, written_under
 
-    return validate(load_raw(run_dir / "config.yaml"))
+    given = parse_overrides(overrides)
+    neutral_overrides(given)
+    raw = load_raw(run_dir / "config.yaml")
+    for key, value in given.items():
+        set_dotted(raw, key, value)
+    cfg = validate(raw)
+    if not has_checkpoint(run_dir / "checkpoints"):
+        return cfg, None
+    after, written = written_under(run_dir / "checkpoints")
+    edited = check_resume(written, cfg.to_yaml(), str(run_dir)) if written else []
+    return cfg, resume_record(after, given, edited)
 
 
 def _finished(run_dir: Path, cfg: RunConfig) -> bool:
@@ -441,10 +499,12 @@ def cmd_partition(config: str | None, overrides: Sequence[str], plugins: Sequenc
     (the first sweep point's seed, when the config is a sweep)."""
     from hetfl.assembly import load_dataset, partition
     from hetfl.config import expand_sweep, validate
+    from hetfl.config.output import writable_folder
     from hetfl.data import class_counts, format_class_table
 
     raw = _raw_config(config, overrides, plugins)
     cfg = validate(next(iter(expand_sweep(raw)))[1])
+    writable_folder(Path(cfg.output_dir) / cfg.name)
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
     table = format_class_table(class_counts(dataset.y_train, parts, dataset.num_classes))
@@ -556,7 +616,8 @@ def cmd_compare(
 def cmd_plot(paths: Sequence[Path], out: Path, x: str) -> int:
     from hetfl.report import find_runs, plot_runs
 
-    print(plot_runs(find_runs(paths), out, x=x))
+    written = plot_runs(find_runs(paths), out, x=x)
+    print(f"(written to {written.resolve()})")
     return 0
 
 

@@ -109,6 +109,7 @@ def deployment(cfg: RunConfig) -> Deployment:
         min_clients=cfg.deploy.min_clients,
         registration_timeout_s=cfg.deploy.registration_timeout_s,
         round_timeout_s=cfg.deploy.round_timeout_s,
+        max_missed_rounds=cfg.deploy.max_missed_rounds,
         device_profiles=bool(cfg.system.preset or cfg.system.profiles),
         simulator_only=ALGORITHMS.get(cfg.algorithm).simulator_only,
     )

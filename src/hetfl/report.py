@@ -369,7 +369,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     return written
 
 
-#: The curves `plot_runs` draws, each where a run reports it: name, line style, the value
+#: The curves `comparison_figure` draws, each where a run reports it: name, line style, the value
 #: of a metrics row.
 _CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
     ("global_acc", "-", methodcaller("get", "global_acc")),
@@ -382,7 +382,20 @@ _CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
 
 
 def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
-    """Accuracy curves of several runs in one PNG; seeds of one group drawn as a band. A
+    """`comparison_figure` of `runs` written as a PNG to `out`; returns `out`."""
+    plt = _pyplot()
+    fig = comparison_figure(runs, x)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def comparison_figure(runs: Sequence[RunRecord], x: str = "round") -> Any:
+    """Accuracy curves of several runs in one figure, titled with what it compares. Each
+    group (a method or sweep setting) has one colour for all its curves, told apart by line
+    style; the seeds of a group are drawn as their mean, with a band from their lowest to
+    their highest value, which the legend names. Rounds are ticked at whole numbers. A
     backdoored run's `attack_success` (a share of test images too) is drawn dash-dotted, and
     a defended, attacked run's share of malicious updates let through (`malicious kept`)
     dotted with crosses."""
@@ -396,8 +409,11 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
             "these runs have no simulated time: configure device profiles "
             "(system.preset or system.profiles) to record sim_time_s"
         )
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {name: palette[i % len(palette)] for i, name in enumerate(groups)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn: set[str] = set()
+    banded: set[str] = set()
     for metric, style, value in _CURVES:
         for name, members in groups.items():
             series = [
@@ -415,18 +431,26 @@ def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
             xs = [statistics.fmean(s[i][0] for s in series) for i in range(n)]
             ys = [[s[i][1] for s in series] for i in range(n)]
             mean = [statistics.fmean(v) for v in ys]
-            (line,) = ax.plot(xs, mean, style, label=f"{name} {metric}")
+            ax.plot(xs, mean, style, color=colour[name], label=f"{name} {metric}")
             drawn.add(metric)
             if len(series) > 1:
                 lo, hi = [min(v) for v in ys], [max(v) for v in ys]
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+                band = (
+                    None
+                    if name in banded
+                    else f"{name}: lines the mean of {len(series)} seeds, band lowest to highest"
+                )
+                banded.add(name)
+                ax.fill_between(xs, lo, hi, color=colour[name], alpha=0.2, label=band)
     ax.set_xlabel(label_x)
+    if x == "round":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     shares = [m for m in ("attack_success", "malicious kept") if m in drawn]
     ax.set_ylabel(", ".join(["accuracy", *(m.replace("_", " ") for m in shares)]))
+    ax.set_title(f"{', '.join(groups)}: accuracy against {label_x}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig

@@ -146,10 +146,12 @@ def run_one(
     show_progress: bool = True,
     label: str = "",
     executor: ExecutorName = "sequential",
+    resumed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) one configured experiment into `run_dir`; returns its summary.
     `executor` is used when the config does not name one. Resuming a run that stopped
-    before its first checkpoint starts it again from round 1, and says so."""
+    before its first checkpoint starts it again from round 1, and says so. `resumed`
+    (`hetfl.config.resume.resume_record`) goes into `summary.json` as `resumed`."""
     from hetfl.report import plot_run  # matplotlib only when a run is actually written
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -167,6 +169,8 @@ def run_one(
     sim = build_simulation(
         cfg, run_dir, show_progress=show_progress, label=label, executor=executor
     )
+    if resume and resumed is not None:
+        sim.info["resumed"] = resumed
     try:
         sim.setup()
         if show_progress:

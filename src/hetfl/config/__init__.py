@@ -38,7 +38,7 @@ from hetfl.config.sections import (
     TrainConfig,
     parse_size,
 )
-from hetfl.config.sweeps import expand_sweep
+from hetfl.config.sweeps import expand_sweep, validate_points
 
 __all__ = [
     "AugmentConfig",
@@ -64,4 +64,5 @@ __all__ = [
     "parse_size",
     "set_dotted",
     "validate",
+    "validate_points",
 ]

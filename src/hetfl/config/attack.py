@@ -11,6 +11,7 @@ run is exactly the clean run.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -54,8 +55,10 @@ def parse_attack(value: object) -> Attack:
             f"got {value!r}"
         )
     if "fraction" not in value:
+        close = difflib.get_close_matches("fraction", [str(k) for k in value], n=1)
+        hint = f" (did you mean 'fraction' for {close[0]!r}?)" if close else ""
         raise ValueError(
-            "attack.fraction is required: the share of the clients that attack, in [0, 1]"
+            f"attack.fraction is required: the share of the clients that attack, in [0, 1]{hint}"
         )
     fraction = value["fraction"]
     if isinstance(fraction, bool) or not isinstance(fraction, int | float):

@@ -9,14 +9,14 @@ makes a plugin file's relative path absolute against the config file's folder.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from hetfl.config.errors import problem_lines
 from hetfl.config.run import RunConfig
 from hetfl.config.sections import ConfigError
 from hetfl.core.plugins import PluginError, is_file, load_plugins, resolve
@@ -32,7 +32,14 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         key, _, raw = pair.partition("=")
         if not key:
             raise ConfigError(f"override {pair!r} has an empty key")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            out[key.strip()] = _load_yaml(raw) if raw.strip() else None
+        except (DuplicateKeyError, yaml.YAMLError) as exc:
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            why = (
+                exc if isinstance(exc, DuplicateKeyError) else f"its value is not YAML ({problem})"
+            )
+            raise ConfigError(f"override {pair!r}: {why}") from None
     return out
 
 
@@ -55,7 +62,9 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
     if not p.exists():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = _load_yaml(p.read_text()) or {}
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"config file {str(p)!r}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
@@ -67,6 +76,32 @@ def load_raw(path: str | Path | None) -> dict[str, Any]:
             resolve(x, folder) if isinstance(x, str) and is_file(x) else x for x in plugins
         ]
     return raw
+
+
+class DuplicateKeyError(Exception):
+    """A mapping in YAML that gives one key twice: YAML's loaders keep the last value
+    silently, so a setting the author believes in would be ignored."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise DuplicateKeyError(
+                    f"key {key!r} is given twice (lines {first_line[key]} and {line}); the "
+                    "last would silently win: keep one"
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
 
 
 def validate(raw: Mapping[str, Any], *, import_plugins: bool = True) -> RunConfig:
@@ -93,47 +128,8 @@ def validate(raw: Mapping[str, Any], *, import_plugins: bool = True) -> RunConfi
 
 def format_errors(exc: ValidationError, raw: Mapping[str, Any]) -> str:
     lines = [f"invalid configuration ({exc.error_count()} problem(s)):"]
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        field = ".".join(loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  - {field}: unknown key{_suggestion(loc)}")
-            continue
-        msg = err["msg"].removeprefix("Value error, ")
-        got = _lookup(raw, loc)
-        shown = "" if got is _MISSING else f" (got {got!r})"
-        lines.append(f"  - {field}: {msg}{shown}")
+    lines += [f"  - {line}" for line in problem_lines(exc, raw, RunConfig)]
     return "\n".join(lines)
-
-
-_MISSING = object()
-
-
-def _lookup(raw: Any, loc: Sequence[str]) -> Any:
-    node = raw
-    for p in loc:
-        if isinstance(node, Mapping) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and p.isdigit() and int(p) < len(node):
-            node = node[int(p)]
-        else:
-            return _MISSING
-    return node
-
-
-def _suggestion(loc: Sequence[str]) -> str:
-    """'; did you mean X?' from the fields of the model that holds the unknown key."""
-    model: type[BaseModel] = RunConfig
-    for p in loc[:-1]:
-        field = model.model_fields.get(p)
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
-        model = annotation
-    allowed = list(model.model_fields)
-    close = difflib.get_close_matches(loc[-1], allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (allowed: {', '.join(allowed)})"
 
 
 def default_config_path() -> Path:

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config.attack import AttackSection
+from hetfl.config.errors import problem_lines
 from hetfl.config.sections import (
     DataConfig,
     DeployConfig,
@@ -181,12 +182,9 @@ class RunConfig(_Strict):
             try:
                 validated = ALGORITHMS.get(algo).options(**opts)
             except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(['options', algo, *map(str, e['loc'])])}: "
-                    f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
-                    for e in exc.errors()
-                )
-                raise ValueError(problems) from None
+                model = ALGORITHMS.get(algo).options
+                lines = problem_lines(exc, opts, model, ["options", algo])
+                raise ValueError("; ".join(lines)) from None
             if algo == self.algorithm:
                 self._reducer_fits(algo, validated)
         if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):

@@ -571,6 +571,13 @@ class DeployConfig(_Strict):
     registration_timeout_s: float = Field(
         300.0, gt=0, description="how long round 1 waits for min_clients to register"
     )
+    max_missed_rounds: int = Field(
+        2,
+        ge=1,
+        description="a client that does not answer in this many sampled rounds in a row is "
+        "dropped from sampling until its node connects again, so the server waits for it at "
+        "most this many times round_timeout_s",
+    )
     state_dir: str | None = Field(
         None, description="node-local directory where clients keep private state across restarts"
     )

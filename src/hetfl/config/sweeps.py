@@ -7,7 +7,8 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from hetfl.config.loading import set_dotted
+from hetfl.config.loading import set_dotted, validate
+from hetfl.config.run import RunConfig
 from hetfl.config.sections import ConfigError
 
 
@@ -44,6 +45,22 @@ def expand_sweep(raw: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     if len(set(names)) != len(names):
         raise ConfigError("sweep: two points get the same name; sweep distinct values")
     return points
+
+
+def validate_points(raw: Mapping[str, Any]) -> list[tuple[str, RunConfig]]:
+    """Every point of `raw` (one without a sweep) validated; a point's errors are named as
+    that sweep point's, with its index and name, since its values are not in the file as
+    written."""
+    points = expand_sweep(raw)
+    if not raw.get("sweep"):
+        return [(name, validate(point)) for name, point in points]
+    checked = []
+    for i, (name, point) in enumerate(points, start=1):
+        try:
+            checked.append((name, validate(point)))
+        except ConfigError as exc:
+            raise ConfigError(f"sweep point {i} of {len(points)} ({name}): {exc}") from None
+    return checked
 
 
 def _tied_keys(key: str) -> list[str]:

@@ -15,9 +15,13 @@ What differs from the simulator, and why:
   next round. `available` is every registered client whose node is connected.
 - A round's training exchange waits at most `deploy.round_timeout_s`; a client that did not
   answer by then, or whose node failed, becomes a `Failure` and the round aggregates the
-  others. Local evaluation is a second exchange with the same bound; with
-  `eval.local_trained`, the trained clients' models are scored in one more (each node is
-  sent the tensors it trained, and scores them with the private state it kept).
+  others. A client that stops answering is said when it first misses a round, is dropped
+  from sampling (and from evaluation exchanges) after `deploy.max_missed_rounds` misses in
+  a row or once its node leaves, and is said again when it rejoins (`deploy.silence`;
+  `summary.json`'s `unresponsive` counts it all). Local evaluation is a second exchange
+  with the same bound; with `eval.local_trained`, the trained clients' models are scored
+  in one more (each node is sent the tensors it trained, and scores them with the private
+  state it kept).
 - Private state lives on the nodes, so checkpoints hold the global state, the strategy's
   extra state, the counters and which clients have participated, but no client store (see
   `node.PrivateState`).
@@ -40,7 +44,7 @@ What differs from the simulator, and why:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +73,7 @@ from hetfl.core.types import (
 from hetfl.deploy.exchange import POLL_S, Exchange, answer_of, failure_kind
 from hetfl.deploy.membership import Membership
 from hetfl.deploy.records import EVALUATE, STATS, TRAIN, to_content
+from hetfl.deploy.silence import Silence
 from hetfl.engine.outputs import RowSink
 from hetfl.engine.parts import Parts
 from hetfl.engine.rounds import RoundLoop
@@ -98,6 +103,7 @@ class Deployment:
     registration_timeout_s: float
     round_timeout_s: float
     device_profiles: bool = False
+    max_missed_rounds: int = 2
     simulator_only: str | None = None
 
 
@@ -153,6 +159,10 @@ class FlowerServer(RoundLoop):
             self.progress.message,
         )
         self.participated: set[int] = set()
+        self.silence = Silence(
+            deployment.max_missed_rounds, deployment.round_timeout_s, self.progress.message
+        )
+        self.info["unresponsive"] = self.silence.summary()
         if self.settings.availability < 1:
             self.progress.message(
                 f"warning: availability = {self.settings.availability} is a simulator setting; "
@@ -178,8 +188,17 @@ class FlowerServer(RoundLoop):
         return self.members.known()
 
     def available(self, rnd: int) -> list[ClientInfo]:
-        """The registered clients whose node is connected, after registering new nodes."""
-        return self.members.available(self.deploy.round_timeout_s)
+        """The registered clients whose node is connected, after registering new nodes,
+        less those dropped for not answering (`hetfl.deploy.silence`)."""
+        connected = self.members.available(self.deploy.round_timeout_s)
+        allowed = self.silence.available(rnd, self.members.node_of, self.exchange.connected())
+        self.info["unresponsive"] = self.silence.summary()
+        return [info for info in connected if info.cid in allowed]
+
+    def _reachable(self, cids: Iterable[int]) -> list[int]:
+        """Those of `cids` whose node is connected and that are not dropped for silence,
+        in id order: an evaluation exchange waits for no client that stopped answering."""
+        return [c for c in self.members.connected_clients(cids) if c not in self.silence.dropped]
 
     # -- training -----------------------------------------------------------------------
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
@@ -199,6 +218,8 @@ class FlowerServer(RoundLoop):
                 group_id=str(rnd),
             )
         replies = self.exchange(messages, timeout)
+        self.silence.after_round(rnd, {cid: replies.get(cid) for cid in messages})
+        self.info["unresponsive"] = self.silence.summary()
         for cid in sorted(messages):
             result = self._result_of(by_cid[cid], replies.get(cid), outcome)
             if isinstance(result, Problem):
@@ -235,7 +256,7 @@ class FlowerServer(RoundLoop):
         sums over its batches, and the server adds them in client-id order and sets the
         cumulative average. Clients that fail are left out (with a warning); with none left
         the round's evaluation fails. Bytes are not counted (evaluation traffic)."""
-        asked = self.members.connected_clients(self.members.infos)
+        asked = self._reachable(self.members.infos)
         sizes = {c: self.members.infos[c].n_train for c in asked}
         shares = stats_shares(sizes, self.settings.stats_samples)
         timeout = self.deploy.round_timeout_s
@@ -302,7 +323,7 @@ class FlowerServer(RoundLoop):
                 ttl=timeout,
                 group_id=str(rnd),
             )
-            for c in self.members.connected_clients(by_cid)
+            for c in self._reachable(by_cid)
         }
         replies = self.exchange(messages, timeout)
         scores: list[LocalScore] = []
@@ -321,7 +342,11 @@ class FlowerServer(RoundLoop):
 
     # -- checkpoints (server state only: private state stays on the nodes) ---------------
     def checkpoint_extras(self) -> dict[str, Any]:
-        return {"engine": "flower", "participated": sorted(self.participated)}
+        return {
+            "engine": "flower",
+            "participated": sorted(self.participated),
+            "silence": self.silence.state_dict(),
+        }
 
     def check_checkpoint(self, ckpt: dict[str, Any]) -> None:
         if ckpt.get("engine") != "flower":
@@ -333,3 +358,5 @@ class FlowerServer(RoundLoop):
 
     def restore_extras(self, ckpt: dict[str, Any]) -> None:
         self.participated = set(ckpt["participated"])
+        self.silence.load_state_dict(ckpt["silence"])
+        self.info["unresponsive"] = self.silence.summary()

@@ -1,10 +1,11 @@
 """Atomic checkpoints: a run can be killed at any moment and resumed to the same result.
 
-A checkpoint holds the round, the global state (`global`), what the strategy's parts keep
-across rounds (`strategy`: server optimiser moments), the cumulative counters, the base
-seed and what the engine adds (the simulator's client store). No generator state needs
-saving: every generator is derived from (seed, round, client, purpose), so the seed is
-the whole RNG state. The file is written to a temporary name,
+A checkpoint holds the round, the config it was written under (`config`, its YAML, which
+`hetfl resume` compares with the run folder's), the global state (`global`), what the
+strategy's parts keep across rounds (`strategy`: server optimiser moments), the cumulative
+counters, the base seed and what the engine adds (the simulator's client store). No
+generator state needs saving: every generator is derived from (seed, round, client,
+purpose), so the seed is the whole RNG state. The file is written to a temporary name,
 flushed and renamed, so a crash never leaves a half-written checkpoint behind.
 
 An entry that is an `Entries` mapping (the client store: one entry per client, possibly
@@ -43,8 +44,9 @@ from hetfl.core.entryfile import Entries, EntryFile, file_sha256, write_entries
 LATEST = "latest.pt"
 #: The layout of what `save_checkpoint` writes; bump it whenever a checkpoint's entries
 #: change, so that older checkpoints are refused with a message instead of misread.
-#: Format 4: digests of `latest.pt` (its trailer) and of each `.entries` file.
-FORMAT = 4
+#: Format 4: digests of `latest.pt` (its trailer) and of each `.entries` file; format 5:
+#: `config`, the YAML of the config the checkpoint was written under.
+FORMAT = 5
 #: The mark that stands in `latest.pt` for an entry streamed into its own file, and the key
 #: of that file's SHA-256 beside it.
 _STREAMED = "entries_file"
@@ -132,6 +134,13 @@ def load_checkpoint(directory: Path) -> dict[str, Any]:
             "converted; re-run from the start (or resume with the hetfl version that wrote it)"
         )
     return {k: _entry_file(directory, v) if _is_streamed(v) else v for k, v in ckpt.items()}
+
+
+def written_under(directory: Path) -> tuple[int, str]:
+    """The round of the checkpoint in `directory` and the YAML of the config it was written
+    under ("" from a run built without a config), verified as `load_checkpoint` verifies."""
+    ckpt = load_checkpoint(directory)
+    return int(ckpt["round"]), str(ckpt.get("config", ""))
 
 
 def _read_latest(path: Path) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class Progress:
         line = None
         if row is not None:
             elapsed = time.perf_counter() - self._start
-            head = f"{self.label}round {round}/{self.total}  {elapsed:6.1f}s"
+            head = f"{self.label}round {round}/{self.total}  elapsed {elapsed:.1f}s"
             line = "  ".join(part for part in (head, row_text(row)) if part)
         if self._bar is not None:
             self._bar.advance(round, row, line)

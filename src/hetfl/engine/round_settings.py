@@ -24,7 +24,9 @@ class RoundSettings:
     evaluated rounds (`RoundLoop.trained_scores`). `malicious` are the clients of an attacked
     run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
     them and a resume with another set is refused. `trigger` is a backdoor attack's
-    (`hetfl.core.trigger`), with which evaluated rounds measure `attack_success`."""
+    (`hetfl.core.trigger`), with which evaluated rounds measure `attack_success`. `config`
+    is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
+    refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 
     rounds: int
     seed: int
@@ -39,6 +41,7 @@ class RoundSettings:
     local_trained: bool = False
     malicious: frozenset[int] = frozenset()
     trigger: Trigger | None = None
+    config: str = ""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):

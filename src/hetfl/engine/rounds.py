@@ -456,6 +456,7 @@ class RoundLoop(ABC):
             {
                 "round": rnd,
                 "seed": self.settings.seed,
+                "config": self.settings.config,
                 "global": self.state,
                 "strategy": self.strategy.extra_state(),
                 **self.checkpoint_extras(),

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from hetfl.config import ConfigError, RunConfig, expand_sweep, validate
+from hetfl.config.output import writable_folder
 from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
 from hetfl.launch.client import CLIENT_APP
 from hetfl.launch.plumbing import (
@@ -205,6 +206,7 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     refuse_simulator_only(cfg.algorithm, ALGORITHMS.get(cfg.algorithm).simulator_only)
     require_flower()
     run_dir = Path(cfg.output_dir) / cfg.name
+    writable_folder(run_dir)
     saved = run_dir / "config.yaml"
     if args.resume:
         if not (run_dir / "checkpoints").exists():

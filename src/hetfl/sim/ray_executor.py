@@ -42,6 +42,7 @@ the same actor.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import traceback
 import warnings
@@ -90,6 +91,19 @@ class RaySettings:
     address: str | None = None
     cpus_per_unit: float = 1.0
     gpus_per_unit: float = 0.0
+
+
+def _quiet_init(ray: Any, **options: Any) -> None:
+    """`ray.init` without what would only distract in a run's output: its INFO line
+    ("Started a local Ray instance", "Connecting to existing Ray cluster") and its
+    FutureWarning on accelerator variables, which does not concern HetFL's units (a CPU
+    unit runs on the CPU, whatever CUDA_VISIBLE_DEVICES holds). Warnings and errors of Ray
+    still print; a program that calls `ray.init` itself keeps Ray's output as it is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Tip: In future versions of Ray", category=FutureWarning
+        )
+        ray.init(logging_level=logging.WARNING, **options)
 
 
 def import_ray() -> Any:
@@ -211,13 +225,14 @@ class RayExecutor:
         self.started = not ray.is_initialized() and settings.address is None
         if self.started:
             # Ray runs workers at niceness 15 by default: behind any other work of the machine
-            ray.init(
+            _quiet_init(
+                ray,
                 address="local",
                 include_dashboard=False,
                 _system_config={"worker_niceness": WORKER_NICENESS},
             )
         elif not ray.is_initialized():
-            ray.init(address=settings.address)
+            _quiet_init(ray, address=settings.address)
         self.units = units or self._capacity()
         pins = {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}
         self._actor = ray.remote(

@@ -159,3 +159,28 @@ def test_every_published_study_regenerates_from_its_committed_records(path: Path
     results = (REPO / "docs" / "results.md").read_text()
     for line in verdict_lines(study):
         assert line in results, f"docs/results.md does not quote {line!r}"
+
+
+def test_a_time_to_target_claim_reads_the_rounds_with_censored_seeds_named(tmp_path):
+    """Hand-made records: FedProx reaches global_acc 0.8 at rounds 2, 2, 3; FedAvg at 4, 5
+    and never in 5 rounds: B - A = 2, 3, 2 rounds (the censored seed only strengthens 'A
+    sooner'), mean 2.33, 95% interval 2.33 -+ 4.303 x 0.333 = [0.90, 3.77] -> holds."""
+    text = STUDY.replace("primary: {metric: global_acc, at: final}",
+                         "primary: {metric: global_acc, target: 0.8}")  # fmt: skip
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    reach = {"fedprox": [2, 2, 3], "fedavg": [4, 5, None]}
+    for name, rounds in reach.items():
+        for seed, r in enumerate(rounds):
+            accs = [0.5] * 5 if r is None else ([0.5] * (r - 1) + [0.85] * 5)[:5]
+            rows = [{"round": i, "global_acc": a, "bytes_down": 0, "bytes_up": 0, "macs": 0,
+                     "sim_time_s": None} for i, a in enumerate(accs, start=1)]  # fmt: skip
+            point = study.records_dir / f"{name}-s{seed}"
+            point.mkdir(parents=True)
+            (point / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (point / "summary.json").write_text(json.dumps({"seed": seed, "final": rows[-1]}))
+    (line,) = verdict_lines(study)
+    assert line == (
+        "tiny, fedprox vs fedavg (A reaches it sooner than B, rounds to global_acc >= 0.8, "
+        "3 seeds, censored A 0, B 1): **holds**, A - B +2.33 rounds, 95% interval "
+        "[+0.90, +3.77]"
+    )

@@ -27,6 +27,7 @@ from typing import Any
 from hetfl.config import ConfigError, load_raw, validate
 from hetfl.config.study import Comparison, StudyConfig, load_study, point_config
 from hetfl.engine.checkpoint import has_checkpoint
+from hetfl.engine.outputs import Target
 from hetfl.paired import PairedDifference, Rule, paired_differences, paired_rows
 from hetfl.report import RunRecord, find_runs, format_table
 
@@ -167,7 +168,7 @@ def judged(study: Study) -> list[tuple[str, PairedDifference | None]]:
     out = []
     for c in cfg.comparisons:
         found = _differences(runs, c, cfg)
-        primary = [d for d in found if (d.metric, d.at) == (cfg.primary.metric, cfg.primary.at)]
+        primary = [d for d in found if (d.metric, d.at) == cfg.primary.reading()]
         out.append((f"{c.a} vs {c.b}", primary[0] if primary else None))
     return out
 
@@ -180,7 +181,9 @@ def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list
     mine = [r for r in runs if r.group in (c.a, c.b)]
     if {r.group for r in mine} != {c.a, c.b}:
         return []
-    return paired_differences(mine, c.a, c.b, rule)
+    target = cfg.primary.target
+    targets = [] if target is None else [Target(cfg.primary.metric, target)]
+    return paired_differences(mine, c.a, c.b, rule, targets)
 
 
 def verdict_lines(study: Study) -> list[str]:
@@ -191,11 +194,15 @@ def verdict_lines(study: Study) -> list[str]:
         if d is None:
             lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
             continue
-        low, high = (100 * x for x in d.interval)
+        timed = cfg.primary.target is not None
+        scale, unit = (1.0, "rounds") if timed else (100.0, "points")
+        claim = "A reaches it sooner than B" if timed else d.rule.describe()
+        low, high = (scale * x for x in d.interval)
+        censored = f", censored A {d.censored[0]}, B {d.censored[1]}" if any(d.censored) else ""
         lines.append(
-            f"{cfg.name}, {label} ({d.rule.describe()}, {cfg.primary.metric} at "
-            f"{cfg.primary.at}, {d.n} seeds): **{d.verdict}**, A - B {100 * d.mean:+.2f} "
-            f"points, 95% interval [{low:+.2f}, {high:+.2f}]"
+            f"{cfg.name}, {label} ({claim}, {cfg.primary.describe()}, {d.n} seeds{censored}): "
+            f"**{d.verdict}**, A - B {scale * d.mean:+.2f} {unit}, 95% interval "
+            f"[{low:+.2f}, {high:+.2f}]"
         )
     return lines
 
@@ -217,7 +224,7 @@ def report_text(study: Study) -> str:
         "- **Methods**: " + ", ".join(f"`{m}` {o}" for m, o in cfg.methods.items()),
         f"- **Base config**: `{cfg.base}`",
         f"- **Evaluation protocol** (every method): {cfg.protocol or 'the base config as it is'}",
-        f"- **Primary metric**: `{cfg.primary.metric}` at the {cfg.primary.at} round",
+        f"- **Primary metric**: {cfg.primary.describe()}",
         f"- **Seeds**: {cfg.seeds}; **budget** {cfg.budget_process_hours} process-hours, "
         f"**used** {study.process_hours():.3f} ({done} of {total} points recorded)",
         "",

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hetfl.config.loading import format_errors, load_raw, set_dotted
 from hetfl.config.sections import ConfigError, _Strict
+from hetfl.engine.outputs import TARGET_METRICS
 
 #: A method's name is its run folders' name before `-s<seed>`, which must be found
 #: unambiguously: no `-s<digit>` inside it.
@@ -39,12 +40,33 @@ class Comparison(_Strict):
 
 
 class Primary(_Strict):
-    """The metric a verdict is read from (an accuracy of the metrics rows, or a
-    sub-model's `p=<width>`), at the final round or at the round of best validation
-    accuracy, fixed before the runs."""
+    """The metric a verdict is read from, fixed before the runs: an accuracy of the
+    metrics rows (or a sub-model's `p=<width>`) at the final round or at the round of best
+    validation accuracy; or, with `target`, the rounds each method took to reach
+    `metric >= target` (fewer is better; a run that never did is censored)."""
 
     metric: str
     at: Literal["final", "best val"] = "final"
+    target: float | None = None
+
+    @model_validator(mode="after")
+    def _target_metric(self) -> Primary:
+        if self.target is not None and self.metric not in TARGET_METRICS:
+            raise ValueError(
+                f"metric {self.metric!r} with a target: one of {', '.join(TARGET_METRICS)}"
+            )
+        return self
+
+    def reading(self) -> tuple[str, str]:
+        """The (metric, at) of the paired difference the verdict reads."""
+        if self.target is None:
+            return self.metric, self.at
+        return f"rounds to {self.metric}>={self.target:g}", "first reached"
+
+    def describe(self) -> str:
+        if self.target is None:
+            return f"{self.metric} at {self.at}"
+        return f"rounds to {self.metric} >= {self.target:g}"
 
 
 class StudyConfig(_Strict):

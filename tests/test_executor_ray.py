@@ -13,9 +13,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -381,3 +383,17 @@ def test_auto_checks_the_address_ray_would_join(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail(f"ray.init({kw}) was called"))
     with pytest.raises(ValueError, match=rf"^ray\.address auto \(.*:{address.split(':')[1]}\): "):
         join(ray, "auto", 0.2)
+
+
+def test_an_address_that_answers_but_is_no_ray_head_is_an_error_naming_it():
+    """Something accepts connections there, and `ray.init` gives up (as Ray does after its
+    retries, with ConnectionError): a ValueError naming the address, not a traceback."""
+
+    def init(address: str) -> None:
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        not_ray = types.SimpleNamespace(init=init, __version__="2.55.1")
+        with pytest.raises(ValueError, match=rf"^ray\.address {address}: a connection is accepted"):
+            join(not_ray, address, 5)

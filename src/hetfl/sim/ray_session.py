@@ -10,7 +10,8 @@ however the run ends, or a running cluster, joined once its address answers.
 - A cluster (`join`): Ray's `ray.init` retries an address that does not answer for many
   minutes, printing only its own warnings. The address is tried first with a plain TCP
   connection for up to `ray.connect_timeout_s`; one that never accepts is a user error
-  naming it and what to check.
+  naming it and what to check, and so is Ray giving up on one that accepts but is no Ray
+  head (after its own retries).
 """
 
 from __future__ import annotations
@@ -48,16 +49,25 @@ def join(ray: Any, address: str, timeout_s: float) -> None:
             target = ray._private.services.canonicalize_bootstrap_address(address)
         except ConnectionError as error:
             raise ValueError(f"ray.address auto: {error}") from None
+    named = address if target == address else f"{address} ({target})"
     host, port = split_address(target)
+    head = (
+        f"that {port} is the port its head was started with (`ray start --head --port`, 6379 "
+        "by default; not the dashboard's or Ray Client's)"
+    )
     try:
         wait_for_port(host, port, None, timeout_s)
     except TimeoutError:
-        named = address if target == address else f"{address} ({target})"
         raise ValueError(
             f"ray.address {named}: nothing accepted a connection there within {timeout_s:g} s "
-            f"(ray.connect_timeout_s); check that the cluster's head is running (`ray status "
-            f"--address {target}` on it), that {port} is the port it was started with (`ray "
-            "start --head --port`, 6379 by default; not the dashboard's or Ray Client's) and "
-            "that no firewall stands between, or use ray.address: null for a local Ray"
+            f"(ray.connect_timeout_s); check that the cluster is running (`ray status "
+            f"--address {target}` on one of its machines), {head} and that no firewall stands "
+            "between, or use ray.address: null for a local Ray"
         ) from None
-    ray.init(address=address)
+    try:
+        ray.init(address=address)
+    except ConnectionError as error:  # something answers there, not a Ray cluster's head
+        raise ValueError(
+            f"ray.address {named}: a connection is accepted there but Ray could not join a "
+            f"cluster ({error}); check {head} and that the cluster runs Ray {ray.__version__}"
+        ) from None

@@ -42,9 +42,10 @@ from typing import Any
 import tomli_w
 import yaml
 
+from hetfl.core.ports import wait_for_port
 from hetfl.deploy.profile import ENV as PROFILE_ENV
 from hetfl.launch import Processes, Security, free_port
-from hetfl.launch.plumbing import flower_bin, wait_for_port
+from hetfl.launch.plumbing import flower_bin
 from hetfl.launch.serve import write_connection
 
 HETFL = [sys.executable, "-m", "hetfl.cli"]

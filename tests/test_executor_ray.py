@@ -9,12 +9,15 @@ installed. The config and factory checks need no Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -23,10 +26,13 @@ import torch
 from golden.harness import BY_NAME, assert_same_as_sequential, run_scenario
 from hetfl.config import validate
 from hetfl.core.numerics import NUMERIC_ENV
+from hetfl.core.ports import free_port
 from hetfl.core.types import Problem
+from hetfl.core.watchdog import writers
 from hetfl.runner import build_simulation
 from hetfl.sim.factory import make_executor
 from hetfl.sim.ray_executor import MISSING, WORKER_NICENESS, RayExecutor, RaySettings
+from hetfl.sim.ray_session import join
 from test_executor_processes import KillsItsWorker, _config, _Raises
 
 TESTS = Path(__file__).parent
@@ -221,13 +227,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.ray
-def test_ctrl_c_shuts_down_the_local_ray_the_run_started(tmp_path):
-    """`hetfl run` on a local Ray of its own (address null), interrupted once it has
-    trained a round: the run stops and every process it started (Ray's services, its
-    actors) is gone. Ray's INFO line and its FutureWarning were not printed."""
-    pytest.importorskip("ray")
-    raw = _config(executor="ray", workers=1, output_dir=str(tmp_path), name="ctrl-c")
+def _start_run(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """`hetfl run` of 50 rounds on a local Ray of its own (address null, whatever RAY_ADDRESS
+    says), in a process group of its own, once it has trained a round."""
+    raw = _config(executor="ray", workers=1, output_dir=str(tmp_path), name="local")
     raw["train"]["rounds"] = 50
     (tmp_path / "c.json").write_text(json.dumps(raw))
     run = subprocess.Popen(
@@ -241,6 +244,25 @@ def test_ctrl_c_shuts_down_the_local_ray_the_run_started(tmp_path):
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
         assert run.poll() is None, run.stderr.read().decode() if run.stderr else ""
         time.sleep(0.1)
+    return run
+
+
+def _gone(pids: set[int] | list[int], within_s: float = 30.0) -> list[int]:
+    """Those of `pids` still alive after up to `within_s` (a safety bound, not a limit the
+    test measures)."""
+    deadline = time.monotonic() + within_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.ray
+def test_ctrl_c_shuts_down_the_local_ray_the_run_started(tmp_path):
+    """`hetfl run` on a local Ray of its own (address null), interrupted once it has
+    trained a round: the run stops and every process it started (Ray's services, its
+    actors, the watchdog) is gone. Ray's INFO line and its FutureWarning were not printed."""
+    pytest.importorskip("ray")
+    run = _start_run(tmp_path)
     started = _descendants(run.pid)
     assert len(started) >= 3  # Ray's services (GCS, raylet, ...) and the actor
     os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
@@ -248,11 +270,37 @@ def test_ctrl_c_shuts_down_the_local_ray_the_run_started(tmp_path):
     assert run.returncode != 0
     said = run.stderr.read().decode() if run.stderr else ""
     assert "Started a local Ray instance" not in said and "FutureWarning" not in said, said
-    for _ in range(200):
-        if not any(_alive(p) for p in started):
-            break
-        time.sleep(0.1)
-    assert [p for p in started if _alive(p)] == []
+    assert _gone(started) == []
+
+
+def _sessions(pids: set[int]) -> set[Path]:
+    """The Ray session folders (`.../session_*`) that the processes `pids` write into."""
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = Path(os.readlink(fd))
+                    found |= {p for p in target.parents if p.name.startswith("session_")}
+    return found
+
+
+@pytest.mark.ray
+def test_a_driver_killed_alone_leaves_no_process_of_its_local_ray(tmp_path):
+    """SIGKILL of the `hetfl run` process alone (as the out-of-memory killer ends it): the
+    processes of its Ray session, listed by the process tree at the kill and by the
+    session's folder they write into, end within seconds; Ray's agents would run on for a
+    minute without the run's watchdog."""
+    pytest.importorskip("ray")
+    run = _start_run(tmp_path)
+    tree = _descendants(run.pid)  # the watchdog, Ray's GCS, raylet, agents and the actor
+    (session,) = _sessions(tree)
+    ray_processes = set(writers([session], but={run.pid}))
+    assert len(ray_processes) >= 5 and ray_processes < tree
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    assert _gone(tree) == []
+    assert writers([session]) == []
 
 
 # -- choosing it -------------------------------------------------------------------------------
@@ -271,6 +319,10 @@ def test_the_ray_section_is_validated_and_only_with_executor_ray():
         validate(_config(executor="ray", ray={"address": "head node"}))
     with pytest.raises(ValueError, match=r"greater than 0"):
         validate(_config(executor="ray", ray={"cpus_per_unit": 0}))
+    timeout = validate(_config(executor="ray", ray={"address": "auto", "connect_timeout_s": 2}))
+    assert timeout.ray is not None and timeout.ray.settings().connect_timeout_s == 2.0
+    with pytest.raises(ValueError, match=r"ray.connect_timeout_s: Input should be greater than 0"):
+        validate(_config(executor="ray", ray={"connect_timeout_s": 0}))
     measured = {"preset": "dtfl", "clock": "measured"}
     with pytest.raises(ValueError, match=r"executor 'ray' with system.clock 'measured'"):
         validate(_config(executor="ray", system=measured))
@@ -296,3 +348,54 @@ def test_units_on_gpus_need_both_the_device_and_gpus_per_unit():
         RayExecutor(RaySettings(gpus_per_unit=1), device="cpu")
     with pytest.raises(ValueError, match=r"need both device 'cuda' and ray.gpus_per_unit > 0"):
         RayExecutor(RaySettings(), device="cuda")
+
+
+# -- a cluster that does not answer ------------------------------------------------------------
+@pytest.mark.ray
+def test_an_address_nothing_listens_on_is_one_error_line_and_no_run_folder(tmp_path):
+    """`hetfl run ... ray.address=127.0.0.1:PORT` where nothing listens: exit 2 with one
+    `error:` line naming the address and what to check, no traceback, no run folder."""
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"  # bound, then closed: nothing listens there
+    raw = _config(executor="ray", output_dir=str(tmp_path), name="nowhere")
+    raw["ray"] = {"address": address, "connect_timeout_s": 0.5}
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    done = subprocess.run(
+        [sys.executable, "-m", "hetfl.cli", "run", str(tmp_path / "c.json"), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        timeout=120,
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: ray.address {address}: nothing accepted a connection")
+    assert "within 0.5 s (ray.connect_timeout_s)" in lines[0] and "ray status" in lines[0]
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.ray
+def test_auto_checks_the_address_ray_would_join(monkeypatch):
+    """`auto` resolves as Ray does (RAY_ADDRESS first) and that address is what must answer;
+    `ray.init` is never reached."""
+    ray = pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail(f"ray.init({kw}) was called"))
+    with pytest.raises(ValueError, match=rf"^ray\.address auto \(.*:{address.split(':')[1]}\): "):
+        join(ray, "auto", 0.2)
+
+
+def test_an_address_that_answers_but_is_no_ray_head_is_an_error_naming_it():
+    """Something accepts connections there, and `ray.init` gives up (as Ray does after its
+    retries, with ConnectionError): a ValueError naming the address, not a traceback."""
+
+    def init(address: str, **_: object) -> None:
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        not_ray = types.SimpleNamespace(init=init, __version__="2.55.1")
+        with pytest.raises(ValueError, match=rf"^ray\.address {address}: a connection is accepted"):
+            join(not_ray, address, 5)

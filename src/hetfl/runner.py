@@ -154,7 +154,6 @@ def run_one(
     (`hetfl.config.resume.resume_record`) goes into `summary.json` as `resumed`."""
     from hetfl.report import plot_run  # matplotlib only when a run is actually written
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     command = "resume" if resume else "run"
     if resume and not has_checkpoint(run_dir / "checkpoints"):
         print(
@@ -164,14 +163,17 @@ def run_one(
             flush=True,
         )
         resume = False
-    if not resume:
-        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    # Built before the run folder is written: a run that cannot start (a Ray cluster that
+    # does not answer, data that cannot load) leaves no folder for `hetfl resume` to take up
     sim = build_simulation(
         cfg, run_dir, show_progress=show_progress, label=label, executor=executor
     )
     if resume and resumed is not None:
         sim.info["resumed"] = resumed
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            (run_dir / "config.yaml").write_text(cfg.to_yaml())
         sim.setup()
         if show_progress:
             print(start_banner(cfg, sim, run_dir, command), file=sys.stderr, flush=True)

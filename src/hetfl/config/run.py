@@ -121,7 +121,8 @@ class RunConfig(_Strict):
     ray: RayConfig | None = Field(
         None,
         description="where executor ray runs: `{address: null | auto | host:port, "
-        "cpus_per_unit: 1, gpus_per_unit: 0}` (docs/ray.md); only with executor: ray",
+        "cpus_per_unit: 1, gpus_per_unit: 0, connect_timeout_s: 10}` (docs/ray.md); only "
+        "with executor: ray",
     )
     output_dir: str = Field("runs", description="the folder that holds the run folders")
     tracking: Literal["none", "tensorboard"] = Field(

@@ -33,6 +33,7 @@ from hetfl.models.factory import (
 )
 from hetfl.models.flanc import COMPOSED
 from hetfl.sim.ray_executor import RaySettings
+from hetfl.sim.ray_session import CONNECT_TIMEOUT_S
 
 
 class ConfigError(ValueError):
@@ -631,9 +632,17 @@ class RayConfig(_Strict):
     gpus_per_unit: float = Field(
         0, ge=0, description="GPUs each unit holds (with device: cuda; a fraction shares one)"
     )
+    connect_timeout_s: float = Field(
+        CONNECT_TIMEOUT_S,
+        gt=0,
+        description="seconds a run waits for address (auto or host:port) to accept a "
+        "connection before it stops with an error naming it",
+    )
 
     def settings(self) -> RaySettings:
-        return RaySettings(self.address, self.cpus_per_unit, self.gpus_per_unit)
+        return RaySettings(
+            self.address, self.cpus_per_unit, self.gpus_per_unit, self.connect_timeout_s
+        )
 
 
 class StoreConfig(_Strict):

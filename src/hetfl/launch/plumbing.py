@@ -1,6 +1,6 @@
 """One job: the processes `hetfl serve` and `hetfl client` start, found and ended together
-(descendants included), the free ports and addresses they listen on, and Flower's commands
-of this environment."""
+(descendants included), and Flower's commands of this environment (the ports and
+addresses they listen on: `hetfl.core.ports`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import cast
 
 from hetfl.config import ConfigError
 
@@ -108,30 +106,6 @@ class Processes:
         deadline = time.monotonic() + 5
         while self.tagged() and time.monotonic() < deadline:
             time.sleep(0.1)  # killed processes disappear once their parents reap them
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Wait until `host:port` accepts connections; fail early if `proc` exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            program = cast(list[str], proc.args)[0]  # `Processes.start` passes a list of str
-            raise RuntimeError(f"{program} exited with status {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:g} s")
 
 
 def flower_bin(name: str) -> str:

@@ -6,11 +6,12 @@ process holding `cpus_per_unit` CPUs (and `gpus_per_unit` GPUs) of the cluster. 
 parent (aggregation, scheduling, the clock, the stores) stays in the process that runs
 the simulation, as with the process executor.
 
-- Where: `address` None starts a local Ray for the run and shuts it down at `close` (a
-  Ctrl-C reaches `close` through the runner's `finally`); "auto" or "host:port" joins a
-  running cluster (`ray start --head` / `ray start --address`) and leaves it running. A
-  process already connected to Ray (`ray.init` by a library user, the tests' cluster) is
-  used as it is and left connected.
+- Where (`hetfl.sim.ray_session`): `address` None starts a local Ray for the run and
+  shuts it down at `close` (a Ctrl-C reaches `close` through the runner's `finally`; a
+  watchdog ends it when the driver is killed); "auto" or "host:port" joins a running
+  cluster (`ray start --head` / `ray start --address`), once its address answers within
+  `connect_timeout_s`, and leaves it running. A process already connected to Ray
+  (`ray.init` by a library user, the tests' cluster) is used as it is and left connected.
 - Data: the run's data (clients' samples, the test and validation sets) is placed in one
   block (`hetfl.sim.wire.SharedBuffer`) and put in Ray's object store once (`share`): a
   node holds it once, its actors map it without a copy, and views of it travel as
@@ -42,7 +43,6 @@ the same actor.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import traceback
 import warnings
@@ -60,6 +60,8 @@ from hetfl.core.numerics import NUMERIC_ENV
 from hetfl.core.plugins import load_plugins
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
+from hetfl.core.watchdog import Watchdog
+from hetfl.sim.ray_session import CONNECT_TIMEOUT_S, join, start_local
 from hetfl.sim.tasks import (
     ClientJob,
     TaskOutcome,
@@ -85,25 +87,14 @@ WORKER_NICENESS = 0
 @dataclass(frozen=True)
 class RaySettings:
     """Where the Ray executor runs (`ray:` in a run's config, docs/ray.md): `address`
-    None starts a local Ray, "auto" or "host:port" joins a cluster; each unit's actor
-    holds `cpus_per_unit` CPUs and `gpus_per_unit` GPUs."""
+    None starts a local Ray, "auto" or "host:port" joins a cluster once it accepts a
+    connection within `connect_timeout_s`; each unit's actor holds `cpus_per_unit` CPUs
+    and `gpus_per_unit` GPUs."""
 
     address: str | None = None
     cpus_per_unit: float = 1.0
     gpus_per_unit: float = 0.0
-
-
-def _quiet_init(ray: Any, **options: Any) -> None:
-    """`ray.init` without what would only distract in a run's output: its INFO line
-    ("Started a local Ray instance", "Connecting to existing Ray cluster") and its
-    FutureWarning on accelerator variables, which does not concern HetFL's units (a CPU
-    unit runs on the CPU, whatever CUDA_VISIBLE_DEVICES holds). Warnings and errors of Ray
-    still print; a program that calls `ray.init` itself keeps Ray's output as it is."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="Tip: In future versions of Ray", category=FutureWarning
-        )
-        ray.init(logging_level=logging.WARNING, **options)
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
 
 
 def import_ray() -> Any:
@@ -223,16 +214,16 @@ class RayExecutor:
         self.ray = ray = import_ray()
         self.settings, self.threads = settings, threads
         self.started = not ray.is_initialized() and settings.address is None
+        self._watchdog: Watchdog | None = None
         if self.started:
             # Ray runs workers at niceness 15 by default: behind any other work of the machine
-            _quiet_init(
+            self._watchdog = start_local(
                 ray,
-                address="local",
                 include_dashboard=False,
                 _system_config={"worker_niceness": WORKER_NICENESS},
             )
-        elif not ray.is_initialized():
-            _quiet_init(ray, address=settings.address)
+        elif not ray.is_initialized() and settings.address is not None:
+            join(ray, settings.address, settings.connect_timeout_s)
         self.units = units or self._capacity()
         pins = {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}
         self._actor = ray.remote(
@@ -356,6 +347,9 @@ class RayExecutor:
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
             self.started = False
+        if self._watchdog is not None:
+            self._watchdog.close()  # and whatever of the local Ray outlived its shutdown
+            self._watchdog = None
 
     def _kill(self) -> None:
         actors, self._actors = self._actors, []

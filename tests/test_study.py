@@ -143,6 +143,18 @@ def test_a_method_the_protocol_cannot_score_is_refused_by_name_before_anything_r
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 
+def test_a_study_declared_before_its_runs_reports_every_comparison_pending(tmp_path):
+    """No record yet (a migrated report's study, re-run pending): `report` writes the
+    pending verdict lines, and again once its folder holds only that report."""
+    _study(tmp_path)
+    assert main(_args(tmp_path, "report")) == 0
+    report = tmp_path / "results" / "tiny" / REPORT
+    first = report.read_text()
+    assert "tiny, fedprox vs fedavg: no shared seed recorded yet" in first
+    assert main(_args(tmp_path, "report")) == 0
+    assert report.read_text() == first
+
+
 STUDIES = sorted((REPO / "studies").glob("*.yaml"))
 
 

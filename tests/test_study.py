@@ -11,6 +11,7 @@ import pytest
 
 from hetfl.cli import main
 from hetfl.config import ConfigError
+from hetfl.config.study import point_config
 from hetfl.study import REPORT, open_study, report_text, verdict_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +142,28 @@ def test_a_method_the_protocol_cannot_score_is_refused_by_name_before_anything_r
     with pytest.raises(ConfigError, match="method 'fedavg' cannot run under the study's protocol"):
         open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+
+
+def test_a_study_declared_before_its_runs_reports_every_comparison_pending(tmp_path):
+    """No record yet (a migrated report's study, re-run pending): `report` writes the
+    pending verdict lines, and again once its folder holds only that report."""
+    _study(tmp_path)
+    assert main(_args(tmp_path, "report")) == 0
+    report = tmp_path / "results" / "tiny" / REPORT
+    first = report.read_text()
+    assert "tiny, fedprox vs fedavg: no shared seed recorded yet" in first
+    assert main(_args(tmp_path, "report")) == 0
+    assert report.read_text() == first
+
+
+def test_a_methods_nested_setting_stays_in_its_own_points(tmp_path):
+    """One method's `train.lr` does not leak into the base, so not into the next method's
+    or seed's point (the points share one loaded base)."""
+    text = STUDY.replace("{algorithm: fedavg}", "{algorithm: fedavg, train.lr: 0.1}")
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    lrs = {m: point_config(study.config, study.base, m, 0, tmp_path)["train"]["lr"]
+           for m in ("fedavg", "fedprox", "fedavg", "fedprox")}  # fmt: skip
+    assert lrs == {"fedavg": 0.1, "fedprox": 0.5} and study.base["train"]["lr"] == 0.5
 
 
 STUDIES = sorted((REPO / "studies").glob("*.yaml"))

@@ -160,11 +160,20 @@ def status_lines(study: Study) -> list[str]:
     return [head, *lines]
 
 
+def _records(study: Study) -> list[RunRecord]:
+    """The study's recorded runs: none while its folder holds no run record yet (a study
+    declared before its runs, whose folder may hold only its report)."""
+    folder = study.records_dir
+    if not folder.is_dir() or not any((d / "summary.json").exists() for d in folder.iterdir()):
+        return []
+    return find_runs([folder])
+
+
 def judged(study: Study) -> list[tuple[str, PairedDifference | None]]:
     """Each declared comparison on the primary metric and reading, from the records; None
     where the records hold no shared seed of the two methods yet."""
     cfg = study.config
-    runs = find_runs([study.records_dir]) if study.records_dir.exists() else []
+    runs = _records(study)
     out = []
     for c in cfg.comparisons:
         found = _differences(runs, c, cfg)
@@ -237,7 +246,7 @@ def report_text(study: Study) -> str:
         labels = [label for label, _ in primary]
         labelled = [{"comparison": c, **r} for c, r in zip(labels, rows, strict=True)]
         lines += ["", format_table(labelled)]
-    runs = find_runs([study.records_dir]) if study.records_dir.exists() else []
+    runs = _records(study)
     for c in cfg.comparisons:
         every = _differences(runs, c, cfg)
         if every:

@@ -9,6 +9,7 @@ were seen; `hetfl.study` runs, tracks and reports it.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -159,8 +160,9 @@ def point_config(
     study: StudyConfig, base: Mapping[str, Any], method: str, seed: int, output_dir: Path
 ) -> dict[str, Any]:
     """The raw config of one point: the base, then the method's settings, then the
-    protocol (which no method may change), then the seed, the study's name and folder."""
-    raw = {k: v for k, v in base.items() if k != "sweep"}
+    protocol (which no method may change), then the seed, the study's name and folder.
+    The base is copied whole: a method's nested setting never reaches another's point."""
+    raw = copy.deepcopy({k: v for k, v in base.items() if k != "sweep"})
     for key, value in (*study.methods[method].items(), *study.protocol.items()):
         set_dotted(raw, key, value)
     raw.update(seed=seed, name=study.name, output_dir=str(output_dir))

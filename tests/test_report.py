@@ -524,3 +524,30 @@ def test_a_comparison_plot_says_what_it_shows(sweep: Path, tmp_path: Path, capsy
     png = tmp_path / "out" / "p.png"
     assert main(["plot", str(sweep), "-o", str(png)]) == 0
     assert capsys.readouterr().out.strip() == f"(written to {png.resolve()})"
+
+
+def test_time_to_target_in_simulated_seconds_and_a_run_without_a_clock(tmp_path: Path):
+    """DTFL's claim is in training time: DTFL's rounds take 4 simulated seconds, FedAvg's
+    10; DTFL reaches val_acc 0.8 at round 3 (12 s), FedAvg at round 2 (20 s), every seed:
+    by rounds FedAvg is sooner (d = -1 round), by simulated time DTFL (d = +8 s)."""
+    for seed in range(3):
+        for name, step, reach in (("dtfl", 4.0, 3), ("fedavg", 10.0, 2)):
+            accs = [0.5] * (reach - 1) + [0.85] * (5 - reach + 1)
+            _timed_run(tmp_path / f"{name}-s{seed}", seed, accs)
+            path = tmp_path / f"{name}-s{seed}" / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            path.write_text("".join(json.dumps({**r, "sim_time_s": step * r["round"]}) + "\n"
+                                    for r in rows))  # fmt: skip
+    runs, target = find_runs([tmp_path]), Target("val_acc", 0.8)
+    (rounds,) = paired_differences(runs, "dtfl", "fedavg", targets=[target])
+    (seconds,) = paired_differences(runs, "dtfl", "fedavg", targets=[target], clock="sim_time_s")
+    assert (rounds.metric, rounds.diffs, rounds.verdict) == (
+        "rounds to val_acc>=0.8", (-1.0, -1.0, -1.0), "fails")  # fmt: skip
+    assert (seconds.metric, seconds.diffs, seconds.verdict) == (
+        "sim s to val_acc>=0.8", (8.0, 8.0, 8.0), "holds")  # fmt: skip
+    _timed_run(tmp_path / "fedprox-s0", 0, [0.9])  # its rows have a null simulated time
+    path = tmp_path / "fedprox-s0" / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"sim_time_s": 0.0', '"sim_time_s": null'))
+    with pytest.raises(ValueError, match=r"fedprox-s0: no sim_time_s in its metrics rows"):
+        paired_differences(find_runs([tmp_path]), "fedprox", "fedavg", targets=[target],
+                           clock="sim_time_s")  # fmt: skip

@@ -47,7 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hetfl.engine.outputs import Target, reached_targets
+from hetfl.engine.outputs import CLOCKS, Target, reached_targets
 from hetfl.report import RunRecord, algorithm_of
 
 #: How far an interval's bound may pass the margin and still be on it: accuracies are
@@ -233,14 +233,16 @@ def _rows_of(run: RunRecord) -> Iterator[tuple[str, dict[str, float]]]:
         yield "best val", _scores(row)
 
 
-def _time_to(run: RunRecord, target: Target) -> tuple[float, bool]:
-    """The round `run` first met `target`, or, where it never did, the rounds it ran
-    (a lower bound of the time it would have taken) and True: censored."""
+def _time_to(run: RunRecord, target: Target, clock: str = "round") -> tuple[float, bool]:
+    """When `run` first met `target`, by `clock` (a `CLOCKS` key), or, where it never
+    did, how long it ran (a lower bound of the time it would have taken) and True:
+    censored. A run without a simulated clock has no simulated time: an error naming it."""
+    if not run.rows or run.rows[-1].get(clock) is None:
+        raise ValueError(f"{run.path}: no {clock} in its metrics rows to count a target by")
     (hit,) = reached_targets(run.rows, [target])
-    if hit["round"] is not None:
-        return float(hit["round"]), False
-    ran = max((int(r.get("round") or 0) for r in run.rows), default=0)
-    return float(ran), True
+    if hit["round"] is None:
+        return float(run.rows[-1][clock]), True
+    return float(hit[clock]), False
 
 
 def _setting(run: RunRecord, name: str) -> str | None:
@@ -259,6 +261,7 @@ def paired_differences(
     b: str,
     rule: Rule = Rule(),
     targets: Sequence[Target] = (),
+    clock: str = "round",
 ) -> list[PairedDifference]:
     """Every setting, metric and round choice that `a` and `b` (each an algorithm, or a
     point name without its seed, or its leading part) share over at least one seed, in
@@ -302,12 +305,12 @@ def paired_differences(
                     )
                 )
         for target in targets:
-            a_times = [_time_to(a_runs[s], target) for s in seeds]
-            b_times = [_time_to(b_runs[s], target) for s in seeds]
+            a_times = [_time_to(a_runs[s], target, clock) for s in seeds]
+            b_times = [_time_to(b_runs[s], target, clock) for s in seeds]
             out.append(
                 PairedDifference(
                     setting,
-                    f"rounds to {target.metric}>={target.value:g}",
+                    f"{CLOCKS[clock]} to {target.metric}>={target.value:g}",
                     "first reached",
                     tuple(tb - ta for (ta, _), (tb, _) in zip(a_times, b_times, strict=True)),
                     TIME_RULE,

@@ -27,7 +27,7 @@ from typing import Any
 from hetfl.config import ConfigError, load_raw, validate
 from hetfl.config.study import Comparison, StudyConfig, load_study, point_config
 from hetfl.engine.checkpoint import has_checkpoint
-from hetfl.engine.outputs import Target
+from hetfl.engine.outputs import CLOCKS, Target
 from hetfl.paired import PairedDifference, Rule, paired_differences, paired_rows
 from hetfl.report import RunRecord, find_runs, format_table
 
@@ -192,7 +192,7 @@ def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list
         return []
     target = cfg.primary.target
     targets = [] if target is None else [Target(cfg.primary.metric, target)]
-    return paired_differences(mine, c.a, c.b, rule, targets)
+    return paired_differences(mine, c.a, c.b, rule, targets, cfg.primary.clock)
 
 
 def verdict_lines(study: Study) -> list[str]:
@@ -204,7 +204,7 @@ def verdict_lines(study: Study) -> list[str]:
             lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
             continue
         timed = cfg.primary.target is not None
-        scale, unit = (1.0, "rounds") if timed else (100.0, "points")
+        scale, unit = (1.0, CLOCKS[cfg.primary.clock]) if timed else (100.0, "points")
         claim = "A reaches it sooner than B" if timed else d.rule.describe()
         low, high = (scale * x for x in d.interval)
         censored = f", censored A {d.censored[0]}, B {d.censored[1]}" if any(d.censored) else ""

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hetfl.config.loading import format_errors, load_raw, set_dotted
 from hetfl.config.sections import ConfigError, _Strict
-from hetfl.engine.outputs import TARGET_METRICS
+from hetfl.engine.outputs import CLOCKS, TARGET_METRICS
 
 #: A method's name is its run folders' name before `-s<seed>`, which must be found
 #: unambiguously: no `-s<digit>` inside it.
@@ -43,12 +43,14 @@ class Comparison(_Strict):
 class Primary(_Strict):
     """The metric a verdict is read from, fixed before the runs: an accuracy of the
     metrics rows (or a sub-model's `p=<width>`) at the final round or at the round of best
-    validation accuracy; or, with `target`, the rounds each method took to reach
-    `metric >= target` (fewer is better; a run that never did is censored)."""
+    validation accuracy; or, with `target`, the time each method took to reach
+    `metric >= target`, in rounds or in simulated seconds (`clock`; fewer is better; a run
+    that never did is censored)."""
 
     metric: str
     at: Literal["final", "best val"] = "final"
     target: float | None = None
+    clock: Literal["round", "sim_time_s"] = "round"
 
     @model_validator(mode="after")
     def _target_metric(self) -> Primary:
@@ -62,12 +64,12 @@ class Primary(_Strict):
         """The (metric, at) of the paired difference the verdict reads."""
         if self.target is None:
             return self.metric, self.at
-        return f"rounds to {self.metric}>={self.target:g}", "first reached"
+        return f"{CLOCKS[self.clock]} to {self.metric}>={self.target:g}", "first reached"
 
     def describe(self) -> str:
         if self.target is None:
             return f"{self.metric} at {self.at}"
-        return f"rounds to {self.metric} >= {self.target:g}"
+        return f"{CLOCKS[self.clock]} to {self.metric} >= {self.target:g}"
 
 
 class StudyConfig(_Strict):

@@ -59,6 +59,9 @@ TARGET_METRICS = (
     "test_loss",
     "val_loss",
 )
+#: How a time to a target is counted (`hetfl.paired`, a study's primary): in rounds, or in
+#: simulated seconds (the run's `system:` clock), each with the label its rows carry.
+CLOCKS = {"round": "rounds", "sim_time_s": "sim s"}
 _BEST = (
     "global_acc",
     "pooled_acc",

@@ -29,9 +29,6 @@ are used and can be shared between processes, up to the same 1.35 GB.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +36,13 @@ import numpy as np
 from hetfl.core.pixels import PixelNorm
 from hetfl.data.archives import ARCHIVES, find_extracted
 from hetfl.data.dataset import ARRAY_NAMES, DATASETS, Dataset
+from hetfl.data.decoded import (
+    decode_rgb,
+    norm_array,
+    norm_of_array,
+    read_arrays,
+    write_arrays,
+)
 from hetfl.data.pixel_stats import pixel_norm_of
 
 ARCHIVE = ARCHIVES["tiny-imagenet"]
@@ -56,18 +60,7 @@ CACHE_NAME = f"{FOLDER}.uint8"
 
 def decode_jpeg(path: Path) -> np.ndarray:
     """One image file as (3, 64, 64) uint8 RGB; grayscale and other modes become RGB."""
-    from PIL import Image, UnidentifiedImageError  # only the first load decodes
-
-    try:
-        with Image.open(path) as image:
-            rgb = np.asarray(image.convert("RGB"))  # (H, W, 3)
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable image ({exc})") from exc
-    if rgb.shape != (64, 64, 3):
-        raise ValueError(
-            f"{path}: image is {rgb.shape[1]}x{rgb.shape[0]}; Tiny-ImageNet images are 64x64"
-        )
-    return rgb.transpose(2, 0, 1)
+    return decode_rgb(path, str(path), (64, 64), "Tiny-ImageNet")
 
 
 def read_classes(folder: Path) -> list[str]:
@@ -135,34 +128,15 @@ def build_cache(folder: Path, cache: Path) -> None:
     x_test = decode_all(test_paths)
     pixels = pixel_norm_of(x_train)
     arrays = dict(zip(ARRAY_NAMES, (x_train, y_train, x_test, y_test), strict=True))
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}.", suffix=".part", dir=cache.parent))
-        try:
-            for name, array in arrays.items():
-                np.save(tmp / f"{name}.npy", array)
-            np.save(tmp / "pixels.npy", np.array([pixels.mean, pixels.std], dtype=np.float64))
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the data is public
-            os.rename(tmp, cache)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as exc:
-        if cache.is_dir():  # a concurrent first load placed it first
-            return
-        raise OSError(
-            f"cannot write the Tiny-ImageNet cache {cache}: {exc}; the directory holding "
-            f"{FOLDER}/ must be writable (with 1.4 GB free) for the first load"
-        ) from exc
+    arrays["pixels"] = norm_array(pixels)
+    write_arrays(cache, arrays, "Tiny-ImageNet", "1.4 GB")
 
 
 def read_cache(cache: Path) -> tuple[list[np.ndarray], PixelNorm]:
     """The cached arrays in `ARRAY_NAMES` order (images memory-mapped, read-only) and the
     pixel statistics."""
-    arrays = [
-        np.load(cache / f"{name}.npy", mmap_mode="r" if name.startswith("x") else None)
-        for name in ARRAY_NAMES
-    ]
-    mean, std = np.load(cache / "pixels.npy")
-    return arrays, PixelNorm(tuple(map(float, mean)), tuple(map(float, std)))
+    arrays = read_arrays(cache, (*ARRAY_NAMES, "pixels"))
+    return [arrays[name] for name in ARRAY_NAMES], norm_of_array(arrays["pixels"])
 
 
 def find_tiny_imagenet(path: str | Path | None) -> Path:

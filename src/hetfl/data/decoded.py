@@ -51,6 +51,15 @@ def decode_rgb(
     return pixels.transpose(2, 0, 1)
 
 
+def decode_files(paths: list[Path], size: tuple[int, int], what: str) -> np.ndarray:
+    """The images at `paths`, each exactly `size` (W, H), as one (N, 3, H, W) uint8 array
+    filled in place (`decode_rgb`)."""
+    x = np.empty((len(paths), 3, size[1], size[0]), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        x[i] = decode_rgb(path, str(path), size, what)
+    return x
+
+
 def write_arrays(cache: Path, arrays: Mapping[str, np.ndarray], what: str, room: str) -> None:
     """Save `arrays` as `<cache>/<name>.npy`, the folder placed whole by a rename.
 

@@ -37,7 +37,7 @@ from hetfl.core.pixels import PixelNorm
 from hetfl.data.archives import ARCHIVES, find_extracted
 from hetfl.data.dataset import ARRAY_NAMES, DATASETS, Dataset
 from hetfl.data.decoded import (
-    decode_rgb,
+    decode_files,
     norm_array,
     norm_of_array,
     read_arrays,
@@ -51,16 +51,8 @@ FOLDER = ARCHIVE.folder
 #: The files that mark an extracted Tiny-ImageNet folder.
 MARKER_FILES = ("wnids.txt", "val/val_annotations.txt")
 
-#: One image: 3 channels of 64 x 64.
-IMAGE_SHAPE = (3, 64, 64)
-
 #: The cache folder's name, beside `tiny-imagenet-200/`.
 CACHE_NAME = f"{FOLDER}.uint8"
-
-
-def decode_jpeg(path: Path) -> np.ndarray:
-    """One image file as (3, 64, 64) uint8 RGB; grayscale and other modes become RGB."""
-    return decode_rgb(path, str(path), (64, 64), "Tiny-ImageNet")
 
 
 def read_classes(folder: Path) -> list[str]:
@@ -109,14 +101,6 @@ def val_files(folder: Path, wnids: list[str]) -> tuple[list[Path], np.ndarray]:
     return paths, np.array(labels, dtype=np.int64)
 
 
-def decode_all(paths: list[Path]) -> np.ndarray:
-    """The images at `paths` as one (N, 3, 64, 64) uint8 array, filled in place."""
-    x = np.empty((len(paths), *IMAGE_SHAPE), dtype=np.uint8)
-    for i, path in enumerate(paths):
-        x[i] = decode_jpeg(path)
-    return x
-
-
 def build_cache(folder: Path, cache: Path) -> None:
     """Decode the extracted `folder` into `cache`, placed whole by a rename."""
     wnids = read_classes(folder)
@@ -124,8 +108,8 @@ def build_cache(folder: Path, cache: Path) -> None:
     test_paths, y_test = val_files(folder, wnids)
     if not train_paths:
         raise ValueError(f"{folder / 'train'}: holds no *.JPEG images")
-    x_train = decode_all(train_paths)
-    x_test = decode_all(test_paths)
+    x_train = decode_files(train_paths, (64, 64), "Tiny-ImageNet")
+    x_test = decode_files(test_paths, (64, 64), "Tiny-ImageNet")
     pixels = pixel_norm_of(x_train)
     arrays = dict(zip(ARRAY_NAMES, (x_train, y_train, x_test, y_test), strict=True))
     arrays["pixels"] = norm_array(pixels)

@@ -171,7 +171,8 @@ def _open_binary(path: Path) -> IO[bytes]:
 
 
 def build_cache(folder: Path, cache: Path, metadata: Metadata) -> None:
-    """Decode every image of `metadata`, resized to `SIZE`, into `cache` (metadata order)."""
+    """Decode every image of `metadata`, resized to `SIZE`, into `cache` in metadata order,
+    with the image ids, so that a later load can tell the cache from another CSV's."""
     x = np.empty((len(metadata.image_ids), 3, SIZE[1], SIZE[0]), dtype=np.uint8)
     with ExitStack() as stack:
         openers = image_openers(folder, stack)
@@ -183,7 +184,8 @@ def build_cache(folder: Path, cache: Path, metadata: Metadata) -> None:
                 )
             with openers[image]() as source:
                 x[i] = decode_rgb(source, f"{image}.jpg", SIZE, "HAM10000", resize=True)
-    write_arrays(cache, {"x_images": x}, "HAM10000", "130 MB")
+    ids = np.array(metadata.image_ids, dtype=str)
+    write_arrays(cache, {"x_images": x, "image_ids": ids}, "HAM10000", "130 MB")
 
 
 def draw_test(metadata: Metadata, split: str, seed: int) -> np.ndarray:
@@ -246,12 +248,13 @@ def load_ham10000(path: str | Path | None = None, seed: int = 0, split: str = "r
     cache = folder.parent / f"{folder.name}.uint8"
     if not cache.is_dir():
         build_cache(folder, cache, metadata)
-    x = read_arrays(cache, ("x_images",))["x_images"]
-    if x.shape[0] != metadata.labels.size:
+    arrays = read_arrays(cache, ("x_images", "image_ids"))
+    if arrays["image_ids"].tolist() != metadata.image_ids:
         raise ValueError(
-            f"{cache} holds {x.shape[0]} images but {folder / METADATA} lists "
-            f"{metadata.labels.size}; delete {cache} to decode the images again"
+            f"{cache} holds other images than {folder / METADATA} lists (the metadata "
+            f"changed since the images were decoded); delete {cache} to decode them again"
         )
+    x = arrays["x_images"]
     train = np.setdiff1d(np.arange(metadata.labels.size), test)
     x_train = np.ascontiguousarray(x[train])
     return Dataset(

@@ -175,3 +175,16 @@ def test_bad_settings_and_broken_copies_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"holds neither HAM10000_images_part_2\.zip nor"):
         load_ham10000(tmp_path)
     assert not (tmp_path / "HAM10000.uint8").exists()
+
+
+def test_an_image_is_resized_to_64x64_bicubic_as_dtfls_code(tmp_path):
+    ramp = np.linspace(0, 255, 40)
+    pixels = np.stack(np.broadcast_arrays(ramp[None, :], ramp[:, None][:30], 90), axis=-1)
+    path = tmp_path / "ISIC_0000000.png"  # lossless, so the reference is exact
+    Image.fromarray(pixels.astype(np.uint8)).save(path)
+    with Image.open(path) as image:
+        want = np.asarray(image.resize((64, 64), Image.Resampling.BICUBIC)).transpose(2, 0, 1)
+        nearest = np.asarray(image.resize((64, 64), Image.Resampling.NEAREST)).transpose(2, 0, 1)
+    got = ham.decode_rgb(path, path.name, ham.SIZE, "HAM10000", resize=True)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, nearest)

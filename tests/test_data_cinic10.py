@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hetfl.cli import cmd_download
 from hetfl.data import DATASETS, DatasetNotFoundError, load_cinic10
 from hetfl.data import cinic10 as cinic
 
@@ -136,3 +137,5 @@ def test_missing_cinic10_names_the_folders_the_places_and_the_fix(tmp_path):
     assert f"{tmp_path / 'CINIC-10'} (missing test/)" in message
     assert "tar -xzf CINIC-10.tar.gz -C CINIC-10" in message
     assert "no checksum is published" in message
+    with pytest.raises(ValueError, match=r"HetFL does not download cinic10; get it by downloading"):
+        cmd_download("cinic10", None, None)

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from hetfl.assembly import load_dataset
+from hetfl.cli import cmd_download
 from hetfl.config import RunConfig
 from hetfl.data import DatasetNotFoundError, load_ham10000
 from hetfl.data import ham10000 as ham
@@ -158,6 +159,8 @@ def test_bad_settings_and_broken_copies_are_named(tmp_path):
         DatasetNotFoundError, match=r"ham10000 not found; it needs HAM10000_metadata\.csv"
     ):
         load_ham10000(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=r"does not download ham10000; .*doi\.org/10\.7910"):
+        cmd_download("ham10000", None, None)
 
     metadata = tmp_path / "HAM10000" / ham.METADATA
     good = metadata.read_text()

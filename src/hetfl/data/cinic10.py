@@ -47,6 +47,13 @@ from hetfl.data.pixel_stats import pixel_norm_of
 #: The release's folder name (the archive itself has none).
 FOLDER = "CINIC-10"
 
+#: Where the files come from, for messages (HetFL downloads nothing: no checksum is known).
+HOW_TO_GET = (
+    "downloading CINIC-10.tar.gz from https://datashare.ed.ac.uk/handle/10283/3192 and "
+    f"extracting it into a folder: mkdir {FOLDER} && tar -xzf CINIC-10.tar.gz -C {FOLDER} "
+    "(no verified download is offered: no checksum is published)"
+)
+
 #: CIFAR-10's classes, in the sorted order that makes them class 0..9.
 CLASSES = (
     "airplane",
@@ -101,12 +108,7 @@ def find_cinic10(path: str | Path | None) -> Path:
         "cinic10",
         ("train/", "test/"),
         search_places(path, (FOLDER, ""), (FOLDER, "cinic10"), [cache]),
-        [
-            f"downloading CINIC-10.tar.gz from https://datashare.ed.ac.uk/handle/10283/3192 "
-            f"and extracting it into a folder: mkdir {FOLDER} && tar -xzf CINIC-10.tar.gz "
-            f"-C {FOLDER} (no verified download is offered: no checksum is published)",
-            f"setting {DATA_ENV}, or data.path, to the directory holding {FOLDER}/",
-        ],
+        [HOW_TO_GET, f"setting {DATA_ENV}, or data.path, to the directory holding {FOLDER}/"],
     )
 
 

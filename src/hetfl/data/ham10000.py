@@ -76,6 +76,14 @@ METADATA = "HAM10000_metadata.csv"
 #: The two image parts, each a zip or the folder it extracts to.
 PARTS = ("HAM10000_images_part_1", "HAM10000_images_part_2")
 
+#: Where the files come from, for messages (HetFL downloads nothing, see above).
+HOW_TO_GET = (
+    "downloading HAM10000_images_part_1.zip, HAM10000_images_part_2.zip and "
+    f"HAM10000_metadata (saved as {METADATA}) from https://doi.org/10.7910/DVN/DBW86T into "
+    f"one folder, {FOLDER}/ (no download is offered: Dataverse serves files by number and "
+    "no checksums are recorded)"
+)
+
 #: The diagnoses (`dx`), in the sorted order that makes them class 0..6.
 CLASSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
 
@@ -224,13 +232,7 @@ def find_ham10000(path: str | Path | None) -> Path:
         "ham10000",
         (METADATA,),
         search_places(path, (FOLDER, ""), (FOLDER, "ham10000"), [dataset_cache_dir("ham10000")]),
-        [
-            "downloading HAM10000_images_part_1.zip, HAM10000_images_part_2.zip and "
-            f"HAM10000_metadata (saved as {METADATA}) from "
-            "https://doi.org/10.7910/DVN/DBW86T into one folder (no download is offered: "
-            "Dataverse serves files by number and no checksums are recorded)",
-            f"setting {DATA_ENV}, or data.path, to the directory holding {FOLDER}/",
-        ],
+        [HOW_TO_GET, f"setting {DATA_ENV}, or data.path, to the directory holding {FOLDER}/"],
     )
 
 

@@ -170,6 +170,12 @@ def test_bad_settings_and_broken_copies_are_named(tmp_path):
     metadata.write_text(good.replace("lesion_id", "lesion", 1))
     with pytest.raises(ValueError, match="no column lesion_id"):
         load_ham10000(tmp_path)
+    metadata.write_text(good + "HAM_0000000,ISIC_9999998,vasc,histo,50.0,female,face\n")
+    with pytest.raises(ValueError, match="lesion HAM_0000000 is vasc here but akiec on an earlier"):
+        load_ham10000(tmp_path)
+    metadata.write_text(HEADER + "\n")
+    with pytest.raises(ValueError, match=r"metadata\.csv: lists no images"):
+        load_ham10000(tmp_path)
     metadata.write_text(good + "HAM_9999999,ISIC_9999999,mel,histo,50.0,female,face\n")
     with pytest.raises(ValueError, match="lists image ISIC_9999999, which is in neither"):
         load_ham10000(tmp_path)

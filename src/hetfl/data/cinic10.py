@@ -24,7 +24,8 @@ The `PixelNorm` is computed from the training images loaded (`pixel_stats`); on 
 being no network), which DTFL's code uses as constants.
 
 No checksum of `CINIC-10.tar.gz` is published with the release (and none is known here),
-so HetFL offers no verified download: `hetfl data download cinic10` is not available.
+so HetFL offers no verified download: `hetfl data download cinic10` says where to get it
+(`HOW_TO_GET`).
 
 The first load decodes the PNGs into `<folder>.uint8/` beside the folder (`decoded`), which
 must be writable then; later loads memory-map it. Delete it after changing the images.

@@ -39,7 +39,8 @@ classes by their long names (nv before mel), HetFL by code: neither changes an a
 
 No checksums of the release's files are known here (Dataverse shows an MD5 per file on its
 page; none is recorded in HetFL), and Dataverse serves files by number, not by name, so
-HetFL offers no download: `hetfl data download ham10000` is not available.
+HetFL offers no download: `hetfl data download ham10000` says where to get the files
+(`HOW_TO_GET`).
 
 The first load decodes every image into `HAM10000.uint8/` beside the folder (`decoded`),
 in metadata order; later loads map it and read only the CSV, so a split costs no decoding.

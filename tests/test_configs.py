@@ -5,8 +5,8 @@ renamed option, a model that no longer fits the input, or a partition the datase
 give would only show up on the user's machine. Each distinct federation of a config's
 sweep (points that differ only in seed or method options share one) is built through
 `build_parts`, as a run builds it, with the loader replaced by arrays of the real
-dataset's shape, dtype, class count and size (smaller for Tiny-ImageNet, to keep memory
-low); nothing trains.
+dataset's shape, dtype, class count and size (smaller for Tiny-ImageNet and CINIC-10, to
+keep memory low); nothing trains.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ SHAPES = {
     "fashion-mnist": Shape((1, 28, 28), 10, 60_000, 10_000, "pixels"),
     "cifar10": Shape((3, 32, 32), 10, 50_000, 10_000, "pixels"),
     "cifar100": Shape((3, 32, 32), 100, 50_000, 10_000, "pixels"),
+    "cinic10": Shape((3, 32, 32), 10, 20_000, 2_000, "pixels"),
+    "ham10000": Shape((3, 64, 64), 7, 8_012, 2_003, "pixels"),
     "tiny-imagenet": Shape((3, 64, 64), 200, 20_000, 2_000, "pixels"),
     "femnist": Shape((1, 28, 28), 62, 40_000, 4_000, "pixels"),
     "shakespeare": Shape((80,), 80, 40_000, 4_000, "codes"),

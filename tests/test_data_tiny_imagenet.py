@@ -128,10 +128,10 @@ def test_download_decode_cache_and_reload(mirror, request, tmp_path, monkeypatch
     np.testing.assert_allclose(ds.pixels.mean, scaled.mean(axis=(0, 2, 3)), rtol=1e-12)
     np.testing.assert_allclose(ds.pixels.std, scaled.std(axis=(0, 2, 3)), rtol=1e-12)
 
-    def no_decoding(path):
-        raise AssertionError(f"decoded {path} again")
+    def no_decoding(paths, *args):
+        raise AssertionError(f"decoded {paths} again")
 
-    monkeypatch.setattr(tiny, "decode_jpeg", no_decoding)
+    monkeypatch.setattr(tiny, "decode_files", no_decoding)
     again = load_tiny_imagenet(dest)
     assert isinstance(again.x_train, np.memmap)
     np.testing.assert_array_equal(again.x_train, ds.x_train)

@@ -55,6 +55,8 @@ def load_dataset(cfg: RunConfig) -> Dataset:
         raise ValueError(f"data.path is set but dataset {cfg.data.dataset!r} takes no path")
     if "seed" in params:
         kwargs["seed"] = cfg.seed
+    if cfg.data.split is not None:  # validated: only datasets that draw a test set take it
+        kwargs["split"] = cfg.data.split
     return loader(**kwargs)
 
 

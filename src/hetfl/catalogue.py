@@ -93,9 +93,11 @@ SPLIT: dict[str, str] = {
 DATASETS: tuple[str, ...] = (
     "cifar10",
     "cifar100",
+    "cinic10",
     "digits",
     "fashion-mnist",
     "femnist",
+    "ham10000",
     "libsvm",
     "npz",
     "shakespeare",

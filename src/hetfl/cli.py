@@ -521,11 +521,13 @@ def cmd_partition(config: str | None, overrides: Sequence[str], plugins: Sequenc
 
 
 def cmd_download(dataset: str, dest: Path | None, mirror: str | None) -> int:
-    from hetfl.data.download import DOWNLOADERS
+    from hetfl.data.download import BY_HAND, DOWNLOADERS
     from hetfl.data.leaf import LEAF_DATASETS, generation_message
 
     if dataset in LEAF_DATASETS:
         raise ValueError(generation_message(dataset))
+    if dataset in BY_HAND:
+        raise ValueError(f"HetFL does not download {dataset}; get it by {BY_HAND[dataset]}")
     if dataset not in DOWNLOADERS:
         raise ValueError(
             f"no download for dataset {dataset!r}; available: {', '.join(DOWNLOADERS)}"

@@ -19,7 +19,7 @@ from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
-from hetfl.data import DATASETS, LEAF_DATASETS, PARTITIONERS
+from hetfl.data import DATASET_SPLITS, DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.partition import Deal
 from hetfl.data.views import ViewGroup
@@ -187,6 +187,11 @@ class DataConfig(_Strict):
         lt=1,
         description="fraction of each client's training data held out for validation",
     )
+    split: str | None = Field(
+        None,
+        description="how the dataset draws its test set, for those that draw one "
+        "(ham10000: random, the default, or lesion; docs/data.md)",
+    )
     download: bool = Field(False, description="fetch and verify the dataset first if missing")
     mirror: str | None = Field(
         None, description="base URL of the download mirror (default: the dataset's upstream)"
@@ -204,6 +209,24 @@ class DataConfig(_Strict):
         if v not in DATASETS:
             raise ValueError(DATASETS.unknown_message(v))
         return v
+
+    @model_validator(mode="after")
+    def _known_split(self) -> DataConfig:
+        """A split names one of the dataset's own ways of drawing its test set."""
+        if self.split is None:
+            return self
+        choices = DATASET_SPLITS.get(self.dataset)
+        if choices is None:
+            raise ValueError(
+                f"split is only for datasets that draw their own test set "
+                f"({', '.join(DATASET_SPLITS)}), not {self.dataset!r}; leave it out"
+            )
+        if self.split not in choices:
+            raise ValueError(
+                f"unknown split {self.split!r} for {self.dataset}; choose one of "
+                f"{', '.join(choices)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _downloadable(self) -> DataConfig:

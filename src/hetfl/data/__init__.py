@@ -7,6 +7,7 @@ The data layer knows no model.
 """
 
 from hetfl.data.cifar import load_cifar10, load_cifar100
+from hetfl.data.cinic10 import load_cinic10
 from hetfl.data.dataset import DATASETS, Dataset, stratified_split
 from hetfl.data.digits import load_digits
 from hetfl.data.fashion_mnist import load_fashion_mnist, read_idx
@@ -16,6 +17,8 @@ from hetfl.data.federation import (
     local_test_indices,
     validation_split,
 )
+from hetfl.data.ham10000 import SPLITS as HAM10000_SPLITS
+from hetfl.data.ham10000 import load_ham10000
 from hetfl.data.leaf import LEAF_DATASETS, load_femnist, load_shakespeare
 from hetfl.data.libsvm import load_libsvm, read_libsvm
 from hetfl.data.locate import DatasetNotFoundError
@@ -33,8 +36,12 @@ from hetfl.data.partition import (
 from hetfl.data.synthetic import load_synthetic
 from hetfl.data.tiny_imagenet import load_tiny_imagenet
 
+#: The test splits a dataset can draw (`data.split`), by dataset; the first is the default.
+DATASET_SPLITS: dict[str, tuple[str, ...]] = {"ham10000": HAM10000_SPLITS}
+
 __all__ = [
     "DATASETS",
+    "DATASET_SPLITS",
     "LEAF_DATASETS",
     "PARTITIONERS",
     "Dataset",
@@ -49,9 +56,11 @@ __all__ = [
     "k_classes",
     "load_cifar10",
     "load_cifar100",
+    "load_cinic10",
     "load_digits",
     "load_fashion_mnist",
     "load_femnist",
+    "load_ham10000",
     "load_libsvm",
     "load_npz",
     "load_shakespeare",

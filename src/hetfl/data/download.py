@@ -1,6 +1,7 @@
 """Checked downloads, on explicit request only: Fashion-MNIST's four files here, the
 CIFAR and Tiny-ImageNet archives in `hetfl.data.archives`, and `DOWNLOADERS`, the table
-behind `hetfl data download NAME` and `data.download: true`.
+behind `hetfl data download NAME` and `data.download: true` (with `BY_HAND`, what it says
+of the datasets it cannot verify: CINIC-10, HAM10000).
 
 a dataset source never touches the network. Every file is verified before it is moved
 into place (`hetfl.data.fetch`, which also says why this is not pooch), because upstream
@@ -32,6 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from hetfl.data import cinic10, ham10000
 from hetfl.data.archives import ARCHIVES, download_archive
 from hetfl.data.fetch import (
     ProgressCallback,
@@ -207,3 +209,7 @@ DOWNLOADERS: dict[str, Callable[..., Path]] = {
     "fashion-mnist": download_fashion_mnist,
     **{name: partial(download_archive, archive) for name, archive in ARCHIVES.items()},
 }
+
+#: Datasets whose files are fetched by hand (no name-addressed mirror or no known checksum):
+#: what `hetfl data download NAME` says instead, where they come from.
+BY_HAND: dict[str, str] = {"cinic10": cinic10.HOW_TO_GET, "ham10000": ham10000.HOW_TO_GET}

@@ -40,13 +40,14 @@ def search_places(
 def find_directory(
     title: str, files: Sequence[str], places: Sequence[Path], fixes: Sequence[str]
 ) -> Path:
-    """The first of `places` that holds every one of `files`.
+    """The first of `places` that holds every one of `files` (a name ending in `/` is a
+    directory, for datasets kept as folders of images).
 
     Raises `DatasetNotFoundError` listing each place and the files it lacks, then `fixes`
     (one line each, e.g. the `hetfl data download` command).
     """
     for place in places:
-        if all((place / name).is_file() for name in files):
+        if all(_present(place, name) for name in files):
             return place
     searched = "\n".join(f"  - {_describe(place, files)}" for place in places)
     remedies = "\n".join(f"  - {fix}" for fix in fixes)
@@ -60,8 +61,12 @@ def find_directory(
 def _describe(place: Path, files: Sequence[str]) -> str:
     if not place.is_dir():
         return f"{place} (no such directory)"
-    present = [name for name in files if (place / name).is_file()]
+    present = [name for name in files if _present(place, name)]
     if not present:
         return f"{place} (none of the files)"
     missing = [name for name in files if name not in present]
     return f"{place} (missing {', '.join(missing)})"
+
+
+def _present(place: Path, name: str) -> bool:
+    return (place / name).is_dir() if name.endswith("/") else (place / name).is_file()

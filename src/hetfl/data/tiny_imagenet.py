@@ -29,9 +29,6 @@ are used and can be shared between processes, up to the same 1.35 GB.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +36,13 @@ import numpy as np
 from hetfl.core.pixels import PixelNorm
 from hetfl.data.archives import ARCHIVES, find_extracted
 from hetfl.data.dataset import ARRAY_NAMES, DATASETS, Dataset
+from hetfl.data.decoded import (
+    decode_files,
+    norm_array,
+    norm_of_array,
+    read_arrays,
+    write_arrays,
+)
 from hetfl.data.pixel_stats import pixel_norm_of
 
 ARCHIVE = ARCHIVES["tiny-imagenet"]
@@ -47,27 +51,8 @@ FOLDER = ARCHIVE.folder
 #: The files that mark an extracted Tiny-ImageNet folder.
 MARKER_FILES = ("wnids.txt", "val/val_annotations.txt")
 
-#: One image: 3 channels of 64 x 64.
-IMAGE_SHAPE = (3, 64, 64)
-
 #: The cache folder's name, beside `tiny-imagenet-200/`.
 CACHE_NAME = f"{FOLDER}.uint8"
-
-
-def decode_jpeg(path: Path) -> np.ndarray:
-    """One image file as (3, 64, 64) uint8 RGB; grayscale and other modes become RGB."""
-    from PIL import Image, UnidentifiedImageError  # only the first load decodes
-
-    try:
-        with Image.open(path) as image:
-            rgb = np.asarray(image.convert("RGB"))  # (H, W, 3)
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable image ({exc})") from exc
-    if rgb.shape != (64, 64, 3):
-        raise ValueError(
-            f"{path}: image is {rgb.shape[1]}x{rgb.shape[0]}; Tiny-ImageNet images are 64x64"
-        )
-    return rgb.transpose(2, 0, 1)
 
 
 def read_classes(folder: Path) -> list[str]:
@@ -116,14 +101,6 @@ def val_files(folder: Path, wnids: list[str]) -> tuple[list[Path], np.ndarray]:
     return paths, np.array(labels, dtype=np.int64)
 
 
-def decode_all(paths: list[Path]) -> np.ndarray:
-    """The images at `paths` as one (N, 3, 64, 64) uint8 array, filled in place."""
-    x = np.empty((len(paths), *IMAGE_SHAPE), dtype=np.uint8)
-    for i, path in enumerate(paths):
-        x[i] = decode_jpeg(path)
-    return x
-
-
 def build_cache(folder: Path, cache: Path) -> None:
     """Decode the extracted `folder` into `cache`, placed whole by a rename."""
     wnids = read_classes(folder)
@@ -131,38 +108,19 @@ def build_cache(folder: Path, cache: Path) -> None:
     test_paths, y_test = val_files(folder, wnids)
     if not train_paths:
         raise ValueError(f"{folder / 'train'}: holds no *.JPEG images")
-    x_train = decode_all(train_paths)
-    x_test = decode_all(test_paths)
+    x_train = decode_files(train_paths, (64, 64), "Tiny-ImageNet")
+    x_test = decode_files(test_paths, (64, 64), "Tiny-ImageNet")
     pixels = pixel_norm_of(x_train)
     arrays = dict(zip(ARRAY_NAMES, (x_train, y_train, x_test, y_test), strict=True))
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}.", suffix=".part", dir=cache.parent))
-        try:
-            for name, array in arrays.items():
-                np.save(tmp / f"{name}.npy", array)
-            np.save(tmp / "pixels.npy", np.array([pixels.mean, pixels.std], dtype=np.float64))
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the data is public
-            os.rename(tmp, cache)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as exc:
-        if cache.is_dir():  # a concurrent first load placed it first
-            return
-        raise OSError(
-            f"cannot write the Tiny-ImageNet cache {cache}: {exc}; the directory holding "
-            f"{FOLDER}/ must be writable (with 1.4 GB free) for the first load"
-        ) from exc
+    arrays["pixels"] = norm_array(pixels)
+    write_arrays(cache, arrays, "Tiny-ImageNet", "1.4 GB")
 
 
 def read_cache(cache: Path) -> tuple[list[np.ndarray], PixelNorm]:
     """The cached arrays in `ARRAY_NAMES` order (images memory-mapped, read-only) and the
     pixel statistics."""
-    arrays = [
-        np.load(cache / f"{name}.npy", mmap_mode="r" if name.startswith("x") else None)
-        for name in ARRAY_NAMES
-    ]
-    mean, std = np.load(cache / "pixels.npy")
-    return arrays, PixelNorm(tuple(map(float, mean)), tuple(map(float, std)))
+    arrays = read_arrays(cache, (*ARRAY_NAMES, "pixels"))
+    return [arrays[name] for name in ARRAY_NAMES], norm_of_array(arrays["pixels"])
 
 
 def find_tiny_imagenet(path: str | Path | None) -> Path:

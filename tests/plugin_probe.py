@@ -34,7 +34,7 @@ def fedavgm_steps(server_lr: float, momentum: float, rounds: int) -> dict[str, A
     """The example's server update over `rounds` rounds of made-up averages, against Hsu et
     al.'s v <- beta v + (w - avg), w <- w - eta v, written out here (float64)."""
     from hetfl.algorithms import ALGORITHMS
-    from hetfl.core.server_update import RoundResults
+    from hetfl.core.server.update import RoundResults
     from hetfl.core.state import Accumulator
     from hetfl.core.training import LocalTraining
     from hetfl.models import make_family
@@ -73,7 +73,7 @@ def main(work: Path) -> None:
     # hetfl list --plugin: the example (a path relative to the current directory) and a
     # plugin nothing else imports, with a partitioner and a client-program wrapper
     (work / "extra.py").write_text(
-        "from hetfl.core.wrappers import register_wrapper\n"
+        "from hetfl.core.client.wrappers import register_wrapper\n"
         "from hetfl.data import PARTITIONERS\n"
         "PARTITIONERS.register('halves', print)\n"
         "register_wrapper('silent', summary='a client that sends nothing')(print)\n"

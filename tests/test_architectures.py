@@ -15,8 +15,8 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.flexifed import max_common
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
-from hetfl.core.local.parts import CrossEntropy
-from hetfl.core.local.terms import MaskedCrossEntropy
+from hetfl.core.client.recipe import CrossEntropy
+from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import GROUP_SEP
 from hetfl.core.state import state_bytes

@@ -14,10 +14,10 @@ from hetfl.algorithms.parts.width_assignment import WidthAssignment
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, Flip, Poison
 from hetfl.config import ConfigError, validate
-from hetfl.core.assign import LARGEST
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.init import initialize
 from hetfl.core.rng import SERVER, sibling_generator, torch_generator
+from hetfl.core.server.assign import LARGEST
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientData,

@@ -15,14 +15,14 @@ from torch import nn
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fedfa import FedFAOptions
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
+from hetfl.algorithms.parts.fedfa_scaling import QuantileNormScaling, quantile_norm
 from hetfl.algorithms.parts.grafting import graft
-from hetfl.core.client import Programs
-from hetfl.core.norm_scaling import QuantileNormScaling, quantile_norm
+from hetfl.algorithms.parts.zico import zico
+from hetfl.core.client.program import Programs
 from hetfl.core.spec import MapEntry, Spec, prefix_index
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, Trained
-from hetfl.core.zico import zico
 from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily

@@ -16,7 +16,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.flexifed import max_common
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate, candidate_grid
 from hetfl.algorithms.parts.grafting import graft
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo

@@ -119,7 +119,7 @@ def test_a_registration_remembers_its_plugin_and_a_second_is_refused_naming_both
 def test_a_plugins_method_and_kinds_carry_their_own_summary(monkeypatch):
     from hetfl.algorithms.fedavg import FedAvgOptions
     from hetfl.algorithms.parts import method_registry
-    from hetfl.core.reducers import REDUCERS, register_reducer
+    from hetfl.core.server.reducers import REDUCERS, register_reducer
 
     methods: Registry[method_registry.Algorithm] = Registry("algorithm")
     monkeypatch.setattr(method_registry, "ALGORITHMS", methods)

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
+from hetfl.core.client.terms import ProximalTerm
 from hetfl.core.init import initialize
-from hetfl.core.local.parts import CrossEntropy, LocalRecipe
-from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes

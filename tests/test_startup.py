@@ -15,8 +15,8 @@ import pytest
 import hetfl
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.reducers import REDUCERS
-from hetfl.core.wrappers import WRAPPERS
+from hetfl.core.client.wrappers import WRAPPERS
+from hetfl.core.server.reducers import REDUCERS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 

@@ -17,9 +17,9 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.rng import numpy_generator
-from hetfl.core.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic, validation_split
 from hetfl.engine.outputs import ROW_KEYS, Target, make_row, read_metrics, summarise

@@ -39,14 +39,14 @@ from pydantic import Field
 from torch import nn
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.assign import one_spec
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
-from hetfl.core.server_update import Optimised, pseudo_gradient
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.assign import one_spec
+from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Optimised, pseudo_gradient
+from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
 from hetfl.models import MODELS, ModelBuilder
 
 HIDDEN = 32

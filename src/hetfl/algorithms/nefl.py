@@ -53,12 +53,12 @@ from hetfl.algorithms.parts.architecture_choice import (
 )
 from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
 from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import Grouped, GroupRule
 from hetfl.core.roles import norm_tensor_names, tensor_roles
+from hetfl.core.server.maps import Grouped, GroupRule
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.spec import Spec
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.models.scalable import ARCHITECTURES

@@ -58,7 +58,7 @@ from hetfl.algorithms.parts.method_registry import (
     needs_setup_query,
     refuse_simulator_only,
 )
-from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
+from hetfl.core.client.bn_statistics import BNStatistics, apply_bn_statistics
 from hetfl.core.types import (
     ClientInfo,
     ClientResult,

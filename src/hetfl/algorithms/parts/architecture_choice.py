@@ -42,12 +42,12 @@ from pydantic import Field, model_validator
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions
 from hetfl.algorithms.parts.widths import full_width_base
-from hetfl.core.assign import LARGEST
+from hetfl.algorithms.parts.zico import zico
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import model_inputs
+from hetfl.core.server.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientData, ClientInfo, ModelFamily, PassRecord
-from hetfl.core.zico import zico
 from hetfl.models.scalable import depth_blocks
 from hetfl.systems.costs import MacCounter
 
@@ -366,7 +366,8 @@ class ArchitectureChoice:
 
 
 class ZicoQuery:
-    """A client's answer at set-up: the ZiCo score (`hetfl.core.zico`) of every candidate's
+    """A client's answer at set-up: the ZiCo score (`hetfl.algorithms.parts.zico`) of every
+    candidate's
     architecture (`ArchitectureChoice.architecture`: the same scores under every method),
     each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of `batch_size` drawn
     from its own training data (`SetupQuery`)."""

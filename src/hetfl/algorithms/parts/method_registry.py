@@ -25,16 +25,16 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetfl import catalogue
-from hetfl.core.assign import CyclicSampling, UniformSampling
+from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.kinds import choose
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.reducers import REDUCERS, ReducerChoice
 from hetfl.core.registry import Registry
+from hetfl.core.server.assign import CyclicSampling, UniformSampling
+from hetfl.core.server.reducers import REDUCERS, ReducerChoice
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.weighting import WeightingName
 from hetfl.core.split_costs import SplitPricing
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName
 
 #: The kind of model a method requires (`Algorithm.needs`).
 ModelKind = Literal["any", "scalable", "composed", "split"]
@@ -58,7 +58,7 @@ class Options(BaseModel):
 
 class ReducerOptions(Options):
     """How a method that averages client tensors reduces them: `reducer`, a kind of
-    `hetfl.core.reducers.REDUCERS` with its own options, `{kind: trimmed-mean, trim: 0.1}`,
+    `hetfl.core.server.reducers.REDUCERS` with its own options, `{kind: trimmed-mean, trim: 0.1}`,
     or a bare kind name, `median`; `mean`, the weighted mean, by default. Every reduction of
     a round uses it, FedNova's normalised deltas included. The trimmed mean's `trim` belongs
     to the reducer: a `trim` beside `reducer` (the earlier form) is refused with the new one."""
@@ -82,10 +82,10 @@ class ReducerOptions(Options):
 
 
 class AggregationOptions(ReducerOptions):
-    """The reducer, the clients' weights (`hetfl.core.weighting`): by training-sample
+    """The reducer, the clients' weights (`hetfl.core.server.weighting`): by training-sample
     count (FedAvg's p_k, the default) or `uniform`, and how clients are sampled:
     `uniform`, afresh each round (FedAvg's Algorithm 1), or `cyclic`, uniformly without
-    replacement across rounds (`hetfl.core.assign.CyclicSampling`)."""
+    replacement across rounds (`hetfl.core.server.assign.CyclicSampling`)."""
 
     weighting: WeightingOption = "samples"
     sampling: Literal["uniform", "cyclic"] = Field(

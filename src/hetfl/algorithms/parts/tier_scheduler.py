@@ -124,7 +124,7 @@ def choose_tiers(estimates: Sequence[Mapping[int, float]]) -> tuple[float, list[
 
 
 class TierScheduler:
-    """The assignment part of DTFL's strategy (`hetfl.core.assign.JointAssignment`): the
+    """The assignment part of DTFL's strategy (`hetfl.core.server.assign.JointAssignment`): the
     round's clients' tiers, chosen together. It keeps each (client, tier)'s smoothed time
     and the round of each client's last absorbed times, as extra state."""
 

@@ -22,7 +22,7 @@ from hetfl.core.client.privacy import distance_correlation
 from hetfl.core.client.program import Programs
 from hetfl.core.client.recipe import TrainContext
 from hetfl.core.plateau import PlateauSettings
-from hetfl.core.split_costs import CutCost
+from hetfl.core.pricing import CutCost
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientResult, ClientTask, ServerResult

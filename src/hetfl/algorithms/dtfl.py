@@ -42,10 +42,10 @@ from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.algorithms.parts.server_copies import CopiesSide, FreshOptimiser
 from hetfl.algorithms.parts.tier_scheduler import Observed, PricedCuts, TierScheduler
 from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.update import Averaged
-from hetfl.core.split_costs import SplitPricing
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, ModelFamily
 from hetfl.models.resnet_cifar import TIERS, split_family

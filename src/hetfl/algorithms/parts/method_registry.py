@@ -27,12 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from hetfl import catalogue
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.kinds import choose
+from hetfl.core.pricing import SplitPricing
 from hetfl.core.registry import Registry
 from hetfl.core.server.assign import CyclicSampling, UniformSampling
 from hetfl.core.server.reducers import REDUCERS, ReducerChoice
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.weighting import WeightingName
-from hetfl.core.split_costs import SplitPricing
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
@@ -115,7 +115,7 @@ class Algorithm:
     reason (`refuse_simulator_only`).
 
     `needs_costs` marks a method that plans from the cost model (DTFL's tier scheduler): its
-    `make` also takes `costs`, a `hetfl.core.split_costs.SplitPricing` the face builds from
+    `make` also takes `costs`, a `hetfl.core.pricing.SplitPricing` the face builds from
     the run's device profiles, and a run without profiles cannot build it.
     """
 

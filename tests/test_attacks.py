@@ -28,6 +28,7 @@ from hetfl.core.types import (
     PassRecord,
 )
 from hetfl.models.base import PlainFamily
+from hetfl.systems.costs import MacCounter
 
 # -- a fake honest program whose "training" is known exactly --------------------------------------
 X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
@@ -195,6 +196,7 @@ def test_architectures_give_malicious_clients_the_largest_and_others_their_own()
             method="fedfa",
             choice="random",
             budgets=[1e12] * 6,
+            macs=MacCounter(family),
         )
         choice.macs = lambda c: c.depth * c.width  # type: ignore[method-assign]
         infos = [_info(c, **attrs.get(c, {})) for c in range(6)]

@@ -14,7 +14,6 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
-from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
 from hetfl.algorithms.parts.server_copies import CopiesSide, CopySession
 from hetfl.algorithms.parts.tier_scheduler import estimate
 from hetfl.config import validate
@@ -23,6 +22,7 @@ from hetfl.core.client.program import Programs
 from hetfl.core.client.recipe import TrainContext
 from hetfl.core.plateau import PlateauSettings
 from hetfl.core.pricing import CutCost
+from hetfl.core.simulator_only import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientResult, ClientTask, ServerResult

@@ -14,10 +14,10 @@ from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.gkt_distill import ServerLogitsKD, kd_loss
-from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.client.loop import train_local
 from hetfl.core.client.program import Program, Programs
 from hetfl.core.client.recipe import LocalRecipe, TrainContext
+from hetfl.core.simulator_only import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput, ClientResult, ClientTask, PassRecord

@@ -38,6 +38,7 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.provenance import provenance
+from hetfl.systems.costs import MacCounter
 from hetfl.systems.split_pricing import SplitPricer
 
 
@@ -189,6 +190,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
         costs=costs,
+        macs=MacCounter(family) if algorithm.needs_macs else None,  # FedFA's architecture choice
     )
     _check_scored_targets(cfg, strategy.pooled_eval is not None)
     wrappers = [chosen.build() for chosen in cfg.wrappers]

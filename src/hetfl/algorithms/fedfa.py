@@ -43,6 +43,7 @@ from hetfl.algorithms.parts.fedfa_scaling import NormKind, QuantileNormScaling, 
 from hetfl.algorithms.parts.grafting import Grafting, sectioned
 from hetfl.algorithms.parts.method_registry import register_algorithm
 from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.pricing import PassPricing
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -70,9 +71,14 @@ class FedFAOptions(ArchitectureOptions):
         return self
 
 
-@register_algorithm("fedfa", FedFAOptions, needs="scalable")
+@register_algorithm("fedfa", FedFAOptions, needs="scalable", needs_macs=True)
 def _make(
-    family: ModelFamily, opts: FedFAOptions, *, clients_per_round: int, train: LocalTraining
+    family: ModelFamily,
+    opts: FedFAOptions,
+    *,
+    clients_per_round: int,
+    train: LocalTraining,
+    macs: PassPricing,
 ) -> tuple[Strategy, LocalRecipe]:
     """Architectures chosen at set-up, grafting and label-split maps, the round's quantile
     norms as scales, per-architecture evaluation after a statistics pass."""
@@ -83,6 +89,7 @@ def _make(
         method="fedfa",
         normalisation={"bn": "static", "scaler": False},  # §5.1, App. 0.G: no scaler
         batch_size=train.batch_size,
+        macs=macs,
     )
     return architecture_strategy(
         family,

@@ -190,8 +190,8 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     dataset loads (the server tests on it).
     """
     from hetfl.algorithms import ALGORITHMS
-    from hetfl.algorithms.parts.method_registry import needs_setup_query, refuse_simulator_only
     from hetfl.assembly import build_parts
+    from hetfl.core.simulator_only import needs_setup_query, refuse_simulator_only
     from hetfl.engine.rounds import setup_strategy
 
     if raw.get("sweep"):

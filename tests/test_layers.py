@@ -31,6 +31,7 @@ FACE = (
     "hetfl.flower",
     "hetfl.launch",
     "hetfl.provenance",
+    "hetfl.api",
 )
 
 #: Everything above the models and data layers (core sits below models too).

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import hetfl
+import hetfl.attacks  # registers the attack wrappers, as the config does
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.core.client.wrappers import WRAPPERS

@@ -17,8 +17,8 @@ import yaml
 
 from hetfl.config import ConfigError, RunConfig, expand_sweep, validate
 from hetfl.config.output import writable_folder
-from hetfl.core.ports import split_address, wait_for_port
 from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
+from hetfl.engine.ports import split_address, wait_for_port
 from hetfl.launch.client import CLIENT_APP
 from hetfl.launch.plumbing import Processes, flower_bin, require_flower
 from hetfl.launch.security import Security

@@ -58,9 +58,9 @@ from hetfl.core.client.program import Programs
 from hetfl.core.plugins import load_plugins
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
-from hetfl.core.watchdog import Watchdog
 from hetfl.engine.device import make_deterministic
 from hetfl.engine.numerics import NUMERIC_ENV
+from hetfl.engine.watchdog import Watchdog
 from hetfl.sim.ray_session import CONNECT_TIMEOUT_S, join, start_local
 from hetfl.sim.tasks import (
     ClientJob,

@@ -42,8 +42,8 @@ from typing import Any
 import tomli_w
 import yaml
 
-from hetfl.core.ports import wait_for_port
 from hetfl.deploy.profile import ENV as PROFILE_ENV
+from hetfl.engine.ports import wait_for_port
 from hetfl.launch import Processes, Security, free_port
 from hetfl.launch.plumbing import flower_bin
 from hetfl.launch.serve import write_connection

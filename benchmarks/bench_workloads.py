@@ -25,7 +25,7 @@ SEED = 0
 THREADS = 2
 BATCH = 32
 LR = 0.05
-#: `hetfl.core.client.evaluate_model`'s batch, which the engine uses for every evaluation.
+#: `hetfl.core.client.program.evaluate_model`'s batch, which the engine uses for every evaluation.
 EVAL_BATCH = 1000
 EXECUTORS = ("processes", "sequential", "ray")
 

@@ -2,7 +2,7 @@
 
 The suite's numerics are pinned here, before torch is first imported: on x86-64 with AVX2
 or better, ATen's and oneDNN's instruction sets are capped at AVX2
-(`hetfl.core.numerics.PINS`), the level the golden fixtures were written at, so that they
+(`hetfl.engine.numerics.PINS`), the level the golden fixtures were written at, so that they
 compare bit for bit on any such CPU. Set in `os.environ`, the pins reach every process the
 tests start (worker processes, `hetfl run` subprocesses). `HETFL_UNPINNED=1` leaves the
 machine's own numerics (the goldens then compare to their measured tolerance).
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from hetfl.core.numerics import pins_for_this_machine
+from hetfl.engine.numerics import pins_for_this_machine
 
 if "torch" in sys.modules:
     raise RuntimeError(

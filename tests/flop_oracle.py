@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
-from hetfl.core.dropout import dropout_masks
+from hetfl.core.client.dropout import dropout_masks
 from hetfl.core.init import build_model
 from hetfl.core.types import ModelFamily, PassRecord
 from hetfl.systems.costs import PassCost

@@ -33,10 +33,7 @@ def refused(raw: dict[str, Any]) -> str | None:
 def fedavgm_steps(server_lr: float, momentum: float, rounds: int) -> dict[str, Any]:
     """The example's server update over `rounds` rounds of made-up averages, against Hsu et
     al.'s v <- beta v + (w - avg), w <- w - eta v, written out here (float64)."""
-    from hetfl.algorithms import ALGORITHMS
-    from hetfl.core.server_update import RoundResults
-    from hetfl.core.state import Accumulator
-    from hetfl.core.training import LocalTraining
+    from hetfl.api import ALGORITHMS, Accumulator, LocalTraining, RoundResults
     from hetfl.models import make_family
 
     family = make_family("tiny-mlp", (1, 8, 8), 10)
@@ -73,7 +70,7 @@ def main(work: Path) -> None:
     # hetfl list --plugin: the example (a path relative to the current directory) and a
     # plugin nothing else imports, with a partitioner and a client-program wrapper
     (work / "extra.py").write_text(
-        "from hetfl.core.wrappers import register_wrapper\n"
+        "from hetfl.api import register_wrapper\n"
         "from hetfl.data import PARTITIONERS\n"
         "PARTITIONERS.register('halves', print)\n"
         "register_wrapper('silent', summary='a client that sends nothing')(print)\n"
@@ -97,7 +94,7 @@ def main(work: Path) -> None:
     # names taken twice: from HetFL, across the model registries, from another plugin
     plugins = {
         "dup_method.py": (
-            "from hetfl.algorithms.parts.method_registry import Options, register_algorithm\n"
+            "from hetfl.api import Options, register_algorithm\n"
             "register_algorithm('fedavg', Options, summary='mine')(print)\n"
         ),
         "dup_model.py": (

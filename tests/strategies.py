@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from hetfl.core.assign import UniformSampling, one_spec
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.server.assign import UniformSampling, one_spec
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import by_samples
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientResult,
@@ -20,7 +21,6 @@ from hetfl.core.types import (
     Trained,
     TrainedRound,
 )
-from hetfl.core.weighting import by_samples
 
 
 def fedavg(

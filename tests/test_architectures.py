@@ -15,8 +15,8 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.flexifed import max_common
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
-from hetfl.core.local.parts import CrossEntropy
-from hetfl.core.local.terms import MaskedCrossEntropy
+from hetfl.core.client.recipe import CrossEntropy
+from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import GROUP_SEP
 from hetfl.core.state import state_bytes
@@ -47,7 +47,9 @@ def _infos(
 
 def _build(method: str, **options: object):
     opts = {"choice": "random", **options}
-    return ALGORITHMS.get(method).build(FAMILY, opts, clients_per_round=4, train=TRAIN)[0]
+    return ALGORITHMS.get(method).build(
+        FAMILY, opts, clients_per_round=4, train=TRAIN, macs=MacCounter(FAMILY)
+    )[0]
 
 
 def _round(strategy, clients: list[str], values: list[float], labels=None):
@@ -107,7 +109,13 @@ def test_zico_scores_the_architecture_whichever_method_asks() -> None:
         strategy = _build(method, depths=[2, 3], widths=[0.125, 0.25], choice="zico")
         answers.append(strategy.setup_query(info, data, torch_generator(0, 0, 0, "setup-query")))
     plain = ArchitectureChoice(
-        FAMILY, FAMILY.base, grid, method="plain", choice="zico", normalisation={"bn": "none"}
+        FAMILY,
+        FAMILY.base,
+        grid,
+        method="plain",
+        choice="zico",
+        normalisation={"bn": "none"},
+        macs=MacCounter(FAMILY),
     )
     query = ZicoQuery(FAMILY, plain, TRAIN.batch_size)
     answers.append(query(info, data, torch_generator(0, 0, 0, "setup-query")))
@@ -191,6 +199,7 @@ def test_non_iid_head_rows_come_only_from_the_clients_holding_the_class(on: bool
         {"choice": "random", "depths": [1, 2, 3], "widths": [0.125], "label_split": on},
         clients_per_round=4,
         train=TRAIN,
+        macs=MacCounter(FAMILY),
     )
     labels = [(0, 1), (1, 2), (0, 1), (2, 3)]
     _, before, after = _round(flexifed[0], [D1, D2, D3, D2], [1, 2, 4, 8], labels)

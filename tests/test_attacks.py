@@ -14,10 +14,10 @@ from hetfl.algorithms.parts.width_assignment import WidthAssignment
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, Flip, Poison
 from hetfl.config import ConfigError, validate
-from hetfl.core.assign import LARGEST
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.init import initialize
 from hetfl.core.rng import SERVER, sibling_generator, torch_generator
+from hetfl.core.server.assign import LARGEST
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientData,
@@ -28,6 +28,7 @@ from hetfl.core.types import (
     PassRecord,
 )
 from hetfl.models.base import PlainFamily
+from hetfl.systems.costs import MacCounter
 
 # -- a fake honest program whose "training" is known exactly --------------------------------------
 X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
@@ -195,6 +196,7 @@ def test_architectures_give_malicious_clients_the_largest_and_others_their_own()
             method="fedfa",
             choice="random",
             budgets=[1e12] * 6,
+            macs=MacCounter(family),
         )
         choice.macs = lambda c: c.depth * c.width  # type: ignore[method-assign]
         infos = [_info(c, **attrs.get(c, {})) for c in range(6)]

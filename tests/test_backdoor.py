@@ -1,4 +1,4 @@
-"""The trigger backdoor (`hetfl.attacks.backdoor`, `hetfl.core.trigger`) and `attack_success`:
+"""The trigger backdoor (`hetfl.attacks.backdoor`, `hetfl.attacks.trigger`) and `attack_success`:
 the stamp, the poisoned share of each batch and its seeded choice, the boosted upload and the
 label mask by hand; attack_success by hand on a hand-set linear model; bad settings refused
 at the config edge or at set-up; a short backdoored run."""
@@ -16,16 +16,16 @@ import torch
 import hetfl.assembly
 from hetfl.attacks.backdoor import Backdoor, poisoned_count
 from hetfl.attacks.poisoning import ATTACK_PURPOSE
+from hetfl.attacks.trigger import Trigger
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import Programs
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.terms import MaskedCrossEntropy
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.client.scoring import evaluate_model
+from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import sibling_generator, torch_generator
-from hetfl.core.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
-from hetfl.core.trigger import Trigger
 from hetfl.core.types import ClientData, ClientOutput, ClientResult, ClientTask, EvalModel
 from hetfl.data.dataset import Dataset
 from hetfl.engine.global_eval import plan_global

@@ -130,7 +130,7 @@ def _check_provenance(record: dict, run: Path) -> None:
     in force (the suite's pins among them), and the hash of the config it ran."""
     from importlib import metadata
 
-    from hetfl.core.numerics import fingerprint
+    from hetfl.engine.numerics import fingerprint
 
     src = Path(__file__).resolve().parents[1] / "src" / "hetfl"
     head = subprocess.run(

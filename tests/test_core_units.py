@@ -14,13 +14,12 @@ from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import ConfigError, validate
-from hetfl.core.assign import CyclicSampling, UniformSampling, uniform_sample
-from hetfl.core.bn_statistics import recompute_bn_statistics
-from hetfl.core.client import Programs
-from hetfl.core.dropout import SeededDropout, dropout_masks
+from hetfl.core.client.bn_statistics import recompute_bn_statistics
+from hetfl.core.client.dropout import SeededDropout, dropout_masks
+from hetfl.core.client.loop import batch_order, train_local
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe, TrainContext
 from hetfl.core.init import initialize
-from hetfl.core.local.loop import batch_order, train_local
-from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.registry import Registry
 from hetfl.core.rng import (
@@ -30,11 +29,12 @@ from hetfl.core.rng import (
     sibling_generator,
     torch_generator,
 )
+from hetfl.core.server.assign import CyclicSampling, UniformSampling, uniform_sample
 from hetfl.core.spec import Spec, full_map
-from hetfl.core.store import ClientStore
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, EvalTask, PassRecord
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
+from hetfl.engine.store import ClientStore
 from hetfl.models import PlainFamily, ScalableFamily
 from hetfl.systems.costs import MacCounter
 

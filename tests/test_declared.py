@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from hetfl.core.assign import PerClient
 from hetfl.core.declared import DeclaredTensor, build_declared, declared_generator
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.server.assign import PerClient
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.spec import IndexMap, MapEntry, Spec, prefix_index
 from hetfl.core.state import extract, place
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo
 from hetfl.models import PlainFamily

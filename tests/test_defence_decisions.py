@@ -16,9 +16,9 @@ import torch
 from golden.harness import configured
 from hetfl.attacks.malicious import draw_malicious
 from hetfl.config import validate
-from hetfl.core.client import Program
-from hetfl.core.defences import ClippingReducer, DecisionRecorder, KrumReducer
-from hetfl.core.reducers import REDUCERS
+from hetfl.core.client.program import Program
+from hetfl.core.server.defences import ClippingReducer, DecisionRecorder, KrumReducer
+from hetfl.core.server.reducers import REDUCERS
 from hetfl.core.spec import MapEntry, prefix_index
 from hetfl.core.types import ClientOutput
 from hetfl.engine.outputs import read_metrics

@@ -1,4 +1,4 @@
-"""Defences as reducer kinds (`hetfl.core.defences`) on hand tensors: Krum's distances and
+"""Defences as reducer kinds (`hetfl.core.server.defences`) on hand tensors: Krum's distances and
 choice over partially covered elements (grafted repeats once per element), Multi-Krum, norm
 clipping by a bound and by the round's median norm, the run-time fallback to the median,
 and Krum's n > 2f + 2 checked at set-up."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from hetfl.config import ConfigError, validate
-from hetfl.core.defences import ClippingReducer, KrumReducer, krum_scores, pairwise_distances
 from hetfl.core.kinds import choose
-from hetfl.core.reducers import REDUCERS
-from hetfl.core.robust import CoordinateReducer, HeldClients, median
+from hetfl.core.server.defences import ClippingReducer, KrumReducer, krum_scores, pairwise_distances
+from hetfl.core.server.reducers import REDUCERS
+from hetfl.core.server.robust import CoordinateReducer, HeldClients, median
 from hetfl.core.spec import MapEntry, prefix_index
 
 HALF = [MapEntry("v", "w", prefix_index(2))]

@@ -24,9 +24,9 @@ from flwr.common.constant import ErrorCode
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from hetfl.algorithms.parts.method_registry import SimulatorOnlyError
 from hetfl.cli import main
 from hetfl.config import validate
+from hetfl.core.simulator_only import SimulatorOnlyError
 from hetfl.deploy import node
 from hetfl.deploy.records import from_content, record_tensors
 from hetfl.deploy.server import FlowerServer

@@ -19,17 +19,17 @@ pytest.importorskip("flwr")
 from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
-from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
-from hetfl.core.bn_statistics import (
+from hetfl.core.client.bn_statistics import (
     BNStatistics,
     apply_bn_statistics,
     bn_batch_statistics,
     recompute_bn_statistics,
 )
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.model_cache import ModelCache
+from hetfl.core.simulator_only import SimulatorOnlyError, refuse_simulator_only
 from hetfl.deploy.node import Node, PrivateState
 from hetfl.deploy.records import from_content, to_content
 from hetfl.engine.parts import Parts

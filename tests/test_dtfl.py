@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
+from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
+from hetfl.algorithms.parts.server_copies import CopiesSide, CopySession
 from hetfl.algorithms.parts.tier_scheduler import estimate
 from hetfl.config import validate
-from hetfl.core.client import Programs
-from hetfl.core.local.parts import TrainContext
-from hetfl.core.local.privacy import distance_correlation
-from hetfl.core.local.split import LocalLoss
+from hetfl.core.client.privacy import distance_correlation
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import TrainContext
 from hetfl.core.plateau import PlateauSettings
-from hetfl.core.server_copies import CopiesSide, CopySession
-from hetfl.core.split_costs import CutCost
+from hetfl.core.pricing import CutCost
+from hetfl.core.simulator_only import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientResult, ClientTask, ServerResult

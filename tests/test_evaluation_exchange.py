@@ -16,8 +16,8 @@ import pytest
 
 from golden.harness import BY_NAME
 from hetfl.config import validate
-from hetfl.core.client import Programs
-from hetfl.core.scoring import EVAL_BATCH
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import EVAL_BATCH
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
 from hetfl.runner import build_simulation

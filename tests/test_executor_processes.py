@@ -23,8 +23,8 @@ import torch
 
 from golden.harness import BY_NAME, assert_same_as_sequential, run_scenario
 from hetfl.config import validate
-from hetfl.core.assign import one_spec
-from hetfl.core.client import Program, Programs
+from hetfl.core.client.program import Program, Programs
+from hetfl.core.server.assign import one_spec
 from hetfl.core.types import ClientData, ClientOutput, ClientTask
 from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings

@@ -25,10 +25,10 @@ import torch
 
 from golden.harness import BY_NAME, assert_same_as_sequential, run_scenario
 from hetfl.config import validate
-from hetfl.core.numerics import NUMERIC_ENV
-from hetfl.core.ports import free_port
 from hetfl.core.types import Problem
-from hetfl.core.watchdog import writers
+from hetfl.engine.numerics import NUMERIC_ENV
+from hetfl.engine.ports import free_port
+from hetfl.engine.watchdog import writers
 from hetfl.runner import build_simulation
 from hetfl.sim.factory import make_executor
 from hetfl.sim.ray_executor import MISSING, WORKER_NICENESS, RayExecutor, RaySettings

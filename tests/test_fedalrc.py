@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fednova import StepNormaliser
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
-from hetfl.core.client import Programs
-from hetfl.core.local.loop import batch_order
-from hetfl.core.local.parts import LocalRecipe, TrainContext
-from hetfl.core.local.regularisers import (
+from hetfl.core.client.loop import batch_order
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe, TrainContext
+from hetfl.core.client.regularisers import (
     PartialSVT,
     RademacherTerm,
     partial_svt,

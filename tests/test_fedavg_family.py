@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.client import Programs
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.terms import ProximalTerm, StepNormaliser
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.client.terms import ProximalTerm, StepNormaliser
 from hetfl.core.rng import torch_generator
-from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
+from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask

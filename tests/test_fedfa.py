@@ -15,18 +15,19 @@ from torch import nn
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fedfa import FedFAOptions
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
+from hetfl.algorithms.parts.fedfa_scaling import QuantileNormScaling, quantile_norm
 from hetfl.algorithms.parts.grafting import graft
-from hetfl.core.client import Programs
-from hetfl.core.norm_scaling import QuantileNormScaling, quantile_norm
+from hetfl.algorithms.parts.zico import zico
+from hetfl.core.client.program import Programs
 from hetfl.core.spec import MapEntry, Spec, prefix_index
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask, Trained
-from hetfl.core.zico import zico
 from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
+from hetfl.systems.costs import MacCounter
 from strategies import constant_results, trained
 
 FAMILY = ScalableFamily(
@@ -37,7 +38,9 @@ TRAIN = LocalTraining(batch_size=4)
 
 def _fedfa(**options: object):
     opts = {"depths": [2, 3], "widths": [0.25, 0.5], "choice": "random", **options}
-    return ALGORITHMS.get("fedfa").build(FAMILY, opts, clients_per_round=2, train=TRAIN)[0]
+    return ALGORITHMS.get("fedfa").build(
+        FAMILY, opts, clients_per_round=2, train=TRAIN, macs=MacCounter(FAMILY)
+    )[0]
 
 
 def _info(cid: int, labels: tuple[int, ...] = (0, 1, 2, 3), **attrs: object) -> ClientInfo:
@@ -213,7 +216,7 @@ def test_zico_matches_a_hand_computation_on_a_two_layer_network() -> None:
 def _choice(**kw: object) -> ArchitectureChoice:
     base = FAMILY.base.replace(bn="static")
     grid = candidate_grid([2, 3], [0.25, 0.5])
-    return ArchitectureChoice(FAMILY, base, grid, method="fedfa", **kw)
+    return ArchitectureChoice(FAMILY, base, grid, method="fedfa", **kw, macs=MacCounter(FAMILY))
 
 
 def _data(cid: int) -> ClientData:
@@ -282,7 +285,9 @@ def test_a_declared_depth_above_the_candidates_and_a_budget_no_candidate_fits_ar
         stage = ScalableFamily(
             {"family": "stage-cnn", "input_shape": (3, 8, 8), "num_classes": 4, "stages": 2}
         )
-        ALGORITHMS.get("fedfa").build(stage, None, clients_per_round=2, train=TRAIN)
+        ALGORITHMS.get("fedfa").build(
+            stage, None, clients_per_round=2, train=TRAIN, macs=MacCounter(stage)
+        )
 
 
 # -- bytes and MACs --------------------------------------------------------------------------
@@ -304,7 +309,7 @@ def test_a_client_is_charged_the_bytes_and_macs_of_its_own_architecture(
     options = {"depths": [2, 3], "widths": [0.25, 0.5], "choice": "random"}
     train = LocalTraining(steps=1, batch_size=8)
     strategy, recipe = ALGORITHMS.get("fedfa").build(
-        family, options, clients_per_round=2, train=train
+        family, options, clients_per_round=2, train=train, macs=MacCounter(family)
     )
     attrs = {0: {"architecture": "d2-w0.25"}, 1: {"architecture": "d3-w0.5"}}
     settings = RoundSettings(rounds=1, seed=3, local_eval="sampled")

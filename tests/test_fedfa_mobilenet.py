@@ -16,7 +16,7 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.flexifed import max_common
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate, candidate_grid
 from hetfl.algorithms.parts.grafting import graft
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo
@@ -25,6 +25,7 @@ from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import Simulation
+from hetfl.systems.costs import MacCounter
 from strategies import constant_results, trained
 
 TRAIN = LocalTraining(batch_size=4)
@@ -47,26 +48,40 @@ def test_a_depth_candidate_caps_each_stage_at_its_own_repeats() -> None:
     with 3 stages the slots beyond keep the base's; a depth above the full one is refused."""
     family = _family()
     choice = ArchitectureChoice(
-        family, family.base, candidate_grid([2, 3, 4], [1.0]), method="fedfa", choice="random"
+        family,
+        family.base,
+        candidate_grid([2, 3, 4], [1.0]),
+        method="fedfa",
+        choice="random",
+        macs=MacCounter(family),
     )
     blocks = {c.depth: choice.spec(c)["blocks"] for c in choice.candidates}
     assert blocks == {2: (1, 2, 2, 2, 2, 2, 1), 3: (1, 2, 3, 3, 3, 3, 1), 4: (1, 2, 3, 4, 3, 3, 1)}
     assert family.base["blocks"] == blocks[4]
     three = _family(stages=3)
     short = ArchitectureChoice(
-        three, three.base, candidate_grid([2], [0.5]), method="fedfa", choice="random"
+        three,
+        three.base,
+        candidate_grid([2], [0.5]),
+        method="fedfa",
+        choice="random",
+        macs=MacCounter(three),
     )
     assert short.spec(Candidate(2, 0.5))["blocks"] == (1, 2, 2, 4, 3, 3, 1)
     with pytest.raises(
         ValueError, match=r"depth 5 is the full model, depth 4; list depths up to 4"
     ):
-        ALGORITHMS.get("fedfa").build(family, {"depths": [2, 5]}, clients_per_round=2, train=TRAIN)
+        ALGORITHMS.get("fedfa").build(
+            family, {"depths": [2, 5]}, clients_per_round=2, train=TRAIN, macs=MacCounter(family)
+        )
 
 
 def test_a_depth_that_leaves_a_stage_without_an_identity_block_is_refused() -> None:
     family = _family(stages=3)
     with pytest.raises(ValidationError, match=r"a client of depth 1 has no identity block"):
-        ALGORITHMS.get("fedfa").build(family, {"depths": [1, 2]}, clients_per_round=2, train=TRAIN)
+        ALGORITHMS.get("fedfa").build(
+            family, {"depths": [1, 2]}, clients_per_round=2, train=TRAIN, macs=MacCounter(family)
+        )
     shallow = family.normalise({**family.base, "blocks": (1, 1, 1, 1, 3, 3, 1)})
     full = family.normalise({**family.base, "blocks": (1, 2, 3, 4, 3, 3, 1)})
     with pytest.raises(ValueError, match=r"section 2: grafting stages.1.0 into stages.1.1 needs"):
@@ -123,7 +138,9 @@ def test_two_clients_of_different_depth_aggregate_a_depthwise_filter_by_hand() -
     row of class 3, which no client holds, keeps its value."""
     family = _family(stages=3)
     options = {"depths": [2, 3], "widths": [0.25, 0.5], "choice": "random"}
-    strategy = ALGORITHMS.get("fedfa").build(family, options, clients_per_round=2, train=TRAIN)[0]
+    strategy = ALGORITHMS.get("fedfa").build(
+        family, options, clients_per_round=2, train=TRAIN, macs=MacCounter(family)
+    )[0]
     infos = [
         ClientInfo(0, 10, (3, 16, 16), (0, 1), {"architecture": "d2-w0.5"}),
         ClientInfo(1, 30, (3, 16, 16), (1, 2), {"architecture": "d3-w0.25"}),
@@ -152,7 +169,12 @@ def test_flexifed_shares_mobilenet_blocks_up_to_where_the_depths_part() -> None:
     follow a different block in each, so each keeps its own."""
     family = _family(stages=3)
     choice = ArchitectureChoice(
-        family, family.base, candidate_grid([2, 3], [1.0]), method="flexifed", choice="random"
+        family,
+        family.base,
+        candidate_grid([2, 3], [1.0]),
+        method="flexifed",
+        choice="random",
+        macs=MacCounter(family),
     )
     groups = max_common(family, {c.label: choice.spec(c) for c in choice.candidates})
     assert {_block(t) if t.startswith("stages") else t.split(".")[0] for t in groups["d2-w1"]} == {
@@ -172,7 +194,11 @@ def test_nefl_refuses_mobilenet_naming_what_takes_it() -> None:
         ValueError, match=r"step size.*use model.name preresnet, or fedfa or flexifed"
     ):
         ALGORITHMS.get("nefl").build(
-            _family(), {"choice": "random"}, clients_per_round=2, train=TRAIN
+            _family(),
+            {"choice": "random"},
+            clients_per_round=2,
+            train=TRAIN,
+            macs=MacCounter(_family()),
         )
 
 
@@ -190,7 +216,7 @@ def test_a_short_run_on_mobilenet_completes_with_finite_metrics(method: str, tmp
     options = {"depths": [2, 3], "widths": widths, "choice": "random"}
     train = LocalTraining(steps=2, batch_size=8)
     strategy, recipe = ALGORITHMS.get(method).build(
-        family, options, clients_per_round=2, train=train
+        family, options, clients_per_round=2, train=train, macs=MacCounter(family)
     )
     w = widths[-1]
     attrs = {0: {"architecture": "d2-w0.25" if method == "fedfa" else "d2-w1"},

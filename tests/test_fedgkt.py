@@ -13,18 +13,18 @@ from pydantic import ValidationError
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.algorithms.parts.method_registry import SimulatorOnlyError, refuse_simulator_only
-from hetfl.core.client import Program, Programs
-from hetfl.core.local.distill import ServerLogitsKD, kd_loss
-from hetfl.core.local.loop import train_local
-from hetfl.core.local.parts import LocalRecipe, TrainContext
+from hetfl.algorithms.parts.gkt_distill import ServerLogitsKD, kd_loss
+from hetfl.core.client.loop import train_local
+from hetfl.core.client.program import Program, Programs
+from hetfl.core.client.recipe import LocalRecipe, TrainContext
+from hetfl.core.simulator_only import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.spec import Spec
-from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput, ClientResult, ClientTask, PassRecord
-from hetfl.core.validate import upload_problem
 from hetfl.engine.checkpoint import load_checkpoint
 from hetfl.engine.round_settings import RoundSettings
+from hetfl.engine.store import StoreSettings
+from hetfl.engine.validate import upload_problem
 from hetfl.models import make_family
 from hetfl.sim import Simulation
 from hetfl.systems.costs import MacCounter

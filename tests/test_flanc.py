@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.flanc import FLANCOptions
 from hetfl.config import validate
-from hetfl.core.local.regularisers import OrthogonalityPenalty
+from hetfl.core.client.regularisers import OrthogonalityPenalty
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.spec import capacity_group
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, TrainedRound
 from hetfl.models import ComposedFamily, SpecError

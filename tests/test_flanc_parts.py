@@ -1,5 +1,5 @@
 """Parts FLANC brings to the width methods (`hetfl.algorithms.parts.widths`,
-`hetfl.core.local.regularisers.OrthogonalityPenalty`) against hand computations: the
+`hetfl.core.client.regularisers.OrthogonalityPenalty`) against hand computations: the
 capacity assignments, the orthogonality penalty's value and gradient, and bad settings."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hetfl.algorithms.parts.width_assignment import (
     draw_every_level,
     quantise_capacity,
 )
-from hetfl.core.local.parts import TrainContext
-from hetfl.core.local.regularisers import OrthogonalityPenalty, orthogonality
+from hetfl.core.client.recipe import TrainContext
+from hetfl.core.client.regularisers import OrthogonalityPenalty, orthogonality
 from hetfl.core.roles import tensor_roles
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo, ClientTask

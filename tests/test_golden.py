@@ -36,7 +36,7 @@ from golden.harness import (
     read_tolerance,
 )
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.numerics import NUMERIC_ENV, PINS, fingerprint, pins_for_this_machine
+from hetfl.engine.numerics import NUMERIC_ENV, PINS, fingerprint, pins_for_this_machine
 
 EXTRA = [s.name for s in SCENARIOS if s.name not in ALGORITHMS]
 

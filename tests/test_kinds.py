@@ -16,13 +16,13 @@ from pydantic import Field, ValidationError
 from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import chosen_parts
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import Programs, check_picklable
+from hetfl.core.client.program import Programs, check_picklable
+from hetfl.core.client.wrappers import WRAPPERS, register_wrapper
 from hetfl.core.kinds import Chosen, KindOptions, choose
-from hetfl.core.reducers import REDUCERS, register_reducer
-from hetfl.core.robust import CoordinateReducer
+from hetfl.core.server.reducers import REDUCERS, register_reducer
+from hetfl.core.server.robust import CoordinateReducer
 from hetfl.core.spec import MapEntry, prefix_index
 from hetfl.core.state import Accumulator
-from hetfl.core.wrappers import WRAPPERS, register_wrapper
 from hetfl.models import make_family
 from hetfl.runner import _chosen
 

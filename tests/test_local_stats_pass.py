@@ -13,9 +13,9 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import ConfigError, validate
-from hetfl.core.bn_statistics import recompute_bn_statistics
-from hetfl.core.client import Programs
-from hetfl.core.scoring import evaluate_model
+from hetfl.core.client.bn_statistics import recompute_bn_statistics
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
 from hetfl.engine.round_settings import RoundSettings

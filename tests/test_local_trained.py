@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hetfl.config import ConfigError, validate
-from hetfl.core.local.terms import mask_logits
+from hetfl.core.client.terms import mask_logits
 from hetfl.core.pixels import model_inputs
 from hetfl.core.types import TrainedRound
 from hetfl.engine.outputs import read_metrics

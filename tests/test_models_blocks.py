@@ -20,14 +20,14 @@ from torch import nn
 
 import hetfl.models
 from hetfl.config import ConfigError, ModelConfig, validate
-from hetfl.core.assign import PerClient, UniformSampling
 from hetfl.core.init import initialize
-from hetfl.core.server_update import Averaged
+from hetfl.core.server.assign import PerClient, UniformSampling
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import weighting
 from hetfl.core.spec import prefix_index
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult
-from hetfl.core.weighting import weighting
 from hetfl.models import ARCHITECTURES, ScalableFamily, SpecError
 from hetfl.models.blocks import BasicBlock, Bottleneck, PreActBlock, ResidualBlock
 from hetfl.models.norms import NORMS, BatchNorm

@@ -8,6 +8,7 @@ only plugins that fail before registering anything.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -119,19 +120,35 @@ def test_a_registration_remembers_its_plugin_and_a_second_is_refused_naming_both
 def test_a_plugins_method_and_kinds_carry_their_own_summary(monkeypatch):
     from hetfl.algorithms.fedavg import FedAvgOptions
     from hetfl.algorithms.parts import method_registry
-    from hetfl.core.reducers import REDUCERS, register_reducer
+    from hetfl.api import REDUCERS, register_algorithm, register_reducer
 
     methods: Registry[method_registry.Algorithm] = Registry("algorithm")
     monkeypatch.setattr(method_registry, "ALGORITHMS", methods)
     monkeypatch.setattr(REDUCERS, "_entries", dict(REDUCERS._entries))
-    method_registry.register_algorithm("mine", FedAvgOptions, summary="my method")(print)
+    register_algorithm("mine", FedAvgOptions, summary="my method")(print)
     register_reducer("my-mean", summary="my reducer")(print)
     assert methods.get("mine").summary == "my method"
     assert REDUCERS.get("my-mean").summary == "my reducer"
     with pytest.raises(KeyError, match=r"in a plugin, pass it: .*summary="):
-        method_registry.register_algorithm("unsummarised", FedAvgOptions)
+        register_algorithm("unsummarised", FedAvgOptions)
     with pytest.raises(KeyError, match=r"in a plugin, pass it \(summary="):
         register_reducer("unsummarised")(print)
+
+
+def test_the_example_builds_its_method_through_hetfl_api_only():
+    """The example plugin imports HetFL's method-building names from `hetfl.api` alone (its
+    model from `hetfl.models`), and every name `hetfl.api` exports is there."""
+    import hetfl.api
+
+    tree = ast.parse(Path(PLUGIN).read_text())
+    hetfl_imports = sorted(
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hetfl")
+    )
+    assert hetfl_imports == ["hetfl.api", "hetfl.models"]
+    assert [n for n in hetfl.api.__all__ if not hasattr(hetfl.api, n)] == []
+    assert len(hetfl.api.__all__) == len(set(hetfl.api.__all__))
 
 
 def test_plugins_that_cannot_load_are_config_errors_naming_them(tmp_path):

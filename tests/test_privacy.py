@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from hetfl.core.local.privacy import distance_correlation, shuffle_patches
+from hetfl.core.client.privacy import distance_correlation, shuffle_patches
 
 
 def test_distance_correlation_of_a_three_sample_batch_by_hand():

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.training import LocalTraining
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from hetfl.core.kinds import choose
-from hetfl.core.reducers import REDUCERS
-from hetfl.core.robust import CoordinateReducer, median, trimmed_mean
+from hetfl.core.server.reducers import REDUCERS
+from hetfl.core.server.robust import CoordinateReducer, median, trimmed_mean
 from hetfl.core.spec import MapEntry, prefix_index
 from hetfl.core.state import Accumulator
 

@@ -18,15 +18,15 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.scalablefl import group_key
 from hetfl.assembly import build_federation
 from hetfl.config import ConfigError, expand_sweep, load_raw, validate
-from hetfl.core.client import Programs
+from hetfl.core.client.loop import train_local
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe, TrainContext
 from hetfl.core.init import initialize
-from hetfl.core.local.loop import train_local
-from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.rng import torch_generator
 from hetfl.core.roles import head_tensor_names, norm_tensor_names
 from hetfl.core.schedule import LrSchedule
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.spec import local_names
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientResult, ClientTask
 from hetfl.data import PARTITIONERS, Dataset, build_clients, global_test, load_digits

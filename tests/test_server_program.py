@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.core.assign import one_spec
-from hetfl.core.client import Programs
-from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.assign import one_spec
 from hetfl.core.server_program import ServerProgram, ServerSession
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import extract

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 from torch import nn
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
+from hetfl.core.client.terms import ProximalTerm
 from hetfl.core.init import initialize
-from hetfl.core.local.parts import CrossEntropy, LocalRecipe
-from hetfl.core.local.terms import ProximalTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import MapEntry, Spec, full_map
 from hetfl.core.state import state_bytes
@@ -35,6 +35,7 @@ from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.statistics import stats_shares
 from hetfl.models import ComposedFamily, ScalableFamily, make_family
 from hetfl.sim import ClientJob, SequentialExecutor, Simulation
+from hetfl.systems.costs import MacCounter
 from hetfl.systems.profiles import SystemSettings, dtfl_profiles
 from hetfl.systems.split_pricing import SplitPricer
 from strategies import fedavg, trained
@@ -62,6 +63,7 @@ def _sim(
         clients_per_round=cpr,
         train=settings.pop("train", TRAIN),
         costs=settings.pop("costs", None),
+        macs=MacCounter(family),
     )
     program = program or Programs(family, recipe, seed=0)
     return Simulation(
@@ -462,7 +464,9 @@ def test_private_layers_stay_on_their_client_over_rounds(
     family = ScalableFamily(
         {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 1}
     )
-    strategy, _ = ALGORITHMS.get(algo).build(family, opts, clients_per_round=4, train=TRAIN)
+    strategy, _ = ALGORITHMS.get(algo).build(
+        family, opts, clients_per_round=4, train=TRAIN, macs=MacCounter(family)
+    )
     hooks = _RecordStart(private)
     settings = RoundSettings(rounds=3, seed=0, local_eval="all")
     program = Programs(family, LocalRecipe(forward=hooks), seed=0)

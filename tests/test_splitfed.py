@@ -9,7 +9,7 @@ import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import validate
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.state import state_bytes
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, PassRecord

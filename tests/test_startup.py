@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 import hetfl
+import hetfl.attacks  # registers the attack wrappers, as the config does
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
-from hetfl.core.reducers import REDUCERS
-from hetfl.core.wrappers import WRAPPERS
+from hetfl.core.client.wrappers import WRAPPERS
+from hetfl.core.server.reducers import REDUCERS
 from hetfl.data import DATASETS, PARTITIONERS
 from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 

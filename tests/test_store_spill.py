@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from hetfl.config import ConfigError, validate
-from hetfl.core.entryfile import SpillSegment
-from hetfl.core.store import ClientStore, StoreSettings, entry_nbytes
 from hetfl.engine.checkpoint import load_checkpoint
+from hetfl.engine.entryfile import SpillSegment
 from hetfl.engine.heap import _malloc_trim, trim_heap
+from hetfl.engine.store import ClientStore, StoreSettings, entry_nbytes
 from hetfl.runner import build_simulation
 
 

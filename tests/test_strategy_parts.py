@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hetfl.core.assign import PerGroup
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.rng import torch_generator
-from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
-from hetfl.core.server_update import NormalisedStep, Optimised, pseudo_gradient
+from hetfl.core.server.assign import PerGroup
+from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
+from hetfl.core.server.update import NormalisedStep, Optimised, pseudo_gradient
 from hetfl.core.spec import Spec
 from hetfl.core.state import Accumulator
 from hetfl.core.training import LocalTraining

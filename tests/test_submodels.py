@@ -21,14 +21,14 @@ from hetfl.algorithms.fjord import OrderedDropout
 from hetfl.algorithms.parts.width_assignment import assign_in_proportion
 from hetfl.algorithms.parts.width_eval import OwnLevel, eval_model_at
 from hetfl.config import ConfigError, validate
-from hetfl.core.bn_statistics import recompute_bn_statistics
-from hetfl.core.client import Programs
+from hetfl.core.client.bn_statistics import recompute_bn_statistics
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import TrainContext
+from hetfl.core.client.scoring import evaluate_model
+from hetfl.core.client.terms import mask_logits
 from hetfl.core.init import initialize
-from hetfl.core.local.parts import TrainContext
-from hetfl.core.local.terms import mask_logits
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
-from hetfl.core.scoring import evaluate_model
 from hetfl.core.spec import Spec, group_qualified, prefix_index
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.training import LocalTraining

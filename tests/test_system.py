@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from hetfl.cli import main
-from hetfl.core.client import Programs
-from hetfl.core.local.parts import LocalRecipe
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec, full_map
 from hetfl.core.state import state_bytes

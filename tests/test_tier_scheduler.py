@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hetfl.algorithms.parts.tier_scheduler import TierScheduler, choose_tiers, comm_s, ema, estimate
+from hetfl.core.pricing import CutCost
 from hetfl.core.spec import Spec
-from hetfl.core.split_costs import CutCost
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientTimes
 

@@ -13,9 +13,9 @@ import pytest
 
 from golden.harness import WIDTHS, configured
 from hetfl.config import validate
-from hetfl.core.assign import uniform_sample
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.server.assign import uniform_sample
 from hetfl.core.training import LocalTraining
 from hetfl.engine.outputs import read_metrics
 from hetfl.engine.round_settings import RoundSettings

@@ -17,9 +17,9 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.cli import main
 from hetfl.config import ConfigError, validate
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.rng import numpy_generator
-from hetfl.core.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_synthetic, validation_split
 from hetfl.engine.outputs import ROW_KEYS, Target, make_row, read_metrics, summarise
@@ -27,6 +27,7 @@ from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import PlainFamily
 from hetfl.report import find_runs, selection_rows
 from hetfl.sim import Simulation
+from hetfl.systems.costs import MacCounter
 
 FRACTION = 0.25
 
@@ -103,7 +104,9 @@ def _run(synthetic, tmp_path: Path, algo: str, validation: float | None) -> Simu
     )
     family = PlainFamily("mlp", synthetic.input_shape, synthetic.num_classes)
     train = LocalTraining(lr=0.1, epochs=1, batch_size=16)
-    strategy, recipe = ALGORITHMS.get(algo).build(family, None, clients_per_round=3, train=train)
+    strategy, recipe = ALGORITHMS.get(algo).build(
+        family, None, clients_per_round=3, train=train, macs=MacCounter(family)
+    )
     sim = Simulation(
         strategy,
         Programs(family, recipe, seed=0),

@@ -19,10 +19,10 @@ from golden.harness import WIDTHS, configured
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fjord import OrderedDropout
 from hetfl.config import validate
-from hetfl.core.client import Programs
-from hetfl.core.local.loop import LocalStep
-from hetfl.core.local.parts import LocalRecipe, TrainContext, Vectorises
-from hetfl.core.local.regularisers import RademacherTerm
+from hetfl.core.client.loop import LocalStep
+from hetfl.core.client.program import Programs
+from hetfl.core.client.recipe import LocalRecipe, TrainContext, Vectorises
+from hetfl.core.client.regularisers import RademacherTerm
 from hetfl.core.rng import torch_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientOutput

@@ -3,7 +3,7 @@ validated with, so that the page cannot say what the code does not.
 
 Every key is read from a pydantic record: `hetfl.config.RunConfig` and the sections it
 holds, each algorithm's options record (registered in `hetfl.algorithms.ALGORITHMS`) and
-each reducer kind's options (`hetfl.core.reducers.REDUCERS`). A key's type and bounds come
+each reducer kind's options (`hetfl.core.server.reducers.REDUCERS`). A key's type and bounds come
 from its annotation and constraints, its default from the record, its description from
 its `Field(description=...)`. Algorithms and kinds are listed from `hetfl.catalogue`, the
 built-in names, so a kind that a test or a plugin registers at run time never enters the
@@ -35,10 +35,10 @@ from pydantic_core import PydanticUndefined
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.config import RunConfig
+from hetfl.core.client.wrappers import WRAPPERS
 from hetfl.core.kinds import Chosen, Kind, choose
-from hetfl.core.reducers import REDUCERS
 from hetfl.core.registry import Registry
-from hetfl.core.wrappers import WRAPPERS
+from hetfl.core.server.reducers import REDUCERS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "config.md"

@@ -38,15 +38,20 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.assign import one_spec
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
-from hetfl.core.server_update import Optimised, pseudo_gradient
-from hetfl.core.strategy import Strategy
-from hetfl.core.training import LocalTraining
-from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
+from hetfl.api import (
+    AggregationOptions,
+    LocalRecipe,
+    LocalTraining,
+    ModelFamily,
+    Optimised,
+    ServerOptimizer,
+    ServerOptSettings,
+    Strategy,
+    one_spec,
+    pseudo_gradient,
+    register_algorithm,
+    weighting,
+)
 from hetfl.models import MODELS, ModelBuilder
 
 HIDDEN = 32

@@ -22,22 +22,23 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.method_registry import Options, ReducerOptions
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
+from hetfl.attacks.trigger import PlantsTrigger, Trigger
 from hetfl.config import ConfigError, RunConfig
-from hetfl.core.client import Programs, Wrapper
-from hetfl.core.device import make_deterministic, resolve_device
+from hetfl.core.client.program import Programs, Wrapper
 from hetfl.core.kinds import Chosen
 from hetfl.core.rng import SERVER, numpy_generator
-from hetfl.core.trigger import PlantsTrigger, Trigger
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import draw_views
+from hetfl.engine.device import make_deterministic, resolve_device
 from hetfl.engine.outputs import Target
 from hetfl.engine.parts import Parts
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import make_family
 from hetfl.provenance import provenance
+from hetfl.systems.costs import MacCounter
 from hetfl.systems.split_pricing import SplitPricer
 
 
@@ -189,6 +190,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         clients_per_round=cfg.train.clients_per_round,
         train=cfg.train.local_training(),
         costs=costs,
+        macs=MacCounter(family) if algorithm.needs_macs else None,  # FedFA's architecture choice
     )
     _check_scored_targets(cfg, strategy.pooled_eval is not None)
     wrappers = [chosen.build() for chosen in cfg.wrappers]

@@ -2,8 +2,9 @@
 registry has one, in a module that imports nothing.
 
 The registries (`hetfl.algorithms.ALGORITHMS`, `hetfl.models.MODELS`, `ARCHITECTURES`,
-`COMPOSED` and `SPLIT`, `hetfl.data.DATASETS` and `PARTITIONERS`, `hetfl.core.reducers.REDUCERS`,
-`hetfl.core.wrappers.WRAPPERS`) are filled by importing the modules that build
+`COMPOSED` and `SPLIT`, `hetfl.data.DATASETS` and `PARTITIONERS`,
+`hetfl.core.server.reducers.REDUCERS`,
+`hetfl.core.client.wrappers.WRAPPERS`) are filled by importing the modules that build
 each entry, and those import torch: seconds of start-up for a command that only names
 things. This catalogue names them at no import cost. The summary of an algorithm, a reducer
 kind or a client-program wrapper is written only here (its registration reads it, and
@@ -107,7 +108,7 @@ DATASETS: tuple[str, ...] = (
 
 PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "natural", "quantity")
 
-#: Reducer kinds (`options.<method>.reducer: {kind: ..., ...}`; `hetfl.core.reducers`).
+#: Reducer kinds (`options.<method>.reducer: {kind: ..., ...}`; `hetfl.core.server.reducers`).
 REDUCERS: dict[str, str] = {
     "mean": "the weighted mean, by the method's weighting (the default)",
     "median": "coordinate-wise median over the clients covering each element (Yin et al. 2018)",
@@ -119,7 +120,7 @@ REDUCERS: dict[str, str] = {
     "multi-krum": "the `m` clients of lowest Krum score, averaged (Blanchard et al. 2017)",
 }
 
-#: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.wrappers`).
+#: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.client.wrappers`).
 WRAPPERS: dict[str, str] = {
     "fedfa-poison": (
         "attack: honest update + lambda x the update trained on shuffled labels (FedFA, Eq. 1)"

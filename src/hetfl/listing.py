@@ -50,9 +50,9 @@ def with_plugins(plugins: Sequence[str]) -> Listing:
     """Every entry after importing `plugins` (`hetfl.core.plugins.load_plugins`, whose
     PluginError names a plugin that fails), read from the registries."""
     from hetfl.algorithms import ALGORITHMS
+    from hetfl.core.client.wrappers import WRAPPERS
     from hetfl.core.plugins import load_plugins
-    from hetfl.core.reducers import REDUCERS
-    from hetfl.core.wrappers import WRAPPERS
+    from hetfl.core.server.reducers import REDUCERS
     from hetfl.data import DATASETS, PARTITIONERS
     from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 

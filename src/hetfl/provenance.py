@@ -3,7 +3,7 @@
 A figure in a report is only as good as the trace back to what produced it: the code (the
 HetFL version and, run from a git checkout, its commit and whether the tree had
 uncommitted changes), the numeric libraries and the kernels they ran
-(`hetfl.core.numerics`: float32 results differ across CPUs), the thread count, any pins in
+(`hetfl.engine.numerics`: float32 results differ across CPUs), the thread count, any pins in
 the environment, and the resolved config (its SHA-256, so that two runs with one hash ran
 the same settings). `glibc_tunables` is the allocator setting in force (None when unset):
 it changes the CPU time of a run, never its numbers.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hetfl.config import RunConfig
-from hetfl.core.numerics import diagnosis, fingerprint
+from hetfl.engine.numerics import diagnosis, fingerprint
 
 
 def provenance(cfg: RunConfig) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Any
 
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
-from hetfl.core.device import resolve_device
 from hetfl.engine.checkpoint import has_checkpoint
+from hetfl.engine.device import resolve_device
 from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
 from hetfl.sim.factory import ExecutorName

@@ -6,7 +6,7 @@ thread); the fixtures are written only if both passes agree byte for byte, which
 nothing in a run depends on hash order. Without --only, every fixture is rewritten and a
 fixture of a scenario no longer in the table is removed.
 
-The fixtures are written with the suite's pinned numerics (`hetfl.core.numerics.PINS`,
+The fixtures are written with the suite's pinned numerics (`hetfl.engine.numerics.PINS`,
 set here before torch is imported, as tests/conftest.py sets them), so that the suite
 compares them bit for bit on any x86-64 CPU with AVX2 or better. `HETFL_UNPINNED=1`
 leaves the machine's own numerics (`measure.py` runs the scenarios so).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: golden, test modules
 
-from hetfl.core.numerics import pins_for_this_machine
+from hetfl.engine.numerics import pins_for_this_machine
 
 if not os.environ.get("HETFL_UNPINNED"):
     os.environ.update(pins_for_this_machine())  # before torch is imported, children inherit

@@ -15,7 +15,7 @@ values. Each round's state is read through the engine's `checkpoint_extras` hook
 checkpoint is written.
 
 The fixture also records the numerics fingerprint of the machine that wrote it
-(`hetfl.core.numerics.fingerprint()`: torch and numpy, architecture, threads, the ATen and
+(`hetfl.engine.numerics.fingerprint()`: torch and numpy, architecture, threads, the ATen and
 oneDNN instruction sets in force, the BLAS library and its path) and, for diagnosis only,
 the CPU model and the numeric variables set (`diagnosis()`). Where the fingerprints are
 equal, which the suite's pins (tests/conftest.py) make true on any x86-64 CPU with AVX2 or
@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from hetfl.config import set_dotted, validate
-from hetfl.core.client import Programs
-from hetfl.core.numerics import BLAS_ENV, NUMERIC_ENV, blas, diagnosis, fingerprint
+from hetfl.core.client.program import Programs
+from hetfl.engine.numerics import BLAS_ENV, NUMERIC_ENV, blas, diagnosis, fingerprint
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import Executor, Simulation

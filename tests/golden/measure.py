@@ -34,7 +34,7 @@ from golden.harness import (
     largest_differences,
     read_fixture,
 )
-from hetfl.core.numerics import diagnosis, fingerprint
+from hetfl.engine.numerics import diagnosis, fingerprint
 
 #: Numerics that differ from the pinned ones on any x86-64 machine with AVX2: ATen's
 #: kernels without vector instructions, oneDNN's at SSE4.1, MKL's conditional-numerics

@@ -4,11 +4,11 @@ Approach" (§3, Algorithm 1, Eq. (5), App. A.3, A.5, A.7), with the authors' cod
 text is silent.
 
 Reproduced: a client in tier m trains modules md1..md_m of `resnet-cifar` and tier m's
-auxiliary head on the head's cross-entropy (`hetfl.core.local.split.LocalLoss`), sending
-each batch's activations and labels to the server without waiting; the server trains a
-copy of md_{m+1}..md8 per client on them, reset from the global model each round
-(`hetfl.core.server_copies`). Both sides use the task's optimiser and lr, fresh each round
-(App. A.3: "the same hyperparameters for the client and server sides"; the configs set
+auxiliary head on the head's cross-entropy (`hetfl.algorithms.parts.dtfl_local_loss.LocalLoss`),
+sending each batch's activations and labels to the server without waiting; the server
+trains a copy of md_{m+1}..md8 per client on them, reset from the global model each round
+(`hetfl.algorithms.parts.server_copies`). Both sides use the task's optimiser and lr, fresh
+each round (App. A.3: "the same hyperparameters for the client and server sides"; the configs set
 the code's AMSGrad, lr 1e-3, weight decay 5e-4). Every md tensor (BatchNorm statistics
 included) is averaged over the round's clients by n_k whatever their tier, each client
 contributing its part and its server copy; each head `aux<m>.*` uniformly over its tier's
@@ -25,7 +25,7 @@ previous round's and skips a tier); a round's time includes the server side by E
 (the code's omits it). Options: `observed: compute` gives the scheduler the exact simulated
 compute time instead of the client side's elapsed time minus estimated communication;
 `server_optimiser: batch` re-creates the server's optimiser every batch, as the code does;
-`dcor_alpha` and `patch_size` are the privacy measures of §4.2 (`hetfl.core.local.privacy`).
+`dcor_alpha` and `patch_size` are the privacy measures of §4.2 (`hetfl.core.client.privacy`).
 The lr cut on a plateau (App. A.3) is `train.lr_plateau`; docs/methods.md has the rest.
 """
 
@@ -37,15 +37,15 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
+from hetfl.algorithms.parts.server_copies import CopiesSide, FreshOptimiser
 from hetfl.algorithms.parts.tier_scheduler import Observed, PricedCuts, TierScheduler
-from hetfl.core.assign import UniformSampling
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.split import LocalLoss
-from hetfl.core.server_copies import CopiesSide, FreshOptimiser
-from hetfl.core.server_update import Averaged
-from hetfl.core.split_costs import SplitPricing
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.pricing import SplitPricing
+from hetfl.core.server.assign import UniformSampling
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, ModelFamily
 from hetfl.models.resnet_cifar import TIERS, split_family

@@ -47,14 +47,14 @@ from pydantic import Field, model_validator
 from hetfl.algorithms.fednova import normalised_strategy
 from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.client.regularisers import PartialSVT, RademacherTerm
+from hetfl.core.client.terms import StepNormaliser
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.regularisers import PartialSVT, RademacherTerm
-from hetfl.core.local.terms import StepNormaliser
 from hetfl.core.roles import linear_weight
-from hetfl.core.server_opt import ServerOptSettings
-from hetfl.core.server_update import NormalisedStep, Scaled
-from hetfl.core.strategy import Strategy
+from hetfl.core.server.optimisers import ServerOptSettings
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import NormalisedStep, Scaled
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 

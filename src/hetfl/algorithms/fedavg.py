@@ -33,14 +33,14 @@ from typing import Annotated
 from pydantic import Field
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.assign import one_spec
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import MapTransform, private_layers
-from hetfl.core.server_update import Averaged, ServerUpdate
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.assign import one_spec
+from hetfl.core.server.maps import MapTransform, private_layers
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged, ServerUpdate
+from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
 
 PrivateNorm = Annotated[
     bool, Field(description="FedBN: every normalisation tensor stays on its client, never sent")

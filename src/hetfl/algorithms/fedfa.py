@@ -11,7 +11,7 @@ blocks of each section, every layer a leading width slice (Alg. 3); its last blo
 section is grafted into the deeper blocks it lacks (Alg. 2, `grafting`); every tensor is
 rescaled by α, the round's mean 95th-percentile norm over the client's own, and the global
 model is sum(n_k α W_k) / sum(n_k) element-wise over the clients covering each element
-(Alg. 1, lines 12-22, `hetfl.core.norm_scaling`); static BatchNorm without HeteroFL's
+(Alg. 1, lines 12-22, `hetfl.algorithms.parts.fedfa_scaling`); static BatchNorm without HeteroFL's
 scaler (§5.1, App. 0.G).
 
 Choices where the paper is silent or its text is loose:
@@ -24,7 +24,7 @@ Choices where the paper is silent or its text is loose:
 - in non-IID runs the logits of a client's absent classes are zeroed in training and its
   head contributes only its own classes' rows, as HeteroFL's code does (`label_split`);
   their norm is taken over those rows;
-- `norm: rms` and `scale: weights_only` (see `hetfl.core.norm_scaling`);
+- `norm: rms` and `scale: weights_only` (see `hetfl.algorithms.parts.fedfa_scaling`);
 - ZiCo runs on each client's data at set-up, a question the simulator asks it; the Flower
   adapter cannot ask it yet and refuses `choice: zico` with what to set instead.
 """
@@ -39,11 +39,12 @@ from hetfl.algorithms.parts.architecture_choice import (
     candidate_grid,
 )
 from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
+from hetfl.algorithms.parts.fedfa_scaling import NormKind, QuantileNormScaling, ScaledTensors
 from hetfl.algorithms.parts.grafting import Grafting, sectioned
 from hetfl.algorithms.parts.method_registry import register_algorithm
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.norm_scaling import NormKind, QuantileNormScaling, ScaledTensors
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.pricing import PassPricing
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
@@ -70,9 +71,14 @@ class FedFAOptions(ArchitectureOptions):
         return self
 
 
-@register_algorithm("fedfa", FedFAOptions, needs="scalable")
+@register_algorithm("fedfa", FedFAOptions, needs="scalable", needs_macs=True)
 def _make(
-    family: ModelFamily, opts: FedFAOptions, *, clients_per_round: int, train: LocalTraining
+    family: ModelFamily,
+    opts: FedFAOptions,
+    *,
+    clients_per_round: int,
+    train: LocalTraining,
+    macs: PassPricing,
 ) -> tuple[Strategy, LocalRecipe]:
     """Architectures chosen at set-up, grafting and label-split maps, the round's quantile
     norms as scales, per-architecture evaluation after a statistics pass."""
@@ -83,6 +89,7 @@ def _make(
         method="fedfa",
         normalisation={"bn": "static", "scaler": False},  # §5.1, App. 0.G: no scaler
         batch_size=train.batch_size,
+        macs=macs,
     )
     return architecture_strategy(
         family,

@@ -5,7 +5,7 @@ Large CNNs at the Edge" (NeurIPS 2020, §3, Algorithm 1, Eq. (4)-(7)), with FedM
 
 Reproduced: each client trains its own small model (`resnet-cifar`'s edge model, FedML's
 ResNet-8: md1, two bottleneck blocks, its own classifier) for the run's local epochs on
-cross-entropy plus alpha · KD(client ‖ server logits) (`hetfl.core.local.distill`; the KD
+cross-entropy plus alpha · KD(client ‖ server logits) (`hetfl.algorithms.parts.gkt_distill`; the KD
 term only once the server has answered), then uploads the feature maps (md1's output),
 logits and labels of its whole training set with their sample indices
 (`ClientResult.uploads`, counted in `bytes_up`). Client models are never averaged: the
@@ -13,7 +13,7 @@ edge model is private (its index map is empty). After every client of the round 
 finished, the server phase (`hetfl.algorithms.parts.gkt_server`) trains the global server model,
 md2..md8 of the same family (`model.blocks` per group), over every valid upload for
 `server_epochs` epochs and answers each client the logits of its samples, delivered with
-its next task and counted in `bytes_down` then (`hetfl.core.server_phase`). Defaults as
+its next task and counted in `bytes_down` then (`hetfl.core.server.phase`). Defaults as
 FedML's published commands: T = 3, alpha = 1, no distillation on the server, 20 server
 epochs, Adam with amsgrad (lr 1e-3, weight decay 1e-4) on both sides (the client's from
 the run's `train`, which the shipped configs set so).
@@ -42,17 +42,17 @@ from typing import Literal
 
 from pydantic import Field
 
+from hetfl.algorithms.parts.gkt_distill import FeatureUpload, ServerLogitsKD
 from hetfl.algorithms.parts.gkt_server import GKTServer
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
-from hetfl.core.assign import UniformSampling, one_spec
-from hetfl.core.evaluation import JoinedWithPrivate, NoGlobalModel
-from hetfl.core.local.distill import FeatureUpload, ServerLogitsKD
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.assign import UniformSampling, one_spec
+from hetfl.core.server.evaluation import JoinedWithPrivate, NoGlobalModel
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import uniform
 from hetfl.models.resnet_cifar import OUT_CHANNELS, split_family
 
 #: What the run outputs' `pooled_acc` is for FedGKT (the banner and summary.json say it).

@@ -20,7 +20,7 @@ each round (`LocalTraining` creates the optimiser per round), and `train.keep_mo
 refused: ‖a‖₁ counts only this round's gradients, which a carried buffer breaks; BatchNorm
 running statistics and counters take the FedAvg average, since they are not optimised; the
 official server momentum (`gmf`) is not provided — a server optimiser on the same
-direction is (`hetfl.core.server_opt`, used by FedALRC).
+direction is (`hetfl.core.server.optimisers`, used by FedALRC).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pydantic import Field
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.fedprox import FedProxOptions
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.terms import ProximalTerm, StepNormaliser
-from hetfl.core.server_opt import ServerOptimizer, ServerOptSettings
-from hetfl.core.server_update import Direction, NormalisedStep, Optimised
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.client.terms import ProximalTerm, StepNormaliser
+from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Direction, NormalisedStep, Optimised
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 

@@ -4,7 +4,7 @@ paper leaves open.
 
 Reproduced: clients run local SGD as in FedAvg; the server forms the pseudo-gradient
 `Δ = Σ p_k w_k - w` (the FedAvg average minus the current weights, p_k ∝ n_k) and steps
-with an adaptive optimiser (`hetfl.core.server_opt`): FedAdagrad with β1 = 0 (no server
+with an adaptive optimiser (`hetfl.core.server.optimisers`): FedAdagrad with β1 = 0 (no server
 momentum, as in Flower and FedALRC's Algorithm 3), FedAdam and FedYogi with β1 = 0.9,
 β2 = 0.99; τ = 1e-3; no bias correction.
 
@@ -24,10 +24,10 @@ from pydantic import Field
 
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.server_opt import ServerOptimizer, ServerOptKind, ServerOptSettings
-from hetfl.core.server_update import Optimised, pseudo_gradient
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.optimisers import ServerOptimizer, ServerOptKind, ServerOptSettings
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Optimised, pseudo_gradient
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 

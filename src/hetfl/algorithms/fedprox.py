@@ -21,10 +21,10 @@ from pydantic import Field
 
 from hetfl.algorithms.fedavg import one_model_strategy
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.terms import ProximalTerm
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.client.terms import ProximalTerm
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 

@@ -56,14 +56,14 @@ from hetfl.algorithms.parts.width_assignment import (
 from hetfl.algorithms.parts.width_eval import level_models
 from hetfl.algorithms.parts.width_norms import NormOption, level_norm
 from hetfl.algorithms.parts.widths import check_levels, full_width_base
-from hetfl.core.evaluation import GlobalEval, WholeModel
-from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
-from hetfl.core.maps import private_layers
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
+from hetfl.core.server.evaluation import GlobalEval, WholeModel
+from hetfl.core.server.maps import private_layers
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily, PassRecord
-from hetfl.core.weighting import weighting
 
 DEFAULT_LEVELS = (0.2, 0.4, 0.6, 0.8, 1.0)
 

@@ -46,14 +46,14 @@ from hetfl.algorithms.parts.width_assignment import (
 )
 from hetfl.algorithms.parts.width_eval import LevelModels, OwnLevel
 from hetfl.algorithms.parts.widths import check_levels
-from hetfl.core.assign import UniformSampling
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.local.regularisers import OrthogonalityPenalty
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.client.regularisers import OrthogonalityPenalty
+from hetfl.core.server.assign import UniformSampling
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ModelFamily
-from hetfl.core.weighting import weighting
 from hetfl.models.flanc import ComposedFamily
 
 DEFAULT_LEVELS = (0.25, 0.5, 0.75, 1.0)

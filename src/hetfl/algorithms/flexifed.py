@@ -42,11 +42,12 @@ from pydantic import Field, model_validator
 from hetfl.algorithms.parts.architecture_choice import ArchitectureOptions, architecture_choice
 from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
 from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import Grouped
+from hetfl.core.pricing import PassPricing
+from hetfl.core.server.maps import Grouped
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.spec import Spec
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
@@ -93,13 +94,23 @@ def max_common(family: ModelFamily, specs: Mapping[str, Spec]) -> dict[str, dict
     return out
 
 
-@register_algorithm("flexifed", FlexiFedOptions, needs="scalable")
+@register_algorithm("flexifed", FlexiFedOptions, needs="scalable", needs_macs=True)
 def _make(
-    family: ModelFamily, opts: FlexiFedOptions, *, clients_per_round: int, train: LocalTraining
+    family: ModelFamily,
+    opts: FlexiFedOptions,
+    *,
+    clients_per_round: int,
+    train: LocalTraining,
+    macs: PassPricing,
 ) -> tuple[Strategy, LocalRecipe]:
     """FedFA's assignment of depths, Max-Common groups, uniform averaging."""
     choice, query = architecture_choice(
-        family, opts, method="flexifed", normalisation={"bn": "batch"}, batch_size=train.batch_size
+        family,
+        opts,
+        method="flexifed",
+        normalisation={"bn": "batch"},
+        batch_size=train.batch_size,
+        macs=macs,
     )
     groups = max_common(family, {c.label: choice.spec(c) for c in choice.candidates})
 

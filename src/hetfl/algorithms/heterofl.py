@@ -57,14 +57,14 @@ from hetfl.algorithms.parts.width_assignment import (
 from hetfl.algorithms.parts.width_eval import LocalEvalModel, sliced_evaluation
 from hetfl.algorithms.parts.width_norms import NormOption, level_norm
 from hetfl.algorithms.parts.widths import check_levels, full_width_base
-from hetfl.core.local.parts import CrossEntropy, LocalRecipe
-from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.maps import LabelSplit, MapTransform, private_layers
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
+from hetfl.core.client.terms import MaskedCrossEntropy
+from hetfl.core.server.maps import LabelSplit, MapTransform, private_layers
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
 
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 #: The gradient-norm clipping of the authors' code, used when `train.clip_grad_norm` is unset.

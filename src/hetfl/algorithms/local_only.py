@@ -13,14 +13,14 @@ gives every client the same number of local steps.
 from __future__ import annotations
 
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
-from hetfl.core.assign import UniformSampling, one_spec
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import NothingShared
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.assign import UniformSampling, one_spec
+from hetfl.core.server.maps import NothingShared
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import uniform
 
 
 class LocalOnlyOptions(Options):

@@ -53,12 +53,13 @@ from hetfl.algorithms.parts.architecture_choice import (
 )
 from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
 from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.init import build_model
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import Grouped, GroupRule
+from hetfl.core.pricing import PassPricing
 from hetfl.core.roles import norm_tensor_names, tensor_roles
+from hetfl.core.server.maps import Grouped, GroupRule
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.spec import Spec
-from hetfl.core.strategy import Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.models.scalable import ARCHITECTURES
@@ -86,9 +87,14 @@ def per_sub_model(family: ModelFamily, choice: ArchitectureChoice) -> GroupRule:
     return rule
 
 
-@register_algorithm("nefl", NeFLOptions, needs="scalable")
+@register_algorithm("nefl", NeFLOptions, needs="scalable", needs_macs=True)
 def _make(
-    family: ModelFamily, opts: NeFLOptions, *, clients_per_round: int, train: LocalTraining
+    family: ModelFamily,
+    opts: NeFLOptions,
+    *,
+    clients_per_round: int,
+    train: LocalTraining,
+    macs: PassPricing,
 ) -> tuple[Strategy, LocalRecipe]:
     """FedFA's assignment of sub-models, with step sizes and BatchNorm kept per sub-model."""
     choice, query = architecture_choice(
@@ -97,6 +103,7 @@ def _make(
         method="nefl",
         normalisation={"bn": "batch", "step_size": True},
         batch_size=train.batch_size,
+        macs=macs,
     )
     name = choice.base["family"]
     if not ARCHITECTURES.get(name).step_sizes:

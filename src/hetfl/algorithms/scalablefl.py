@@ -42,15 +42,15 @@ from pydantic import Field
 
 from hetfl.algorithms.parts.method_registry import ReducerOptions, register_algorithm
 from hetfl.algorithms.parts.widths import scalable_base
-from hetfl.core.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
-from hetfl.core.evaluation import OwnModel
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.maps import MapTransform, NothingShared, private_layers
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import LocalRecipe
+from hetfl.core.server.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
+from hetfl.core.server.evaluation import OwnModel
+from hetfl.core.server.maps import MapTransform, NothingShared, private_layers
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ModelFamily
-from hetfl.core.weighting import uniform
 from hetfl.models.scaling import ScaledModel, ScalingRule, check_depth_scalable
 
 Variant = Annotated[

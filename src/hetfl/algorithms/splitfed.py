@@ -4,7 +4,7 @@ Learning in Heterogeneous Environment: A Dynamic Tiering Approach", §4 and App.
 cut after md2 for every client, on its CIFAR bottleneck ResNet, `resnet-cifar`).
 
 Reproduced: every client holds md1..md_cut, the same cut for all (`cut`, default 2), and
-the server one copy of md_{cut+1}..md8 per client (`hetfl.core.server_copies`). Per
+the server one copy of md_{cut+1}..md8 per client (`hetfl.algorithms.parts.server_copies`). Per
 batch, the client runs its side and sends the activations and labels; the server runs
 that client's copy forward, the cross-entropy, the backward and the copy's step, and
 answers the activations' gradient; the client back-propagates it through its side and
@@ -45,15 +45,15 @@ import torch
 from pydantic import Field
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
-from hetfl.core.assign import one_spec
-from hetfl.core.evaluation import GlobalOnClient
-from hetfl.core.local.parts import LocalRecipe, ModelCall, TrainContext
-from hetfl.core.server_copies import CopiesSide
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.algorithms.parts.server_copies import CopiesSide
+from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
+from hetfl.core.server.assign import one_spec
+from hetfl.core.server.evaluation import GlobalOnClient
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import weighting
 from hetfl.models.resnet_cifar import TIERS, split_family
 
 #: Why SplitFed runs in the simulator only (`hetfl serve` says so).

@@ -5,7 +5,7 @@ as before.
 Gu, Dolan-Gavitt and Garg, "BadNets: Identifying Vulnerabilities in the Machine Learning
 Model Supply Chain" (2017), §4: training images stamped with a pattern of bright pixels at
 the bottom-right corner and relabelled to the target class (the trigger,
-`hetfl.core.trigger`). Bagdasaryan et al., "How To Backdoor Federated Learning" (AISTATS
+`hetfl.attacks.trigger`). Bagdasaryan et al., "How To Backdoor Federated Learning" (AISTATS
 2020), §4: in FL the attacker mixes backdoored samples into every batch of its local
 training, beside correctly labelled ones (here `poison_fraction` of each batch, default 0.5),
 and may boost its update by a factor (§4.2, model replacement, γ = n/η there): the upload is
@@ -39,13 +39,13 @@ from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, poisoned_upload
-from hetfl.core.client import Program
+from hetfl.attacks.trigger import Trigger
+from hetfl.core.client.program import Program
+from hetfl.core.client.wrappers import register_wrapper
 from hetfl.core.kinds import KindOptions
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import Channel
-from hetfl.core.trigger import Trigger
 from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask
-from hetfl.core.wrappers import register_wrapper
 
 
 class BackdoorOptions(KindOptions):
@@ -147,7 +147,7 @@ class BackdooredProgram(Delegating):
 @dataclass(frozen=True)
 class Backdoor:
     """The wrapper of `backdoor`; its `trigger` is what `attack_success` is measured with
-    (`hetfl.core.trigger.PlantsTrigger`)."""
+    (`hetfl.attacks.trigger.PlantsTrigger`)."""
 
     trigger: Trigger
     fraction: float

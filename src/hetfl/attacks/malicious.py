@@ -7,11 +7,11 @@ generator of its own, (seed, 0, server, "malicious"), before any architecture or
 assigned, so that it depends on the seed, the fraction and the client ids alone: the same
 clients attack under every compared method, and a resumed run draws the same set again
 (the checkpoint records it and refuses another). A malicious client declares
-`attrs[LARGEST]` (`hetfl.core.assign`): the assignments of FedFA, FlexiFed, NeFL
+`attrs[LARGEST]` (`hetfl.core.server.assign`): the assignments of FedFA, FlexiFed, NeFL
 (`ArchitectureChoice`) and of HeteroFL, FjORD and FLANC (`WidthAssignment`) give it their
 largest architecture or width, every other client what it would get in the clean run.
 
-`OnlyMalicious(attack, malicious)` is the `Wrapper` (`hetfl.core.client`) the run's programs
+`OnlyMalicious(attack, malicious)` is the `Wrapper` (`hetfl.core.client.program`) the run's programs
 pass through: a malicious client's honest program goes through `attack`, every other
 client's program is flagged honest; both declare `malicious` for the per-client trace.
 """
@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from hetfl.core.assign import LARGEST
-from hetfl.core.client import Program, Wrapper
+from hetfl.core.client.program import Program, Wrapper
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.core.server.assign import LARGEST
 from hetfl.core.server_program import Channel
 from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, EvalTask
 

@@ -1,5 +1,5 @@
 """Model and data poisoning by a malicious client: each attack wraps the client's honest
-program (`hetfl.core.client.Wrapper`) and knows no method.
+program (`hetfl.core.client.program.Wrapper`) and knows no method.
 
 Park and Joe-Wong, "Federated Learning with Flexible Architectures" (ECML-PKDD 2024), §5,
 Eq. 1: a malicious client trains honestly from the received model w, giving w_h, and trains
@@ -36,12 +36,12 @@ import torch
 from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
-from hetfl.core.client import Program
+from hetfl.core.client.program import Program
+from hetfl.core.client.wrappers import register_wrapper
 from hetfl.core.kinds import KindOptions
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import Channel
 from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, State
-from hetfl.core.wrappers import register_wrapper
 
 #: The purpose of the generator that shuffles a malicious client's labels.
 ATTACK_PURPOSE = "attack"

@@ -1,5 +1,5 @@
 """The `attack:` section: which share of the clients is malicious and which registered
-client-program wrapper (`hetfl.core.wrappers`, e.g. `hetfl.attacks.poisoning`) each of them
+client-program wrapper (`hetfl.core.client.wrappers`, e.g. `hetfl.attacks.poisoning`) each of them
 runs around its honest program, validated once into a frozen `Attack`.
 
     attack: {kind: fedfa-poison, fraction: 0.2, lambda: 20}
@@ -20,9 +20,9 @@ from pydantic import PlainSerializer, PlainValidator
 
 import hetfl.attacks  # noqa: F401 (registers the built-in attacks before validation)
 from hetfl.attacks.malicious import check_fraction
-from hetfl.core.client import Wrapper
+from hetfl.core.client.program import Wrapper
+from hetfl.core.client.wrappers import WRAPPERS
 from hetfl.core.kinds import Chosen, choose
-from hetfl.core.wrappers import WRAPPERS
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from hetfl.config.sections import (
     TrainConfig,
     _Strict,
 )
+from hetfl.core.client.wrappers import WrapperChoice
 from hetfl.core.plugins import is_loaded, resolve
-from hetfl.core.wrappers import WrapperChoice
 from hetfl.models import ARCHITECTURES, SPLIT, is_composed, is_scalable, is_split
 from hetfl.models.flanc import COMPOSED
 from hetfl.systems.profiles import SystemConfig

@@ -17,12 +17,12 @@ from hetfl import catalogue
 from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
-from hetfl.core.store import StoreSettings
 from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASET_SPLITS, DATASETS, LEAF_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.partition import Deal
 from hetfl.data.views import ViewGroup
+from hetfl.engine.store import StoreSettings
 from hetfl.models.factory import (
     COMPOSED_OPTIONS,
     SHAPE_OPTIONS,
@@ -459,7 +459,7 @@ class TrainConfig(_Strict):
         LrScheduleConfig(), description="the lr by round (default constant)"
     )
     optimizer: Literal["sgd", "adam", "amsgrad"] = Field(
-        _local("optimizer"), description="the local optimiser (hetfl.core.local.optim)"
+        _local("optimizer"), description="the local optimiser (hetfl.core.client.optim)"
     )
     momentum: float = Field(
         _local("momentum"), ge=0, lt=1, description="sgd: momentum (PyTorch's semantics)"
@@ -669,7 +669,7 @@ class RayConfig(_Strict):
 
 
 class StoreConfig(_Strict):
-    """The simulator's client store (`hetfl.core.store`): private state over
+    """The simulator's client store (`hetfl.engine.store`): private state over
     `memory_budget` spills to disk in the run directory (the Flower nodes keep theirs in
     `deploy.state_dir` instead)."""
 

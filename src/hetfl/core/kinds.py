@@ -1,6 +1,6 @@
 """Open registries of *kinds*: a part chosen by name in a config, each kind with options of
-its own. Reducers (`hetfl.core.reducers`) and client-program wrappers
-(`hetfl.core.wrappers`) are chosen this way.
+its own. Reducers (`hetfl.core.server.reducers`) and client-program wrappers
+(`hetfl.core.client.wrappers`) are chosen this way.
 
 A kind is registered once, as a name, a frozen pydantic model of its options and a function
 that builds the part from them (`register_kind`); a module that brings a new kind (a robust

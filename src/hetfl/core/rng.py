@@ -42,5 +42,5 @@ def sibling_generator(
     """A generator of its own `purpose` derived from `parent`'s seed, not from its stream:
     drawing from one never shifts the other. A client's training generator is derived from
     (seed, round, client, "train"), so its siblings are unique per (seed, round, client)
-    too (the dropout masks of `hetfl.core.dropout`)."""
+    too (the dropout masks of `hetfl.core.client.dropout`)."""
     return torch_generator(parent.initial_seed(), 0, 0, purpose, device)

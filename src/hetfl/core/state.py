@@ -7,7 +7,7 @@ client's tensors back into global coordinates; the `Accumulator`
 writes client tensors back through the same maps as a per-element weighted average, which
 is the shared mechanism of FedAvg, HeteroFL, FjORD, ScalableFL, NeFL and FedFA: they differ
 only in their maps, weights and scales. `Reducer` is the interface aggregation reduces
-through; `hetfl.core.robust` has the coordinate-wise median and trimmed mean behind it.
+through; `hetfl.core.server.robust` has the coordinate-wise median and trimmed mean behind it.
 
 Sums and counts are kept in float64 and cast once at the end, so that aggregating unchanged
 sub-models gives back the global state bit for bit, and the order in which clients are added
@@ -215,7 +215,7 @@ def merge_estimate(
 class Reducer(Protocol):
     """What aggregation reduces client tensors with: clients are `add`ed one by one, through
     their index maps, and `result` gives the new global tensors. `Accumulator` (the weighted
-    mean) is the default; `hetfl.core.robust` has the coordinate-wise median and trimmed
+    mean) is the default; `hetfl.core.server.robust` has the coordinate-wise median and trimmed
     mean."""
 
     def add(

@@ -31,10 +31,10 @@ class LocalTraining:
     `steps`, when set, is the number of mini-batches and overrides `epochs`. `optimizer`
     is SGD (PyTorch's semantics for `momentum` and `weight_decay`), Adam or AMSGrad
     (`torch.optim.Adam`'s, with `betas`, `eps` and L2 `weight_decay`; DTFL trains with
-    them); `hetfl.core.local.optim` runs them. `momentum` is SGD's and `betas`/`eps` Adam's:
+    them); `hetfl.core.client.optim` runs them. `momentum` is SGD's and `betas`/`eps` Adam's:
     setting one for the other optimiser is an error. The optimiser's state is fresh each
     round; with `keep_momentum` the client keeps it between its rounds as private state
-    (the names of `hetfl.core.local.optim`): HetFL's flag, since no paper says
+    (the names of `hetfl.core.client.optim`): HetFL's flag, since no paper says
     whether its local optimiser state survives a round (HeteroFL's, FLANC's and FedNova's
     official code reset it). `decay_norm_and_bias=False`
     exempts normalisation tensors and biases from `weight_decay`, so that in HetFL's models

@@ -1,6 +1,6 @@
 """One job: the plain data that crosses between engine, strategy and client program.
 
-These are the words of the round protocol (see `hetfl.core.strategy`):
+These are the words of the round protocol (see `hetfl.core.server.strategy`):
 
     engine -> [ClientInfo] -> strategy.plan -> [ClientTask] -> client program -> ClientResult
     engine -> strategy.aggregate_with_decisions(round, state, TrainedRound) -> new global state
@@ -57,7 +57,7 @@ class ClientTask:
     layers).
 
     `download` holds per-client tensors that are not a slice of the global state (a
-    server phase's answer for this client's samples, `hetfl.core.server_phase`): the engine
+    server phase's answer for this client's samples, `hetfl.core.server.phase`): the engine
     delivers them with the client's next task and counts them in `bytes_down` then.
     `uploads` declares the shape of each non-parameter tensor the client must send back in
     `ClientResult.uploads` (features, logits, labels, sample indices); the result is

@@ -37,15 +37,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
-from hetfl.core.client import Program
+from hetfl.core.client.program import Program
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
 from hetfl.core.types import ClientData, ClientTask, EvalTask, State
-from hetfl.core.validate import result_problem
 from hetfl.deploy import profile
 from hetfl.deploy.records import from_content, record_tensors, tensors_record, to_content
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.statistics import client_bn_statistics
+from hetfl.engine.validate import result_problem
 
 _PRIVATE = "hetfl.private"
 _PRIVATE_ROUND = "hetfl.private-round"

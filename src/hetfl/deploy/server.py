@@ -53,12 +53,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from torch import nn
 
-from hetfl.algorithms.parts.method_registry import (
-    NEEDS_SERVER_PROGRAM,
-    needs_setup_query,
-    refuse_simulator_only,
-)
-from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
+from hetfl.core.client.bn_statistics import BNStatistics, apply_bn_statistics
+from hetfl.core.simulator_only import NEEDS_SERVER_PROGRAM, needs_setup_query, refuse_simulator_only
 from hetfl.core.types import (
     ClientInfo,
     ClientResult,

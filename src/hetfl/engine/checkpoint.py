@@ -11,7 +11,7 @@ flushed and renamed, so a crash never leaves a half-written checkpoint behind.
 An entry that is an `Entries` mapping (the client store: one entry per client, possibly
 spilled to disk) is not pickled into `latest.pt`: it is streamed, one client at a time,
 into its own file of raw records next to it (`<key>-<token>.entries`,
-`hetfl.core.entryfile`), flushed before `latest.pt` names it, so writing a checkpoint of
+`hetfl.engine.entryfile`), flushed before `latest.pt` names it, so writing a checkpoint of
 10,000 clients never holds more than one spilled entry in memory. Once the new `latest.pt`
 is in place, every `.entries` file it does not name is removed. Loading gives back an
 `EntryFile` there, which reads each entry as asked for.
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from hetfl.core.entryfile import Entries, EntryFile, file_sha256, write_entries
+from hetfl.engine.entryfile import Entries, EntryFile, file_sha256, write_entries
 
 LATEST = "latest.pt"
 #: The layout of what `save_checkpoint` writes; bump it whenever a checkpoint's entries

@@ -2,7 +2,7 @@
 metrics row, its totals over the run in `summary.json`, counted as rounds end.
 
 A defence is a reducer kind that decides per client (`norm-clip`, `krum`, `multi-krum`:
-`hetfl.core.defences`); the round's `RoundDecisions` say, per trained client, "kept",
+`hetfl.core.server.defences`); the round's `RoundDecisions` say, per trained client, "kept",
 "clipped" or "dropped", and whether the round fell back to the coordinate-wise median.
 The median and the trimmed mean keep every client and decide nothing: their runs report
 `defence: null`, as do rounds that trained nobody. In an attacked run the counts are also
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from typing import Any
 
-from hetfl.core.defences import SEVERITY, RoundDecisions
+from hetfl.core.server.defences import SEVERITY, RoundDecisions
 
 
 def _counts(decided: RoundDecisions, malicious: Set[int]) -> dict[str, int]:

@@ -83,7 +83,7 @@ def plan_global(
 ) -> GlobalPlan:
     """The scorings of `tested` (the first is `global_acc`'s model): on the global `test`
     set, and the main model on the pooled `validation` samples and on the `triggered` test
-    images (`hetfl.core.trigger.Trigger.triggered`; none when None or empty)."""
+    images (`hetfl.attacks.trigger.Trigger.triggered`; none when None or empty)."""
     scorings = [Scoring(em, *test) for em in tested]
     with_trigger = bool(tested) and triggered is not None and bool(triggered[1].numel())
     if tested:

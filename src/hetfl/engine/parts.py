@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from hetfl.core.client import Programs
-from hetfl.core.store import StoreSettings
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.program import Programs
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.types import ClientData
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
+from hetfl.engine.store import StoreSettings
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hetfl.core.trigger import Trigger
+from hetfl.attacks.trigger import Trigger
 from hetfl.engine.outputs import Target
 from hetfl.systems.profiles import SystemSettings
 
@@ -24,7 +24,7 @@ class RoundSettings:
     evaluated rounds (`RoundLoop.trained_scores`). `malicious` are the clients of an attacked
     run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
     them and a resume with another set is refused. `trigger` is a backdoor attack's
-    (`hetfl.core.trigger`), with which evaluated rounds measure `attack_success`. `config`
+    (`hetfl.attacks.trigger`), with which evaluated rounds measure `attack_success`. `config`
     is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
     refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 

@@ -47,13 +47,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, torch_generator
-from hetfl.core.scoring import evaluate_model
-from hetfl.core.store import ClientStore
-from hetfl.core.strategy import Strategy
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.types import (
     ClientInfo,
     ClientTask,
@@ -81,6 +80,7 @@ from hetfl.engine.steps import (
     pooled_accuracy,
     trained_eval_task,
 )
+from hetfl.engine.store import ClientStore
 from hetfl.engine.trace import Scalar, TracedProgram, checked_fields, trace_rows
 from hetfl.systems.costs import MacCounter
 
@@ -136,7 +136,7 @@ class RoundLoop(ABC):
                 "split model whose client side ends before the classifier; turn it off"
             )
         #: Pending downloads: what a server phase answered each client, until its next task
-        #: (`hetfl.core.server_phase`; an engine may give it a memory budget).
+        #: (`hetfl.core.server.phase`; an engine may give it a memory budget).
         self.downloads = ClientStore()
         system = settings.system
         if system is not None:

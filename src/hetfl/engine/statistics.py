@@ -9,9 +9,9 @@ simulator and under Flower:
 
 - each client, in client-id order, runs its training data (or its share of a subsample)
   through the model in consecutive batches of `STATS_BATCH` and sums each BatchNorm layer's
-  per-batch mean and unbiased variance (`hetfl.core.client.bn_batch_statistics`);
+  per-batch mean and unbiased variance (`hetfl.core.client.program.bn_batch_statistics`);
 - the clients' sums are added in client-id order (`add_bn_statistics`) and the running
-  statistics set to their cumulative average (`hetfl.core.client.apply_bn_statistics`).
+  statistics set to their cumulative average (`hetfl.core.client.program.apply_bn_statistics`).
 
 `samples` (the config's `eval.stats_samples`): None, the default and the papers' choice, is
 every client's whole training set. An integer n is a speed option: client c's share is
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetfl.core.bn_statistics import BNStatistics, bn_batch_statistics
+from hetfl.core.client.bn_statistics import BNStatistics, bn_batch_statistics
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import torch_generator
 from hetfl.data.federation import largest_remainder

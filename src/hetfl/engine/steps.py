@@ -14,12 +14,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from hetfl.core.bn_statistics import has_batch_norm
-from hetfl.core.defences import RoundDecisions
+from hetfl.core.client.bn_statistics import has_batch_norm
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
+from hetfl.core.server.defences import RoundDecisions
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.state import state_bytes
-from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientData,
     ClientInfo,
@@ -35,8 +35,8 @@ from hetfl.core.types import (
     Trained,
     TrainedRound,
 )
-from hetfl.core.validate import result_problem
 from hetfl.engine.outputs import make_row
+from hetfl.engine.validate import result_problem
 from hetfl.systems.costs import MacCounter
 
 Groups = dict[str, dict[str, float | int]]
@@ -86,7 +86,7 @@ class RoundOutcome:
     `charges` what each asked client cost (`charge`), which `Counters.count_round` adds up
     and the per-client trace reports (`hetfl.engine.trace`); `phase_macs` and
     `phase_wall_s` the priced and measured work of the strategy's server phase, which the
-    clock places after the clients (`hetfl.core.server_phase`); `defence` what the
+    clock places after the clients (`hetfl.core.server.phase`); `defence` what the
     method's defence decided once the round is aggregated (None without one)."""
 
     results: list[ClientResult] = field(default_factory=list)

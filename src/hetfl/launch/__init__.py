@@ -23,7 +23,7 @@ Runtime installation of app dependencies (`uv sync`) is disabled on both sides: 
 none. Security is explicit: TLS certificates, or `--insecure` spelled out.
 """
 
-from hetfl.core.ports import free_port
+from hetfl.engine.ports import free_port
 from hetfl.launch.client import node_config, start_client
 from hetfl.launch.plumbing import Processes
 from hetfl.launch.security import Security

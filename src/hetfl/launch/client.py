@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from hetfl.config import ConfigError, RunConfig, load_raw, validate
-from hetfl.core.ports import free_port
+from hetfl.engine.ports import free_port
 from hetfl.launch.plumbing import flower_bin, require_flower
 from hetfl.launch.security import Security
 

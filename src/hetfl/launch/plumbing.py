@@ -1,6 +1,6 @@
 """One job: the processes `hetfl serve` and `hetfl client` start, found and ended together
 (descendants included), and Flower's commands of this environment (the ports and
-addresses they listen on: `hetfl.core.ports`)."""
+addresses they listen on: `hetfl.engine.ports`)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ import yaml
 
 from hetfl.config import ConfigError, RunConfig, expand_sweep, validate
 from hetfl.config.output import writable_folder
-from hetfl.core.ports import split_address, wait_for_port
 from hetfl.engine.outputs import NOTHING_AGGREGATED_EXIT, nothing_aggregated
+from hetfl.engine.ports import split_address, wait_for_port
 from hetfl.launch.client import CLIENT_APP
 from hetfl.launch.plumbing import Processes, flower_bin, require_flower
 from hetfl.launch.security import Security
@@ -190,8 +190,8 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     dataset loads (the server tests on it).
     """
     from hetfl.algorithms import ALGORITHMS
-    from hetfl.algorithms.parts.method_registry import needs_setup_query, refuse_simulator_only
     from hetfl.assembly import build_parts
+    from hetfl.core.simulator_only import needs_setup_query, refuse_simulator_only
     from hetfl.engine.rounds import setup_strategy
 
     if raw.get("sweep"):

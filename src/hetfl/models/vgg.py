@@ -8,7 +8,7 @@ Inconsistency Problem in Heterogeneous Federated Optimization", NeurIPS 2020; th
 code, `models/vgg.py`), which FedALRC's CIFAR-10 experiment follows: dropout with p = 0.5
 before each of the two hidden linear layers. Its masks come from a generator of their own
 per (seed, round, client) that the client program hands to the model for each task
-(`hetfl.core.dropout`), never from PyTorch's global RNG, so a round's result does not
+(`hetfl.core.client.dropout`), never from PyTorch's global RNG, so a round's result does not
 depend on the order clients run in; evaluation (eval mode) drops nothing.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetfl.core.dropout import SeededDropout
+from hetfl.core.client.dropout import SeededDropout
 
 #: Output channels of the convolutions, stage by stage (configuration "A").
 STAGES: tuple[tuple[int, ...], ...] = ((64,), (128,), (256, 256), (512, 512), (512, 512))

@@ -30,12 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetfl.core.bn_statistics import BNStatistics, apply_bn_statistics
-from hetfl.core.client import Programs
+from hetfl.core.client.bn_statistics import BNStatistics, apply_bn_statistics
+from hetfl.core.client.program import Programs
+from hetfl.core.server.strategy import Strategy
 from hetfl.core.server_program import ChannelCounts, ServerProgram, server_result_problem
 from hetfl.core.spec import Spec
-from hetfl.core.store import ClientStore, StoreSettings
-from hetfl.core.strategy import Strategy
 from hetfl.core.types import (
     ClientData,
     ClientInfo,
@@ -66,6 +65,7 @@ from hetfl.engine.steps import (
     run_pixels,
     task_bytes,
 )
+from hetfl.engine.store import ClientStore, StoreSettings
 from hetfl.sim.eval_exchange import scoring_exchange, statistics_exchange
 from hetfl.sim.executor import Executor, SequentialExecutor
 from hetfl.sim.tasks import ClientJob, LocalScoreItem, TaskOutcome
@@ -95,7 +95,7 @@ class Simulation(RoundLoop):
         capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
         client trainings (`hetfl.sim.executor`; default: sequentially, in process).
         `store` bounds the client store's memory; entries over its budget spill into
-        `run_dir/spill`, removed when `run` returns or raises (`hetfl.core.store`).
+        `run_dir/spill`, removed when `run` returns or raises (`hetfl.engine.store`).
         `sinks` receive the metrics rows too (experiment tracking)."""
         super().__init__(
             strategy,

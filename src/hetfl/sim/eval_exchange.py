@@ -16,10 +16,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 
-from hetfl.core.bn_statistics import BNStatistics
-from hetfl.core.client import Programs
+from hetfl.core.client.bn_statistics import BNStatistics
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import EVAL_BATCH
 from hetfl.core.pixels import PixelNorm
-from hetfl.core.scoring import EVAL_BATCH
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientData, State
 from hetfl.engine.global_eval import Score, Scoring

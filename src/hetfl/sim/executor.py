@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
 from hetfl.sim.tasks import ClientJob, TaskOutcome, WorkerContext, train_client, train_with_server

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 import torch
 import torch.multiprocessing
 
-from hetfl.core.client import Programs
+from hetfl.core.client.program import Programs
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
 from hetfl.sim.tasks import ClientJob, TaskOutcome, train_as_units

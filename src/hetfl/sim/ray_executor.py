@@ -25,7 +25,7 @@ the simulation, as with the process executor.
   answers; answers are returned in the units' order.
 - The same numerics as the process executor's workers: each actor sets the run's intra-op
   thread count and determinism and imports the run's plugins before its first unit, and
-  starts with the numeric pins of the driver's environment (`hetfl.core.numerics`,
+  starts with the numeric pins of the driver's environment (`hetfl.engine.numerics`,
   `runtime_env` env vars), so that on one machine a unit computes the sequential
   executor's bits.
 
@@ -54,13 +54,13 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
-from hetfl.core.client import Programs
-from hetfl.core.device import make_deterministic
-from hetfl.core.numerics import NUMERIC_ENV
+from hetfl.core.client.program import Programs
 from hetfl.core.plugins import load_plugins
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
-from hetfl.core.watchdog import Watchdog
+from hetfl.engine.device import make_deterministic
+from hetfl.engine.numerics import NUMERIC_ENV
+from hetfl.engine.watchdog import Watchdog
 from hetfl.sim.ray_session import CONNECT_TIMEOUT_S, join, start_local
 from hetfl.sim.tasks import (
     ClientJob,

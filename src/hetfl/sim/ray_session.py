@@ -4,7 +4,7 @@ however the run ends, or a running cluster, joined once its address answers.
 - A local Ray (`start_local`): Ray ties its GCS and raylet to the driver (they die with
   it), but not the processes the raylet starts; after a SIGKILL of the driver alone its
   agents (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) ran on for a minute. So a
-  watchdog (`hetfl.core.watchdog`), started before Ray and told Ray's session folder once
+  watchdog (`hetfl.engine.watchdog`), started before Ray and told Ray's session folder once
   it is up, kills every process that writes into that folder once the driver is gone, by
   any signal, or closes it.
 - A cluster (`join`): Ray's `ray.init` retries an address that does not answer for many
@@ -20,8 +20,8 @@ import logging
 import warnings
 from typing import Any
 
-from hetfl.core.ports import split_address, wait_for_port
-from hetfl.core.watchdog import Watchdog
+from hetfl.engine.ports import split_address, wait_for_port
+from hetfl.engine.watchdog import Watchdog
 
 #: How long `join` waits, by default, for a cluster's address to accept a connection: a
 #: head on a network answers in milliseconds, one still starting within seconds.

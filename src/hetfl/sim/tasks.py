@@ -9,7 +9,7 @@ item as tensors (views of the run's shared data block under the process executor
 - `train_with_server`: the same against its session of the round's server program (split
   learning), client and server side in one process;
 - `score_batch`: one fixed batch of a global evaluation (`EVAL_BATCH` samples,
-  `hetfl.core.scoring`): the engine adds the batches' losses in batch order, as
+  `hetfl.core.client.scoring`): the engine adds the batches' losses in batch order, as
   `evaluate_model` does in one process;
 - `client_statistics`: one client's part of the static-BN statistics pass
   (`hetfl.engine.statistics`); the engine adds the parts in client-id order;
@@ -31,12 +31,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from hetfl.core.bn_statistics import BNStatistics
-from hetfl.core.client import Programs
+from hetfl.core.client.bn_statistics import BNStatistics
+from hetfl.core.client.program import Programs
+from hetfl.core.client.scoring import score_batch_of
 from hetfl.core.init import build_model
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm, model_inputs
-from hetfl.core.scoring import score_batch_of
 from hetfl.core.server_program import Channel, ChannelCounts, ServerProgram
 from hetfl.core.spec import Spec
 from hetfl.core.types import (

@@ -3,9 +3,9 @@
 For a GPU, where one small client's step leaves the device mostly idle. Clients whose jobs
 have the same spec, the same training settings and the same payload names form a group;
 their tensors are stacked on a leading client dimension (K, ...), and every step runs the
-one local step (`hetfl.core.local.loop.LocalStep`) on the stack (`hetfl.core.local.stacked`):
+one local step (`hetfl.core.client.loop.LocalStep`) on the stack (`hetfl.core.client.stacked`):
 its loss's gradient under one `torch.func.vmap` (`torch.func.functional_call` on the shared
-template), then its update, each part as it declares (`hetfl.core.local.parts.Vectorises`):
+template), then its update, each part as it declares (`hetfl.core.client.recipe.Vectorises`):
 a per-client part under `vmap`, an elementwise one (SGD, the proximal term) on the stack as
 it is. On a CPU it is slower than the sequential executor: there the lever is processes.
 
@@ -19,7 +19,7 @@ says it (`describe`). A round with a server program (split learning exchanges wi
 server every batch) runs entirely in the sequential executor.
 
 What it reproduces. Each client draws its mini-batches from its own generator exactly as
-`hetfl.core.local.loop.batch_order` does in its sequential training, in the same order, and
+`hetfl.core.client.loop.batch_order` does in its sequential training, in the same order, and
 starts from the same tensors (`ClientProgram.own_tensors`); its answer is built by the same
 `ClientProgram.output`. A part's per-client constants (`TrainContext.constant`: HeteroFL's
 mask of a client's classes) are made on each client's own context by one forward of its
@@ -56,11 +56,11 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from hetfl.core.client import ClientProgram, Programs, trainable_names
-from hetfl.core.dropout import SeededDropout
-from hetfl.core.local.loop import LocalStep, Tally, batch_order, model_call
-from hetfl.core.local.parts import TrainContext
-from hetfl.core.local.stacked import on_stack, stacked_gradient
+from hetfl.core.client.dropout import SeededDropout
+from hetfl.core.client.loop import LocalStep, Tally, batch_order, model_call
+from hetfl.core.client.program import ClientProgram, Programs, trainable_names
+from hetfl.core.client.recipe import TrainContext
+from hetfl.core.client.stacked import on_stack, stacked_gradient
 from hetfl.core.pixels import model_inputs
 from hetfl.core.roles import tensor_roles
 from hetfl.core.server_program import ServerProgram
@@ -247,7 +247,7 @@ def _groups(
 class _Stack:
     """The group's tensors stacked on a leading client dimension (K, ...): trainable
     `params`, `buffers` (BatchNorm statistics, frozen tensors), the optimiser's `state`
-    (by its `hetfl.core.local.optim` names), the `received` payload (the proximal anchor)
+    (by its `hetfl.core.client.optim` names), the `received` payload (the proximal anchor)
     and the parts' `constants` (`TrainContext.constant`); the last two read only."""
 
     params: dict[str, torch.Tensor]

@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from hetfl.core.device import make_deterministic
 from hetfl.core.plugins import load_plugins
+from hetfl.engine.device import make_deterministic
 from hetfl.sim.tasks import WorkerContext
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 

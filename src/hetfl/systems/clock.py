@@ -13,7 +13,7 @@ A client's round, under its device profile (`hetfl.systems.profiles`):
 The round takes as long as its slowest participant, but the server never waits past the
 deadline: clients whose `total_s` exceeds it are dropped (they count in `failed`) and the
 round then takes exactly the deadline. A strategy's server phase (FedGKT's server
-training, `hetfl.core.server_phase`) starts after that and adds its MACs at the server
+training, `hetfl.core.server.phase`) starts after that and adds its MACs at the server
 rate (`phase_s`). Every client's server side runs at the full server
 rate (the server is taken to serve its clients in parallel).
 
@@ -100,7 +100,7 @@ class Clock:
         return Problem("deadline", f"missed the deadline: {times.total_s:.4g} s > {deadline:g} s")
 
     def phase_s(self, macs: int, wall_s: float = 0.0) -> float:
-        """Seconds of a round's server phase (`hetfl.core.server_phase`), which starts once
+        """Seconds of a round's server phase (`hetfl.core.server.phase`), which starts once
         every client has finished: its MACs at the server rate (measured clock: its wall
         time scaled by `cpu_rate / server_rate`)."""
         s = self.settings

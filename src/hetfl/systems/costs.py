@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hetfl.core.dropout import dropout_masks
+from hetfl.core.client.dropout import dropout_masks
 from hetfl.core.init import build_model
 from hetfl.core.spec import Spec
 from hetfl.core.types import ModelFamily, PassRecord

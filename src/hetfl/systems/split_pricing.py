@@ -1,5 +1,5 @@
 """A split model's cuts priced by the cost model that charges the clients, for methods that
-plan from them (DTFL's tier profiling; `hetfl.core.split_costs`).
+plan from them (DTFL's tier profiling; `hetfl.core.pricing`).
 
 For a cut given as the specs of its two sides, on a batch of B samples:
 
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from hetfl.core.init import build_model
+from hetfl.core.pricing import CutCost, check_rate
 from hetfl.core.spec import Spec, local_names
-from hetfl.core.split_costs import CutCost, check_rate
 from hetfl.core.types import ModelFamily
 from hetfl.systems.products import MacTally
 

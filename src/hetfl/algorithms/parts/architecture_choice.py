@@ -42,14 +42,14 @@ from pydantic import Field, model_validator
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions
 from hetfl.algorithms.parts.widths import full_width_base
-from hetfl.core.assign import LARGEST
+from hetfl.algorithms.parts.zico import zico
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import model_inputs
+from hetfl.core.pricing import PassPricing
+from hetfl.core.server.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientData, ClientInfo, ModelFamily, PassRecord
-from hetfl.core.zico import zico
 from hetfl.models.scalable import depth_blocks
-from hetfl.systems.costs import MacCounter
 
 Choice = Literal["zico", "random"]
 #: The ZiCo scores a client declares, by candidate label (`ZicoQuery`).
@@ -156,7 +156,8 @@ class ArchitectureChoice:
     NeFL's step sizes). `architecture(candidate)` is the same at
     `ARCHITECTURE_NORMALISATION`, whatever the method: candidates are priced (MACs at the
     base's input shape, hence budgets and the smallest) and scored (ZiCo) there, so the
-    choice depends on the architectures alone and is the same under every method."""
+    choice depends on the architectures alone and is the same under every method. `macs`
+    prices them (the cost model that charges the clients, injected by the face)."""
 
     def __init__(
         self,
@@ -166,6 +167,7 @@ class ArchitectureChoice:
         *,
         method: str,
         choice: Choice,
+        macs: PassPricing,
         normalisation: Mapping[str, Any] = ARCHITECTURE_NORMALISATION,
         budgets: Sequence[float] | None = None,
         limited_share: float = 0.5,
@@ -178,6 +180,7 @@ class ArchitectureChoice:
             )
         self.family, self.base, self.candidates = family, base, list(candidates)
         self.method, self.normalisation = method, dict(normalisation)
+        self.pricing = macs
         self.choice, self.budgets, self.limited_share = choice, budgets, limited_share
         self.by_label = {c.label: c for c in self.candidates}
         self.by_spec = {self.spec(c): c for c in self.candidates}
@@ -215,9 +218,7 @@ class ArchitectureChoice:
         """Forward MACs of one sample through the candidate's architecture."""
         if candidate not in self._macs:
             record = PassRecord(self.architecture(candidate), "forward", 1, 1)
-            self._macs[candidate] = MacCounter(self.family).pass_macs(
-                record, self.base["input_shape"]
-            )
+            self._macs[candidate] = self.pricing.pass_macs(record, self.base["input_shape"])
         return self._macs[candidate]
 
     def setup(self, clients: Sequence[ClientInfo]) -> None:
@@ -366,7 +367,8 @@ class ArchitectureChoice:
 
 
 class ZicoQuery:
-    """A client's answer at set-up: the ZiCo score (`hetfl.core.zico`) of every candidate's
+    """A client's answer at set-up: the ZiCo score (`hetfl.algorithms.parts.zico`) of every
+    candidate's
     architecture (`ArchitectureChoice.architecture`: the same scores under every method),
     each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of `batch_size` drawn
     from its own training data (`SetupQuery`)."""
@@ -409,16 +411,18 @@ def architecture_choice(
     method: str,
     normalisation: Mapping[str, Any],
     batch_size: int,
+    macs: PassPricing,
 ) -> tuple[ArchitectureChoice, ZicoQuery | None]:
     """The assignment `opts` describes on `family`'s full-width model, with the method's
-    `normalisation`, and the set-up query its choice needs: ZiCo's over mini-batches of
-    `batch_size` (the run's), or none."""
+    `normalisation`, its candidates priced by `macs`, and the set-up query its choice
+    needs: ZiCo's over mini-batches of `batch_size` (the run's), or none."""
     choice = ArchitectureChoice(
         family,
         full_width_base(family, method),
         candidate_grid(opts.depths, opts.widths),
         method=method,
         choice=opts.choice,
+        macs=macs,
         normalisation=normalisation,
         budgets=opts.budgets,
         limited_share=opts.limited_share,

@@ -1,8 +1,8 @@
 """Evaluation parts of the methods whose clients train architectures
-(`hetfl.core.evaluation`, `architecture_choice`): each architecture some client chose, on
+(`hetfl.core.server.evaluation`, `architecture_choice`): each architecture some client chose, on
 the global test set, grouped `arch=<label>`, and a client judged by its own architecture,
 grouped `local arch=<label>`. Each model reads the global tensors through its spec's shared
-map, so tensors a method keeps per group (`hetfl.core.maps.Grouped`: NeFL's per-sub-model
+map, so tensors a method keeps per group (`hetfl.core.server.maps.Grouped`: NeFL's per-sub-model
 BatchNorm, FlexiFed's per-path layers) load as the architecture's own.
 
 FedFA (Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD
@@ -21,7 +21,7 @@ import torch
 
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate
 from hetfl.algorithms.parts.width_eval import eval_model_at
-from hetfl.core.evaluation import Layout
+from hetfl.core.server.evaluation import Layout
 from hetfl.core.spec import Spec
 from hetfl.core.state import State, extract
 from hetfl.core.types import ClientInfo, EvalModel, EvalTask

@@ -25,14 +25,14 @@ from hetfl.algorithms.parts.architecture_choice import (
     ZicoQuery,
 )
 from hetfl.algorithms.parts.architecture_eval import ArchitectureModels, OwnArchitecture
-from hetfl.core.local.parts import CrossEntropy, LocalRecipe
-from hetfl.core.local.terms import MaskedCrossEntropy
-from hetfl.core.maps import LabelSplit, MapTransform
-from hetfl.core.server_update import Averaged
-from hetfl.core.strategy import Strategy
+from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
+from hetfl.core.client.terms import MaskedCrossEntropy
+from hetfl.core.server.maps import LabelSplit, MapTransform
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.update import Averaged
+from hetfl.core.server.weighting import Scaling, weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import Scaling, weighting
 
 
 def architecture_strategy(

@@ -3,7 +3,7 @@
 He, Annavaram and Avestimehr, "Group Knowledge Transfer: Federated Learning of Large CNNs
 at the Edge" (NeurIPS 2020, §3, Algorithm 1, server part; FedML-AI/FedML
 `simulation/mpi/fedgkt/GKTServerTrainer.py`, `train_large_model_on_the_server`). Once the
-round's clients have uploaded (`hetfl.core.server_phase`), for each of `epochs` epochs the
+round's clients have uploaded (`hetfl.core.server.phase`), for each of `epochs` epochs the
 server runs through the clients in id order and each client's samples batch by batch:
 forward the feature maps through the server model (md2..md8), the loss (cross-entropy,
 plus alpha · KD(server ‖ client logits) with distillation on the server), zero the
@@ -30,12 +30,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hetfl.algorithms.parts.gkt_distill import kd_loss
+from hetfl.core.client.loop import model_call
+from hetfl.core.client.optim import optimiser_for, param_groups
+from hetfl.core.client.recipe import ModelCall
 from hetfl.core.init import build_model
-from hetfl.core.local.distill import kd_loss
-from hetfl.core.local.loop import model_call
-from hetfl.core.local.optim import optimiser_for, param_groups
-from hetfl.core.local.parts import ModelCall
-from hetfl.core.server_phase import PhaseResult, Upload
+from hetfl.core.server.phase import PhaseResult, Upload
 from hetfl.core.spec import Spec
 from hetfl.core.state import State, extract
 from hetfl.core.training import LocalTraining
@@ -47,7 +47,7 @@ EXTRA = "server_phase"
 
 @dataclass
 class GKTServer:
-    """The phase (`hetfl.core.server_phase.ServerPhase`) for the server model `spec` of
+    """The phase (`hetfl.core.server.phase.ServerPhase`) for the server model `spec` of
     `family`, trained with `settings` (its optimiser, lr, weight decay, batch size) for
     `epochs`; `feature_channels` is the channel count of an uploaded feature map."""
 

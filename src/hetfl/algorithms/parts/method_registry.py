@@ -25,16 +25,16 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetfl import catalogue
-from hetfl.core.assign import CyclicSampling, UniformSampling
+from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.kinds import choose
-from hetfl.core.local.parts import LocalRecipe
-from hetfl.core.reducers import REDUCERS, ReducerChoice
+from hetfl.core.pricing import PassPricing, SplitPricing
 from hetfl.core.registry import Registry
-from hetfl.core.split_costs import SplitPricing
-from hetfl.core.strategy import Strategy
+from hetfl.core.server.assign import CyclicSampling, UniformSampling
+from hetfl.core.server.reducers import REDUCERS, ReducerChoice
+from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.weighting import WeightingName
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
-from hetfl.core.weighting import WeightingName
 
 #: The kind of model a method requires (`Algorithm.needs`).
 ModelKind = Literal["any", "scalable", "composed", "split"]
@@ -58,7 +58,7 @@ class Options(BaseModel):
 
 class ReducerOptions(Options):
     """How a method that averages client tensors reduces them: `reducer`, a kind of
-    `hetfl.core.reducers.REDUCERS` with its own options, `{kind: trimmed-mean, trim: 0.1}`,
+    `hetfl.core.server.reducers.REDUCERS` with its own options, `{kind: trimmed-mean, trim: 0.1}`,
     or a bare kind name, `median`; `mean`, the weighted mean, by default. Every reduction of
     a round uses it, FedNova's normalised deltas included. The trimmed mean's `trim` belongs
     to the reducer: a `trim` beside `reducer` (the earlier form) is refused with the new one."""
@@ -82,10 +82,10 @@ class ReducerOptions(Options):
 
 
 class AggregationOptions(ReducerOptions):
-    """The reducer, the clients' weights (`hetfl.core.weighting`): by training-sample
+    """The reducer, the clients' weights (`hetfl.core.server.weighting`): by training-sample
     count (FedAvg's p_k, the default) or `uniform`, and how clients are sampled:
     `uniform`, afresh each round (FedAvg's Algorithm 1), or `cyclic`, uniformly without
-    replacement across rounds (`hetfl.core.assign.CyclicSampling`)."""
+    replacement across rounds (`hetfl.core.server.assign.CyclicSampling`)."""
 
     weighting: WeightingOption = "samples"
     sampling: Literal["uniform", "cyclic"] = Field(
@@ -112,11 +112,14 @@ class Algorithm:
     `simulator_only`, when set, says why the method runs in the simulator only (split
     learning's per-batch exchange with the server, FedGKT's round-level server phase):
     `hetfl serve` and the Flower server refuse it before anything starts, with this
-    reason (`refuse_simulator_only`).
+    reason (`hetfl.core.simulator_only.refuse_simulator_only`).
 
     `needs_costs` marks a method that plans from the cost model (DTFL's tier scheduler): its
-    `make` also takes `costs`, a `hetfl.core.split_costs.SplitPricing` the face builds from
-    the run's device profiles, and a run without profiles cannot build it.
+    `make` also takes `costs`, a `hetfl.core.pricing.SplitPricing` the face builds from
+    the run's device profiles, and a run without profiles cannot build it. `needs_macs`
+    marks a method that prices its candidate models by their MACs (FedFA's architecture
+    choice): its `make` also takes `macs`, a `hetfl.core.pricing.PassPricing` the face
+    builds from the model family (`hetfl.systems.costs.MacCounter`).
     """
 
     name: str
@@ -126,6 +129,7 @@ class Algorithm:
     needs: ModelKind = "any"
     simulator_only: str | None = None
     needs_costs: bool = False
+    needs_macs: bool = False
 
     def build(
         self,
@@ -135,55 +139,30 @@ class Algorithm:
         clients_per_round: int,
         train: LocalTraining,
         costs: SplitPricing | None = None,
+        macs: PassPricing | None = None,
     ) -> tuple[Strategy, LocalRecipe]:
         """The method's strategy and recipe; `costs` reaches `make` only when the method
-        `needs_costs`, and must then be given."""
+        `needs_costs`, `macs` only when it `needs_macs`, and each must then be given."""
         opts = options if isinstance(options, Options) else self.options(**(options or {}))
-        if not self.needs_costs:
-            return self.make(family, opts, clients_per_round=clients_per_round, train=train)
-        if costs is None:
-            raise ValueError(
-                f"{self.name} plans from the clients' simulated times and the cost model: "
-                "add a system: section with device profiles (e.g. system: {preset: dtfl})"
-            )
-        return self.make(
-            family, opts, clients_per_round=clients_per_round, train=train, costs=costs
-        )
+        priced: dict[str, SplitPricing | PassPricing] = {}
+        if self.needs_costs:
+            if costs is None:
+                raise ValueError(
+                    f"{self.name} plans from the clients' simulated times and the cost model: "
+                    "add a system: section with device profiles (e.g. system: {preset: dtfl})"
+                )
+            priced["costs"] = costs
+        if self.needs_macs:
+            if macs is None:
+                raise ValueError(
+                    f"{self.name} prices its candidate models by their MACs: pass "
+                    "macs=hetfl.systems.costs.MacCounter(family)"
+                )
+            priced["macs"] = macs
+        return self.make(family, opts, clients_per_round=clients_per_round, train=train, **priced)
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
-
-
-class SimulatorOnlyError(ValueError):
-    """A method that only the simulator can run (`Algorithm.simulator_only`)."""
-
-
-#: Why a strategy with a server program, built outside the registry, cannot run elsewhere.
-NEEDS_SERVER_PROGRAM = (
-    "it needs a server program (split learning: a per-batch exchange with the server) or a "
-    "round-level server phase"
-)
-
-
-def needs_setup_query(instead: str) -> str:
-    """Why a strategy with a set-up query (`Strategy.setup_query`) runs in the simulator
-    only, with what to configure `instead`."""
-    return (
-        "its set-up asks each client a question about its own data, which the Flower "
-        f"adapter cannot send its nodes yet; {instead}"
-    )
-
-
-def refuse_simulator_only(algorithm: str, why: str | None) -> None:
-    """Refuse a method whose `why` (its `Algorithm.simulator_only`) is set, before an
-    engine other than the simulator starts anything: `hetfl serve` after validating the
-    config, the Flower server when it is built."""
-    if why is not None:
-        raise SimulatorOnlyError(
-            f"algorithm {algorithm!r} runs in the simulator only: {why}. Run it with "
-            "`hetfl run CONFIG` (the in-process simulator; device profiles give its "
-            "simulated time); `hetfl serve` and the Flower adapter cannot run it yet"
-        )
 
 
 Make = TypeVar("Make", bound=Callable[..., tuple[Strategy, LocalRecipe]])
@@ -196,14 +175,15 @@ def register_algorithm(
     needs: ModelKind = "any",
     simulator_only: str | None = None,
     needs_costs: bool = False,
+    needs_macs: bool = False,
     summary: str | None = None,
     summaries: Mapping[str, str] = catalogue.ALGORITHMS,
 ) -> Callable[[Make], Make]:
     """Registers the decorated `make` in `ALGORITHMS` as `name`, with its `summary` (a
     plugin's) or else its summary from `summaries` (the catalogue, for a built-in method),
     and returns it unchanged, so decorators stack: one per name that `make` builds. `needs`,
-    `simulator_only` and `needs_costs` are `Algorithm`'s. A taken name raises ValueError; a
-    name without a summary, KeyError."""
+    `simulator_only`, `needs_costs` and `needs_macs` are `Algorithm`'s. A taken name raises
+    ValueError; a name without a summary, KeyError."""
     if summary is None:
         if name not in summaries:
             raise KeyError(
@@ -215,7 +195,9 @@ def register_algorithm(
     described = summary
 
     def register(make: Make) -> Make:
-        algorithm = Algorithm(name, described, options, make, needs, simulator_only, needs_costs)
+        algorithm = Algorithm(
+            name, described, options, make, needs, simulator_only, needs_costs, needs_macs
+        )
         ALGORITHMS.register(name, algorithm)
         return make
 

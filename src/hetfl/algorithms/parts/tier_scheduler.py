@@ -28,7 +28,7 @@ client as m grows). Per round:
    without becoming the straggler. A client without a history gets a default tier (the
    code's: paper tier 2).
 
-Profiles (`CutCost`, `hetfl.core.split_costs`) come from HetFL's cost model: T^cp(m) the
+Profiles (`CutCost`, `hetfl.core.pricing`) come from HetFL's cost model: T^cp(m) the
 client MACs of one batch (a ratio, so the client's rate cancels), T^sp(m) the server MACs
 of one batch over the server rate. Communication is the client model down and back up plus
 Ñ_k batches of activations and labels up, at the client's last observed link rates (the
@@ -44,8 +44,8 @@ from typing import Any, Literal
 
 import torch
 
+from hetfl.core.pricing import CutCost
 from hetfl.core.spec import Spec
-from hetfl.core.split_costs import CutCost
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientTimes
 
@@ -124,7 +124,7 @@ def choose_tiers(estimates: Sequence[Mapping[int, float]]) -> tuple[float, list[
 
 
 class TierScheduler:
-    """The assignment part of DTFL's strategy (`hetfl.core.assign.JointAssignment`): the
+    """The assignment part of DTFL's strategy (`hetfl.core.server.assign.JointAssignment`): the
     round's clients' tiers, chosen together. It keeps each (client, tier)'s smoothed time
     and the round of each client's last absorbed times, as extra state."""
 

@@ -1,4 +1,4 @@
-"""Which width level each client trains: `WidthAssignment` (a `hetfl.core.assign.Assignment`)
+"""Which width level each client trains: `WidthAssignment` (a `hetfl.core.server.assign.Assignment`)
 and its draws, shared by HeteroFL, FjORD and FLANC: fixed proportions, a level redrawn per
 client and round, FLANC's joint draw until every level appears, and declared capacities
 quantised to the levels.
@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 
 from hetfl.algorithms.parts.widths import LevelSpec, shares
-from hetfl.core.assign import LARGEST
+from hetfl.core.server.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo
 

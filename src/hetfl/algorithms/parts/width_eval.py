@@ -1,4 +1,4 @@
-"""Evaluation parts of the width-sliced methods (`hetfl.core.evaluation`): every level's
+"""Evaluation parts of the width-sliced methods (`hetfl.core.server.evaluation`): every level's
 model on the global test set (`LevelModels`, `level_models`), and a client judged by the
 full-rate model (`FullRateMasked`, HeteroFL's local accuracy) or by its own level
 (`OwnLevel`); HeteroFL's choice among them (`sliced_evaluation`).
@@ -15,8 +15,8 @@ from pydantic import Field
 from hetfl.algorithms.parts.width_assignment import WidthAssignment
 from hetfl.algorithms.parts.width_norms import LevelNorm
 from hetfl.algorithms.parts.widths import LevelSpec
-from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, WholeModel
 from hetfl.core.init import build_model
+from hetfl.core.server.evaluation import GlobalEval, Layout, LocalEval, WholeModel
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import State, extract
 from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily

@@ -1,16 +1,16 @@
 """Reduction and server updates: how a round's results become the new global state — parts
-of a `Strategy` (`hetfl.core.strategy`).
+of a `Strategy` (`hetfl.core.server.strategy`).
 
 A *reducer* combines client tensors written through their index maps, element by element:
 any `hetfl.core.state.ReducerFactory`, `reference -> Reducer` with `add(local, index_map,
 weight, scale)` and `result(previous, fill)` (the `Accumulator`'s weighted mean is the
-default; `hetfl.core.robust` has the coordinate-wise median and trimmed mean). Every
+default; `hetfl.core.server.robust` has the coordinate-wise median and trimmed mean). Every
 reduction of a round goes through it: the weights (fill "keep": an element no client covers
 keeps its value) and the deltas a direction is made of (fill "zero").
 
 A *server update* takes the global state and the reduced weights and returns the new
 state: `Averaged` keeps the reduced weights (FedAvg); `Optimised` moves the trainable
-parameters along a *direction* with a server optimiser (`hetfl.core.server_opt`) and takes
+parameters along a *direction* with a server optimiser (`hetfl.core.server.optimisers`) and takes
 the reduced weights for the rest (BatchNorm buffers). Directions compose:
 `pseudo_gradient` (FedOpt), `NormalisedStep` (FedNova), `Scaled` (FedALRC's γ). The
 optimiser's moments are the update's `extra_state`, checkpointed with the strategy.
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from hetfl.core.server_opt import ServerOptimizer
+from hetfl.core.server.optimisers import ServerOptimizer
 from hetfl.core.spec import IndexMap
 from hetfl.core.state import Fill, ReducerFactory, State, extract
 from hetfl.core.types import ClientResult

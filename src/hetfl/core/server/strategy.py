@@ -2,25 +2,25 @@
 final class composed from parts.
 
 A method is a `Strategy` built from parts (the server's half) plus a `LocalRecipe` (the
-clients' half, `hetfl.core.local.parts`: forward, loss terms, gradient transforms,
+clients' half, `hetfl.core.client.recipe`: forward, loss terms, gradient transforms,
 projections, trackers, backward; the optimiser comes from the `LocalTraining` settings).
 The strategy's parts:
 
-- a `Sampler` and an `Assignment` (`hetfl.core.assign`): which clients a round asks, and
+- a `Sampler` and an `Assignment` (`hetfl.core.server.assign`): which clients a round asks, and
   which spec each trains (at set-up and this round), with every spec a client may train;
-- map transforms (`hetfl.core.maps`), chained: private layers, label-split masks;
-- a weighting per result and an optional round-level scaling (`hetfl.core.weighting`:
-  factors computed from all of the round's results, FedFA's `hetfl.core.norm_scaling`);
+- map transforms (`hetfl.core.server.maps`), chained: private layers, label-split masks;
+- a weighting per result and an optional round-level scaling (`hetfl.core.server.weighting`:
+  factors computed from all of the round's results, FedFA's `hetfl.algorithms.parts.fedfa_scaling`);
 - a reducer factory (`hetfl.core.state`: the `Accumulator`'s weighted mean by default;
-  `hetfl.core.robust`: coordinate-wise median and trimmed mean), through which every
+  `hetfl.core.server.robust`: coordinate-wise median and trimmed mean), through which every
   reduction of a round goes;
-- a server update (`hetfl.core.server_update`): the reduced weights, or a server optimiser
+- a server update (`hetfl.core.server.update`): the reduced weights, or a server optimiser
   on a direction (FedOpt's pseudo-gradient, FedNova's normalised step);
-- evaluation parts (`hetfl.core.evaluation`): the models tested globally, each client's
+- evaluation parts (`hetfl.core.server.evaluation`): the models tested globally, each client's
   local task;
 - optionally a set-up query (`SetupQuery`: what each client declares from its own data
   before set-up, which the engine asks), a server side for split learning
-  (`ServerSide`), a round-level server phase (`hetfl.core.server_phase`: FedGKT's server
+  (`ServerSide`), a round-level server phase (`hetfl.core.server.phase`: FedGKT's server
   training on all uploads, after the aggregation and its round-level scaling), a pooled
   evaluation on the clients' own splits (`pooled_eval`), declared global tensors,
   a description for the run summary, an observer of metrics rows and the fields it declares
@@ -66,22 +66,23 @@ from typing import Any, NamedTuple, Protocol, final, runtime_checkable
 
 import torch
 
-from hetfl.core.assign import Assignment, Sampler, SeededAssignment, round_specs
 from hetfl.core.declared import DeclaredTensor, build_declared
-from hetfl.core.defences import DecisionRecorder, RoundDecisions
-from hetfl.core.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
 from hetfl.core.init import build_model, initialize
-from hetfl.core.maps import MapTransform
 from hetfl.core.plateau import PlateauLr
 from hetfl.core.rng import sibling_generator
-from hetfl.core.server_phase import PhaseResult, ServerPhase, Upload
-from hetfl.core.server_program import ServerProgram
-from hetfl.core.server_update import (
+from hetfl.core.server.assign import Assignment, Sampler, SeededAssignment, round_specs
+from hetfl.core.server.defences import DecisionRecorder, RoundDecisions
+from hetfl.core.server.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
+from hetfl.core.server.maps import MapTransform
+from hetfl.core.server.phase import PhaseResult, ServerPhase, Upload
+from hetfl.core.server.update import (
     Contribution,
     RoundResults,
     ServerUpdate,
     reduce,
 )
+from hetfl.core.server.weighting import Scaling, Weighting
+from hetfl.core.server_program import ServerProgram
 from hetfl.core.spec import IndexMap, Spec, ungrouped
 from hetfl.core.state import Accumulator, ReducerFactory, extract
 from hetfl.core.training import LocalTraining
@@ -96,7 +97,6 @@ from hetfl.core.types import (
     State,
     TrainedRound,
 )
-from hetfl.core.weighting import Scaling, Weighting
 
 
 class ServerSide(Protocol):
@@ -132,7 +132,7 @@ TraceFields = Callable[[ClientInfo, ClientTask | None], Mapping[str, Any]]
 
 class Aggregated(NamedTuple):
     """A round's aggregation: the new global state, and what the method's defence decided
-    for each trained client (`hetfl.core.defences`; None without a defence or results)."""
+    for each trained client (`hetfl.core.server.defences`; None without a defence or results)."""
 
     state: State
     defence: RoundDecisions | None

@@ -1,5 +1,5 @@
 """The local step on clients stacked on a leading dimension (K, ...): the one `LocalStep`
-(`hetfl.core.local.loop`) run as its parts declare (`hetfl.core.local.parts.Vectorises`),
+(`hetfl.core.client.loop`) run as its parts declare (`hetfl.core.client.recipe.Vectorises`),
 for the vectorised executor (`hetfl.sim.vectorised`).
 
 `stacked_gradient` takes every client's gradient of its batch's total loss at once, a
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from hetfl.core.local.loop import LocalStep, PartCall, StepTensors, model_call
-from hetfl.core.local.parts import TrainContext, Vectorises, vectorisation
+from hetfl.core.client.loop import LocalStep, PartCall, StepTensors, model_call
+from hetfl.core.client.recipe import TrainContext, Vectorises, vectorisation
 from hetfl.core.types import State
 
 #: `(params, buffers, x (K, B, ...), y (K, B), ctx) -> (grads, (losses (K,), buffers))`.

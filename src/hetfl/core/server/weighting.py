@@ -1,5 +1,5 @@
 """Weighting and scaling: how much each result counts in aggregation — parts of a
-`Strategy` (`hetfl.core.strategy`).
+`Strategy` (`hetfl.core.server.strategy`).
 
 A weighting gives a result its weight `p_k` (a float, or a mapping from global tensor name
 to float, for per-tensor weights); the reducer normalises the weights over the clients
@@ -7,7 +7,7 @@ covering each element. A scaling, optional, multiplies each result's tensors per
 tensor before the reduction; it does not enter the normaliser. It is a round-level part: it
 sees every result of the round with its task before any is scaled, since a factor may
 depend on the other clients (FedFA's α, a mean of all the clients' norms over one client's:
-`hetfl.core.norm_scaling`).
+`hetfl.algorithms.parts.fedfa_scaling`).
 """
 
 from __future__ import annotations

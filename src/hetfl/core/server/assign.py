@@ -1,5 +1,5 @@
 """Which clients a round asks (sampling) and which model spec each one trains (assignment):
-two of the parts a `Strategy` is composed from (`hetfl.core.strategy`).
+two of the parts a `Strategy` is composed from (`hetfl.core.server.strategy`).
 
 A sampler picks the round's clients from those the engine can reach; an assignment gives
 every client known at set-up its spec, says which spec a sampled client trains this round

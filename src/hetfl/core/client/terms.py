@@ -1,4 +1,4 @@
-"""Generic parts of local training (`hetfl.core.local.parts`) that several methods use."""
+"""Generic parts of local training (`hetfl.core.client.recipe`) that several methods use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from hetfl.core.local.parts import ModelCall, TrainContext, Vectorises
+from hetfl.core.client.recipe import ModelCall, TrainContext, Vectorises
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Evaluation parts of a `Strategy` (`hetfl.core.strategy`): which models are tested on the
+"""Evaluation parts of a `Strategy` (`hetfl.core.server.strategy`): which models are tested on the
 global test set (`GlobalEval`), and how each client is judged on its local split
 (`LocalEval`).
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hetfl.core.local.parts import TrainContext, Vectorises
+from hetfl.core.client.recipe import TrainContext, Vectorises
 
 #: `(Q, B, C, ctx) -> signs` of shape (Q, B, C) in {-1, +1}; tests inject fixed signs.
 SignSource = Callable[[int, int, int, TrainContext], torch.Tensor]

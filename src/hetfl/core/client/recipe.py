@@ -2,13 +2,13 @@
 
 A method declares its local training as a `LocalRecipe`: a forward variant, loss terms,
 gradient transforms, projections after the step, trackers and a backward. The loop
-(`hetfl.core.local.loop`) runs, per mini-batch (x: (B, ...), y: (B,)):
+(`hetfl.core.client.loop`) runs, per mini-batch (x: (B, ...), y: (B,)):
 
     outputs, per_sample = recipe.forward(model, x, y, ctx)       # model: a `ModelCall`
     total = per_sample.mean() + Σ term(outputs, y, per_sample, ctx) for the loss terms
     recipe.backward(total, ctx)                                   # fills ctx.params' grads
     transform(grads, ctx.params, ctx) for each gradient transform, then clipping
-    the optimiser's step (`hetfl.core.local.optim`)
+    the optimiser's step (`hetfl.core.client.optim`)
     project(ctx.params, ctx) for each projection
     tracker.after_step(ctx) for each tracker
 
@@ -63,7 +63,7 @@ def vectorisation(part: object) -> Vectorises | str:
     declared = getattr(part, "vectorises", None)
     if isinstance(declared, Vectorises | str):
         return declared
-    return "declares no `vectorises` (hetfl.core.local.parts.Vectorises, or why not)"
+    return "declares no `vectorises` (hetfl.core.client.recipe.Vectorises, or why not)"
 
 
 def part_name(part: object) -> str:

@@ -14,10 +14,10 @@ Built in:
 - `krum` (option `f`) and `multi-krum` (`f`, and `m`, default n − f): Blanchard et al.'s
   selection (NeurIPS 2017, §4) over the elements both clients cover, then the weighted
   mean of the kept clients; a round with n <= 2f + 2 valid results takes the median
-  (`hetfl.core.defences`).
+  (`hetfl.core.server.defences`).
 
 `median` and `trimmed-mean` are Yin et al.'s estimators (ICML 2018, §3, Definitions 1
-and 2), unweighted (`hetfl.core.robust`). A config writes
+and 2), unweighted (`hetfl.core.server.robust`). A config writes
 `reducer: {kind: trimmed-mean, trim: 0.1}`, or the bare name of a kind without required
 options (`reducer: median`).
 
@@ -45,10 +45,10 @@ from typing import Annotated, Any, TypeVar
 from pydantic import Field, PlainSerializer, PlainValidator, field_validator
 
 from hetfl import catalogue
-from hetfl.core.defences import ClippingReducer, KrumReducer, check_krum
 from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
 from hetfl.core.registry import Registry
-from hetfl.core.robust import CoordinateReducer, median, trimmed_mean
+from hetfl.core.server.defences import ClippingReducer, KrumReducer, check_krum
+from hetfl.core.server.robust import CoordinateReducer, median, trimmed_mean
 from hetfl.core.state import Accumulator, ReducerFactory
 
 REDUCERS: Registry[Kind[ReducerFactory]] = Registry("reducer")

@@ -14,7 +14,7 @@ to clean up) and reads a pipe from its starter, one folder per line. End of file
 starter died, or called `close`), or a parent other than its starter, means the end: it
 kills, with SIGKILL, every process (its starter and itself excepted) that holds a file under
 one of the folders open for writing, again until none is left, then exits. Run as
-`python -m hetfl.core.watchdog` (`Watchdog` starts it); it imports only the standard library.
+`python -m hetfl.engine.watchdog` (`Watchdog` starts it); it imports only the standard library.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Watchdog:
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "hetfl.core.watchdog"],
+            [sys.executable, "-m", "hetfl.engine.watchdog"],
             stdin=subprocess.PIPE,
             start_new_session=True,
         )

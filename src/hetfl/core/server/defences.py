@@ -23,12 +23,12 @@ client covers.
 - **The run-time fallback.** Krum needs n > 2f + 2 (Blanchard et al., Proposition 1):
   configs are checked at set-up against the clients per round, but a round may return
   fewer valid results (failures, deadlines); such a round is reduced by the coordinate-wise
-  median (`hetfl.core.robust`) instead, and the reducer's `decisions` say so.
+  median (`hetfl.core.server.robust`) instead, and the reducer's `decisions` say so.
 
 Each reducer records its `decisions` (`Decisions`: its kind, per added client in the order
 added "kept", "clipped" or "dropped", and whether it fell back). A strategy reduces through
 a `DecisionRecorder`, which keeps every reducer a round builds and gives the round's
-`RoundDecisions` by client id (`hetfl.core.strategy.Strategy.aggregate_with_decisions`), for
+`RoundDecisions` by client id (`hetfl.core.server.strategy.Strategy.aggregate_with_decisions`), for
 the run outputs (`hetfl.engine.decisions`). The median and the trimmed mean keep every
 client and decide nothing per client: they record no decisions.
 """
@@ -42,7 +42,7 @@ from typing import Literal
 
 import torch
 
-from hetfl.core.robust import CoordinateReducer, HeldClients, median
+from hetfl.core.server.robust import CoordinateReducer, HeldClients, median
 from hetfl.core.spec import IndexMap
 from hetfl.core.state import (
     Fill,

@@ -38,7 +38,8 @@ class SeededDropout(nn.Module):
         if self.generator is None:
             raise RuntimeError(
                 "SeededDropout in training mode needs a generator: run the model inside "
-                "hetfl.core.dropout.dropout_masks(model, generator), as ClientProgram.fit does"
+                "hetfl.core.client.dropout.dropout_masks(model, generator), as ClientProgram.fit "
+                "does"
             )
         keep = torch.empty_like(x).bernoulli_(1 - self.p, generator=self.generator)
         return x * keep / (1 - self.p)

@@ -7,11 +7,11 @@ per batch the client runs its modules md1..md_m, hands the activations z and the
 the server (`ctx.send`: a detached copy, counted, never collected into one payload) without
 waiting for an answer, and updates its modules and its auxiliary head on the head's
 cross-entropy alone. The server trains its own copy on z meanwhile
-(`hetfl.core.server_copies`).
+(`hetfl.algorithms.parts.server_copies`).
 
 `LocalLoss` is that step as a recipe's forward part: its model is a client side with a head
 that returns `(z, logits)` when called with `activations=True` (`hetfl.models.resnet_cifar`).
-Its options are DTFL's privacy measures (§4.2, Table 5; `hetfl.core.local.privacy`):
+Its options are DTFL's privacy measures (§4.2, Table 5; `hetfl.core.client.privacy`):
 `alpha` > 0 trains on (1 - alpha) CE + alpha DCor(x, z) per batch (`LocalLoss.dcor`, a loss
 term, adds the second part), and `patch` shuffles the patches of what is sent, one order
 per batch from a generator of the client's own (the client's round generator's sibling
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hetfl.core.local.parts import ModelCall, TrainContext
-from hetfl.core.local.privacy import distance_correlation, shuffle_patches
+from hetfl.core.client.privacy import distance_correlation, shuffle_patches
+from hetfl.core.client.recipe import ModelCall, TrainContext
 from hetfl.core.rng import sibling_generator
 
 

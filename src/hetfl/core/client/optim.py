@@ -28,7 +28,7 @@ from torch import nn
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
-from hetfl.core.local.parts import Vectorises
+from hetfl.core.client.recipe import Vectorises
 from hetfl.core.roles import norm_tensor_names
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import State
@@ -69,7 +69,7 @@ class Optimiser(Protocol):
     tensors by the names of the module docstring); `restore`: what of a client's kept state
     fits its parameters; `full_state`: a state with every entry a step would create, so that
     the states of clients stacked on a leading dimension have the same entries. Like a part
-    of the recipe, an optimiser declares `vectorises` (`hetfl.core.local.parts`)."""
+    of the recipe, an optimiser declares `vectorises` (`hetfl.core.client.recipe`)."""
 
     def step(
         self,

@@ -1,6 +1,6 @@
 """Client entries on disk: the client store's spill files and a checkpoint's store file.
 
-An entry is one client's private tensors (`hetfl.core.store`). On disk it is one raw
+An entry is one client's private tensors (`hetfl.engine.store`). On disk it is one raw
 record: an 8-byte little-endian header length, a JSON header (the client id and, for each
 tensor in order, its name, dtype, shape and device), then each tensor's bytes in the same
 order. A file holds one record (a spilled entry) or many, one after another (a checkpoint's
@@ -143,7 +143,7 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 class SpillSegment:
     """An append-only file of records with an index in memory: where the client store
-    spills (`hetfl.core.store`). A record that is replaced or discarded is dead; when the
+    spills (`hetfl.engine.store`). A record that is replaced or discarded is dead; when the
     dead records outweigh the live ones (and pass `COMPACT_MIN` bytes), the live ones are
     copied, one at a time and without decoding, into a new file that replaces the old."""
 

@@ -25,7 +25,7 @@ statistic is one of
   dropped and the k - 2t left are averaged; trim = 0 is the plain unweighted mean. Where
   k - 2t < 1 (trim = 0.5 and an even k) the element takes the median.
 
-A method chooses one by its `reducer` option, as a kind of `hetfl.core.reducers.REDUCERS`
+A method chooses one by its `reducer` option, as a kind of `hetfl.core.server.reducers.REDUCERS`
 (`median`, `trimmed-mean` with its `trim`).
 
 Elements no client covers keep `previous` or are zero (`fill`), integer tensors are rounded,
@@ -63,7 +63,7 @@ Statistic = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class HeldClients:
     """Every added client in global coordinates: float64 values (scaled), coverage, and its
     weight per global name (0 where it does not cover the tensor); what a coordinate-wise
-    statistic and a defence (`hetfl.core.defences`) read. `place` writes at the dtype of its
+    statistic and a defence (`hetfl.core.server.defences`) read. `place` writes at the dtype of its
     `like`: float64 keeps the client's values exact (and unrounded for integer tensors)
     until the single cast of a result; expanded zero-dim tensors carry shape and device
     without allocating the tensor."""

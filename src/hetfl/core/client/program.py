@@ -3,7 +3,7 @@
 A client program is a pure function of (task, data, private state, generator): it puts
 together the client's tensors for the task's spec (the payload, its private tensors and,
 for tensors in neither, its seeded initialisation), trains them with the method's
-`LocalRecipe` (`hetfl.core.local`) on the shared per-spec template of a `ModelCache`, and
+`LocalRecipe` (`hetfl.core.client`) on the shared per-spec template of a `ModelCache`, and
 splits them into what it sends (the tensors named by the task's index map) and what it
 keeps (everything else, and with `keep_momentum` the optimiser's state).
 
@@ -26,15 +26,15 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from hetfl.core.bn_statistics import recompute_bn_statistics
-from hetfl.core.dropout import dropout_masks
+from hetfl.core.client.bn_statistics import recompute_bn_statistics
+from hetfl.core.client.dropout import dropout_masks
+from hetfl.core.client.loop import LocalStats, train_local
+from hetfl.core.client.recipe import LocalRecipe, TrainContext
+from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.init import build_model, initialize
-from hetfl.core.local.loop import LocalStats, train_local
-from hetfl.core.local.parts import LocalRecipe, TrainContext
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator, torch_generator
 from hetfl.core.roles import tensor_roles
-from hetfl.core.scoring import evaluate_model
 from hetfl.core.server_program import Channel
 from hetfl.core.spec import Spec, local_names
 from hetfl.core.types import (

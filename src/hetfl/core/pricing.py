@@ -1,15 +1,19 @@
-"""The costs of a split model at each of its cuts, for methods that plan from them.
+"""What a method receives from the cost model: a pass's MACs, and the costs of a split model
+at each of its cuts, for methods that plan from them.
 
-DTFL's tier scheduler ("Speed up Federated Learning in Heterogeneous Environment: A Dynamic
-Tiering Approach", §3.3, "Tier Profiling") estimates a client's round in every tier from a
+FedFA's architecture choice (and FlexiFed's and NeFL's, which share it) prices each
+candidate architecture by the forward MACs of one sample (`PassPricing`). DTFL's tier
+scheduler ("Speed up Federated Learning in Heterogeneous Environment: A Dynamic Tiering
+Approach", §3.3, "Tier Profiling") estimates a client's round in every tier from a
 profile of each tier made once, before training, on a standard batch: the client's and the
 server's compute and the data each batch sends. HetFL prices those profiles with the same
 cost model that charges the clients (`hetfl.systems.costs`), so a profile is exact for the
 simulated clock rather than a constant copied from a paper.
 
-The face prices (it may import the systems layer); a method receives a `SplitPricing`
-through its typed `costs` argument and asks it for the cuts it trains, so `algorithms/`
-never imports `systems/`. This module imports only the core's plain types.
+The face prices (it may import the systems layer); a method receives a `PassPricing` through
+its typed `macs` argument, or a `SplitPricing` through its typed `costs` argument, and asks it
+for what it trains, so `algorithms/` never imports `systems/`. This module imports only the
+core's plain types.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hetfl.core.spec import Spec
+from hetfl.core.types import PassRecord
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,14 @@ class CutCost:
             "sent MB/batch": round(self.batch_bytes / 1e6, 4),
             "model MB": round(self.model_bytes / 1e6, 4),
         }
+
+
+class PassPricing(Protocol):
+    """Prices one pass of a model (`hetfl.systems.costs.MacCounter`): `pass_macs(record,
+    input_shape)`, the MACs of one pass of `record` (not multiplied by its count) on inputs
+    of `input_shape`."""
+
+    def pass_macs(self, record: PassRecord, input_shape: tuple[int, ...]) -> int: ...
 
 
 class SplitPricing(Protocol):

@@ -1,7 +1,7 @@
 """Scalable aggregation: each client's tensors rescaled to the round's mean magnitude before
 they are averaged (Park and Joe-Wong, "Federated Learning with Flexible Architectures",
 ECML-PKDD 2024, §4.3 and Algorithm 1, lines 12-18) — a round-level scaling part of a
-`Strategy` (`hetfl.core.weighting.Scaling`), usable by any method that averages weights.
+`Strategy` (`hetfl.core.server.weighting.Scaling`), usable by any method that averages weights.
 
 Per client c and global tensor l, `‖M_95%,c^(l)‖` is the L2 norm of the entries of the
 tensor the client trained whose magnitude is at most the 0.95 quantile of their magnitudes

@@ -1,6 +1,6 @@
 """Map transforms: the chained steps that turn a spec's index map (`ModelFamily.index_map`)
 into the map a client's task is planned with — a part of a `Strategy`
-(`hetfl.core.strategy`).
+(`hetfl.core.server.strategy`).
 
 Each transform says how it acts with and without a client. `shared` runs where no client
 is given (initialising the global state, naming the parameters, building evaluation

@@ -8,7 +8,7 @@ serialises into checkpoints; nothing in it is ever counted in bytes.
 With a memory budget (`StoreSettings.memory_budget`, bytes), the store holds at most that
 many bytes of entries in memory: when a `put` or a `get` takes it over, the least recently
 used entries are appended to one segment file in the spill directory as raw records
-(`hetfl.core.entryfile.SpillSegment`), and read back when next asked for. A segment, not
+(`hetfl.engine.entryfile.SpillSegment`), and read back when next asked for. A segment, not
 one file per client: on this machine's ext4, creating a new 18 KB file took 1.4 ms and
 rewriting an existing one 0.3 ms, against 0.04 ms to append the same bytes to one open
 file (1,000 writes each); a replaced record is dead space until the segment is compacted.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from hetfl.core.entryfile import Entries, SpillSegment
 from hetfl.core.state import State
+from hetfl.engine.entryfile import Entries, SpillSegment
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Approach", §3.2, Algorithm 1 lines 5-8). They differ in what the server answers
 returns the activations' gradient, for which its client waits; DTFL returns nothing, and
 its client trains on its own auxiliary loss.
 
-`CopiesSide` is the strategy's server side (`hetfl.core.strategy.ServerSide`):
+`CopiesSide` is the strategy's server side (`hetfl.core.server.strategy.ServerSide`):
 
 - `program(round, state, tasks)`: `ServerCopies` on the round's global state;
 - `ServerCopies.open(task, private)`: the copy of `server_spec(task.spec)` (a function of
@@ -30,7 +30,7 @@ its client trains on its own auxiliary loss.
   reports the server's loss as its training loss) or under `"server_loss"` otherwise.
 
 The copy is trained through `torch.func.functional_call` on plain dicts, with the same
-functional optimiser as a client (`hetfl.core.local.optim`), so that a client side and its
+functional optimiser as a client (`hetfl.core.client.optim`), so that a client side and its
 server copy stepped apart equal the joined model stepped whole.
 """
 
@@ -43,10 +43,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from hetfl.core.client.loop import model_call
+from hetfl.core.client.optim import optimiser_for, param_groups
+from hetfl.core.client.terms import clip_grads
 from hetfl.core.init import build_model
-from hetfl.core.local.loop import model_call
-from hetfl.core.local.optim import optimiser_for, param_groups
-from hetfl.core.local.terms import clip_grads
 from hetfl.core.spec import IndexMap, Spec, full_map
 from hetfl.core.state import extract
 from hetfl.core.types import ClientTask, ModelFamily, PassRecord, ServerResult, State

@@ -3,12 +3,12 @@
 `LocalStep` is the one definition of a step, over plain dicts: the client's parameters
 (leaf tensors whose `.grad` the backward fills), its buffers, and the optimiser's state.
 `train_local` runs it for one client; the vectorised executor (`hetfl.sim.vectorised`) runs
-the same step for clients stacked on a leading dimension (`hetfl.core.local.stacked`), each
-part as it declares (`hetfl.core.local.parts.Vectorises`). The model is a shared stateless
+the same step for clients stacked on a leading dimension (`hetfl.core.client.stacked`), each
+part as it declares (`hetfl.core.client.recipe.Vectorises`). The model is a shared stateless
 template called through `torch.func.functional_call`, so no client's tensors live in it;
 BatchNorm updates its running statistics and `num_batches_tracked` in place on the buffer
 tensors passed, i.e. in the client's dict. Per step the order is PyTorch's usual one (see
-`hetfl.core.local.parts` for where each part runs): forward, loss, zeroed gradients,
+`hetfl.core.client.recipe` for where each part runs): forward, loss, zeroed gradients,
 backward, gradient transforms, clipping, optimiser step, projections, trackers.
 """
 
@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from hetfl.core.local.optim import Optimiser, ParamGroup, optimiser_for, param_groups
-from hetfl.core.local.parts import (
+from hetfl.core.client.optim import Optimiser, ParamGroup, optimiser_for, param_groups
+from hetfl.core.client.recipe import (
     GradTransform,
     LocalRecipe,
     ModelCall,
@@ -33,7 +33,7 @@ from hetfl.core.local.parts import (
     part_name,
     vectorisation,
 )
-from hetfl.core.local.terms import ClipGradNorm
+from hetfl.core.client.terms import ClipGradNorm
 from hetfl.core.rng import sibling_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, State

@@ -14,7 +14,7 @@ logits delivered with its task (`ClientTask.download`, rows by sample index, loo
 through `TrainContext.indices`, so a client keeps its own seeded batch order: FedML looks
 them up by batch position, which a shuffled loader misaligns), and the client's upload of
 its whole training set's feature maps, logits, labels and indices
-(`hetfl.core.server_phase`).
+(`hetfl.core.server.phase`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hetfl.core.local.parts import ModelCall, TrainContext
+from hetfl.core.client.recipe import ModelCall, TrainContext
 from hetfl.core.pixels import model_inputs
 from hetfl.core.types import ClientData, PassRecord, State
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetfl.core.local.terms import mask_logits
+from hetfl.core.client.terms import mask_logits
 from hetfl.core.pixels import PixelNorm, model_inputs
 
 #: Samples per batch of an evaluation; a parallel executor's unit of global evaluation.

@@ -1,6 +1,6 @@
 """Client-program wrappers by name: an open registry (`hetfl.core.kinds`) of `WRAPPERS`,
 each kind a name, its typed options and a function building a `Wrapper`
-(`hetfl.core.client`: the honest program in, the program to run out; an attack, a fault).
+(`hetfl.core.client.program`: the honest program in, the program to run out; an attack, a fault).
 
 A config lists them under `wrappers: [{kind: <name>, ...options}]`; the run's `Programs`
 applies them in that order to every client's honest program. Core builds none in: a module
@@ -25,7 +25,7 @@ from typing import Annotated, TypeVar
 from pydantic import PlainSerializer, PlainValidator
 
 from hetfl import catalogue
-from hetfl.core.client import Wrapper
+from hetfl.core.client.program import Wrapper
 from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
 from hetfl.core.registry import Registry
 

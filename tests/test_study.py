@@ -11,7 +11,6 @@ import pytest
 
 from hetfl.cli import main
 from hetfl.config import ConfigError
-from hetfl.config.study import point_config
 from hetfl.study import REPORT, open_study, report_text, verdict_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,9 +160,9 @@ def test_a_methods_nested_setting_stays_in_its_own_points(tmp_path):
     or seed's point (the points share one loaded base)."""
     text = STUDY.replace("{algorithm: fedavg}", "{algorithm: fedavg, train.lr: 0.1}")
     study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
-    lrs = {m: point_config(study.config, study.base, m, 0, tmp_path)["train"]["lr"]
-           for m in ("fedavg", "fedprox", "fedavg", "fedprox")}  # fmt: skip
-    assert lrs == {"fedavg": 0.1, "fedprox": 0.5} and study.base["train"]["lr"] == 0.5
+    lrs = {name: cfg.train.lr for name, cfg in study.configs.items()}
+    assert lrs == {f"{m}-s{s}": 0.1 if m == "fedavg" else 0.5
+                   for s in range(3) for m in ("fedprox", "fedavg")}  # fmt: skip
 
 
 STUDIES = sorted((REPO / "studies").glob("*.yaml"))

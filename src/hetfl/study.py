@@ -19,12 +19,11 @@ import resource
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hetfl.config import ConfigError, load_raw, validate
+from hetfl.config import ConfigError, RunConfig, load_raw, validate
 from hetfl.config.study import Comparison, StudyConfig, load_study, point_config
 from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.outputs import CLOCKS, Target
@@ -42,15 +41,14 @@ class Study:
     """A loaded study and where its runs and records live."""
 
     config: StudyConfig
-    base: dict[str, Any]
     runs_dir: Path  # <runs>/<study>: the run folders, checkpoints and all
     records_dir: Path  # results/<study>: what the repository keeps
+    #: Each point's validated config, by point name: what `run_study` runs.
+    configs: Mapping[str, RunConfig]
 
     def points(self) -> Iterator[tuple[str, int, str]]:
         """(method, seed, point name), seed by seed."""
-        for seed in self.config.seeds:
-            for method in self.config.methods:
-                yield method, seed, f"{method}-s{seed}"
+        return _points(self.config)
 
     def ledger(self) -> dict[str, dict[str, float]]:
         path = self.records_dir / LEDGER
@@ -63,22 +61,30 @@ class Study:
         return sum(p["wall_s"] for p in self.ledger().values()) / 3600
 
 
+def _points(config: StudyConfig) -> Iterator[tuple[str, int, str]]:
+    """(method, seed, point name), seed by seed."""
+    for seed in config.seeds:
+        for method in config.methods:
+            yield method, seed, f"{method}-s{seed}"
+
+
 def open_study(
     path: Path, runs_root: Path = Path("runs/studies"), records_root: Path = Path("results")
 ) -> Study:
     """The study of `path`, each point's config validated now: a method that cannot be
     scored by the study's protocol is refused by name before anything runs."""
     config, base_path = load_study(path)
-    study = Study(config, load_raw(base_path), runs_root / config.name, records_root / config.name)
-    for method, seed, _ in study.points():
+    base = load_raw(base_path)
+    configs = {}
+    for method, seed, name in _points(config):
         try:
-            validate(point_config(config, study.base, method, seed, runs_root))
+            configs[name] = validate(point_config(config, base, method, seed, runs_root))
         except ConfigError as exc:
             raise ConfigError(
                 f"study {config.name}: method {method!r} cannot run under the study's "
                 f"protocol {config.protocol}: {exc}"
             ) from None
-    return study
+    return Study(config, runs_root / config.name, records_root / config.name, configs)
 
 
 def run_study(study: Study, show_progress: bool = True) -> int:
@@ -88,7 +94,7 @@ def run_study(study: Study, show_progress: bool = True) -> int:
 
     cfg = study.config
     pending = [p for p in study.points() if not _recorded(study, p[2])]
-    for i, (method, seed, name) in enumerate(pending):
+    for i, (_, _, name) in enumerate(pending):
         used = study.process_hours()
         if used >= cfg.budget_process_hours:
             print(
@@ -98,13 +104,11 @@ def run_study(study: Study, show_progress: bool = True) -> int:
             )
             return len(pending) - i
         run_dir = study.runs_dir / name
-        raw = point_config(cfg, study.base, method, seed, study.runs_dir.parent)
         resume = has_checkpoint(run_dir / "checkpoints")
         label = f"[{cfg.name} {i + 1}/{len(pending)} {name}] "
         wall, cpu = time.monotonic(), _cpu_s()
-        cfg_point = validate(raw)
         run_one(
-            cfg_point,
+            study.configs[name],
             run_dir,
             resume=resume,
             show_progress=show_progress,

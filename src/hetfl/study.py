@@ -93,7 +93,8 @@ def run_study(study: Study, show_progress: bool = True) -> int:
     from hetfl.runner import run_one
 
     cfg = study.config
-    pending = [p for p in study.points() if not _recorded(study, p[2])]
+    recorded = _recorded(study)
+    pending = [p for p in study.points() if p[2] not in recorded]
     for i, (_, _, name) in enumerate(pending):
         used = study.process_hours()
         if used >= cfg.budget_process_hours:
@@ -127,8 +128,14 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _recorded(study: Study, name: str) -> bool:
-    return all((study.records_dir / name / f).exists() for f in RECORDS) and name in study.ledger()
+def _recorded(study: Study) -> set[str]:
+    """The points whose records and time the repository's folder holds."""
+    ledger = study.ledger()
+    return {
+        name
+        for _, _, name in study.points()
+        if name in ledger and all((study.records_dir / name / f).exists() for f in RECORDS)
+    }
 
 
 def _record(study: Study, name: str, run_dir: Path, wall_s: float, cpu_s: float) -> None:
@@ -147,18 +154,17 @@ def _record(study: Study, name: str, run_dir: Path, wall_s: float, cpu_s: float)
 def status_lines(study: Study) -> list[str]:
     """One line per point (recorded, interrupted with a checkpoint, or pending) and the
     budget used."""
-    cfg, ledger = study.config, study.ledger()
+    cfg, ledger, recorded = study.config, study.ledger(), _recorded(study)
     lines = []
     for _, _, name in study.points():
-        if _recorded(study, name):
+        if name in recorded:
             lines.append(f"  {name}: recorded ({ledger[name]['wall_s'] / 3600:.3f} process-hours)")
         elif has_checkpoint(study.runs_dir / name / "checkpoints"):
             lines.append(f"  {name}: interrupted (resumes from its checkpoint)")
         else:
             lines.append(f"  {name}: pending")
-    done = sum(_recorded(study, n) for _, _, n in study.points())
     head = (
-        f"study {cfg.name}: {done} of {len(lines)} points recorded, "
+        f"study {cfg.name}: {len(recorded)} of {len(lines)} points recorded, "
         f"{study.process_hours():.3f} of {cfg.budget_process_hours} process-hours"
     )
     return [head, *lines]
@@ -173,17 +179,16 @@ def _records(study: Study) -> list[RunRecord]:
     return find_runs([folder])
 
 
-def judged(study: Study) -> list[tuple[str, PairedDifference | None]]:
-    """Each declared comparison on the primary metric and reading, from the records; None
-    where the records hold no shared seed of the two methods yet."""
-    cfg = study.config
+def compared(study: Study) -> list[tuple[Comparison, list[PairedDifference]]]:
+    """Each declared comparison with every paired difference its records give (none
+    until both methods have one), the records read once."""
     runs = _records(study)
-    out = []
-    for c in cfg.comparisons:
-        found = _differences(runs, c, cfg)
-        primary = [d for d in found if (d.metric, d.at) == cfg.primary.reading()]
-        out.append((f"{c.a} vs {c.b}", primary[0] if primary else None))
-    return out
+    return [(c, _differences(runs, c, study.config)) for c in study.config.comparisons]
+
+
+def _primary(cfg: StudyConfig, found: list[PairedDifference]) -> PairedDifference | None:
+    """The difference on the study's primary metric and reading, None before a record."""
+    return next((d for d in found if (d.metric, d.at) == cfg.primary.reading()), None)
 
 
 def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list[PairedDifference]:
@@ -201,9 +206,15 @@ def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list
 
 def verdict_lines(study: Study) -> list[str]:
     """The sentence per comparison that README.md and docs/results.md quote verbatim."""
-    cfg = study.config
+    return _verdict_lines(study.config, compared(study))
+
+
+def _verdict_lines(
+    cfg: StudyConfig, found: list[tuple[Comparison, list[PairedDifference]]]
+) -> list[str]:
     lines = []
-    for label, d in judged(study):
+    for c, every in found:
+        label, d = f"{c.a} vs {c.b}", _primary(cfg, every)
         if d is None:
             lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
             continue
@@ -224,10 +235,9 @@ def report_text(study: Study) -> str:
     """The study's report, from its records alone: the declaration, the machine time, the
     verdict on each declared comparison, then every metric both methods report (not the
     primary reading, so not a verdict on the claim)."""
-    cfg = study.config
-    done = sum(_recorded(study, n) for _, _, n in study.points())
-    total = len(list(study.points()))
-    primary = [(label, d) for label, d in judged(study) if d is not None]
+    cfg, found = study.config, compared(study)
+    done, total = len(_recorded(study)), len(list(study.points()))
+    primary = [(f"{c.a} vs {c.b}", d) for c, e in found if (d := _primary(cfg, e)) is not None]
     lines = [
         f"# Study `{cfg.name}`",
         "",
@@ -243,16 +253,14 @@ def report_text(study: Study) -> str:
         "",
         "## Verdicts",
         "",
-        *[f"- {line}" for line in verdict_lines(study)],
+        *[f"- {line}" for line in _verdict_lines(cfg, found)],
     ]
     if primary:
         rows = paired_rows([d for _, d in primary])
         labels = [label for label, _ in primary]
         labelled = [{"comparison": c, **r} for c, r in zip(labels, rows, strict=True)]
         lines += ["", format_table(labelled)]
-    runs = _records(study)
-    for c in cfg.comparisons:
-        every = _differences(runs, c, cfg)
+    for c, every in found:
         if every:
             lines += ["", f"## Every metric, {c.a} vs {c.b} (secondary readings)", ""]
             lines.append(format_table(paired_rows(every)))

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from hetfl.engine.outputs import (
     NOTHING_AGGREGATED_EXIT,
@@ -573,7 +573,7 @@ def cmd_compare(
     (A, B), the paired differences A - B and their verdicts on the claim `rule` (shape,
     margin and pilot spread in accuracy points; `hetfl.paired`); with `targets`, the time
     to those levels instead of the runs' own."""
-    from hetfl.paired import Rule, Shape, paired_differences, paired_rows
+    from hetfl.paired import Rule, paired_differences, paired_rows
     from hetfl.report import comparison_rows, find_runs, format_table, selection_rows
 
     shape, margin, pilot_sd = rule
@@ -586,8 +586,7 @@ def cmd_compare(
                 "--paired compares every setting both methods ran; --select picks one per "
                 "method: give one of them"
             )
-        pilot = None if pilot_sd is None else pilot_sd / 100
-        claim = Rule(cast(Shape, shape), margin / 100, pilot)  # Rule checks the shape
+        claim = Rule.in_points(shape, margin, pilot_sd)
         a, b = paired
         differences = paired_differences(runs, a, b, claim, targets or ())
         if not differences:

@@ -45,7 +45,7 @@ import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from hetfl.engine.outputs import CLOCKS, Target, reached_targets
 from hetfl.report import RunRecord, algorithm_of
@@ -86,6 +86,13 @@ class Rule:
             )
         if self.pilot_sd is not None and not self.pilot_sd >= 0:
             raise ValueError(f"the pilot spread is >= 0, not {self.pilot_sd}")
+
+    @classmethod
+    def in_points(cls, shape: str, margin: float, pilot_sd: float | None = None) -> Rule:
+        """The rule with its margin and pilot spread given in accuracy points, as a study
+        file and `hetfl compare` take them."""
+        pilot = None if pilot_sd is None else pilot_sd / 100
+        return cls(cast(Shape, shape), margin / 100, pilot)  # __post_init__ checks the shape
 
     def describe(self, scale: float = 100.0, unit: str = "points") -> str:
         """The claim in words, its margin in `unit` (accuracy points by default)."""

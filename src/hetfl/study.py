@@ -194,8 +194,7 @@ def _primary(cfg: StudyConfig, found: list[PairedDifference]) -> PairedDifferenc
 def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list[PairedDifference]:
     """Every paired difference of the comparison's two methods in `runs` (none until both
     have a record), judged by its declared claim."""
-    pilot = None if cfg.pilot_sd_points is None else cfg.pilot_sd_points / 100
-    rule = Rule(c.shape, c.margin_points / 100, pilot)
+    rule = Rule.in_points(c.shape, c.margin_points, cfg.pilot_sd_points)
     mine = [r for r in runs if r.group in (c.a, c.b)]
     if {r.group for r in mine} != {c.a, c.b}:
         return []

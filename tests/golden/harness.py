@@ -44,7 +44,7 @@ import torch
 
 from hetfl.config import set_dotted, validate
 from hetfl.core.client.program import Programs
-from hetfl.engine.numerics import BLAS_ENV, NUMERIC_ENV, blas, diagnosis, fingerprint
+from hetfl.engine.numerics import BLAS_ENV, KERNEL_ENV, NUMERIC_ENV, blas, diagnosis, fingerprint
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import Executor, Simulation
@@ -856,9 +856,6 @@ def comparison_mode(expected: Mapping[str, Any], got: Mapping[str, Any]) -> str:
     )
 
 
-_ALL_BLAS_ENV = frozenset(k for names in BLAS_ENV.values() for k in names)
-
-
 def describe_modes(modes: Mapping[str, str], pins: Mapping[str, str]) -> str:
     """The end-of-run line(s): how many fixtures compared bit for bit, under which pins,
     and why the others compared to the measured tolerance."""
@@ -869,7 +866,7 @@ def describe_modes(modes: Mapping[str, str], pins: Mapping[str, str]) -> str:
     others = {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ and k not in pins}
     if others:
         library = blas()[0]
-        blind = [k for k in others if k in _ALL_BLAS_ENV and k not in BLAS_ENV.get(library, ())]
+        blind = [k for k in others if k not in KERNEL_ENV and k not in BLAS_ENV.get(library, ())]
         shown = ", ".join(f"{k}={v}" for k, v in others.items())
         note = f"; torch's BLAS is {library}: {', '.join(blind)} gate nothing" if blind else ""
         lines.append(f"numeric variables also set: {shown}{note}")

@@ -260,3 +260,22 @@ def test_the_start_banner_lists_what_the_strategy_decided():
     described = {"variant": "heterofl-max", "groups": {"g1": {"depth": 2, "gap": -0.07}}}
     assert _described(described) == ["  variant: heterofl-max", "  g1: depth 2, gap -0.07"]
     assert _described({}) == []
+
+
+def test_a_reader_that_went_away_is_not_an_error():
+    """`hetfl list | head -1`: output into a pipe nobody reads ends quietly, exit 0, where
+    it printed a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "hetfl.cli", "list"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr

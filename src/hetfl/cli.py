@@ -251,6 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
+    except BrokenPipeError:
+        # The reader went away (`hetfl study status ... | head`): not an error of the run.
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except _user_errors() as exc:
         if os.environ.get("HETFL_DEBUG"):
             raise

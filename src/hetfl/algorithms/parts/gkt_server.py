@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from hetfl.algorithms.parts.gkt_distill import kd_loss
-from hetfl.core.client.loop import model_call
 from hetfl.core.client.optim import optimiser_for, param_groups
 from hetfl.core.client.recipe import ModelCall
+from hetfl.core.client.trainable import model_call
 from hetfl.core.init import build_model
 from hetfl.core.server.phase import PhaseResult, Upload
 from hetfl.core.spec import Spec

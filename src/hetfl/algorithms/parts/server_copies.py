@@ -43,9 +43,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from hetfl.core.client.loop import model_call
 from hetfl.core.client.optim import optimiser_for, param_groups
 from hetfl.core.client.terms import clip_grads
+from hetfl.core.client.trainable import model_call
 from hetfl.core.init import build_model
 from hetfl.core.spec import IndexMap, Spec, full_map
 from hetfl.core.state import extract

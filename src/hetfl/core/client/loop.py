@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from hetfl.core.client.optim import Optimiser, ParamGroup, optimiser_for, param_groups
 from hetfl.core.client.recipe import (
@@ -34,6 +33,7 @@ from hetfl.core.client.recipe import (
     vectorisation,
 )
 from hetfl.core.client.terms import ClipGradNorm
+from hetfl.core.client.trainable import model_call
 from hetfl.core.rng import sibling_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, State
@@ -104,19 +104,6 @@ def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> 
             if len(batches) == total:
                 break
     return batches
-
-
-def model_call(
-    template: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
-) -> ModelCall:
-    """`template` evaluated on `params` and `buffers` (in-place buffer updates land in
-    `buffers`); keyword arguments pass through to its forward."""
-
-    def call(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        out: torch.Tensor = functional_call(template, (params, buffers), (x,), kwargs)
-        return out
-
-    return call
 
 
 @dataclass(frozen=True)

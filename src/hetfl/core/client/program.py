@@ -31,7 +31,7 @@ from hetfl.core.client.dropout import dropout_masks
 from hetfl.core.client.loop import LocalStats, train_local
 from hetfl.core.client.recipe import LocalRecipe, TrainContext
 from hetfl.core.client.scoring import evaluate_model
-from hetfl.core.client.trainable import trainable_names
+from hetfl.core.client.trainable import split_trainable
 from hetfl.core.init import build_model, initialize
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator, torch_generator
@@ -168,9 +168,7 @@ class ClientProgram:
         strategy's server program, reaches the parts as `ctx.channel`."""
         template = self.models.model_for(task.spec)
         own = self.own_tensors(task, info, private)
-        trainable = trainable_names(template)
-        params = {k: v.requires_grad_(True) for k, v in own.items() if k in trainable}
-        buffers = {k: v for k, v in own.items() if k not in trainable}
+        params, buffers = split_trainable(template, own)
         ctx = TrainContext(
             task=task,
             received=task.payload,

@@ -194,7 +194,7 @@ def _transform(transform: GradTransform, tensors: StepTensors, ctx: TrainContext
 
 
 def _optimise(trains: OptimiserStep, tensors: StepTensors, ctx: TrainContext) -> None:
-    trains.optimise(tensors["params"], tensors["grads"], tensors["state"])
+    trains(tensors["params"], tensors["grads"], tensors["state"], clipped=True)
 
 
 def _project(project: Projection, tensors: StepTensors, ctx: TrainContext) -> None:

@@ -96,26 +96,22 @@ class OptimiserStep:
         """The step for the trainable parameters `names` of `template`."""
         return cls(settings, tuple(param_groups(template, names, settings)))
 
-    def optimise(
-        self,
-        params: Mapping[str, torch.Tensor],
-        grads: Mapping[str, torch.Tensor],
-        state: dict[str, torch.Tensor],
-    ) -> None:
-        """The optimiser's step alone, in place on `params` and `state`."""
-        with torch.no_grad():
-            self.optimiser.step(list(self.groups), params, grads, state)
-
     def __call__(
         self,
         params: Mapping[str, torch.Tensor],
         grads: dict[str, torch.Tensor],
         state: dict[str, torch.Tensor],
+        *,
+        clipped: bool = False,
     ) -> None:
-        """Clipping, then the optimiser's step, in place."""
-        for clip in self.clip:
-            clip_grads(grads, clip.max_norm)
-        self.optimise(params, grads, state)
+        """Clipping, then the optimiser's step, in place on `grads`, `params` and `state`;
+        with `clipped`, the optimiser's step alone (the client's loop runs `clip` itself,
+        among its gradient transforms)."""
+        if not clipped:
+            for clip in self.clip:
+                clip_grads(grads, clip.max_norm)
+        with torch.no_grad():
+            self.optimiser.step(list(self.groups), params, grads, state)
 
 
 @dataclass

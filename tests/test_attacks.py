@@ -260,8 +260,12 @@ def test_a_plugin_assignment_wrapped_gives_claimants_the_spec_with_most_paramete
     want = [clean.spec_in_round(1, i, torch.Generator().manual_seed(i.cid)) for i in infos]
     assert got == [large if i.cid in (0, 3) else w for i, w in zip(infos, want, strict=True)]
     assert claims.possible_specs() == clean.possible_specs()  # the largest is among them
-    with pytest.raises(RuntimeError, match="call setup first"):
-        LargestClaims(clean, FAMILY).spec_of(infos[0])
+    with pytest.raises(RuntimeError, match="client 0 claims the largest model"):
+        LargestClaims(clean, FAMILY).spec_of(infos[0])  # not set up
+    unknown = LargestClaims(_PluginAssignment([small]), FAMILY)
+    unknown.setup([])
+    assert unknown.largest is None
+    assert unknown.spec_in_round(1, infos[1], torch.Generator()) == small  # no claim
 
 
 def test_an_attacked_run_wraps_its_assignment_and_a_clean_run_does_not() -> None:

@@ -347,13 +347,18 @@ class LargestClaims:
                 if info.attrs.get(LARGEST):
                     inner.give_largest(info.cid)
         else:
-            self.largest = most_parameters(self.family, inner.possible_specs())
+            specs = inner.possible_specs()
+            self.largest = most_parameters(self.family, specs) if specs else None
 
     def _claimed(self, info: ClientInfo, spec: Spec) -> Spec:
         if not info.attrs.get(LARGEST):
             return spec
         if self.largest is None:
-            raise RuntimeError("the largest spec is known at set-up: call setup first")
+            raise RuntimeError(
+                f"client {info.cid} claims the largest model, but the assignment had no "
+                "possible spec to choose it from (the largest is chosen at set-up: call setup "
+                "with the run's clients first)"
+            )
         return self.largest
 
     def spec_of(self, info: ClientInfo) -> Spec:

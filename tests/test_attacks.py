@@ -11,13 +11,15 @@ import torch
 
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate
 from hetfl.algorithms.parts.width_assignment import WidthAssignment
+from hetfl.assembly import build_parts
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, Flip, Poison
 from hetfl.config import ConfigError, validate
 from hetfl.core.client.program import Programs
 from hetfl.core.init import initialize
 from hetfl.core.rng import SERVER, sibling_generator, torch_generator
-from hetfl.core.server.assign import LARGEST
+from hetfl.core.server.assign import LARGEST, LargestClaims
+from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import (
     ClientData,
@@ -29,6 +31,8 @@ from hetfl.core.types import (
 )
 from hetfl.models.base import PlainFamily
 from hetfl.systems.costs import MacCounter
+
+FAMILY = PlainFamily("linear", (2,), 3)
 
 # -- a fake honest program whose "training" is known exactly --------------------------------------
 X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
@@ -174,13 +178,17 @@ def test_widths_give_malicious_clients_the_widest_level_and_others_their_own() -
     clean = WidthAssignment([0.25, 0.5, 1.0], None, lambda r: r, mode="fixed")
     attacked = WidthAssignment([0.25, 0.5, 1.0], None, lambda r: r, mode="fixed")
     clean.setup([_info(c) for c in range(6)])
-    attacked.setup([_info(c, **declared_attrs({0}).get(c, {})) for c in range(6)])
+    LargestClaims(attacked, FAMILY).setup(
+        [_info(c, **declared_attrs({0}).get(c, {})) for c in range(6)]
+    )
+    # the width assignment's own record (its evaluation reads it) holds the claim
     assert attacked.level_of == {**clean.level_of, 0: 1.0} and clean.level_of[0] == 0.25
     dynamic = WidthAssignment([0.25, 0.5], None, lambda r: r, mode="dynamic")
-    dynamic.setup([])
+    claims = LargestClaims(dynamic, FAMILY)
+    claims.setup([])
     infos = [_info(0, **{LARGEST: True}), _info(1)]
     plain = dynamic.specs_in_round(1, [_info(0), _info(1)], torch.Generator().manual_seed(0))
-    drawn = dynamic.specs_in_round(1, infos, torch.Generator().manual_seed(0))
+    drawn = claims.specs_in_round(1, infos, torch.Generator().manual_seed(0))
     assert drawn == [0.5, plain[1]]
 
 
@@ -200,14 +208,73 @@ def test_architectures_give_malicious_clients_the_largest_and_others_their_own()
         )
         choice.macs = lambda c: c.depth * c.width  # type: ignore[method-assign]
         infos = [_info(c, **attrs.get(c, {})) for c in range(6)]
-        choice.setup_seeded(infos, torch.Generator().manual_seed(0))
+        LargestClaims(choice, family).setup_seeded(infos, torch.Generator().manual_seed(0))
         return {cid: c.label for cid, c in choice.chosen.items()}
 
-    clean, attacked = chosen({}), chosen(declared_attrs({1, 4}))
-    assert {attacked[1], attacked[4]} == {"d3-w1"}
-    assert {c: v for c, v in attacked.items() if c not in (1, 4)} == {
-        c: v for c, v in clean.items() if c not in (1, 4)
+    clean, attacked = chosen({}), chosen(declared_attrs({0, 3}))
+    assert {clean[0], clean[3]} == {"d2-w0.5"} and {attacked[0], attacked[3]} == {"d3-w1"}
+    assert {c: v for c, v in attacked.items() if c not in (0, 3)} == {
+        c: v for c, v in clean.items() if c not in (0, 3)
     }
+
+
+def _linear(classes: int) -> Spec:
+    return Spec(model="linear", input_shape=(2,), num_classes=classes)
+
+
+class _PluginAssignment:
+    """A user's assignment that knows nothing of claims: a spec per client id at set-up,
+    and one drawn per round for odd ids."""
+
+    def __init__(self, specs: list[Spec]) -> None:
+        self.specs, self.own = specs, {}
+
+    def setup(self, clients) -> None:
+        self.own = {c.cid: self.specs[c.cid % len(self.specs)] for c in clients}
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        return self.own[info.cid]
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        drawn = self.specs[int(torch.randint(len(self.specs), (1,), generator=rng))]
+        return drawn if info.cid % 2 else self.own[info.cid]
+
+    def possible_specs(self) -> list[Spec]:
+        return list(self.own.values())
+
+
+def test_a_plugin_assignment_wrapped_gives_claimants_the_spec_with_most_parameters() -> None:
+    """Linear models 2 -> k: 3k parameters; of 3, 5 and 5 classes the largest is the first
+    5-class spec (a tie goes to the first possible spec, client 1's)."""
+    small, large, also = _linear(3), _linear(5), _linear(5).replace(tag="other")
+    infos = [_info(c, **declared_attrs({0, 3}).get(c, {})) for c in range(6)]
+    clean = _PluginAssignment([small, large, also])
+    clean.setup(infos)
+    claims = LargestClaims(_PluginAssignment([small, large, also]), FAMILY)
+    claims.setup(infos)
+    assert claims.largest == large and claims.largest != also
+    assert [claims.spec_of(i) for i in infos] == [
+        large if i.cid in (0, 3) else clean.spec_of(i) for i in infos
+    ]
+    got = [claims.spec_in_round(1, i, torch.Generator().manual_seed(i.cid)) for i in infos]
+    want = [clean.spec_in_round(1, i, torch.Generator().manual_seed(i.cid)) for i in infos]
+    assert got == [large if i.cid in (0, 3) else w for i, w in zip(infos, want, strict=True)]
+    assert claims.possible_specs() == clean.possible_specs()  # the largest is among them
+    with pytest.raises(RuntimeError, match="client 0 claims the largest model"):
+        LargestClaims(clean, FAMILY).spec_of(infos[0])  # not set up
+    unknown = LargestClaims(_PluginAssignment([small]), FAMILY)
+    unknown.setup([])
+    assert unknown.largest is None
+    assert unknown.spec_in_round(1, infos[1], torch.Generator()) == small  # no claim
+
+
+def test_an_attacked_run_wraps_its_assignment_and_a_clean_run_does_not() -> None:
+    from golden.harness import configured
+
+    attacked = build_parts(_attacked(0.34, 1), show_progress=False)
+    clean = build_parts(validate(configured("fedavg", {})), show_progress=False)
+    assert isinstance(attacked.strategy.assignment, LargestClaims)
+    assert not isinstance(clean.strategy.assignment, LargestClaims)
 
 
 # -- bad settings -------------------------------------------------------------------------------

@@ -296,12 +296,12 @@ def test_the_server_copy_starts_from_the_global_model_and_its_optimiser_as_asked
         FAMILY, FAMILY.server_spec, answers=False, parallel=True, fresh_optimiser=fresh
     )
     session = side.program(1, state, [task]).open(task, {})
-    assert torch.equal(session.params["md8.weight"], state["md8.weight"])
+    assert torch.equal(session.copy.params["md8.weight"], state["md8.weight"])
     z = torch.randn(5, 256, 2, 2, generator=torch.Generator().manual_seed(0))
     for _ in range(2):
         assert session.batch(z, torch.tensor([0, 1, 2, 3, 0])) is None  # no answer
     # Adam's step count: two steps of one optimiser, or one of the optimiser made afresh
-    assert float(session.opt_state["adam.step/md8.weight"]) == steps
+    assert float(session.copy.state["adam.step/md8.weight"]) == steps
     served = session.close()
     assert served.input_shape == (256, 2, 2) and [p.count for p in served.passes] == [2]
     assert not torch.equal(served.tensors["md8.weight"], state["md8.weight"])

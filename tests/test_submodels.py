@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.fjord import OrderedDropout
 from hetfl.algorithms.parts.width_assignment import assign_in_proportion
-from hetfl.algorithms.parts.width_eval import OwnLevel, eval_model_at
+from hetfl.algorithms.parts.width_eval import eval_model_at
 from hetfl.config import ConfigError, validate
 from hetfl.core.client.bn_statistics import recompute_bn_statistics
 from hetfl.core.client.program import Programs
@@ -29,6 +29,7 @@ from hetfl.core.client.terms import mask_logits
 from hetfl.core.init import initialize
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
+from hetfl.core.server.evaluation import LocalModel
 from hetfl.core.spec import Spec, group_qualified, prefix_index
 from hetfl.core.state import Accumulator, extract
 from hetfl.core.training import LocalTraining
@@ -407,10 +408,12 @@ def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tm
     by_level: dict[float, list[float]] = {}
     for cid, data in sim.clients.items():
         ratio = strategy.assignment.level_of[cid]
+        judged = strategy.local_eval.pick(strategy.layout, sim.infos[cid])
+        assert judged.group == f"local width={ratio:g}"
         em = eval_model_at(
             sim.programs.family,
-            strategy.local_eval.eval_spec(ratio),
-            strategy.index_map_for(strategy.local_eval.level_spec(ratio)),
+            judged.spec,
+            strategy.index_map_for(judged.trained),
             sim.state,
             name="own",
             stats_pass=True,
@@ -434,7 +437,7 @@ def test_heterofl_with_private_layers_uses_own_level_and_says_so() -> None:
     strategy, _ = ALGORITHMS.get("heterofl").build(
         fam, {"private_norm": True}, clients_per_round=1, train=TRAIN
     )
-    assert isinstance(strategy.local_eval, OwnLevel)
+    assert isinstance(strategy.local_eval, LocalModel)
     assert strategy.describe()["local_eval_model"] == (
         "own-level (private layers cannot load into the full-rate global model)"
     )

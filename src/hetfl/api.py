@@ -30,7 +30,7 @@ from hetfl.core.server.assign import (
     UniformSampling,
     one_spec,
 )
-from hetfl.core.server.evaluation import OwnModel, WholeModel
+from hetfl.core.server.evaluation import LocalModel, WholeModel, own_spec
 from hetfl.core.server.maps import Grouped, LabelSplit, NothingShared, private_layers
 from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
 from hetfl.core.server.reducers import REDUCERS, register_reducer
@@ -64,6 +64,7 @@ __all__ = [
     "Grouped",
     "KindOptions",
     "LabelSplit",
+    "LocalModel",
     "LocalRecipe",
     "LocalTraining",
     "LossTerm",
@@ -72,7 +73,6 @@ __all__ = [
     "NothingShared",
     "Optimised",
     "Options",
-    "OwnModel",
     "PerClient",
     "PerGroup",
     "ProximalTerm",
@@ -90,6 +90,7 @@ __all__ = [
     "by_samples",
     "choose",
     "one_spec",
+    "own_spec",
     "private_layers",
     "pseudo_gradient",
     "register_algorithm",

@@ -27,6 +27,7 @@ from hetfl.config import ConfigError, RunConfig
 from hetfl.core.client.program import Programs, Wrapper
 from hetfl.core.kinds import Chosen
 from hetfl.core.rng import SERVER, numpy_generator
+from hetfl.core.server.assign import LargestClaims
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
 from hetfl.data.download import DOWNLOADERS
@@ -198,6 +199,9 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     trigger: Trigger | None = None
     if cfg.attack is not None:
         malicious = draw_malicious([c.cid for c in fed.clients], cfg.attack.fraction, cfg.seed)
+        # The malicious clients declare the largest model (`declared_attrs`), which this
+        # one wrapper gives them, whatever the method's assignment.
+        strategy.assignment = LargestClaims(strategy.assignment, family)
         attack = cfg.attack.chosen.build()
         if isinstance(attack, PlantsTrigger):
             trigger = checked_trigger(attack.trigger, fed)

@@ -47,7 +47,7 @@ from hetfl.algorithms.parts.gkt_server import GKTServer
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import UniformSampling, one_spec
-from hetfl.core.server.evaluation import JoinedWithPrivate, NoGlobalModel
+from hetfl.core.server.evaluation import LocalModel, NoGlobalModel, fixed_spec
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import uniform
@@ -121,7 +121,9 @@ def _make(
         weighting=uniform,
         server_update=Averaged(),
         global_eval=NoGlobalModel(),
-        pooled_eval=JoinedWithPrivate(split.side_spec("whole"), stats_pass=True),
+        pooled_eval=LocalModel(
+            fixed_spec(split.side_spec("whole")), stats_pass=True, present_only=True
+        ),
         server_phase=server,
         describe=lambda: {**opts.model_dump(mode="json"), "pooled_acc": POOLED},
     )

@@ -44,11 +44,12 @@ from hetfl.algorithms.parts.width_assignment import (
     WidthAssignment,
     check_every_level_fits,
 )
-from hetfl.algorithms.parts.width_eval import LevelModels, OwnLevel
+from hetfl.algorithms.parts.width_eval import LevelModels, own_level
 from hetfl.algorithms.parts.widths import check_levels
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.regularisers import OrthogonalityPenalty
 from hetfl.core.server.assign import UniformSampling
+from hetfl.core.server.evaluation import LocalModel
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
@@ -129,13 +130,8 @@ def _make(
             name=capacity_name,
             mean_group="capacity=mean",
         ),
-        local_eval=OwnLevel(
-            local_level,
-            level_spec,
-            level_spec,
-            label_mask=False,
-            stats_pass=False,
-            group=lambda p: f"local capacity={p:g}",
+        local_eval=LocalModel(
+            own_level(local_level, level_spec, level_spec, lambda p: f"local capacity={p:g}")
         ),
         describe=lambda: {
             "levels": list(levels),

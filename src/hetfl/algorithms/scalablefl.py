@@ -44,7 +44,7 @@ from hetfl.algorithms.parts.method_registry import ReducerOptions, register_algo
 from hetfl.algorithms.parts.widths import scalable_base
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
-from hetfl.core.server.evaluation import OwnModel
+from hetfl.core.server.evaluation import LocalModel, own_spec
 from hetfl.core.server.maps import MapTransform, NothingShared, private_layers
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.update import Averaged
@@ -152,7 +152,7 @@ def _make(
         transforms=transforms,
         weighting=uniform,
         server_update=Averaged(),
-        local_eval=OwnModel(group=lambda info: group_name(group_key(info))),
+        local_eval=LocalModel(own_spec(group=lambda info: group_name(group_key(info)))),
         describe=lambda: describe(opts.variant, groups),
         reducer=opts.reducer.build(),
     )

@@ -48,7 +48,7 @@ from hetfl.algorithms.parts.method_registry import AggregationOptions, register_
 from hetfl.algorithms.parts.server_copies import CopiesSide
 from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.server.assign import one_spec
-from hetfl.core.server.evaluation import GlobalOnClient
+from hetfl.core.server.evaluation import LocalModel, global_model
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
@@ -110,7 +110,7 @@ def _make(
         reducer=opts.reducer.build(),
         server_update=Averaged(),
         server_side=server,
-        local_eval=GlobalOnClient(),
+        local_eval=LocalModel(global_model),
     )
     client = SplitClient()
     return strategy, LocalRecipe(forward=client.forward, backward=client.backward)

@@ -7,9 +7,11 @@ generator of its own, (seed, 0, server, "malicious"), before any architecture or
 assigned, so that it depends on the seed, the fraction and the client ids alone: the same
 clients attack under every compared method, and a resumed run draws the same set again
 (the checkpoint records it and refuses another). A malicious client declares
-`attrs[LARGEST]` (`hetfl.core.server.assign`): the assignments of FedFA, FlexiFed, NeFL
-(`ArchitectureChoice`) and of HeteroFL, FjORD and FLANC (`WidthAssignment`) give it their
-largest architecture or width, every other client what it would get in the clean run.
+`attrs[LARGEST]` (`hetfl.core.server.assign`), which `LargestClaims`, wrapped around the
+method's assignment (any one, a plugin's included), applies: it trains the largest spec
+(FedFA's, FlexiFed's and NeFL's largest candidate, HeteroFL's, FjORD's and FLANC's widest
+level, else the possible spec with the most parameters), every other client what it would
+get in the clean run.
 
 `OnlyMalicious(attack, malicious)` is the `Wrapper` (`hetfl.core.client.program`) the run's programs
 pass through: a malicious client's honest program goes through `attack`, every other

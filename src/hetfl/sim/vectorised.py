@@ -57,10 +57,11 @@ import torch
 from torch import nn
 
 from hetfl.core.client.dropout import SeededDropout
-from hetfl.core.client.loop import LocalStep, Tally, batch_order, model_call
-from hetfl.core.client.program import ClientProgram, Programs, trainable_names
+from hetfl.core.client.loop import LocalStep, Tally, batch_order
+from hetfl.core.client.program import ClientProgram, Programs
 from hetfl.core.client.recipe import TrainContext
 from hetfl.core.client.stacked import on_stack, stacked_gradient
+from hetfl.core.client.trainable import model_call, trainable_names
 from hetfl.core.pixels import model_inputs
 from hetfl.core.roles import tensor_roles
 from hetfl.core.server_program import ServerProgram

@@ -15,10 +15,6 @@ its own repeats, min(d, n) blocks (`hetfl.models.scalable.depth_blocks`, a HetFL
 its one-block stages keep one, and d = 4 is its own full depth.
 
 A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
-0. the largest candidate (most MACs per sample) for a client that declares
-   `attrs[LARGEST]`: a malicious client of an attacked run (`hetfl.attacks.malicious`), as
-   FedFA's threat model has it (§5); its draws are still made, so that every other client
-   gets the architecture it gets in the clean run;
 1. the one it declares itself (`attrs["architecture"]`, a candidate's label);
 2. the smallest candidate (fewest MACs per sample) for a resource-limited client: as in
    §5.1, half of the clients, here a seeded random half (`limited_share`);
@@ -27,6 +23,11 @@ A client's architecture, in this order (`ArchitectureChoice.setup_seeded`):
    random one (`choice: random`). The budget is what it declares (`attrs["macs_budget"]`),
    else `budgets[i]` for the i-th client in id order, else (a HetFL choice: the paper
    states none) drawn uniformly between the smallest and the largest candidate's cost.
+
+A client claiming the largest model (a malicious client of an attacked run, as FedFA's
+threat model has it, §5) is chosen for as every client is, then given the largest candidate
+(most MACs per sample) by `hetfl.core.server.assign.LargestClaims` (`give_largest`), so
+that every other client gets the architecture it gets in the clean run.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from hetfl.algorithms.parts.zico import zico
 from hetfl.core.init import build_model, initialize
 from hetfl.core.pixels import model_inputs
 from hetfl.core.pricing import PassPricing
-from hetfl.core.server.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientData, ClientInfo, ModelFamily, PassRecord
 from hetfl.models.scalable import depth_blocks
@@ -237,9 +237,7 @@ class ArchitectureChoice:
                 int(torch.randint(2**62, (1,), generator=generator))
             )
             declared = info.attrs.get("architecture")
-            if info.attrs.get(LARGEST):
-                self.chosen[info.cid] = self.largest()
-            elif declared is not None:
+            if declared is not None:
                 self.chosen[info.cid] = self._declared(info.cid, declared)
             elif info.cid in limited:
                 self.chosen[info.cid] = self.smallest()
@@ -264,6 +262,17 @@ class ArchitectureChoice:
     def largest(self) -> Candidate:
         """The candidate with the most MACs per sample (the deeper, then the wider, on a tie)."""
         return max(self.candidates, key=lambda c: (self.macs(c), c.depth, c.width))
+
+    def largest_spec(self) -> Spec:
+        """The largest candidate's spec (`KnowsLargest`)."""
+        return self.spec(self.largest())
+
+    def give_largest(self, cid: int) -> None:
+        """Client `cid` trains the largest candidate whatever its budget (a claim,
+        `LargestClaims`): it has no budget of its own."""
+        self.chosen[cid] = self.largest()
+        self.budget_of.pop(cid, None)
+        self._global = None
 
     def _budget(self, info: ClientInfo, i: int, own: torch.Generator) -> float:
         declared = info.attrs.get("macs_budget")

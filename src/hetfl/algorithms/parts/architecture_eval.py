@@ -1,9 +1,10 @@
 """Evaluation parts of the methods whose clients train architectures
 (`hetfl.core.server.evaluation`, `architecture_choice`): each architecture some client chose, on
 the global test set, grouped `arch=<label>`, and a client judged by its own architecture,
-grouped `local arch=<label>`. Each model reads the global tensors through its spec's shared
-map, so tensors a method keeps per group (`hetfl.core.server.maps.Grouped`: NeFL's per-sub-model
-BatchNorm, FlexiFed's per-path layers) load as the architecture's own.
+grouped `local arch=<label>` (`own_architecture`, a pick of
+`hetfl.core.server.evaluation.LocalModel`). Each model reads the global tensors through its
+spec's shared map, so tensors a method keeps per group (`hetfl.core.server.maps.Grouped`:
+NeFL's per-sub-model BatchNorm, FlexiFed's per-path layers) load as the architecture's own.
 
 FedFA (Park and Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD
 2024, §5.1) tests the global model, the largest width and depth, as `global_acc`, after a
@@ -21,10 +22,9 @@ import torch
 
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate
 from hetfl.algorithms.parts.width_eval import eval_model_at
-from hetfl.core.server.evaluation import Layout
+from hetfl.core.server.evaluation import Judged, Layout, ModelPick
 from hetfl.core.spec import Spec
-from hetfl.core.state import State, extract
-from hetfl.core.types import ClientInfo, EvalModel, EvalTask
+from hetfl.core.types import ClientInfo, EvalModel
 
 
 def evaluated_spec(spec: Spec) -> Spec:
@@ -71,32 +71,15 @@ class ArchitectureModels:
         ]
 
 
-class OwnArchitecture:
-    """A client's own architecture, grouped `local arch=<label>`: with `stats_pass`, after
-    a statistics pass over its training data; its logits masked to its classes when
-    `label_mask`."""
+def own_architecture(choice: ArchitectureChoice, *, stats_pass: bool) -> ModelPick:
+    """A client judged by its own architecture, grouped `local arch=<label>`; at running
+    statistics (`evaluated_spec`) when `stats_pass`, which a `LocalModel` then runs over the
+    client's training data."""
 
-    def __init__(
-        self, choice: ArchitectureChoice, *, label_mask: bool, stats_pass: bool = True
-    ) -> None:
-        self.choice, self.label_mask, self.stats_pass = choice, label_mask, stats_pass
+    def pick(layout: Layout, info: ClientInfo) -> Judged:
+        candidate = choice.candidate_of(info)
+        spec = choice.spec(candidate)
+        evaluated = evaluated_spec(spec) if stats_pass else spec
+        return Judged(spec, evaluated, f"local arch={candidate.label}")
 
-    def eval_task(
-        self,
-        layout: Layout,
-        info: ClientInfo,
-        state: Mapping[str, torch.Tensor],
-        evaluated: Mapping[str, State],
-    ) -> EvalTask:
-        candidate = self.choice.candidate_of(info)
-        spec = self.choice.spec(candidate)
-        imap = layout.shared_map(spec)
-        return EvalTask(
-            cid=info.cid,
-            spec=evaluated_spec(spec) if self.stats_pass else spec,
-            payload=extract(state, imap),
-            index_map=imap,
-            group=f"local arch={candidate.label}",
-            stats_pass=self.stats_pass,
-            label_mask=info.labels if self.label_mask else None,
-        )
+    return pick

@@ -7,7 +7,7 @@ global model).
 Shared: the assignment (`ArchitectureChoice` and its set-up query), the sampler, the
 weighting and reducer from the options, plain averaging as the server update, every chosen
 architecture evaluated (`ArchitectureModels`) and each client on its own
-(`OwnArchitecture`), and the non-IID treatment FedFA's paper applies to every method it
+(`own_architecture`), and the non-IID treatment FedFA's paper applies to every method it
 compares (Park and Joe-Wong, "Federated Learning with Flexible Architectures",
 ECML-PKDD 2024, §5.1): with `label_split`, the logits of a client's absent classes zeroed
 in training (`MaskedCrossEntropy`), its head rows only from the clients holding their
@@ -24,9 +24,10 @@ from hetfl.algorithms.parts.architecture_choice import (
     Candidate,
     ZicoQuery,
 )
-from hetfl.algorithms.parts.architecture_eval import ArchitectureModels, OwnArchitecture
+from hetfl.algorithms.parts.architecture_eval import ArchitectureModels, own_architecture
 from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
 from hetfl.core.client.terms import MaskedCrossEntropy
+from hetfl.core.server.evaluation import LocalModel
 from hetfl.core.server.maps import LabelSplit, MapTransform
 from hetfl.core.server.strategy import Strategy
 from hetfl.core.server.update import Averaged
@@ -62,7 +63,11 @@ def architecture_strategy(
         scaling=scaling,
         server_update=Averaged(),
         global_eval=ArchitectureModels(choice, first=first, stats_pass=stats_pass),
-        local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=stats_pass),
+        local_eval=LocalModel(
+            own_architecture(choice, stats_pass=stats_pass),
+            stats_pass=stats_pass,
+            label_mask=opts.label_split,
+        ),
         describe=choice.describe,
         trace_fields=choice.trace_fields,
         reducer=opts.reducer.build(),

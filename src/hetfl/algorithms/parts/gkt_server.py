@@ -23,7 +23,7 @@ server FedML weights the other way round (KD + alpha·CE); both agree at alpha =
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from hetfl.algorithms.parts.gkt_distill import kd_loss
-from hetfl.core.client.loop import model_call
-from hetfl.core.client.optim import optimiser_for, param_groups
-from hetfl.core.client.recipe import ModelCall
-from hetfl.core.init import build_model
+from hetfl.core.client.trainable import Trainable
 from hetfl.core.server.phase import PhaseResult, Upload
 from hetfl.core.spec import Spec
 from hetfl.core.state import State, extract
@@ -79,22 +76,10 @@ class GKTServer:
     ) -> PhaseResult:
         if not uploads:
             return PhaseResult(dict(state))
-        template = build_model(self.family, self.spec)
-        template.train()
         imap = self.family.index_map(self.spec)
-        own = {k: v.clone() for k, v in extract(state, imap).items()}
-        names = {k for k, _ in template.named_parameters()}
-        params = {k: v.requires_grad_(True) for k, v in own.items() if k in names}
-        buffers = {k: v for k, v in own.items() if k not in names}
-        model = model_call(template, params, buffers)
-        optimiser = optimiser_for(self.settings)
-        groups = param_groups(template, list(params), self.settings)
-        opt_state = optimiser.restore(self.optimiser_state, params)
-
-        def step(grads: dict[str, torch.Tensor]) -> None:
-            with torch.no_grad():
-                optimiser.step(groups, params, grads, opt_state)
-
+        server = Trainable.of(
+            self.family, self.spec, extract(state, imap), self.settings, self.optimiser_state
+        )
         orders = [torch.randperm(u.num_examples, generator=generator) for u in uploads]
         answers = {u.cid: torch.zeros_like(u.tensors["logits"]) for u in uploads}
         batches: dict[int, int] = {}
@@ -103,36 +88,26 @@ class GKTServer:
             for upload, order in zip(uploads, orders, strict=True):
                 for start in range(0, upload.num_examples, size):
                     rows = order[start : start + size]
-                    out = self._step(model, upload.tensors, rows, params, step)
+                    out = self._step(server, upload.tensors, rows)
                     if epoch == self.epochs - 1:
                         answers[upload.cid][upload.tensors["indices"][rows]] = out
                     batches[int(rows.shape[0])] = batches.get(int(rows.shape[0]), 0) + 1
-        self.optimiser_state = {k: v.detach().clone() for k, v in opt_state.items()}
-        trained = {**params, **buffers}
+        self.optimiser_state = server.kept()
+        trained = server.tensors()
         new_state = dict(state)
-        new_state.update({e.global_name: trained[e.local].detach().clone() for e in imap})
+        new_state.update({e.global_name: trained[e.local] for e in imap})
         passes = [PassRecord(self.spec, "train", b, n) for b, n in sorted(batches.items())]
         shape = tuple(uploads[0].tensors["features"].shape[1:])
         downloads = {cid: {"logits": logits} for cid, logits in answers.items()}
         return PhaseResult(new_state, downloads, passes, shape)
 
-    def _step(
-        self,
-        model: ModelCall,
-        upload: State,
-        rows: torch.Tensor,
-        params: dict[str, torch.Tensor],
-        step: Callable[[dict[str, torch.Tensor]], None],
-    ) -> torch.Tensor:
+    def _step(self, server: Trainable, upload: State, rows: torch.Tensor) -> torch.Tensor:
         """One server step on `rows` of a client's upload; the logits before the step."""
-        out = model(upload["features"][rows])  # (B, classes)
+        out = server.model(upload["features"][rows])  # (B, classes)
         loss = F.cross_entropy(out, upload["labels"][rows])
         if self.distill:
             loss = loss + self.alpha * kd_loss(out, upload["logits"][rows], self.temperature)
-        for p in params.values():
-            p.grad = None
-        loss.backward()
-        step({k: p.grad for k, p in params.items() if p.grad is not None})
+        server.train(loss)
         return out.detach()
 
     def extra_state(self) -> dict[str, Any]:

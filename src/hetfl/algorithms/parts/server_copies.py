@@ -29,9 +29,10 @@ its client trains on its own auxiliary loss.
   the loss is the client's (`client_loss`: SplitFed's client has no head, so the engine
   reports the server's loss as its training loss) or under `"server_loss"` otherwise.
 
-The copy is trained through `torch.func.functional_call` on plain dicts, with the same
-functional optimiser as a client (`hetfl.core.client.optim`), so that a client side and its
-server copy stepped apart equal the joined model stepped whole.
+The copy is trained by the trainable step a client's loop takes
+(`hetfl.core.client.trainable`: plain dicts through `torch.func.functional_call`, the same
+functional optimiser and clipping), so that a client side and its server copy stepped
+apart equal the joined model stepped whole.
 """
 
 from __future__ import annotations
@@ -43,10 +44,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from hetfl.core.client.loop import model_call
-from hetfl.core.client.optim import optimiser_for, param_groups
-from hetfl.core.client.terms import clip_grads
-from hetfl.core.init import build_model
+from hetfl.core.client.trainable import Trainable
 from hetfl.core.spec import IndexMap, Spec, full_map
 from hetfl.core.state import extract
 from hetfl.core.types import ClientTask, ModelFamily, PassRecord, ServerResult, State
@@ -119,34 +117,19 @@ class CopySession:
         private: State,
     ) -> None:
         self.side, self.cid, self.spec, self.imap = side, task.cid, spec, imap
-        self.settings = task.config
-        self.template = build_model(side.family, spec)
-        self.template.train()
-        names = {k for k, _ in self.template.named_parameters()}
-        self.params = {k: v.clone().requires_grad_(True) for k, v in tensors.items() if k in names}
-        self.buffers = {k: v.clone() for k, v in tensors.items() if k not in names}
-        self.model = model_call(self.template, self.params, self.buffers)
-        self.optimiser = optimiser_for(self.settings)
-        self.groups = param_groups(self.template, list(self.params), self.settings)
-        keep = self.settings.keep_momentum
-        self.opt_state = self.optimiser.restore(private, self.params) if keep else {}
+        self.keep = task.config.keep_momentum
+        kept = private if self.keep else {}
+        self.copy = Trainable.of(side.family, spec, tensors, task.config, kept)
         self.batches: dict[int, int] = {}  # batch size -> batches of that size
         self.loss_sum, self.seen = 0.0, 0
         self.input_shape: tuple[int, ...] = ()
 
     def batch(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         z.requires_grad_(self.side.answers)
-        loss = F.cross_entropy(self.model(z), y)
-        for p in self.params.values():
-            p.grad = None
-        loss.backward()
-        grads = {k: p.grad for k, p in self.params.items() if p.grad is not None}
-        if self.settings.clip_grad_norm is not None:
-            clip_grads(grads, self.settings.clip_grad_norm)
+        loss = F.cross_entropy(self.copy.model(z), y)
         if self.side.fresh_optimiser == "batch":
-            self.opt_state = {}
-        with torch.no_grad():
-            self.optimiser.step(self.groups, self.params, grads, self.opt_state)
+            self.copy.state.clear()
+        self.copy.train(loss)
         b = int(y.shape[0])
         self.batches[b] = self.batches.get(b, 0) + 1
         self.loss_sum += float(loss.detach()) * b
@@ -155,12 +138,11 @@ class CopySession:
         return z.grad if self.side.answers else None
 
     def close(self) -> ServerResult:
-        local = {**self.params, **self.buffers}
-        tensors = {e.global_name: local[e.local].detach().clone() for e in self.imap}
+        local = self.copy.tensors()
+        tensors = {e.global_name: local[e.local] for e in self.imap}
         kind = "train+input" if self.side.answers else "train"
         passes = [PassRecord(self.spec, kind, b, n) for b, n in self.batches.items()]
-        keep = self.settings.keep_momentum
-        kept = {k: v.detach().clone() for k, v in self.opt_state.items()} if keep else {}
+        kept = self.copy.kept() if self.keep else {}
         loss = "loss" if self.side.client_loss else "server_loss"
         metrics = {loss: self.loss_sum / max(self.seen, 1)}
         return ServerResult(self.cid, tensors, passes, self.input_shape, kept, metrics)

@@ -14,7 +14,6 @@ import torch
 from pydantic import Field
 
 from hetfl.algorithms.parts.widths import LevelSpec, shares
-from hetfl.core.server.assign import LARGEST
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientInfo
 
@@ -137,10 +136,8 @@ class WidthAssignment:
       for the i-th client in id order when it declares none) quantised to the largest level
       not above it (`quantise_capacity`), fixed for the run.
 
-    A client that declares `attrs[LARGEST]` (a malicious client of an attacked run, given
-    the largest model as in FedFA's threat model, `hetfl.attacks.malicious`) trains the
-    widest level in every mode; the others get the levels they get without it (in `fixed`
-    mode the proportions are dealt over all clients first; dynamic draws are still made).
+    Its largest spec is the widest level's (`KnowsLargest`, for `LargestClaims`, which
+    gives it to a client claiming the largest model in every mode).
 
     `levels` and `proportions` as `check_levels` returns them."""
 
@@ -160,7 +157,6 @@ class WidthAssignment:
         self.capacities = None if capacities is None else list(capacities)
         self.level_of: dict[int, float] = {}
         self._clients: list[int] = []
-        self._largest: set[int] = set()
 
     @property
     def dynamic(self) -> bool:
@@ -169,13 +165,18 @@ class WidthAssignment:
 
     def setup(self, clients: Sequence[ClientInfo]) -> None:
         self._clients = [c.cid for c in clients]
-        self._largest = {c.cid for c in clients if c.attrs.get(LARGEST)}
-        honest = [c for c in clients if c.cid not in self._largest]
         if self.mode == "declared":
-            self.level_of = self._declared_levels(honest)
+            self.level_of = self._declared_levels(clients)
         else:
             self.level_of = assign_in_proportion(self._clients, self.levels, self.proportions)
-        self.level_of.update({cid: max(self.levels) for cid in self._largest})
+
+    def largest_spec(self) -> Spec:
+        """The widest level's spec."""
+        return self.level_spec(max(self.levels))
+
+    def give_largest(self, cid: int) -> None:
+        """Client `cid` trains the widest level (a claim, `LargestClaims`)."""
+        self.level_of[cid] = max(self.levels)
 
     def _declared_levels(self, clients: Sequence[ClientInfo]) -> dict[int, float]:
         out: dict[int, float] = {}
@@ -222,11 +223,7 @@ class WidthAssignment:
             drawn = [draw_level(self.levels, self.proportions, rng) for _ in infos]
         else:
             return [self.spec_of(info) for info in infos]
-        widest = max(self.levels)
-        return [
-            self.level_spec(widest if info.attrs.get(LARGEST) else p)
-            for info, p in zip(infos, drawn, strict=True)
-        ]
+        return [self.level_spec(p) for p in drawn]
 
     def trained_levels(self) -> list[float]:
         """The levels some client may train, narrowest first."""

@@ -1,7 +1,8 @@
 """Evaluation parts of the width-sliced methods (`hetfl.core.server.evaluation`): every level's
 model on the global test set (`LevelModels`, `level_models`), and a client judged by the
 full-rate model (`FullRateMasked`, HeteroFL's local accuracy) or by its own level
-(`OwnLevel`); HeteroFL's choice among them (`sliced_evaluation`).
+(`own_level`, a pick of `hetfl.core.server.evaluation.LocalModel`); HeteroFL's choice among
+them (`sliced_evaluation`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ from hetfl.algorithms.parts.width_assignment import WidthAssignment
 from hetfl.algorithms.parts.width_norms import LevelNorm
 from hetfl.algorithms.parts.widths import LevelSpec
 from hetfl.core.init import build_model
-from hetfl.core.server.evaluation import GlobalEval, Layout, LocalEval, WholeModel
+from hetfl.core.server.evaluation import (
+    GlobalEval,
+    Judged,
+    Layout,
+    LocalEval,
+    LocalModel,
+    ModelPick,
+    WholeModel,
+)
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import State, extract
 from hetfl.core.types import ClientInfo, EvalModel, EvalTask, ModelFamily
 
-#: How HeteroFL measures a client's local accuracy (`FullRateMasked` or `OwnLevel`).
+#: How HeteroFL measures a client's local accuracy (`FullRateMasked` or `own_level`).
 LocalEvalModel = Annotated[
     Literal["global-masked", "own-level"],
     Field(
@@ -135,42 +144,21 @@ class FullRateMasked:
         )
 
 
-class OwnLevel:
-    """A client judged by its own level (`level_of(info)`), after a statistics pass over its
-    own training data when `stats_pass` (static BatchNorm), its logits masked to its classes
-    when `label_mask`; reported under `group(r)` (`local width=r` by default)."""
+def own_level(
+    level_of: Callable[[ClientInfo], float],
+    level_spec: LevelSpec,
+    eval_spec: LevelSpec,
+    group: Callable[[float], str] = lambda r: f"local width={r:g}",
+) -> ModelPick:
+    """A client judged by its own level (`level_of(info)`): the global tensors of the level's
+    training spec in its evaluation spec, reported under `group(r)` (`local width=r` by
+    default); a `LocalModel` adds the statistics pass (static BatchNorm) and the label mask."""
 
-    def __init__(
-        self,
-        level_of: Callable[[ClientInfo], float],
-        level_spec: LevelSpec,
-        eval_spec: LevelSpec,
-        *,
-        label_mask: bool,
-        stats_pass: bool = True,
-        group: Callable[[float], str] = lambda r: f"local width={r:g}",
-    ) -> None:
-        self.level_of, self.level_spec, self.eval_spec = level_of, level_spec, eval_spec
-        self.label_mask, self.stats_pass, self.group = label_mask, stats_pass, group
+    def pick(layout: Layout, info: ClientInfo) -> Judged:
+        ratio = level_of(info)
+        return Judged(level_spec(ratio), eval_spec(ratio), group(ratio))
 
-    def eval_task(
-        self,
-        layout: Layout,
-        info: ClientInfo,
-        state: Mapping[str, torch.Tensor],
-        evaluated: Mapping[str, State],
-    ) -> EvalTask:
-        ratio = self.level_of(info)
-        imap = layout.shared_map(self.level_spec(ratio))
-        return EvalTask(
-            cid=info.cid,
-            spec=self.eval_spec(ratio),
-            payload=extract(state, imap),
-            index_map=imap,
-            group=self.group(ratio),
-            stats_pass=self.stats_pass,
-            label_mask=info.labels if self.label_mask else None,
-        )
+    return pick
 
 
 def level_models(assignment: WidthAssignment, norm: LevelNorm) -> LevelModels:
@@ -195,8 +183,10 @@ def sliced_evaluation(
     private layers), after a statistics pass over its training data where `norm` has one."""
     widest, level_spec = max(assignment.levels), assignment.level_spec
     level_of = (lambda info: widest) if assignment.dynamic else assignment.level
-    own = OwnLevel(
-        level_of, level_spec, norm.evaluate, label_mask=label_mask, stats_pass=norm.stats_pass
+    own = LocalModel(
+        own_level(level_of, level_spec, norm.evaluate),
+        stats_pass=norm.stats_pass,
+        label_mask=label_mask,
     )
     if private:
         return WholeModel(), own

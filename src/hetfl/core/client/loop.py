@@ -14,16 +14,15 @@ backward, gradient transforms, clipping, optimiser step, projections, trackers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
-from hetfl.core.client.optim import Optimiser, ParamGroup, optimiser_for, param_groups
+from hetfl.core.client.optim import Optimiser, ParamGroup
 from hetfl.core.client.recipe import (
     GradTransform,
     LocalRecipe,
@@ -33,7 +32,7 @@ from hetfl.core.client.recipe import (
     part_name,
     vectorisation,
 )
-from hetfl.core.client.terms import ClipGradNorm
+from hetfl.core.client.trainable import OptimiserStep, gradients, model_call
 from hetfl.core.rng import sibling_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, State
@@ -106,52 +105,42 @@ def batch_order(n: int, settings: LocalTraining, generator: torch.Generator) -> 
     return batches
 
 
-def model_call(
-    template: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
-) -> ModelCall:
-    """`template` evaluated on `params` and `buffers` (in-place buffer updates land in
-    `buffers`); keyword arguments pass through to its forward."""
-
-    def call(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        out: torch.Tensor = functional_call(template, (params, buffers), (x,), kwargs)
-        return out
-
-    return call
-
-
 @dataclass(frozen=True)
 class LocalStep:
     """One local step of `recipe` under `settings`, over parameter dicts: `loss` (the
     forward and the loss terms), the backward, then `update` (the gradient transforms,
     clipping when the settings ask for it, the optimiser over its param `groups`, the
-    projections), then `observe` (the trackers)."""
+    projections), then `observe` (the trackers). The clipping and the optimiser are the
+    trainable step every trainer shares (`hetfl.core.client.trainable.OptimiserStep`), each
+    run here through the update's runner."""
 
     recipe: LocalRecipe
     settings: LocalTraining
     groups: tuple[ParamGroup, ...] = ()
-    optimiser: Optimiser = field(init=False)
+    trains: OptimiserStep = field(init=False)
     transforms: tuple[GradTransform, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        # Clipping comes last, so that it bounds the gradient the optimiser sees.
-        limit = self.settings.clip_grad_norm
-        clip = () if limit is None else (ClipGradNorm(limit),)
-        object.__setattr__(self, "optimiser", optimiser_for(self.settings))
-        object.__setattr__(self, "transforms", (*self.recipe.grad_transforms, *clip))
+        trains = OptimiserStep(self.settings, self.groups)
+        object.__setattr__(self, "trains", trains)
+        object.__setattr__(self, "transforms", (*self.recipe.grad_transforms, *trains.clip))
 
     @classmethod
     def of(
         cls, recipe: LocalRecipe, settings: LocalTraining, template: nn.Module, names: list[str]
     ) -> LocalStep:
         """The step for the trainable parameters `names` of `template`."""
-        return cls(recipe, settings, tuple(param_groups(template, names, settings)))
+        return cls(recipe, settings, OptimiserStep.of(settings, template, names).groups)
+
+    @property
+    def optimiser(self) -> Optimiser:
+        return self.trains.optimiser
 
     def parts(self) -> tuple[tuple[str, object], ...]:
         """Every part the step runs, with its place in it, the optimiser included."""
-        clip = self.transforms[len(self.recipe.grad_transforms) :]
         return (
             *self.recipe.parts(),
-            *(("gradient clipping", c) for c in clip),
+            *(("gradient clipping", c) for c in self.trains.clip),
             ("optimizer", self.optimiser),
         )
 
@@ -183,7 +172,7 @@ class LocalStep:
         optimiser and the projections, each through `run`."""
         for transform in self.transforms:
             run(transform, partial(_transform, transform), tensors, ctx)
-        run(self.optimiser, partial(_optimise, self.optimiser, list(self.groups)), tensors, ctx)
+        run(self.optimiser, partial(_optimise, self.trains), tensors, ctx)
         for project in self.recipe.projections:
             run(project, partial(_project, project), tensors, ctx)
 
@@ -204,11 +193,8 @@ def _transform(transform: GradTransform, tensors: StepTensors, ctx: TrainContext
     transform(tensors["grads"], tensors["params"], ctx)
 
 
-def _optimise(
-    optimiser: Optimiser, groups: list[ParamGroup], tensors: StepTensors, ctx: TrainContext
-) -> None:
-    with torch.no_grad():
-        optimiser.step(groups, tensors["params"], tensors["grads"], tensors["state"])
+def _optimise(trains: OptimiserStep, tensors: StepTensors, ctx: TrainContext) -> None:
+    trains(tensors["params"], tensors["grads"], tensors["state"], clipped=True)
 
 
 def _project(project: Projection, tensors: StepTensors, ctx: TrainContext) -> None:
@@ -243,9 +229,7 @@ def train_local(
         ctx.batch, ctx.indices = (x, y), idx
         recorded = len(ctx.passes)
         total, loss = step.loss(model, x, y, ctx)
-        _zero_grads(params)
-        recipe.backward(total, ctx)
-        grads = {k: p.grad for k, p in params.items() if p.grad is not None}
+        grads = gradients(params, partial(recipe.backward, total, ctx))
         step.update({"grads": grads, "params": params, "state": state}, ctx)
         step.observe(ctx)
         tally.add(float(loss.detach()), int(y.shape[0]), len(ctx.passes) > recorded)
@@ -258,11 +242,3 @@ def train_local(
             stats.uploads = recipe.upload(model, data, ctx)
         template.train()
     return stats
-
-
-def _zero_grads(params: Mapping[str, torch.Tensor]) -> None:
-    """Zero the gradients in place, as `Optimizer.zero_grad(set_to_none=False)` does, so
-    that a backward accumulates into zeros exactly as `torch.optim` training does."""
-    grads = [p.grad for p in params.values() if p.grad is not None]
-    if grads:
-        torch._foreach_zero_(grads)

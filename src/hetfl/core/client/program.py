@@ -31,6 +31,7 @@ from hetfl.core.client.dropout import dropout_masks
 from hetfl.core.client.loop import LocalStats, train_local
 from hetfl.core.client.recipe import LocalRecipe, TrainContext
 from hetfl.core.client.scoring import evaluate_model
+from hetfl.core.client.trainable import split_trainable
 from hetfl.core.init import build_model, initialize
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator, torch_generator
@@ -60,12 +61,6 @@ def _merge_passes(records: list[PassRecord]) -> list[PassRecord]:
         PassRecord(spec, kind, batch, count, width)
         for (spec, kind, batch, width), count in counts.items()
     ]
-
-
-def trainable_names(template: nn.Module) -> set[str]:
-    """The names of `template`'s parameters that training updates (those requiring a
-    gradient); its other state-dict tensors are buffers to the optimiser."""
-    return {k for k, p in template.named_parameters() if p.requires_grad}
 
 
 class Program(Protocol):
@@ -173,9 +168,7 @@ class ClientProgram:
         strategy's server program, reaches the parts as `ctx.channel`."""
         template = self.models.model_for(task.spec)
         own = self.own_tensors(task, info, private)
-        trainable = trainable_names(template)
-        params = {k: v.requires_grad_(True) for k, v in own.items() if k in trainable}
-        buffers = {k: v for k, v in own.items() if k not in trainable}
+        params, buffers = split_trainable(template, own)
         ctx = TrainContext(
             task=task,
             received=task.payload,

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from hetfl.core.client.loop import LocalStep, PartCall, StepTensors, model_call
+from hetfl.core.client.loop import LocalStep, PartCall, StepTensors
 from hetfl.core.client.recipe import TrainContext, Vectorises, vectorisation
+from hetfl.core.client.trainable import model_call
 from hetfl.core.types import State
 
 #: `(params, buffers, x (K, B, ...), y (K, B), ctx) -> (grads, (losses (K,), buffers))`.

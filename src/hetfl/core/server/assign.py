@@ -17,14 +17,14 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from hetfl.core.init import build_model
 from hetfl.core.spec import Spec
-from hetfl.core.types import ClientInfo
+from hetfl.core.types import ClientInfo, ModelFamily
 
 #: The attribute a client declares to take the largest model an assignment has: FedFA's
 #: threat model gives malicious clients the largest architecture (Park and Joe-Wong,
-#: "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5). The assignments
-#: that honour it (`ArchitectureChoice`, `WidthAssignment`) give every other client the spec
-#: it would have had without it.
+#: "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5). `LargestClaims`
+#: applies it, around any assignment; no assignment reads it.
 LARGEST = "largest"
 
 
@@ -291,3 +291,100 @@ class PerGroup(Generic[Plan]):
 
     def possible_specs(self) -> list[Spec]:
         return [self.spec_of(c) for c in self._clients]
+
+
+@runtime_checkable
+class KnowsLargest(Protocol):
+    """An assignment that names its largest spec itself (one it may give no client without a
+    claim: FedFA's largest candidate, HeteroFL's widest level) and keeps its own record of
+    each client's spec, which other parts of its method read (evaluation, the global
+    spec): `give_largest(cid)` records that client `cid` takes the largest."""
+
+    def largest_spec(self) -> Spec: ...
+
+    def give_largest(self, cid: int) -> None: ...
+
+
+def most_parameters(family: ModelFamily, specs: Sequence[Spec]) -> Spec:
+    """The spec whose model has the most parameters; on a tie the first in `specs`."""
+    counts = [sum(p.numel() for p in build_model(family, s).parameters()) for s in specs]
+    return specs[counts.index(max(counts))]
+
+
+class LargestClaims:
+    """`inner`, any assignment (a plugin's included), with the largest-model claim applied
+    once for every method: a client that declares `attrs[LARGEST]` (a malicious client of an
+    attacked run, `hetfl.attacks.malicious`) trains the largest spec in every round; every
+    other client gets what `inner` gives it, with the claimants set up and drawn for as in
+    the clean run, so that the honest clients' specs are the clean run's.
+
+    The largest spec is the one `inner` names when it `KnowsLargest` (its own measure:
+    FedFA's candidate with the most MACs per sample, HeteroFL's widest level); otherwise,
+    among `inner.possible_specs()` after set-up, the one whose model has the most
+    parameters, on a tie the first (`most_parameters`)."""
+
+    def __init__(self, inner: Assignment, family: ModelFamily) -> None:
+        self.inner, self.family = inner, family
+        self.largest: Spec | None = None
+
+    def setup(self, clients: Sequence[ClientInfo]) -> None:
+        self.inner.setup(clients)
+        self._claim(clients)
+
+    def setup_seeded(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None:
+        """As `inner` sets up: seeded when it is a `SeededAssignment`."""
+        if isinstance(self.inner, SeededAssignment):
+            self.inner.setup_seeded(clients, generator)
+        else:
+            self.inner.setup(clients)
+        self._claim(clients)
+
+    def _claim(self, clients: Sequence[ClientInfo]) -> None:
+        inner = self.inner
+        if isinstance(inner, KnowsLargest):
+            self.largest = inner.largest_spec()
+            for info in clients:
+                if info.attrs.get(LARGEST):
+                    inner.give_largest(info.cid)
+        else:
+            specs = inner.possible_specs()
+            self.largest = most_parameters(self.family, specs) if specs else None
+
+    def _claimed(self, info: ClientInfo, spec: Spec) -> Spec:
+        if not info.attrs.get(LARGEST):
+            return spec
+        if self.largest is None:
+            raise RuntimeError(
+                f"client {info.cid} claims the largest model, but the assignment had no "
+                "possible spec to choose it from (the largest is chosen at set-up: call setup "
+                "with the run's clients first)"
+            )
+        return self.largest
+
+    def spec_of(self, info: ClientInfo) -> Spec:
+        return self._claimed(info, self.inner.spec_of(info))
+
+    def spec_in_round(self, round: int, info: ClientInfo, rng: torch.Generator) -> Spec:
+        return self._claimed(info, self.inner.spec_in_round(round, info, rng))
+
+    def specs_in_round(
+        self, round: int, infos: Sequence[ClientInfo], rng: torch.Generator
+    ) -> list[Spec]:
+        """`inner`'s specs for the round (its draws made for every client), then the claims."""
+        specs = round_specs(self.inner, round, infos, rng)
+        return [self._claimed(i, s) for i, s in zip(infos, specs, strict=True)]
+
+    def possible_specs(self) -> list[Spec]:
+        """`inner`'s: the largest is among them (its own record holds the claims, or the
+        largest was chosen from them)."""
+        return self.inner.possible_specs()
+
+    def extra_state(self) -> dict[str, Any]:
+        """`inner`'s state across rounds, when it keeps one."""
+        extra = getattr(self.inner, "extra_state", None)
+        return {} if extra is None else dict(extra())
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        load = getattr(self.inner, "load_extra_state", None)
+        if load is not None:
+            load(state)

@@ -1,6 +1,7 @@
 """Evaluation parts of a `Strategy` (`hetfl.core.server.strategy`): which models are tested on the
 global test set (`GlobalEval`), and how each client is judged on its local split
-(`LocalEval`).
+(`LocalEval`: `LocalModel`, one part for every method, which decides only the model, a
+`ModelPick`; HeteroFL's `FullRateMasked` judges with the model the global evaluation tested).
 
 Both read the run's set-up through a `Layout` (the family, the global spec, each client's
 spec and the shared index map of a spec) and the global state the engine passes in.
@@ -9,7 +10,7 @@ spec and the shared index map of a spec) and the global state the engine passes 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -63,43 +64,6 @@ class WholeModel:
         return [EvalModel(name="global", spec=spec, tensors=extract(state, imap))]
 
 
-class OwnModel:
-    """The client's own spec with the global tensors and its private layers; reported
-    under `group(info)` when a grouping is given (ScalableFL's client groups)."""
-
-    def __init__(self, group: Callable[[ClientInfo], str] | None = None) -> None:
-        self.group = group
-
-    def eval_task(
-        self,
-        layout: Layout,
-        info: ClientInfo,
-        state: Mapping[str, torch.Tensor],
-        evaluated: Mapping[str, State],
-    ) -> EvalTask:
-        spec = layout.spec_of(info)
-        imap = layout.shared_map(spec)
-        task = EvalTask(cid=info.cid, spec=spec, payload=extract(state, imap), index_map=imap)
-        return task if self.group is None else replace(task, group=self.group(info))
-
-
-class GlobalOnClient:
-    """The global model (the global spec with the shared tensors) on the client's local
-    split: split learning, where a client's model is its side joined to a server side, so
-    its own spec alone classifies nothing (SplitFed, DTFL)."""
-
-    def eval_task(
-        self,
-        layout: Layout,
-        info: ClientInfo,
-        state: Mapping[str, torch.Tensor],
-        evaluated: Mapping[str, State],
-    ) -> EvalTask:
-        spec = layout.global_spec
-        imap = layout.shared_map(spec)
-        return EvalTask(cid=info.cid, spec=spec, payload=extract(state, imap), index_map=imap)
-
-
 class NoGlobalModel:
     """Nothing on the global test set: a method whose server model alone classifies no
     input (FedGKT's server model takes a client's feature maps)."""
@@ -109,16 +73,34 @@ class NoGlobalModel:
 
 
 @dataclass(frozen=True)
-class JoinedWithPrivate:
-    """The model of `spec` with the global tensors its shared map names and the client's
-    private tensors for the rest: FedGKT's client extractor (md1, private) joined to the
-    server model (md2..md8, global), judged on the client's own split (the strategy's
-    `pooled_eval`)."""
+class Judged:
+    """The model a client is judged by: the global tensors that the shared map of `trained`
+    (the spec trained, or that would be) names, loaded into `spec` (`trained` itself by
+    default; another normalisation of it, with running statistics a statistics pass
+    estimates), reported under `group` when given."""
 
-    spec: Spec
-    #: Re-estimate the joined model's BatchNorm statistics on the client's own training data
-    #: first (for that evaluation only), instead of using the running statistics it holds.
+    trained: Spec
+    spec: Spec | None = None
+    group: str | None = None
+
+
+#: Which model judges client `info`: `pick(layout, info)`.
+ModelPick = Callable[[Layout, ClientInfo], Judged]
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """How a client is judged on its local split, for every method: the model `pick` names
+    (`Judged`), with the global tensors and the client's private tensors for the rest;
+    with `stats_pass`, after the client re-estimates its BatchNorm statistics on its own
+    training data (for that evaluation only); its logits masked to its classes with
+    `label_mask`. With `present_only`, only the global tensors the state holds are loaded
+    (FedGKT's joined model: the client's extractor is its own, md2..md8 the server's)."""
+
+    pick: ModelPick
     stats_pass: bool = False
+    label_mask: bool = False
+    present_only: bool = False
 
     def eval_task(
         self,
@@ -127,11 +109,40 @@ class JoinedWithPrivate:
         state: Mapping[str, torch.Tensor],
         evaluated: Mapping[str, State],
     ) -> EvalTask:
-        imap = [e for e in layout.shared_map(self.spec) if e.global_name in state]
+        judged = self.pick(layout, info)
+        imap = layout.shared_map(judged.trained)
+        if self.present_only:
+            imap = [e for e in imap if e.global_name in state]
         return EvalTask(
             cid=info.cid,
-            spec=self.spec,
+            spec=judged.trained if judged.spec is None else judged.spec,
             payload=extract(state, imap),
             index_map=imap,
+            group=judged.group,
             stats_pass=self.stats_pass,
+            label_mask=info.labels if self.label_mask else None,
         )
+
+
+def own_spec(group: Callable[[ClientInfo], str] | None = None) -> ModelPick:
+    """The client's own spec (with its private layers: the default local evaluation);
+    reported under `group(info)` when a grouping is given (ScalableFL's client groups)."""
+
+    def pick(layout: Layout, info: ClientInfo) -> Judged:
+        return Judged(layout.spec_of(info), group=None if group is None else group(info))
+
+    return pick
+
+
+def global_model(layout: Layout, info: ClientInfo) -> Judged:
+    """The global model on the client's local split: split learning, where a client's model
+    is its side joined to a server side, so its own spec alone classifies nothing (SplitFed,
+    DTFL)."""
+    return Judged(layout.global_spec)
+
+
+def fixed_spec(spec: Spec) -> ModelPick:
+    """`spec` for every client: FedGKT's client extractor (md1, private) joined to the
+    server model (md2..md8, global), judged on the client's own split (the strategy's
+    `pooled_eval`, with `present_only`)."""
+    return lambda layout, info: Judged(spec)

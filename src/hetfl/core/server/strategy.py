@@ -72,7 +72,14 @@ from hetfl.core.plateau import PlateauLr
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server.assign import Assignment, Sampler, SeededAssignment, round_specs
 from hetfl.core.server.defences import DecisionRecorder, RoundDecisions
-from hetfl.core.server.evaluation import GlobalEval, Layout, LocalEval, OwnModel, WholeModel
+from hetfl.core.server.evaluation import (
+    GlobalEval,
+    Layout,
+    LocalEval,
+    LocalModel,
+    WholeModel,
+    own_spec,
+)
 from hetfl.core.server.maps import MapTransform
 from hetfl.core.server.phase import PhaseResult, ServerPhase, Upload
 from hetfl.core.server.update import (
@@ -191,7 +198,7 @@ class Strategy:
         self.weighting, self.scaling, self.reducer = weighting, scaling, reducer
         self.server_update = server_update
         self.global_eval = global_eval or WholeModel()
-        self.local_eval = local_eval or OwnModel()
+        self.local_eval = local_eval or LocalModel(own_spec())
         self.declared = tuple(declared)
         self.server_side = server_side
         self.server_phase = server_phase

@@ -68,9 +68,13 @@ from hetfl.engine.steps import (
 from hetfl.engine.store import ClientStore, StoreSettings
 from hetfl.sim.eval_exchange import scoring_exchange, statistics_exchange
 from hetfl.sim.executor import Executor, SequentialExecutor
+from hetfl.sim.setup_queries import SetupQueryItem, answer_setup_query
 from hetfl.sim.tasks import ClientJob, LocalScoreItem, TaskOutcome
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
+
+#: How many steps a set-up query's units go in (one progress line each).
+SETUP_STEPS = 10
 
 
 class Simulation(RoundLoop):
@@ -90,13 +94,16 @@ class Simulation(RoundLoop):
         executor: Executor | None = None,
         store: StoreSettings | None = None,
         sinks: Sequence[RowSink] = (),
+        setup_cache: Path | None = None,
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
         capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
         client trainings (`hetfl.sim.executor`; default: sequentially, in process).
         `store` bounds the client store's memory; entries over its budget spill into
         `run_dir/spill`, removed when `run` returns or raises (`hetfl.engine.store`).
-        `sinks` receive the metrics rows too (experiment tracking)."""
+        `sinks` receive the metrics rows too (experiment tracking). `setup_cache` is the
+        folder the strategy's set-up answers are kept in across runs
+        (`hetfl.sim.setup_queries`; None: asked every run)."""
         super().__init__(
             strategy,
             programs,
@@ -117,6 +124,8 @@ class Simulation(RoundLoop):
             raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
         self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
         self._asked = False  # the strategy's set-up query (`known_clients`)
+        self._shared = False  # the run's data placed for the executor (`setup`)
+        self.setup_cache = setup_cache
         store = store or StoreSettings()
         spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
         # One budget for everything held per client: a method with a server phase (FedGKT)
@@ -138,14 +147,20 @@ class Simulation(RoundLoop):
         #: Each client's times of the last round it trained (device profiles), checkpointed.
         self.history: dict[int, ClientTimes] = {}
 
+    def setup(self) -> None:
+        """The run's data placed where the executor's units read it (shared memory under
+        the process executor), once, before the set-up asks the clients anything."""
+        if not self._shared:
+            self.clients, test, self.validation = self.executor.share(
+                (self.clients, (self.x_test, self.y_test), self.validation)
+            )
+            self.x_test, self.y_test = test
+            self._shared = True
+        super().setup()
+
     def run(self, resume: bool = False) -> dict[str, Any]:
-        """Run (or continue) the experiment, with the run's data placed where the
-        executor's units read it (shared memory under the process executor); the client
-        store's spill files are removed when it returns or raises (Ctrl-C included)."""
-        self.clients, test, self.validation = self.executor.share(
-            (self.clients, (self.x_test, self.y_test), self.validation)
-        )
-        self.x_test, self.y_test = test
+        """Run (or continue) the experiment (set up first, `setup`); the client store's
+        spill files are removed when it returns or raises (Ctrl-C included)."""
         try:
             return super().run(resume)
         finally:
@@ -161,12 +176,32 @@ class Simulation(RoundLoop):
 
     def _ask_setup_query(self) -> None:
         """Each client answers the strategy's `setup_query` from its own data, with a
-        generator of (seed, 0, client, "setup-query"); what it declared itself wins."""
+        generator of (seed, 0, client, "setup-query"), as units of the executor
+        (`hetfl.sim.setup_queries`, answers kept in `setup_cache`); what a client declared
+        itself wins. The units go in `SETUP_STEPS` steps, each shown on the terminal."""
         query = self.strategy.setup_query
         if query is not None:
-            for cid, info in self.infos.items():
-                answer = query(info, self.clients[cid], self._rng(0, "setup-query", cid))
-                self.infos[cid] = replace(info, attrs={**answer, **info.attrs})
+            items = [
+                SetupQueryItem(
+                    query,
+                    info,
+                    self.clients[cid],
+                    self._rng(0, "setup-query", cid),
+                    self.setup_cache,
+                )
+                for cid, info in self.infos.items()
+            ]
+            answers: list[Mapping[str, Any]] = []
+            step = max(1, -(-len(items) // SETUP_STEPS))
+            about = f"asking {len(items)} clients the strategy's set-up query"
+            with self.progress.phase("setup_query", about=about):
+                for start in range(0, len(items), step):
+                    chunk = items[start : start + step]
+                    answers += self.executor.map(self.programs, answer_setup_query, chunk)
+                    self.progress.step("setup_query", len(answers), len(items), "clients")
+            for item, answer in zip(items, answers, strict=True):
+                attrs = {**answer, **item.info.attrs}
+                self.infos[item.info.cid] = replace(item.info, attrs=attrs)
         self._asked = True
 
     def available(self, rnd: int) -> list[ClientInfo]:

@@ -68,13 +68,10 @@ from hetfl.engine.steps import (
 from hetfl.engine.store import ClientStore, StoreSettings
 from hetfl.sim.eval_exchange import scoring_exchange, statistics_exchange
 from hetfl.sim.executor import Executor, SequentialExecutor
-from hetfl.sim.setup_queries import SetupQueryItem, answer_setup_query
+from hetfl.sim.setup_queries import SetupAsk, ask_clients
 from hetfl.sim.tasks import ClientJob, LocalScoreItem, TaskOutcome
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
-
-#: How many steps a set-up query's units go in (one progress line each).
-SETUP_STEPS = 10
 
 
 class Simulation(RoundLoop):
@@ -101,9 +98,8 @@ class Simulation(RoundLoop):
         client trainings (`hetfl.sim.executor`; default: sequentially, in process).
         `store` bounds the client store's memory; entries over its budget spill into
         `run_dir/spill`, removed when `run` returns or raises (`hetfl.engine.store`).
-        `sinks` receive the metrics rows too (experiment tracking). `setup_cache` is the
-        folder the strategy's set-up answers are kept in across runs
-        (`hetfl.sim.setup_queries`; None: asked every run)."""
+        `sinks` receive the metrics rows too (experiment tracking); set-up answers are
+        kept across runs in `setup_cache` (`hetfl.sim.setup_queries`; None: not kept)."""
         super().__init__(
             strategy,
             programs,
@@ -124,7 +120,6 @@ class Simulation(RoundLoop):
             raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
         self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
         self._asked = False  # the strategy's set-up query (`known_clients`)
-        self._shared = False  # the run's data placed for the executor (`setup`)
         self.setup_cache = setup_cache
         store = store or StoreSettings()
         spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
@@ -148,14 +143,12 @@ class Simulation(RoundLoop):
         self.history: dict[int, ClientTimes] = {}
 
     def setup(self) -> None:
-        """The run's data placed where the executor's units read it (shared memory under
-        the process executor), once, before the set-up asks the clients anything."""
-        if not self._shared:
+        """The run's data to the executor (`Executor.share`), then the set-up, which asks."""
+        if not self._ready:
             self.clients, test, self.validation = self.executor.share(
                 (self.clients, (self.x_test, self.y_test), self.validation)
             )
             self.x_test, self.y_test = test
-            self._shared = True
         super().setup()
 
     def run(self, resume: bool = False) -> dict[str, Any]:
@@ -169,40 +162,18 @@ class Simulation(RoundLoop):
 
     # -- the engine's hooks -------------------------------------------------------------
     def known_clients(self) -> list[ClientInfo]:
-        """Every client, with the answers to the strategy's set-up query (asked once)."""
-        if not self._asked:
-            self._ask_setup_query()
-        return list(self.infos.values())
-
-    def _ask_setup_query(self) -> None:
-        """Each client answers the strategy's `setup_query` from its own data, with a
-        generator of (seed, 0, client, "setup-query"), as units of the executor
-        (`hetfl.sim.setup_queries`, answers kept in `setup_cache`); what a client declared
-        itself wins. The units go in `SETUP_STEPS` steps, each shown on the terminal."""
+        """Every client, with its answer to the strategy's set-up query from its own data
+        and a (seed, 0, client, "setup-query") generator, asked once, as units of the
+        executor, kept in `setup_cache` (`hetfl.sim.setup_queries`); what it declared wins."""
         query = self.strategy.setup_query
-        if query is not None:
-            items = [
-                SetupQueryItem(
-                    query,
-                    info,
-                    self.clients[cid],
-                    self._rng(0, "setup-query", cid),
-                    self.setup_cache,
-                )
-                for cid, info in self.infos.items()
-            ]
-            answers: list[Mapping[str, Any]] = []
-            step = max(1, -(-len(items) // SETUP_STEPS))
-            about = f"asking {len(items)} clients the strategy's set-up query"
-            with self.progress.phase("setup_query", about=about):
-                for start in range(0, len(items), step):
-                    chunk = items[start : start + step]
-                    answers += self.executor.map(self.programs, answer_setup_query, chunk)
-                    self.progress.step("setup_query", len(answers), len(items), "clients")
-            for item, answer in zip(items, answers, strict=True):
-                attrs = {**answer, **item.info.attrs}
-                self.infos[item.info.cid] = replace(item.info, attrs=attrs)
+        if query is not None and not self._asked:
+            generators = {cid: self._rng(0, "setup-query", cid) for cid in self.infos}
+            asked = SetupAsk(query, generators, self.setup_cache)
+            self.infos = ask_clients(
+                self.executor, self.programs, asked, self.infos, self.clients, self.progress
+            )
         self._asked = True
+        return list(self.infos.values())
 
     def available(self, rnd: int) -> list[ClientInfo]:
         """Each client is reachable with probability `availability` times its device

@@ -23,14 +23,21 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from hetfl.core.client.program import Programs
 from hetfl.core.server.strategy import SetupQuery
 from hetfl.core.types import ClientData, ClientInfo
+from hetfl.engine.progress import Progress
+from hetfl.sim.executor import Executor
 from hetfl.sim.tasks import WorkerContext
+
+#: How many steps a set-up query's units go in (one progress line each).
+SETUP_STEPS = 10
 
 
 class SetupQueryItem(NamedTuple):
@@ -42,6 +49,43 @@ class SetupQueryItem(NamedTuple):
     data: ClientData
     generator: torch.Generator
     cache: Path | None
+
+
+class SetupAsk(NamedTuple):
+    """What a run asks its clients at set-up: the query, each client's generator, and the
+    folder answers are kept in (None: not kept)."""
+
+    query: SetupQuery
+    generators: Mapping[int, torch.Generator]
+    cache: Path | None
+
+
+def ask_clients(
+    executor: Executor,
+    programs: Programs,
+    asked: SetupAsk,
+    infos: Mapping[int, ClientInfo],
+    clients: Mapping[int, ClientData],
+    progress: Progress,
+) -> dict[int, ClientInfo]:
+    """Every client's info with its answer merged under what it declared itself (which
+    wins), the answers computed as units of `executor` in `SETUP_STEPS` steps, each shown
+    by `progress`, and timed as the set-up phase `setup_query`."""
+    items = [
+        SetupQueryItem(asked.query, info, clients[cid], asked.generators[cid], asked.cache)
+        for cid, info in infos.items()
+    ]
+    answers: list[Mapping[str, Any]] = []
+    step = max(1, -(-len(items) // SETUP_STEPS))
+    about = f"asking {len(items)} clients the strategy's set-up query"
+    with progress.phase("setup_query", about=about):
+        for start in range(0, len(items), step):
+            answers += executor.map(programs, answer_setup_query, items[start : start + step])
+            progress.step("setup_query", len(answers), len(items), "clients")
+    return {
+        item.info.cid: replace(item.info, attrs={**answer, **item.info.attrs})
+        for item, answer in zip(items, answers, strict=True)
+    }
 
 
 def answer_setup_query(ctx: WorkerContext, item: SetupQueryItem) -> Mapping[str, Any]:

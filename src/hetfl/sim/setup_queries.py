@@ -36,8 +36,10 @@ from hetfl.engine.progress import Progress
 from hetfl.sim.executor import Executor
 from hetfl.sim.tasks import WorkerContext
 
-#: How many steps a set-up query's units go in (one progress line each).
+#: How many steps a set-up query's units go in (one progress line each), with at least
+#: `STEP_UNITS` units a step, so that up to that many workers stay busy between two lines.
 SETUP_STEPS = 10
+STEP_UNITS = 16
 
 
 class SetupQueryItem(NamedTuple):
@@ -76,7 +78,7 @@ def ask_clients(
         for cid, info in infos.items()
     ]
     answers: list[Mapping[str, Any]] = []
-    step = max(1, -(-len(items) // SETUP_STEPS))
+    step = max(STEP_UNITS, -(-len(items) // SETUP_STEPS))
     about = f"asking {len(items)} clients the strategy's set-up query"
     with progress.phase("setup_query", about=about):
         for start in range(0, len(items), step):

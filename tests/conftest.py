@@ -44,6 +44,18 @@ def _few_threads() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session")
+def _setup_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("setup-queries")
+
+
+@pytest.fixture(autouse=True)
+def _setup_answers_kept_in_the_session(_setup_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs built by the runner keep their set-up answers (ZiCo scores) in a folder of the
+    test session, not in the user's cache (an absolute name replaces the cache root's)."""
+    monkeypatch.setattr("hetfl.runner.SETUP_CACHE", str(_setup_cache))
+
+
 @pytest.fixture
 def synthetic_federation():
     """8 IID clients of a learnable synthetic 10-class problem, an MLP family."""

@@ -34,6 +34,7 @@ from hetfl.sim.factory import make_executor
 from hetfl.sim.ray_executor import MISSING, WORKER_NICENESS, RayExecutor, RaySettings
 from hetfl.sim.ray_session import join
 from test_executor_processes import KillsItsWorker, _config, _Raises
+from test_setup_queries import _scores, _simulation
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"
@@ -128,6 +129,19 @@ class _Recording:
 
     def __getattr__(self, name: str):
         return getattr(self.executor, name)
+
+
+@pytest.mark.ray
+def test_zico_answers_on_two_ray_nodes_equal_the_sequential_ones_bit_for_bit(
+    on_ray, synthetic_federation, tmp_path
+):
+    """FedFA's set-up query as units of the actors: every client's ZiCo scores equal
+    those asked in process exactly."""
+    sequential = _simulation(synthetic_federation, tmp_path / "seq")
+    sequential.setup()
+    parallel = _simulation(synthetic_federation, tmp_path / "ray", executor=on_ray)
+    parallel.setup()
+    assert _scores(parallel) == _scores(sequential) and len(_scores(parallel)) == 8
 
 
 @pytest.mark.ray

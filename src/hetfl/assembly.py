@@ -172,7 +172,9 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     make_deterministic(device, cfg.deterministic)
-    fed = build_federation(cfg, device)
+    progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
+    with progress.phase("data", about=f"loading and partitioning {cfg.data.dataset}"):
+        fed = build_federation(cfg, device)
     family = make_family(
         cfg.model.name,
         fed.input_shape,
@@ -232,7 +234,6 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         **attack_part(cfg, malicious),
         "provenance": provenance(cfg),
     }
-    progress = Progress(cfg.train.rounds, label=label, enabled=show_progress)
     return Parts(
         strategy,
         programs,

@@ -2,7 +2,7 @@
 
 The config is taken apart by `hetfl.assembly.build_parts`; this module puts the
 parts into a `Simulation` and writes the parts of the output contract that belong to the
-face of the tool: `config.yaml` and the plots.
+face of the tool: `config.yaml` and the plots, and where the run's caches are kept.
 """
 
 from __future__ import annotations
@@ -13,12 +13,17 @@ from typing import Any
 
 from hetfl.assembly import build_parts
 from hetfl.config import RunConfig
+from hetfl.data.fetch import default_cache_dir
 from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.device import resolve_device
 from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
 from hetfl.sim.factory import ExecutorName
 from hetfl.sim.vectorised import VectorisedExecutor, run_fallback
+
+#: The folder under the cache root (`$HETFL_CACHE`) that keeps set-up answers across runs
+#: (`hetfl.sim.setup_queries`), so that a sweep's runs score FedFA's candidates once.
+SETUP_CACHE = "setup-queries"
 
 
 def build_simulation(
@@ -68,6 +73,7 @@ def build_simulation(
         store=p.store,
         sinks=sinks,
         attrs=p.attrs,
+        setup_cache=default_cache_dir() / SETUP_CACHE,
     )
 
 

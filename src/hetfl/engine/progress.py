@@ -5,13 +5,23 @@ On a terminal (the stream is a tty, or a rich `Console` is given) the display is
 latest evaluated round's accuracy and loss; evaluated rounds and messages are printed as
 lasting lines above it. Elsewhere each evaluated round is one plain line, in the format logs
 are parsed by. rich is imported only when a bar is shown, so `hetfl --help` stays fast.
+
+No phase is silent (issue 48): a phase before round 1 (the data's loading, the strategy's
+set-up queries) says when it starts, how far it is (`step`) and how long it took; a
+round's line ends with its phases' wall seconds (`train 6.1s  eval 2.3s`). Every phase is
+timed into `phases` (`hetfl.engine.phases`) whether or not anything is shown, for
+`summary.json`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TextIO
+
+from hetfl.engine.phases import PhaseLog
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,6 +56,7 @@ class Progress:
         self.total = total_rounds
         self.label = label
         self._start = time.perf_counter()
+        self.phases = PhaseLog()
         self._bar: _Bar | None = None
         self._stream: TextIO | None = None
         if not enabled:
@@ -66,14 +77,35 @@ class Progress:
         elif self._stream is not None:
             print(text, file=self._stream, flush=True)
 
+    @contextmanager
+    def phase(self, name: str, rnd: int | None = None, about: str = "") -> Iterator[None]:
+        """Time the block as phase `name` of round `rnd` (shown on the round's line) or,
+        with no round, of the set-up: then its start (with `about`) and its end are shown."""
+        if rnd is not None:
+            with self.phases.timed(name, rnd):
+                yield
+            return
+        self.message(f"{self.label}{name}: {about}" if about else f"{self.label}{name} ...")
+        with self.phases.timed(name):
+            yield
+        spent = self.phases.setup[name]
+        self.message(f"{self.label}{name}: done in {spent.wall_s:.1f}s (cpu {spent.cpu_s:.1f}s)")
+
+    def step(self, name: str, done: int, total: int, unit: str) -> None:
+        """How far a set-up phase is: `done` of `total` `unit`s."""
+        elapsed = time.perf_counter() - self._start
+        self.message(f"{self.label}{name}: {done}/{total} {unit}  elapsed {elapsed:.1f}s")
+
     def round(self, round: int, row: dict[str, Any] | None) -> None:
-        """Evaluated rounds (with a metrics row) get a lasting line; the bar moves on
-        every round."""
+        """Evaluated rounds (with a metrics row) get a lasting line, with the round's
+        phases' wall seconds; the bar moves on every round."""
         line = None
         if row is not None:
             elapsed = time.perf_counter() - self._start
             head = f"{self.label}round {round}/{self.total}  elapsed {elapsed:.1f}s"
-            line = "  ".join(part for part in (head, row_text(row)) if part)
+            timed = self.phases.rounds.get(round, {})
+            times = "  ".join(f"{name} {t.wall_s:.1f}s" for name, t in timed.items())
+            line = "  ".join(part for part in (head, row_text(row), times) if part)
         if self._bar is not None:
             self._bar.advance(round, row, line)
         elif self._stream is not None and line is not None:

@@ -146,7 +146,8 @@ class RoundLoop(ABC):
     def setup(self) -> None:
         """Assign specs and initialise the global state (once; `run` calls it if needed)."""
         if not self._ready:
-            self.state = setup_strategy(self.strategy, self.known_clients(), self.settings)
+            with self.progress.phase("setup", about="the strategy's set-up"):
+                self.state = setup_strategy(self.strategy, self.known_clients(), self.settings)
             described = self.strategy.describe()
             if described:
                 self.info["strategy"] = described
@@ -166,7 +167,8 @@ class RoundLoop(ABC):
                 tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
                 tasks = self._deliver(tasks)
                 # Step 2: local work -- results validated, in client id order.
-                outcome = self.train(rnd, tasks)
+                with self.progress.phase("train", rnd):
+                    outcome = self.train(rnd, tasks)
                 self.counters.count_round(outcome)
                 if outcome.failures and not outcome.results:
                     self.progress.message(every_client_failed(rnd, outcome))
@@ -174,20 +176,23 @@ class RoundLoop(ABC):
                 evaluating = self.settings.is_eval_round(rnd)
                 before: list[LocalScore] = []
                 if evaluating and self.settings.local_trained:
-                    before = self.trained_scores(rnd, trained)
+                    with self.progress.phase("eval", rnd):
+                        before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
                 self.state, outcome.defence = self.strategy.aggregate_with_decisions(
                     rnd, self.state, trained
                 )
                 add_round(self.counters.defence, outcome.defence, self.settings.malicious)
                 # Step 3b: the strategy's server phase, on every valid upload of the round.
-                self._server_phase(rnd, trained, outcome)
+                with self.progress.phase("server_phase", rnd):
+                    self._server_phase(rnd, trained, outcome)
                 self.after_training(outcome)
                 # Step 4: evaluate and record.
                 row: dict[str, Any] | None = None
                 local: list[LocalScore] = []
                 if evaluating:
-                    row, local = self.evaluate(rnd, outcome, before)
+                    with self.progress.phase("eval", rnd):
+                        row, local = self.evaluate(rnd, outcome, before)
                 self.counters.wall_time_s += time.perf_counter() - started
                 if row is not None:
                     row["wall_time_s"] = round(self.counters.wall_time_s, 3)
@@ -210,6 +215,7 @@ class RoundLoop(ABC):
             failures=self.counters.failures,
             rounds_aggregated=self.counters.rounds_aggregated,
             defence=defence_summary(self.counters.defence, bool(self.settings.malicious)),
+            phases=self.progress.phases.record(),
         )
         write_json(self.run_dir / "summary.json", summary)
         return summary

@@ -68,6 +68,7 @@ from hetfl.engine.steps import (
 from hetfl.engine.store import ClientStore, StoreSettings
 from hetfl.sim.eval_exchange import scoring_exchange, statistics_exchange
 from hetfl.sim.executor import Executor, SequentialExecutor
+from hetfl.sim.setup_queries import SetupAsk, ask_clients
 from hetfl.sim.tasks import ClientJob, LocalScoreItem, TaskOutcome
 from hetfl.systems.clock import Clock, Usage
 from hetfl.systems.profiles import DeviceProfile, ProfileSchedule
@@ -90,13 +91,15 @@ class Simulation(RoundLoop):
         executor: Executor | None = None,
         store: StoreSettings | None = None,
         sinks: Sequence[RowSink] = (),
+        setup_cache: Path | None = None,
     ) -> None:
         """`attrs` holds what each client declares about itself (an architecture, a device
         capacity); the strategy sees it in `ClientInfo.attrs`. `executor` runs each round's
         client trainings (`hetfl.sim.executor`; default: sequentially, in process).
         `store` bounds the client store's memory; entries over its budget spill into
         `run_dir/spill`, removed when `run` returns or raises (`hetfl.engine.store`).
-        `sinks` receive the metrics rows too (experiment tracking)."""
+        `sinks` receive the metrics rows too (experiment tracking); set-up answers are
+        kept across runs in `setup_cache` (`hetfl.sim.setup_queries`; None: not kept)."""
         super().__init__(
             strategy,
             programs,
@@ -117,6 +120,7 @@ class Simulation(RoundLoop):
             raise ValueError(f"attributes given for unknown clients {sorted(unknown)}")
         self.infos = {cid: c.info(declared.get(cid)) for cid, c in self.clients.items()}
         self._asked = False  # the strategy's set-up query (`known_clients`)
+        self.setup_cache = setup_cache
         store = store or StoreSettings()
         spill_dir = None if store.memory_budget is None else self.run_dir / "spill"
         # One budget for everything held per client: a method with a server phase (FedGKT)
@@ -138,14 +142,18 @@ class Simulation(RoundLoop):
         #: Each client's times of the last round it trained (device profiles), checkpointed.
         self.history: dict[int, ClientTimes] = {}
 
+    def setup(self) -> None:
+        """The run's data to the executor (`Executor.share`), then the set-up, which asks."""
+        if not self._ready:
+            self.clients, test, self.validation = self.executor.share(
+                (self.clients, (self.x_test, self.y_test), self.validation)
+            )
+            self.x_test, self.y_test = test
+        super().setup()
+
     def run(self, resume: bool = False) -> dict[str, Any]:
-        """Run (or continue) the experiment, with the run's data placed where the
-        executor's units read it (shared memory under the process executor); the client
-        store's spill files are removed when it returns or raises (Ctrl-C included)."""
-        self.clients, test, self.validation = self.executor.share(
-            (self.clients, (self.x_test, self.y_test), self.validation)
-        )
-        self.x_test, self.y_test = test
+        """Run (or continue) the experiment (set up first, `setup`); the client store's
+        spill files are removed when it returns or raises (Ctrl-C included)."""
         try:
             return super().run(resume)
         finally:
@@ -154,20 +162,18 @@ class Simulation(RoundLoop):
 
     # -- the engine's hooks -------------------------------------------------------------
     def known_clients(self) -> list[ClientInfo]:
-        """Every client, with the answers to the strategy's set-up query (asked once)."""
-        if not self._asked:
-            self._ask_setup_query()
-        return list(self.infos.values())
-
-    def _ask_setup_query(self) -> None:
-        """Each client answers the strategy's `setup_query` from its own data, with a
-        generator of (seed, 0, client, "setup-query"); what it declared itself wins."""
+        """Every client, with its answer to the strategy's set-up query from its own data
+        and a (seed, 0, client, "setup-query") generator, asked once, as units of the
+        executor, kept in `setup_cache` (`hetfl.sim.setup_queries`); what it declared wins."""
         query = self.strategy.setup_query
-        if query is not None:
-            for cid, info in self.infos.items():
-                answer = query(info, self.clients[cid], self._rng(0, "setup-query", cid))
-                self.infos[cid] = replace(info, attrs={**answer, **info.attrs})
+        if query is not None and not self._asked:
+            generators = {cid: self._rng(0, "setup-query", cid) for cid in self.infos}
+            asked = SetupAsk(query, generators, self.setup_cache)
+            self.infos = ask_clients(
+                self.executor, self.programs, asked, self.infos, self.clients, self.progress
+            )
         self._asked = True
+        return list(self.infos.values())
 
     def available(self, rnd: int) -> list[ClientInfo]:
         """Each client is reachable with probability `availability` times its device

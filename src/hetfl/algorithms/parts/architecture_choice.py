@@ -33,6 +33,7 @@ that every other client gets the architecture it gets in the clean run.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -377,16 +378,31 @@ class ArchitectureChoice:
 
 class ZicoQuery:
     """A client's answer at set-up: the ZiCo score (`hetfl.algorithms.parts.zico`) of every
-    candidate's
-    architecture (`ArchitectureChoice.architecture`: the same scores under every method),
-    each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of `batch_size` drawn
-    from its own training data (`SetupQuery`)."""
+    candidate's architecture (`ArchitectureChoice.architecture`: the same scores under every
+    method), each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of
+    `batch_size` drawn from its own training data (`SetupQuery`).
+
+    It keeps the architectures, not the choice, so that it travels to an executor's
+    workers as a few specs; its `key` is what the scores depend on besides the client's
+    data and generator (every architecture, the batches, torch's version), under which
+    an engine may keep them across runs."""
 
     def __init__(self, family: ModelFamily, choice: ArchitectureChoice, batch_size: int) -> None:
-        self.family, self.choice, self.batch_size = family, choice, batch_size
+        self.family, self.batch_size = family, batch_size
+        self.architectures = {c.label: choice.architecture(c) for c in choice.candidates}
         self.instead = (
             f"use options.{choice.method}.choice: random, or give every node its architecture "
             "(--attr architecture=LABEL)"
+        )
+        self.key: str | None = json.dumps(
+            {
+                "query": "zico",
+                "batches": ZICO_BATCHES,
+                "batch_size": batch_size,
+                "torch": torch.__version__,
+                "architectures": {k: repr(v) for k, v in self.architectures.items()},
+            },
+            sort_keys=True,
         )
 
     def __call__(
@@ -406,10 +422,10 @@ class ZicoQuery:
         ]
         seed = int(torch.randint(2**62, (1,), generator=generator))
         scores = {}
-        for candidate in self.choice.candidates:
-            model = build_model(self.family, self.choice.architecture(candidate))
+        for label, architecture in self.architectures.items():
+            model = build_model(self.family, architecture)
             initialize(model, torch.Generator().manual_seed(seed))
-            scores[candidate.label] = zico(model.to(data.x_train.device).train(), batches)
+            scores[label] = zico(model.to(data.x_train.device).train(), batches)
         return {ZICO_ATTR: scores}
 
 

@@ -123,9 +123,12 @@ class SetupQuery(Protocol):
     the answer is what it declares (merged under `ClientInfo.attrs`, where an attribute
     the client declared itself wins). FedFA's clients score their candidate architectures
     with ZiCo there. An engine that cannot ask its clients refuses the strategy up front
-    and prints `instead`, what to configure so that no question is needed."""
+    and prints `instead`, what to configure so that no question is needed. `key` names
+    everything besides the client's data and generator that the answer depends on, so
+    that an engine may keep answers across runs under it (None: never kept)."""
 
     instead: str
+    key: str | None
 
     def __call__(
         self, info: ClientInfo, data: ClientData, generator: torch.Generator

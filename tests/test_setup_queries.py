@@ -1,0 +1,145 @@
+"""The strategy's set-up query (FedFA's ZiCo scores) as units of the executor, kept on disk
+across runs, and the run's phases timed and shown (issue 48, items 1 and 2)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from hetfl.algorithms import ALGORITHMS
+from hetfl.algorithms.parts import architecture_choice
+from hetfl.core.client.program import Programs
+from hetfl.core.training import LocalTraining
+from hetfl.engine.phases import tree_cpu_s
+from hetfl.engine.progress import Progress
+from hetfl.engine.round_settings import RoundSettings
+from hetfl.models import ScalableFamily
+from hetfl.sim import ProcessExecutor, Simulation
+from hetfl.systems.costs import MacCounter
+
+FAMILY = ScalableFamily(
+    {"family": "preresnet", "input_shape": (1, 8, 8), "num_classes": 10, "stages": 1}
+)
+
+
+def _simulation(federation, run_dir, *, widths=(0.25, 0.5), clients=None, **kwargs):
+    """A FedFA run whose clients choose by ZiCo (no limited share: every client asks)."""
+    _, fed_clients, test = federation
+    options = {"depths": [2, 3], "widths": list(widths), "choice": "zico", "limited_share": 0.0}
+    train = LocalTraining(steps=1, batch_size=8)
+    strategy, recipe = ALGORITHMS.get("fedfa").build(
+        FAMILY, options, clients_per_round=2, train=train, macs=MacCounter(FAMILY)
+    )
+    settings = RoundSettings(rounds=kwargs.pop("rounds", 1), seed=3, local_eval="sampled")
+    return Simulation(
+        strategy,
+        Programs(FAMILY, recipe, seed=0),
+        clients or fed_clients,
+        test,
+        settings,
+        run_dir,
+        **kwargs,
+    )
+
+
+def _scores(sim: Simulation) -> dict[int, dict[str, float]]:
+    return {info.cid: info.attrs["zico"] for info in sim.known_clients()}
+
+
+def test_zico_answers_under_two_worker_processes_equal_the_sequential_ones_bit_for_bit(
+    synthetic_federation, tmp_path
+):
+    """Every client's ZiCo scores, asked as units of two worker processes, equal those
+    asked in process exactly (floats compared with ==), and so do the choices."""
+    sequential = _simulation(synthetic_federation, tmp_path / "seq")
+    sequential.setup()
+    with ProcessExecutor(2) as pool:
+        parallel = _simulation(synthetic_federation, tmp_path / "proc", executor=pool)
+        parallel.setup()
+    assert _scores(parallel) == _scores(sequential)
+    assert len(_scores(sequential)) == 8
+    assert parallel.strategy.describe() == sequential.strategy.describe()
+
+
+def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_miss(
+    synthetic_federation, tmp_path, monkeypatch
+):
+    """With a cache folder, the first run scores every client's candidates and keeps them
+    (a file per client); a second run scores nothing and reads the same floats back; a
+    client whose data changed, or candidates of another width, are scored again."""
+    scored = []
+    real = architecture_choice.zico
+
+    def counting(model, batches):
+        scored.append(1)
+        return real(model, batches)
+
+    monkeypatch.setattr(architecture_choice, "zico", counting)
+    cache = tmp_path / "cache"
+    first = _simulation(synthetic_federation, tmp_path / "a", setup_cache=cache)
+    first.setup()
+    assert len(scored) == 8 * 4 and len(list(cache.glob("*.json"))) == 8
+    again = _simulation(synthetic_federation, tmp_path / "b", setup_cache=cache)
+    again.setup()
+    assert len(scored) == 8 * 4, "a second run scored candidates again"
+    assert _scores(again) == _scores(first)
+    _, clients, _ = synthetic_federation
+    changed = list(clients)
+    x = changed[0].x_train.clone()
+    x[0, 0, 0, 0] += 1.0
+    changed[0] = replace(changed[0], x_train=x)
+    _simulation(synthetic_federation, tmp_path / "c", clients=changed, setup_cache=cache).setup()
+    assert len(scored) == 8 * 4 + 4, "only the changed client is scored again"
+    wider = _simulation(
+        synthetic_federation, tmp_path / "d", widths=(0.25, 0.75), setup_cache=cache
+    )
+    wider.setup()
+    assert len(scored) == 8 * 4 + 4 + 8 * 4
+    assert set(_scores(wider)[0]) == {"d2-w0.25", "d2-w0.75", "d3-w0.25", "d3-w0.75"}
+
+
+def test_each_phase_is_shown_and_timed_in_the_summary(synthetic_federation, tmp_path):
+    """The set-up query says how far it is; the summary's `phases` holds the set-up's
+    phases and each round's training and evaluation, in wall and CPU seconds."""
+    stream = io.StringIO()
+    progress = Progress(2, stream=stream)
+    sim = _simulation(synthetic_federation, tmp_path, rounds=2, progress=progress)
+    summary = sim.run()
+    text = stream.getvalue()
+    assert "setup_query: asking 8 clients the strategy's set-up query" in text
+    assert "setup_query: 8/8 clients" in text and "setup_query: done in" in text
+    assert "train " in text.splitlines()[-1] and "eval " in text.splitlines()[-1]
+    phases = summary["phases"]
+    assert set(phases["setup"]) == {"setup_query", "setup"}
+    assert set(phases["rounds"]) == {"1", "2"}
+    assert set(phases["rounds"]["1"]) == {"train", "server_phase", "eval"}
+    for timed in [*phases["setup"].values(), *phases["rounds"]["2"].values()]:
+        assert set(timed) == {"wall_s", "cpu_s"} and timed["wall_s"] >= 0 <= timed["cpu_s"]
+    # the set-up includes its query
+    assert phases["setup"]["setup"]["wall_s"] >= phases["setup"]["setup_query"]["wall_s"]
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["phases"] == phases
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_cpu_time_of_a_live_child_process_is_counted():
+    """A child that has spent 0.3 s of CPU and waits: the run's CPU time holds it."""
+    spin = (
+        "import sys, time\n"
+        "while time.process_time() < 0.3: pass\n"
+        "print('ready', flush=True); sys.stdin.readline()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        assert tree_cpu_s() - time.process_time() >= 0.25
+    finally:
+        child.communicate("\n")

@@ -228,7 +228,7 @@ def test_architectures_give_malicious_clients_the_largest_and_others_their_own()
         ({"kind": "label-flip", "fraction": 0.2, "source": 1, "target": 1}, r"nothing would flip"),
         (
             {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 1, "lamda": 2},
-            r"lamda is not one of its options \(options: lambda\)",
+            r"lamda is not one of its options \(options: lambda, scale_buffers\)",
         ),
         ({"kind": "poison", "fraction": 0.2}, r"unknown client-program wrapper 'poison'"),
     ],
@@ -241,7 +241,12 @@ def test_bad_attack_settings_are_refused(attack: dict, match: str) -> None:
 def test_an_attack_round_trips_through_its_resolved_config() -> None:
     cfg = validate({"attack": {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20}})
     written = cfg.model_dump(mode="json")["attack"]
-    assert written == {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20.0}
+    assert written == {
+        "kind": "fedfa-poison",
+        "fraction": 0.2,
+        "lambda": 20.0,
+        "scale_buffers": False,
+    }
     assert validate({"attack": written}).attack == cfg.attack
     assert validate({}).attack is None
 
@@ -278,13 +283,15 @@ def test_an_attacked_run_records_its_malicious_clients_and_resumes(tmp_path) -> 
     whole.setup()
     banner = start_banner(cfg, whole, tmp_path / "whole")
     assert (
-        f"attack: scaled-poison (lambda 3.0) by 2 malicious client(s) (34%): {malicious}" in banner
+        "attack: scaled-poison (lambda 3.0, scale_buffers False) by 2 malicious client(s) "
+        f"(34%): {malicious}" in banner
     )
     summary = whole.run()
     assert summary["attack"] == {
         "kind": "scaled-poison",
         "fraction": 0.34,
         "lambda": 3.0,
+        "scale_buffers": False,
         "malicious": malicious,
     }
     rows = read_metrics(tmp_path / "whole" / "clients.jsonl")

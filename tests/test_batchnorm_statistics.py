@@ -6,13 +6,18 @@ as the honest pass left them unless `scale_buffers: true`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 
+from golden.harness import configured
+from hetfl.attacks.malicious import draw_malicious
 from hetfl.attacks.poisoning import Poison, buffer_names
-from hetfl.core.client.program import Programs
+from hetfl.config import validate
+from hetfl.core.client.program import Program, Programs
 from hetfl.core.init import initialize
 from hetfl.core.kinds import choose
 from hetfl.core.rng import SERVER, torch_generator
@@ -26,8 +31,10 @@ from hetfl.core.server.reducers import REDUCERS
 from hetfl.core.spec import MapEntry
 from hetfl.core.state import Accumulator
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientData, ClientTask
+from hetfl.core.types import ClientData, ClientOutput, ClientTask
+from hetfl.engine.outputs import read_metrics
 from hetfl.models.scalable import ScalableFamily
+from hetfl.runner import build_simulation
 
 VAR, MEAN, W = "bn.running_var", "bn.running_mean", "fc.weight"
 MAP = [MapEntry(n, n) for n in (VAR, MEAN, W)]
@@ -152,3 +159,75 @@ def test_a_scaling_attack_leaves_buffers_as_trained_unless_told(scale_buffers: b
         assert bool((got - r).abs().max() > (h - r).abs().max())
     w = "head.weight"
     assert not torch.equal(out.result.tensors[w], honest.result.tensors[w])
+
+
+@dataclass
+class NegativeVariance:
+    """A program uploading what it trained with every running variance set to −1."""
+
+    honest: Program
+
+    def __post_init__(self) -> None:
+        self.cid, self.device = self.honest.cid, self.honest.device
+
+    def fit(self, task, data, private, generator, *, info, channel=None) -> ClientOutput:
+        out = self.honest.fit(task, data, private, generator, info=info, channel=channel)
+        tensors = {
+            k: torch.full_like(v, -1.0) if k.endswith("running_var") else v
+            for k, v in out.result.tensors.items()
+        }
+        return replace(out, result=replace(out.result, tensors=tensors))
+
+    def evaluate(self, task, data, private, models):
+        return self.honest.evaluate(task, data, private, models)
+
+    def trace_fields(self):
+        return self.honest.trace_fields()
+
+
+@dataclass(frozen=True)
+class NegativeFor:
+    """`NegativeVariance` around client `cid`'s (flagged) program."""
+
+    cid: int
+
+    def __call__(self, program: Program) -> Program:
+        return NegativeVariance(program) if program.cid == self.cid else program
+
+
+def test_a_run_records_the_refusal_in_its_rows_and_trace(tmp_path: Path) -> None:
+    """FedAvg's plain mean, 4 clients of a CNN with BatchNorm, the malicious one uploading
+    running variances of −1: it is dropped (kind batchnorm-statistics) in the metrics row,
+    the trace and the summary, and every global running variance stays positive."""
+    raw = configured(
+        "fedavg",
+        {
+            "data.num_clients": 4,
+            "data.partition": {"kind": "iid"},
+            "model.name": "stage-cnn",
+            "model.stages": 1,
+            "train.rounds": 1,
+            "train.clients_per_round": 4,
+            "attack": {"kind": "scaled-poison", "fraction": 0.25, "lambda": 1},
+        },
+    )
+    sim = build_simulation(validate(raw), tmp_path, show_progress=False)
+    (attacker,) = draw_malicious(range(4), 0.25, seed=0)
+    sim.programs.wrappers = (*sim.programs.wrappers, NegativeFor(attacker))
+    summary = sim.run()
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert row["defence"] == {
+        "kind": STATISTICS_KIND,
+        "kept": 3,
+        "clipped": 0,
+        "dropped": 1,
+        "fallback": False,
+        "malicious_kept": 0,
+        "malicious_clipped": 0,
+        "malicious_dropped": 1,
+    }
+    trace = {r["cid"]: r["defence"] for r in read_metrics(tmp_path / "clients.jsonl")}
+    assert trace == {c: "dropped" if c == attacker else "kept" for c in range(4)}
+    assert summary["defence"]["dropped"] == 1 and summary["defence"]["honest_dropped"] == 0
+    variances = [v for k, v in sim.state.items() if k.endswith("running_var")]
+    assert variances and all(bool((v > 0).all()) for v in variances)

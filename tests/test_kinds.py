@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import chosen_parts
+from hetfl.attacks.registry import ATTACKS
 from hetfl.config import ConfigError, validate
 from hetfl.core.client.program import Programs, check_picklable
 from hetfl.core.client.wrappers import WRAPPERS, register_wrapper
@@ -199,9 +200,11 @@ def test_configured_wrappers_are_built_in_order_and_written_back(toy_wrappers):
         validate({"wrappers": [{"kind": "scale", "factor": 0}]})
 
 
-def test_an_unknown_wrapper_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"allowed: .*fedfa-poison.*label-flip"):
-        choose(WRAPPERS, "flip")
+def test_an_unknown_attack_lists_the_registered_ones():
+    with pytest.raises(
+        ValueError, match=r"unknown attack 'flip' \(allowed: .*fedfa-poison.*label-flip"
+    ):
+        choose(ATTACKS, "flip")
 
 
 def test_a_wrapper_that_cannot_be_pickled_is_refused_with_its_name(toy_wrappers):

@@ -41,9 +41,9 @@ from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
 from hetfl.attacks.poisoning import ATTACK_PURPOSE, SCALE_BUFFERS, buffer_names, poisoned_upload
+from hetfl.attacks.registry import register_attack
 from hetfl.attacks.trigger import Trigger
 from hetfl.core.client.program import Program
-from hetfl.core.client.wrappers import register_wrapper
 from hetfl.core.kinds import KindOptions
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import Channel
@@ -165,7 +165,7 @@ class Backdoor:
         return BackdooredProgram(program, self.trigger, self.fraction, self.lam, self.scale_buffers)
 
 
-@register_wrapper("backdoor", BackdoorOptions)
+@register_attack("backdoor", BackdoorOptions)
 def _backdoor(options: BackdoorOptions) -> Backdoor:
     trigger = Trigger(options.patch, options.target)
     return Backdoor(trigger, options.poison_fraction, options.lam, options.scale_buffers)

@@ -18,7 +18,9 @@ loss, steps, extras and kept private state are the honest pass's.
   replacement of Bagdasaryan et al., "How To Backdoor Federated Learning", AISTATS 2020,
   §4.2, with shuffled labels as the poison).
 - `label-flip`: every training label `source` becomes `target` (Tolpegin et al., "Data
-  Poisoning Attacks Against Federated Learning Systems", ESORICS 2020, §3). A label mask
+  Poisoning Attacks Against Federated Learning Systems", ESORICS 2020, §3). Both must be
+  classes of every client's data: a run is refused at set-up otherwise
+  (`check_named_classes`), not failed by every malicious client's training. A label mask
   (HeteroFL's label split) **follows the flipped labels**: the client trains with the
   classes its flipped data holds, so `target` is never masked out of its loss (the program
   receives its `ClientInfo` with `labels` of the flipped data).
@@ -38,15 +40,16 @@ honest program trains (`buffer_names`), never from their names.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 import torch
 from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
+from hetfl.attacks.registry import register_attack
 from hetfl.core.client.program import Program, trainable_names
-from hetfl.core.client.wrappers import register_wrapper
 from hetfl.core.kinds import KindOptions
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator
@@ -224,6 +227,27 @@ class Poison:
         return PoisonedProgram(program, self.lam, self.keep_honest, self.scale_buffers)
 
 
+@runtime_checkable
+class NamesClasses(Protocol):
+    """An attack whose options name classes of the data (`label-flip`'s `source` and
+    `target`): `check_named_classes` refuses one the data lacks before the run starts."""
+
+    def named_classes(self) -> dict[str, int]: ...
+
+
+def check_named_classes(attack: NamesClasses, num_classes: Sequence[int], *, dataset: str) -> None:
+    """ValueError, naming the option and the classes there are, unless every class the
+    attack names is a class of every client's data (`num_classes`: the dataset's and each
+    client's, whose view may hold fewer classes, relabelled 0..K-1)."""
+    fewest = min(num_classes)
+    for option, value in attack.named_classes().items():
+        if value >= fewest:
+            raise ValueError(
+                f"attack.{option} = {value} is not a class of dataset {dataset!r} as every "
+                f"client holds it (classes 0..{fewest - 1}); set attack.{option} to one of them"
+            )
+
+
 @dataclass(frozen=True)
 class Flip:
     """The wrapper of `label-flip`."""
@@ -231,20 +255,23 @@ class Flip:
     source: int
     target: int
 
+    def named_classes(self) -> dict[str, int]:
+        return {"source": self.source, "target": self.target}
+
     def __call__(self, program: Program) -> Program:
         return FlippedProgram(program, self.source, self.target)
 
 
-@register_wrapper("fedfa-poison", PoisonOptions)
+@register_attack("fedfa-poison", PoisonOptions)
 def _fedfa_poison(options: PoisonOptions) -> Poison:
     return Poison(options.lam, keep_honest=True, scale_buffers=options.scale_buffers)
 
 
-@register_wrapper("scaled-poison", PoisonOptions)
+@register_attack("scaled-poison", PoisonOptions)
 def _scaled_poison(options: PoisonOptions) -> Poison:
     return Poison(options.lam, keep_honest=False, scale_buffers=options.scale_buffers)
 
 
-@register_wrapper("label-flip", FlipOptions)
+@register_attack("label-flip", FlipOptions)
 def _label_flip(options: FlipOptions) -> Flip:
     return Flip(options.source, options.target)

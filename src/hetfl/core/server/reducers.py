@@ -125,7 +125,19 @@ class KrumOptions(KindOptions):
 
 
 class MultiKrumOptions(KrumOptions):
-    m: int | None = Field(None, ge=1, description="clients kept (default: n - f)")
+    m: int | None = Field(None, ge=1, description="clients kept, 1 <= m <= n - f (default: n - f)")
+
+    def check_clients_per_round(self, n: int) -> None:
+        """Krum's n > 2f + 2, and 1 <= m <= n - f: keeping more than the n − f clients that
+        may all be honest keeps a Byzantine one whenever f of them are (Blanchard et al.,
+        §4, Multi-Krum)."""
+        super().check_clients_per_round(n)
+        if self.m is not None and self.m > n - self.f:
+            raise ValueError(
+                f"Multi-Krum keeps m = {self.m} clients, more than n - f = {n} - {self.f} = "
+                f"{n - self.f}: it would keep a Byzantine client whenever f are present; set "
+                f"m to at most {n - self.f} (or leave it out for n - f)"
+            )
 
 
 @register_reducer("norm-clip", ClipOptions)

@@ -115,6 +115,12 @@ REDUCERS: dict[str, str] = {
     "trimmed-mean": (
         "coordinate-wise mean without the `trim` fraction at each end (Yin et al. 2018)"
     ),
+    "coverage-median": (
+        "coordinate-wise median, warning where attackers may be half an element's coverage"
+    ),
+    "coverage-trimmed-mean": (
+        "coordinate-wise mean without min(ceil(fraction x n), k) values at each end"
+    ),
     "norm-clip": "updates clipped to `bound` (or the round's median norm), then the mean",
     "krum": "the one client of lowest Krum score over shared elements (Blanchard et al. 2017)",
     "multi-krum": "the `m` clients of lowest Krum score, averaged (Blanchard et al. 2017)",

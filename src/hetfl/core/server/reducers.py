@@ -7,7 +7,12 @@ Built in:
 - `mean`: the `Accumulator`'s weighted mean (the method's weighting), no options;
 - `median`: the coordinate-wise median over the clients covering each element, no options;
 - `trimmed-mean`: the coordinate-wise trimmed mean, option `trim` (the fraction dropped at
-  each end, in [0, 0.5]), required.
+  each end, in [0, 0.5]), required;
+- `coverage-median`, `coverage-trimmed-mean`: the same statistics with a trim that follows
+  each element's coverage and the declared malicious `fraction` (required, in [0, 0.5)),
+  and a warning, once, where attackers can be half or more of an element's coverage
+  (`hetfl.core.server.robust.CoverageReducer`); `median` and `trimmed-mean` are their naive
+  baselines.
 
 - `norm-clip`: updates clipped to `bound` (a positive number, or `median`: the round's
   median update norm), then the weighted mean;
@@ -48,7 +53,13 @@ from hetfl import catalogue
 from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
 from hetfl.core.registry import Registry
 from hetfl.core.server.defences import ClippingReducer, KrumReducer, check_krum
-from hetfl.core.server.robust import CoordinateReducer, median, trimmed_mean
+from hetfl.core.server.robust import (
+    Breakdown,
+    CoordinateReducer,
+    CoverageReducer,
+    median,
+    trimmed_mean,
+)
 from hetfl.core.state import Accumulator, ReducerFactory
 
 REDUCERS: Registry[Kind[ReducerFactory]] = Registry("reducer")
@@ -100,6 +111,26 @@ def _median(options: Any) -> ReducerFactory:
 @register_reducer("trimmed-mean", TrimmedMeanOptions)
 def _trimmed_mean(options: TrimmedMeanOptions) -> ReducerFactory:
     return partial(CoordinateReducer, statistic=trimmed_mean(options.trim))
+
+
+class CoverageOptions(KindOptions):
+    fraction: float = Field(
+        ge=0.0,
+        lt=0.5,
+        allow_inf_nan=False,
+        description="the declared malicious fraction: up to ceil(fraction x n) of a "
+        "round's n clients may attack",
+    )
+
+
+@register_reducer("coverage-median", CoverageOptions)
+def _coverage_median(options: CoverageOptions) -> ReducerFactory:
+    return partial(CoverageReducer, fraction=options.fraction, trim=False, breakdown=Breakdown())
+
+
+@register_reducer("coverage-trimmed-mean", CoverageOptions)
+def _coverage_trimmed_mean(options: CoverageOptions) -> ReducerFactory:
+    return partial(CoverageReducer, fraction=options.fraction, trim=True, breakdown=Breakdown())
 
 
 class ClipOptions(KindOptions):

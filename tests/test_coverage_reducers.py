@@ -85,3 +85,69 @@ def test_a_fraction_outside_0_to_one_half_is_refused(fraction: float):
     reducer = {"kind": "coverage-trimmed-mean", "fraction": fraction}
     with pytest.raises(ConfigError, match="fraction"):
         validate({"algorithm": "fedavg", "options": {"fedavg": {"reducer": reducer}}})
+
+
+# -- coverage-aware Krum -------------------------------------------------------------------------
+#: Clients 0, 1, 2 cover both elements of w, clients 3 and 4 element 0 only: two cells.
+KRUM_UPLOADS = [
+    ([0.0, 10.0], 2),
+    ([1.0, 11.0], 2),
+    ([2.0, 12.0], 2),
+    ([0.5], 1),
+    ([1.5], 1),
+]
+
+
+def _krum(kind: str, uploads, **options):
+    reducer = _factory(kind, **options)(REFERENCE)
+    for values, width in uploads:
+        imap = [MapEntry("w", "w", prefix_index(width))]
+        reducer.add({"w": torch.tensor(values)}, imap, 1.0)
+    out = reducer.result(REFERENCE)["w"]
+    return out, reducer.decisions.per_client
+
+
+def test_coverage_krum_scores_each_cell_then_combines_by_hand():
+    """f = 0: a client's cell score sums the squared distances to its k − 2 nearest.
+    Cell {0..4} (element 0, values 0 1 2 .5 1.5): scores 3.5 1.5 3.5 1.5 1.5, median 1.5,
+    normalised 7/3 1 7/3 1 1. Cell {0, 1, 2} (element 1, values 10 11 12, 1 nearest): 1 1 1,
+    median 1. Combined over one element each: 5/3 1 5/3 (wide), 1 1 (narrow). Krum keeps
+    client 1 (the earliest of the lowest); Multi-Krum m = 3 keeps 1, 3 and 4."""
+    from hetfl.core.server.cell_krum import cell_scores
+    from hetfl.core.server.robust import HeldClients
+
+    held = HeldClients(REFERENCE)
+    for values, width in KRUM_UPLOADS:
+        held.add({"w": torch.tensor(values)}, [MapEntry("w", "w", prefix_index(width))])
+    expected = torch.tensor([5 / 3, 1.0, 5 / 3, 1.0, 1.0], dtype=torch.float64)
+    assert torch.allclose(cell_scores(held, 0), expected, rtol=0, atol=1e-15)
+    out, kept = _krum("coverage-krum", KRUM_UPLOADS, f=0)
+    assert kept == ["dropped", "kept", "dropped", "dropped", "dropped"]
+    assert torch.equal(out, torch.tensor([1.0, 11.0]))
+    out, kept = _krum("coverage-multi-krum", KRUM_UPLOADS, f=0, m=3)
+    assert kept == ["dropped", "kept", "dropped", "kept", "kept"]
+    assert torch.equal(out, torch.tensor([1.0, 11.0]))  # element 0: mean(1, .5, 1.5)
+
+
+def test_coverage_krum_does_not_pick_by_width_where_the_naive_one_does():
+    """A clean federation of a 10-element w: on element 0, which all cover, the narrow
+    clients 3 and 4 sit among the wide ones (0.5 and 1.5 between 0, 1, 2); the wide clients
+    cover 9 more elements, where they agree closely (10, 10.25, 10.5). The naive mean
+    squared difference over shared elements shrinks the wide pairs' distances (0.15625,
+    0.625 against 0.25 from a narrow client to its neighbours): its scores 1.03 0.56 1.03
+    1.5 1.5 keep the three wide clients (m = 3) and drop both narrow ones. Within cells the
+    narrow ones score 1, as the middle wide client does (1, against 34/30 for the outer
+    ones), and are kept."""
+    reference = {"w": torch.zeros(10)}
+    wide = [[0.0, *[10.0] * 9], [1.0, *[10.25] * 9], [2.0, *[10.5] * 9]]
+    uploads = [*((w, 10) for w in wide), ([0.5], 1), ([1.5], 1)]
+    decided = {}
+    for kind in ("multi-krum", "coverage-multi-krum"):
+        reducer = _factory(kind, f=0, m=3)(reference)
+        for values, width in uploads:
+            imap = [MapEntry("w", "w", prefix_index(width))]
+            reducer.add({"w": torch.tensor(values)}, imap, 1.0)
+        reducer.result(reference)
+        decided[kind] = reducer.decisions.per_client
+    assert decided["multi-krum"] == ["kept", "kept", "kept", "dropped", "dropped"]
+    assert decided["coverage-multi-krum"] == ["dropped", "kept", "dropped", "kept", "kept"]

@@ -115,6 +115,8 @@ REDUCERS: dict[str, str] = {
     "trimmed-mean": (
         "coordinate-wise mean without the `trim` fraction at each end (Yin et al. 2018)"
     ),
+    "coverage-krum": "the one client of lowest Krum score within cells of shared coverage",
+    "coverage-multi-krum": "the `m` clients of lowest Krum score within cells, averaged",
     "coverage-median": (
         "coordinate-wise median, warning where attackers may be half an element's coverage"
     ),

@@ -49,7 +49,7 @@ nothing per client: they record no decisions unless the guard refuses a client.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -260,9 +260,20 @@ def check_krum(f: int, n: int) -> None:
         )
 
 
+def shared_element_scores(held: HeldClients, f: int) -> torch.Tensor:
+    """Krum's scores over the elements each pair shares (`pairwise_distances`): the naive
+    baseline over heterogeneous sub-models."""
+    return krum_scores(pairwise_distances(held), f)
+
+
+#: How a Krum reducer scores its held clients, (clients, f) -> (n,) scores, lowest kept.
+KrumScores = Callable[[HeldClients, int], torch.Tensor]
+
+
 class KrumReducer:
     """Multi-Krum keeping `m` clients (Krum: m = 1; None: n − f), then the weighted mean;
-    `kind` names it in its decisions."""
+    `kind` names it in its decisions, `scores` scores the clients (the naive
+    `shared_element_scores`, or `hetfl.core.server.cell_krum.cell_scores`)."""
 
     def __init__(
         self,
@@ -270,8 +281,10 @@ class KrumReducer:
         f: int,
         m: int | None,
         kind: str = "multi-krum",
+        scores: KrumScores = shared_element_scores,
     ) -> None:
         self.held, self.f, self.m, self.kind = HeldClients(reference), f, m, kind
+        self.scores = scores
         self.fallback = CoordinateReducer(reference, median)
         self.decisions = Decisions(kind)
 
@@ -291,7 +304,7 @@ class KrumReducer:
         if not n > 2 * self.f + 2:
             self.decisions = Decisions(self.kind, ["kept"] * n, fallback=True)
             return self.fallback.result(previous, fill)
-        scores = krum_scores(pairwise_distances(self.held), self.f)
+        scores = self.scores(self.held, self.f)
         m = n - self.f if self.m is None else min(self.m, n)
         order = sorted(range(n), key=lambda i: (float(scores[i]), i))
         chosen = sorted(order[:m])

@@ -16,10 +16,12 @@ Built in:
 
 - `norm-clip`: updates clipped to `bound` (a positive number, or `median`: the round's
   median update norm), then the weighted mean;
-- `krum` (option `f`) and `multi-krum` (`f`, and `m`, default n − f): Blanchard et al.'s
-  selection (NeurIPS 2017, §4) over the elements both clients cover, then the weighted
-  mean of the kept clients; a round with n <= 2f + 2 valid results takes the median
-  (`hetfl.core.server.defences`).
+- `krum` (option `f`) and `multi-krum` (`f`, and `m`, 1 <= m <= n − f, default n − f):
+  Blanchard et al.'s selection (NeurIPS 2017, §4) over the elements both clients cover,
+  then the weighted mean of the kept clients; a round with n <= 2f + 2 valid results takes
+  the median (`hetfl.core.server.defences`); `coverage-krum` and `coverage-multi-krum`, the
+  same options, score each client within the cells of elements the same clients cover
+  (`hetfl.core.server.cell_krum`), where `krum` and `multi-krum` are the naive baselines.
 
 `median` and `trimmed-mean` are Yin et al.'s estimators (ICML 2018, §3, Definitions 1
 and 2), unweighted (`hetfl.core.server.robust`). A config writes
@@ -52,6 +54,7 @@ from pydantic import Field, PlainSerializer, PlainValidator, field_validator
 from hetfl import catalogue
 from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
 from hetfl.core.registry import Registry
+from hetfl.core.server.cell_krum import cell_scores
 from hetfl.core.server.defences import ClippingReducer, KrumReducer, check_krum
 from hetfl.core.server.robust import (
     Breakdown,
@@ -184,3 +187,15 @@ def _krum(options: KrumOptions) -> ReducerFactory:
 @register_reducer("multi-krum", MultiKrumOptions)
 def _multi_krum(options: MultiKrumOptions) -> ReducerFactory:
     return partial(KrumReducer, f=options.f, m=options.m, kind="multi-krum")
+
+
+@register_reducer("coverage-krum", KrumOptions)
+def _coverage_krum(options: KrumOptions) -> ReducerFactory:
+    return partial(KrumReducer, f=options.f, m=1, kind="coverage-krum", scores=cell_scores)
+
+
+@register_reducer("coverage-multi-krum", MultiKrumOptions)
+def _coverage_multi_krum(options: MultiKrumOptions) -> ReducerFactory:
+    return partial(
+        KrumReducer, f=options.f, m=options.m, kind="coverage-multi-krum", scores=cell_scores
+    )

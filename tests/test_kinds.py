@@ -75,7 +75,10 @@ def test_the_earlier_trim_key_is_refused_with_the_new_form():
 def test_an_unknown_kind_lists_the_known_ones():
     message = _config_error({"reducer": {"kind": "bulyan", "f": 2}})
     assert "options.fedavg.reducer: unknown reducer 'bulyan'" in message
-    assert "(allowed: krum, mean, median, multi-krum, norm-clip, trimmed-mean)" in message
+    assert (
+        "(allowed: coverage-krum, coverage-median, coverage-multi-krum, "
+        "coverage-trimmed-mean, krum, mean, median, multi-krum, norm-clip, trimmed-mean)"
+    ) in message
 
 
 @pytest.mark.parametrize(
@@ -97,7 +100,8 @@ def test_an_unknown_kind_lists_the_known_ones():
         (3, "a reducer is chosen by its kind, as {kind: <name>, ...its options}"),
         (
             {"trim": 0.1},
-            "(kinds: krum, mean, median, multi-krum, norm-clip, trimmed-mean); got {'trim': 0.1}",
+            "(kinds: coverage-krum, coverage-median, coverage-multi-krum, coverage-trimmed-mean, "
+            "krum, mean, median, multi-krum, norm-clip, trimmed-mean); got {'trim': 0.1}",
         ),
     ],
 )

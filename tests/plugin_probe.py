@@ -57,6 +57,64 @@ def fedavgm_steps(server_lr: float, momentum: float, rounds: int) -> dict[str, A
     return {"max_gap": max(gaps), "rounds": len(gaps)}
 
 
+def sign_flip_upload() -> dict[str, Any]:
+    """The attack example, loaded as a plugin and chosen by `attack:`, around a real client
+    of a CNN with BatchNorm: its upload against received − λ·(trained − received) on every
+    parameter, written out here from the honest client's upload for the same inputs, and
+    its buffers against the honest ones."""
+    from hetfl.core.client.program import Programs
+    from hetfl.core.init import initialize
+    from hetfl.core.rng import SERVER, torch_generator
+    from hetfl.core.training import LocalTraining
+    from hetfl.core.types import ClientData, ClientTask
+    from hetfl.models.scalable import ScalableFamily
+
+    plugin = "examples/plugin/sign_flip_plugin.py"
+    cfg = validate(
+        {
+            "plugins": [plugin],
+            "data": {"num_clients": 4},
+            "train": {"clients_per_round": 4},
+            "attack": {"kind": "sign-flip", "fraction": 0.25, "lambda": 2},
+        }
+    )
+    assert cfg.attack is not None
+    attack = cfg.attack.chosen.build()
+    family = ScalableFamily(
+        {"family": "stage-cnn", "input_shape": (1, 8, 8), "num_classes": 3, "stages": 1}
+    )
+    spec = family.global_spec([])
+    model = initialize(family.build(spec), torch_generator(0, 0, SERVER, "init"))
+    payload = {k: v.clone() for k, v in model.state_dict().items()}
+    task = ClientTask(0, spec, payload, family.index_map(spec), LocalTraining(lr=0.1, steps=2))
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    data = ClientData(0, x, torch.tensor([0, 1, 2, 0, 1, 2]), x[:0], torch.tensor([]), 3)
+
+    def upload(program: Any) -> dict[str, torch.Tensor]:
+        gen = torch_generator(0, 1, 0, "train")
+        return program.fit(task, data, {}, gen, info=data.info()).result.tensors
+
+    honest = upload(Programs(family, seed=0).program_for(0))
+    attacked = upload(attack(Programs(family, seed=0).program_for(0)))
+    params = {k for k, _ in model.named_parameters()}
+    gap = max(
+        float((attacked[k] - (payload[k] - 2 * (honest[k] - payload[k]))).abs().max())
+        for k in params
+    )
+    return {
+        "kind": cfg.attack.kind,
+        "described": cfg.attack.describe(),
+        "parameter_gap": gap,
+        "moved": all(not torch.equal(attacked[k], honest[k]) for k in params),
+        "buffers_as_trained": all(
+            torch.equal(attacked[k], honest[k]) for k in honest if k not in params
+        ),
+        "under_wrappers": refused(
+            {"plugins": [plugin], "wrappers": [{"kind": "sign-flip", "lambda": 2}]}
+        ),
+    }
+
+
 def main(work: Path) -> None:
     out: dict[str, Any] = {"imported_at_start": EXAMPLE_MODULE in sys.modules}
 
@@ -121,6 +179,7 @@ def main(work: Path) -> None:
     }
     received = validate(server, import_plugins=False)
     out["node"] = [received.plugins, received.algorithm, received.model.name]
+    out["sign_flip"] = sign_flip_upload()
     (work / "probe.json").write_text(json.dumps(out))
 
 

@@ -30,6 +30,7 @@ from hetfl.core.types import (
     PassRecord,
 )
 from hetfl.models.base import PlainFamily
+from hetfl.runner import build_simulation
 from hetfl.systems.costs import MacCounter
 
 FAMILY = PlainFamily("linear", (2,), 3)
@@ -295,9 +296,9 @@ def test_an_attacked_run_wraps_its_assignment_and_a_clean_run_does_not() -> None
         ({"kind": "label-flip", "fraction": 0.2, "source": 1, "target": 1}, r"nothing would flip"),
         (
             {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 1, "lamda": 2},
-            r"lamda is not one of its options \(options: lambda\)",
+            r"lamda is not one of its options \(options: lambda, scale_buffers\)",
         ),
-        ({"kind": "poison", "fraction": 0.2}, r"unknown client-program wrapper 'poison'"),
+        ({"kind": "poison", "fraction": 0.2}, r"unknown attack 'poison'"),
     ],
 )
 def test_bad_attack_settings_are_refused(attack: dict, match: str) -> None:
@@ -305,10 +306,64 @@ def test_bad_attack_settings_are_refused(attack: dict, match: str) -> None:
         validate({"attack": attack})
 
 
+@pytest.mark.parametrize("entry", ["label-flip", {"kind": "fedfa-poison", "lambda": 20}])
+def test_an_attack_under_wrappers_is_refused_with_a_pointer_to_attack(entry) -> None:
+    name = entry if isinstance(entry, str) else entry["kind"]
+    with pytest.raises(
+        ConfigError,
+        match=rf"wrappers.0: '{name}' is an attack, .* every client malicious .*"
+        rf"attack: {{kind: {name}, fraction: <share of clients>",
+    ):
+        validate({"wrappers": [entry]})
+
+
+def test_fedgkt_refuses_an_attack_by_name() -> None:
+    """FedGKT's clients aggregate no model tensor: no attack reaches what they upload."""
+    attack = {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 100}
+    with pytest.raises(
+        ConfigError, match=r"attack: 'fedfa-poison' cannot attack algorithm 'fedgkt': FedGKT's"
+    ):
+        validate({"algorithm": "fedgkt", "attack": attack})
+
+
+def test_a_fraction_that_selects_no_client_is_refused_and_zero_is_allowed() -> None:
+    """round(0.2 x 2) = 0 (halves up: 0.25 x 2 = 0.5 -> 1): refused, naming the least
+    fraction that selects one client; a fraction of exactly 0 is an explicit clean run."""
+    two = {"data": {"num_clients": 2}, "train": {"clients_per_round": 2}}
+    with pytest.raises(
+        ConfigError,
+        match=r"attack.fraction = 0.2 of data.num_clients = 2 rounds to 0 malicious clients.*"
+        r"at least 0.25 \(one client\)",
+    ):
+        validate({**two, "attack": {"kind": "scaled-poison", "fraction": 0.2, "lambda": 1}})
+    for fraction in (0.25, 0.0):
+        attack = {"kind": "scaled-poison", "fraction": fraction, "lambda": 1}
+        assert validate({**two, "attack": attack}).attack is not None
+
+
+def test_a_label_flip_class_the_dataset_lacks_is_refused_before_the_run(tmp_path) -> None:
+    """Digits has classes 0..9: target 12 is refused at set-up, before any training; with
+    client views of 3 classes each (relabelled 0..2), so is target 5."""
+    flip = {"kind": "label-flip", "fraction": 0.25, "source": 0, "target": 12}
+    data = {"dataset": "digits", "num_clients": 4}
+    raw = {"data": data, "train": {"clients_per_round": 4}, "attack": flip}
+    with pytest.raises(ValueError, match=r"attack.target = 12 is not a class of dataset 'digits'"):
+        build_simulation(validate(raw), tmp_path / "a", show_progress=False)
+    views = {"groups": [{"clients": 4, "classes": 3}]}
+    raw = {**raw, "data": {**raw["data"], **views}, "attack": {**flip, "target": 5}}
+    with pytest.raises(ValueError, match=r"attack.target = 5 .* \(classes 0..2\)"):
+        build_simulation(validate(raw), tmp_path / "b", show_progress=False)
+
+
 def test_an_attack_round_trips_through_its_resolved_config() -> None:
     cfg = validate({"attack": {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20}})
     written = cfg.model_dump(mode="json")["attack"]
-    assert written == {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 20.0}
+    assert written == {
+        "kind": "fedfa-poison",
+        "fraction": 0.2,
+        "lambda": 20.0,
+        "scale_buffers": False,
+    }
     assert validate({"attack": written}).attack == cfg.attack
     assert validate({}).attack is None
 
@@ -337,7 +392,7 @@ def test_an_attacked_run_records_its_malicious_clients_and_resumes(tmp_path) -> 
     import json
 
     from hetfl.engine.outputs import read_metrics
-    from hetfl.runner import build_simulation, start_banner
+    from hetfl.runner import start_banner
 
     cfg = _attacked(0.34, 2)
     malicious = sorted(draw_malicious(range(6), 0.34, seed=0))
@@ -345,13 +400,15 @@ def test_an_attacked_run_records_its_malicious_clients_and_resumes(tmp_path) -> 
     whole.setup()
     banner = start_banner(cfg, whole, tmp_path / "whole")
     assert (
-        f"attack: scaled-poison (lambda 3.0) by 2 malicious client(s) (34%): {malicious}" in banner
+        "attack: scaled-poison (lambda 3.0, scale_buffers False) by 2 malicious client(s) "
+        f"(34%): {malicious}" in banner
     )
     summary = whole.run()
     assert summary["attack"] == {
         "kind": "scaled-poison",
         "fraction": 0.34,
         "lambda": 3.0,
+        "scale_buffers": False,
         "malicious": malicious,
     }
     rows = read_metrics(tmp_path / "whole" / "clients.jsonl")

@@ -116,12 +116,30 @@ def test_clipping_by_a_bound_measures_updates_from_the_previous_state() -> None:
         ),
         ({"kind": "multi-krum", "f": -1}, r"f = -1: Input should be greater than or equal to 0"),
         ({"kind": "norm-clip", "bound": 0}, r"bound must be a positive number or 'median'"),
+        (
+            {"kind": "multi-krum", "f": 1, "m": 5},
+            r"Multi-Krum keeps m = 5 clients, more than n - f = 5 - 1 = 4: .* at most 4",
+        ),
+        ({"kind": "multi-krum", "f": 1, "m": 0}, r"m = 0: Input should be greater than or equal"),
     ],
 )
 def test_bad_defence_settings_are_refused(reducer: dict, match: str) -> None:
     raw = {"algorithm": "fedavg", "options": {"fedavg": {"reducer": reducer}}}
     with pytest.raises(ConfigError, match=match):
         validate({**raw, "train": {"clients_per_round": 5}})
+
+
+def test_multi_krum_keeps_at_most_n_minus_f() -> None:
+    """1 <= m <= n - f: with 5 clients per round and f = 1, m = 4 and m = 1 validate."""
+    for m in (1, 4):
+        reducer = {"kind": "multi-krum", "f": 1, "m": m}
+        validate(
+            {
+                "algorithm": "fedavg",
+                "options": {"fedavg": {"reducer": reducer}},
+                "train": {"clients_per_round": 5},
+            }
+        )
 
 
 def test_defences_are_reducer_kinds() -> None:

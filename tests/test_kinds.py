@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import chosen_parts
+from hetfl.attacks.registry import ATTACKS
 from hetfl.config import ConfigError, validate
 from hetfl.core.client.program import Programs, check_picklable
 from hetfl.core.client.wrappers import WRAPPERS, register_wrapper
@@ -74,7 +75,10 @@ def test_the_earlier_trim_key_is_refused_with_the_new_form():
 def test_an_unknown_kind_lists_the_known_ones():
     message = _config_error({"reducer": {"kind": "bulyan", "f": 2}})
     assert "options.fedavg.reducer: unknown reducer 'bulyan'" in message
-    assert "(allowed: krum, mean, median, multi-krum, norm-clip, trimmed-mean)" in message
+    assert (
+        "(allowed: coverage-krum, coverage-median, coverage-multi-krum, "
+        "coverage-trimmed-mean, krum, mean, median, multi-krum, norm-clip, trimmed-mean)"
+    ) in message
 
 
 @pytest.mark.parametrize(
@@ -96,7 +100,8 @@ def test_an_unknown_kind_lists_the_known_ones():
         (3, "a reducer is chosen by its kind, as {kind: <name>, ...its options}"),
         (
             {"trim": 0.1},
-            "(kinds: krum, mean, median, multi-krum, norm-clip, trimmed-mean); got {'trim': 0.1}",
+            "(kinds: coverage-krum, coverage-median, coverage-multi-krum, coverage-trimmed-mean, "
+            "krum, mean, median, multi-krum, norm-clip, trimmed-mean); got {'trim': 0.1}",
         ),
     ],
 )
@@ -199,9 +204,11 @@ def test_configured_wrappers_are_built_in_order_and_written_back(toy_wrappers):
         validate({"wrappers": [{"kind": "scale", "factor": 0}]})
 
 
-def test_an_unknown_wrapper_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"allowed: .*fedfa-poison.*label-flip"):
-        choose(WRAPPERS, "flip")
+def test_an_unknown_attack_lists_the_registered_ones():
+    with pytest.raises(
+        ValueError, match=r"unknown attack 'flip' \(allowed: .*fedfa-poison.*label-flip"
+    ):
+        choose(ATTACKS, "flip")
 
 
 def test_a_wrapper_that_cannot_be_pickled_is_refused_with_its_name(toy_wrappers):

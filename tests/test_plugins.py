@@ -265,6 +265,10 @@ def test_list_with_a_plugin_adds_its_entries_and_says_whose_they_are(probe):
     partitioners = next(line for line in lines if line.startswith("partitioners: "))
     assert partitioners == "partitioners: classes, dirichlet, halves, iid, natural, quantity"
     assert "  silent       a client that sends nothing" in lines
+    assert (  # the built-in attacks, which only hetfl.attacks registers
+        "  fedfa-poison honest update + lambda x the update trained on shuffled labels "
+        "(FedFA, Eq. 1)" in lines
+    )
     extra = Path(probe["work"]) / "extra.py"
     assert lines[-2:] == [
         f"plugin {PLUGIN}: algorithm fedavgm, model tiny-mlp",
@@ -299,3 +303,15 @@ def test_a_plugin_taking_a_name_already_registered_is_refused_naming_both(probe)
 
 def test_a_node_accepts_a_server_plugin_it_imported_from_its_own_config(probe):
     assert probe["node"] == [["/on/the/server/fedavgm_plugin.py"], "fedavgm", "tiny-mlp"]
+
+
+def test_the_example_attack_uploads_the_update_reversed_as_a_plugin(probe):
+    """docs/plugins.md's sign flip, loaded as a plugin and chosen by attack: (lambda 2): every
+    parameter is received − 2·(trained − received), the honest client's trained values for
+    the same inputs; the BatchNorm buffers are as trained; under wrappers: it is refused."""
+    flip = probe["sign_flip"]
+    assert flip["kind"] == "sign-flip"
+    assert flip["described"] == {"kind": "sign-flip", "fraction": 0.25, "lambda": 2.0}
+    assert flip["parameter_gap"] < 1e-6 and flip["moved"] and flip["buffers_as_trained"]
+    assert "wrappers.0: 'sign-flip' is an attack" in flip["under_wrappers"]
+    assert "attack: {kind: sign-flip, fraction:" in flip["under_wrappers"]

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import hetfl
-import hetfl.attacks  # registers the attack wrappers, as the config does
+import hetfl.attacks  # registers the attacks, as the config does
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
+from hetfl.attacks.registry import ATTACKS
 from hetfl.core.client.wrappers import WRAPPERS
 from hetfl.core.server.reducers import REDUCERS
 from hetfl.data import DATASETS, PARTITIONERS
@@ -72,7 +73,7 @@ def test_list_shows_every_registered_entry():
         ("partitioners", PARTITIONERS),
     ):
         assert f"{title}: {', '.join(registry.names())}" in lines
-    for registry in (REDUCERS, WRAPPERS):
+    for registry in (REDUCERS, WRAPPERS, ATTACKS):
         for name in registry:
             assert f"  {name:<12} {registry.get(name).summary}" in lines
 
@@ -87,3 +88,4 @@ def test_the_catalogue_equals_the_registries():
     assert sorted(catalogue.PARTITIONERS) == PARTITIONERS.names()
     assert {n: REDUCERS.get(n).summary for n in REDUCERS} == catalogue.REDUCERS
     assert {n: WRAPPERS.get(n).summary for n in WRAPPERS} == catalogue.WRAPPERS
+    assert {n: ATTACKS.get(n).summary for n in ATTACKS} == catalogue.ATTACKS

@@ -34,6 +34,7 @@ from pydantic_core import PydanticUndefined
 
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
+from hetfl.attacks.registry import ATTACKS
 from hetfl.config import RunConfig
 from hetfl.core.client.wrappers import WRAPPERS
 from hetfl.core.kinds import Chosen, Kind, choose
@@ -49,6 +50,7 @@ COMMAND = "python tools/config_reference.py"
 KIND_SECTIONS: dict[str, tuple[str, dict[str, str]]] = {
     REDUCERS.kind: ("Reducer kinds", catalogue.REDUCERS),
     WRAPPERS.kind: ("Client-program wrapper kinds", catalogue.WRAPPERS),
+    ATTACKS.kind: ("Attack kinds", catalogue.ATTACKS),
 }
 
 HEADER = f"""\
@@ -304,6 +306,7 @@ def kind_sections() -> Iterator[Section]:
         registries: dict[str, Registry[Kind[Any]]] = {
             REDUCERS.kind: REDUCERS,
             WRAPPERS.kind: WRAPPERS,
+            ATTACKS.kind: ATTACKS,
         }
         registry = registries.get(kind)
         if not names or registry is None:

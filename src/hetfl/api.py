@@ -5,8 +5,10 @@ A method is a `Strategy` composed from the server half's parts (sampling, assign
 transforms, weighting, a reducer, a server update, evaluation) and a `LocalRecipe` of the
 client half's parts (loss terms, gradient transforms, projections), returned by a `make`
 that `register_algorithm` names with its `Options` record; docs/contracts.md §1.3 lists
-each part's protocol. A plugin imports these names from here, not from the rooms
-(`hetfl.core.server`, `hetfl.core.client`, `hetfl.algorithms.parts`), which may move.
+each part's protocol. An attack of one's own (`attack:`) is registered with
+`register_attack` (docs/plugins.md, "An attack"). A plugin imports these names from here,
+not from the rooms (`hetfl.core.server`, `hetfl.core.client`, `hetfl.algorithms.parts`,
+`hetfl.attacks`), which may move.
 """
 
 from hetfl.algorithms.parts.method_registry import (
@@ -18,6 +20,8 @@ from hetfl.algorithms.parts.method_registry import (
     WeightingOption,
     register_algorithm,
 )
+from hetfl.attacks.poisoning import buffer_names
+from hetfl.attacks.registry import ATTACKS, register_attack
 from hetfl.core.client.recipe import LocalRecipe, LossTerm, TrainContext
 from hetfl.core.client.terms import ClipGradNorm, ProximalTerm
 from hetfl.core.client.wrappers import WRAPPERS, register_wrapper
@@ -51,6 +55,7 @@ from hetfl.core.types import ClientInfo, ModelFamily
 
 __all__ = [
     "ALGORITHMS",
+    "ATTACKS",
     "REDUCERS",
     "WRAPPERS",
     "Accumulator",
@@ -87,6 +92,7 @@ __all__ = [
     "UniformSampling",
     "WeightingOption",
     "WholeModel",
+    "buffer_names",
     "by_samples",
     "choose",
     "one_spec",
@@ -94,6 +100,7 @@ __all__ = [
     "private_layers",
     "pseudo_gradient",
     "register_algorithm",
+    "register_attack",
     "register_reducer",
     "register_wrapper",
     "uniform",

@@ -22,6 +22,7 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.method_registry import Options, ReducerOptions
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
+from hetfl.attacks.poisoning import NamesClasses, check_named_classes
 from hetfl.attacks.trigger import PlantsTrigger, Trigger
 from hetfl.config import ConfigError, RunConfig
 from hetfl.core.client.program import Programs, Wrapper
@@ -207,6 +208,9 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         attack = cfg.attack.chosen.build()
         if isinstance(attack, PlantsTrigger):
             trigger = checked_trigger(attack.trigger, fed)
+        if isinstance(attack, NamesClasses):
+            classes = [fed.dataset.num_classes, *(c.num_classes for c in fed.clients)]
+            check_named_classes(attack, classes, dataset=fed.dataset.name)
         wrappers.append(OnlyMalicious(attack, malicious))
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(

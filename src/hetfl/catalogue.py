@@ -115,19 +115,27 @@ REDUCERS: dict[str, str] = {
     "trimmed-mean": (
         "coordinate-wise mean without the `trim` fraction at each end (Yin et al. 2018)"
     ),
+    "coverage-krum": "the one client of lowest Krum score within cells of shared coverage",
+    "coverage-multi-krum": "the `m` clients of lowest Krum score within cells, averaged",
+    "coverage-median": (
+        "coordinate-wise median, warning where attackers may be half an element's coverage"
+    ),
+    "coverage-trimmed-mean": (
+        "coordinate-wise mean without min(ceil(fraction x n), k) values at each end"
+    ),
     "norm-clip": "updates clipped to `bound` (or the round's median norm), then the mean",
     "krum": "the one client of lowest Krum score over shared elements (Blanchard et al. 2017)",
     "multi-krum": "the `m` clients of lowest Krum score, averaged (Blanchard et al. 2017)",
 }
 
-#: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.client.wrappers`).
-WRAPPERS: dict[str, str] = {
-    "fedfa-poison": (
-        "attack: honest update + lambda x the update trained on shuffled labels (FedFA, Eq. 1)"
-    ),
-    "scaled-poison": "attack: lambda x the update trained on shuffled labels, alone",
-    "label-flip": "attack: training labels of class `source` become `target`",
-    "backdoor": (
-        "attack: a pixel patch stamped on part of each batch, labelled `target` (BadNets)"
-    ),
+#: Client-program wrappers (`wrappers: [{kind: ..., ...}]`; `hetfl.core.client.wrappers`):
+#: none built in (attacks are `ATTACKS`).
+WRAPPERS: dict[str, str] = {}
+
+#: Attacks (`attack: {kind: ..., fraction: ..., ...}`; `hetfl.attacks.registry`).
+ATTACKS: dict[str, str] = {
+    "fedfa-poison": "honest update + lambda x the update trained on shuffled labels (FedFA, Eq. 1)",
+    "scaled-poison": "lambda x the update trained on shuffled labels, alone",
+    "label-flip": "training labels of class `source` become `target`",
+    "backdoor": "a pixel patch stamped on part of each batch, labelled `target` (BadNets)",
 }

@@ -1,7 +1,8 @@
 """What `hetfl list` prints: every registered name with its one-line summary, read from the
 torch-free `hetfl.catalogue` for HetFL's own entries, or from the registries themselves once
 plugins are imported (`hetfl list --plugin MODULE`: torch is imported then), with what each
-plugin registered.
+plugin registered. Both list HetFL's own entries, the attacks among them (`hetfl.attacks`
+registers them when imported), beside the plugins'.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Listing:
     partitioners: Sequence[str]
     reducers: Mapping[str, str]
     wrappers: Mapping[str, str]
+    attacks: Mapping[str, str]
     plugins: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
@@ -43,13 +45,16 @@ def built_in() -> Listing:
         catalogue.PARTITIONERS,
         catalogue.REDUCERS,
         catalogue.WRAPPERS,
+        catalogue.ATTACKS,
     )
 
 
 def with_plugins(plugins: Sequence[str]) -> Listing:
     """Every entry after importing `plugins` (`hetfl.core.plugins.load_plugins`, whose
     PluginError names a plugin that fails), read from the registries."""
+    import hetfl.attacks  # noqa: F401 (registers the built-in attacks)
     from hetfl.algorithms import ALGORITHMS
+    from hetfl.attacks.registry import ATTACKS
     from hetfl.core.client.wrappers import WRAPPERS
     from hetfl.core.plugins import load_plugins
     from hetfl.core.server.reducers import REDUCERS
@@ -57,8 +62,8 @@ def with_plugins(plugins: Sequence[str]) -> Listing:
     from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 
     loaded = load_plugins(plugins)
-    summarised = (ALGORITHMS, ARCHITECTURES, COMPOSED, SPLIT, REDUCERS, WRAPPERS)
-    algorithms, architectures, composed, split, reducers, wrappers = (
+    summarised = (ALGORITHMS, ARCHITECTURES, COMPOSED, SPLIT, REDUCERS, WRAPPERS, ATTACKS)
+    algorithms, architectures, composed, split, reducers, wrappers, attacks = (
         {n: r.get(n).summary for n in r} for r in summarised
     )
     registries: list[Registry[Any]] = [*summarised, MODELS, DATASETS, PARTITIONERS]
@@ -76,6 +81,7 @@ def with_plugins(plugins: Sequence[str]) -> Listing:
         PARTITIONERS.names(),
         reducers,
         wrappers,
+        attacks,
         own,
     )
 
@@ -96,6 +102,8 @@ def lines(listing: Listing) -> list[str]:
     none = "" if listing.wrappers else " none"
     out.append(f"client-program wrappers (wrappers: [{{kind: ..., ...}}]):{none}")
     out += _summaries(listing.wrappers)
+    out.append("attacks (attack: {kind: ..., fraction: ..., ...}):")
+    out += _summaries(listing.attacks)
     for plugin, entries in listing.plugins.items():
         out.append(f"plugin {plugin}: {', '.join(entries) or 'registers nothing'}")
     return out

@@ -13,7 +13,9 @@ and may boost its update by a factor (§4.2, model replacement, γ = n/η there)
     received + λ · (backdoored − received)
 
 with λ (`lambda`) = 1, the default, plain backdoored training (the trained tensors are sent
-as they are).
+as they are). The boost scales the trainable parameters only, the buffers (BatchNorm's
+running statistics) uploaded as trained, unless `scale_buffers: true`
+(`hetfl.attacks.poisoning`, "Buffers").
 
 Per mini-batch, round(poison_fraction · B) samples, halves rounded up (0.5 of a batch of 5
 is 3), are chosen by a permutation drawn from a sibling of the client's training generator
@@ -38,10 +40,10 @@ import torch
 from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
-from hetfl.attacks.poisoning import ATTACK_PURPOSE, poisoned_upload
+from hetfl.attacks.poisoning import ATTACK_PURPOSE, SCALE_BUFFERS, buffer_names, poisoned_upload
+from hetfl.attacks.registry import register_attack
 from hetfl.attacks.trigger import Trigger
 from hetfl.core.client.program import Program
-from hetfl.core.client.wrappers import register_wrapper
 from hetfl.core.kinds import KindOptions
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import Channel
@@ -69,6 +71,7 @@ class BackdoorOptions(KindOptions):
         allow_inf_nan=False,
         description="the boost of the backdoored update (1: plain backdoored training)",
     )
+    scale_buffers: bool = SCALE_BUFFERS
 
     @model_validator(mode="before")
     @classmethod
@@ -112,6 +115,7 @@ class BackdooredProgram(Delegating):
     trigger: Trigger
     fraction: float
     lam: float
+    scale_buffers: bool = False
 
     def fit(
         self,
@@ -140,7 +144,10 @@ class BackdooredProgram(Delegating):
         if self.lam == 1.0:
             return out
         trained = out.result.tensors
-        boosted = poisoned_upload(task.payload, trained, trained, self.lam, keep_honest=False)
+        unscaled = frozenset() if self.scale_buffers else buffer_names(self.honest, task.spec)
+        boosted = poisoned_upload(
+            task.payload, trained, trained, self.lam, keep_honest=False, unscaled=unscaled
+        )
         return replace(out, result=replace(out.result, tensors=boosted))
 
 
@@ -152,11 +159,13 @@ class Backdoor:
     trigger: Trigger
     fraction: float
     lam: float
+    scale_buffers: bool = False
 
     def __call__(self, program: Program) -> Program:
-        return BackdooredProgram(program, self.trigger, self.fraction, self.lam)
+        return BackdooredProgram(program, self.trigger, self.fraction, self.lam, self.scale_buffers)
 
 
-@register_wrapper("backdoor", BackdoorOptions)
+@register_attack("backdoor", BackdoorOptions)
 def _backdoor(options: BackdoorOptions) -> Backdoor:
-    return Backdoor(Trigger(options.patch, options.target), options.poison_fraction, options.lam)
+    trigger = Trigger(options.patch, options.target)
+    return Backdoor(trigger, options.poison_fraction, options.lam, options.scale_buffers)

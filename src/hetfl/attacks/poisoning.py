@@ -18,43 +18,67 @@ loss, steps, extras and kept private state are the honest pass's.
   replacement of Bagdasaryan et al., "How To Backdoor Federated Learning", AISTATS 2020,
   §4.2, with shuffled labels as the poison).
 - `label-flip`: every training label `source` becomes `target` (Tolpegin et al., "Data
-  Poisoning Attacks Against Federated Learning Systems", ESORICS 2020, §3). A label mask
+  Poisoning Attacks Against Federated Learning Systems", ESORICS 2020, §3). Both must be
+  classes of every client's data: a run is refused at set-up otherwise
+  (`check_named_classes`), not failed by every malicious client's training. A label mask
   (HeteroFL's label split) **follows the flipped labels**: the client trains with the
   classes its flipped data holds, so `target` is never masked out of its loss (the program
   receives its `ClientInfo` with `labels` of the flipped data).
 
 Integer tensors (BatchNorm's `num_batches_tracked`) are uploaded as the honest pass left
 them: they count steps, and a step count scaled by λ is no attack.
+
+**Buffers.** Eq. 1 (Park and Joe-Wong, §3.1) poisons the model's *weights*, "manipulating
+weights that are only updated by a few clients" (§1): a scaling attack (`fedfa-poison`,
+`scaled-poison`, the backdoor's λ) scales the trainable parameters only by default, and
+uploads the model's buffers (BatchNorm's running means and variances) as the honest pass
+left them. `scale_buffers: true` scales them too, which can make running variances
+negative: the server then refuses that client's upload (`hetfl.core.server.defences`,
+`StatisticsGuard`). Which tensors are buffers is read from the structure of the model the
+honest program trains (`buffer_names`), never from their names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 import torch
 from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
-from hetfl.core.client.program import Program
-from hetfl.core.client.wrappers import register_wrapper
+from hetfl.attacks.registry import register_attack
+from hetfl.core.client.program import Program, trainable_names
 from hetfl.core.kinds import KindOptions
+from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator
 from hetfl.core.server_program import Channel
+from hetfl.core.spec import Spec
 from hetfl.core.types import ClientData, ClientInfo, ClientOutput, ClientTask, State
 
 #: The purpose of the generator that shuffles a malicious client's labels.
 ATTACK_PURPOSE = "attack"
 
 
+#: The option of every scaling attack that says whether it scales the model's buffers.
+SCALE_BUFFERS = Field(
+    False,
+    description="scale the model's buffers (BatchNorm running statistics) with the "
+    "parameters; default: parameters only, as Eq. 1 poisons weights",
+)
+
+
 class PoisonOptions(KindOptions):
-    """λ, the intensity of the poisoned update (FedFA §5 evaluates λ = 1 and λ = 20)."""
+    """λ, the intensity of the poisoned update (FedFA §5 evaluates λ = 1 and λ = 20), and
+    whether buffers are scaled too (module docstring)."""
 
     model_config = KindOptions.model_config | {"populate_by_name": True, "serialize_by_alias": True}
 
     lam: float = Field(
         alias="lambda", ge=0.0, allow_inf_nan=False, description="the poisoned update's weight"
     )
+    scale_buffers: bool = SCALE_BUFFERS
 
 
 class FlipOptions(KindOptions):
@@ -82,6 +106,20 @@ def shuffled_labels(data: ClientData, generator: torch.Generator) -> ClientData:
     return replace(data, y_train=data.y_train[order])
 
 
+def buffer_names(program: Program, spec: Spec) -> frozenset[str]:
+    """The state names of `spec`'s model that are not trainable parameters (BatchNorm's
+    running statistics and counters), read from the model cache of the honest program (a
+    `ClientProgram`), found through the programs standing in for it (their `honest`). A
+    program without a model cache (a test double) names none: it has no model to read."""
+    inner: object = program
+    while not isinstance(models := getattr(inner, "models", None), ModelCache):
+        inner = getattr(inner, "honest", None)
+        if inner is None:
+            return frozenset()
+    template = models.model_for(spec)
+    return frozenset(template.state_dict()) - trainable_names(template)
+
+
 def poisoned_upload(
     received: Mapping[str, torch.Tensor],
     honest: Mapping[str, torch.Tensor],
@@ -89,13 +127,15 @@ def poisoned_upload(
     lam: float,
     *,
     keep_honest: bool,
+    unscaled: Collection[str] = frozenset(),
 ) -> State:
     """Per uploaded tensor, r + (h − r) + λ·(p − r) (`keep_honest`, Eq. 1) or r + λ·(p − r);
-    integer tensors as `honest` has them. A tensor the client uploads without having
-    received it is an error (there is no update to scale)."""
+    integer tensors and those named in `unscaled` (buffers) as `honest` has them. A tensor
+    the client uploads without having received it is an error (there is no update to
+    scale)."""
     out: State = {}
     for name, h in honest.items():
-        if not h.is_floating_point():
+        if not h.is_floating_point() or name in unscaled:
             out[name] = h
             continue
         if name not in received:
@@ -114,6 +154,7 @@ class PoisonedProgram(Delegating):
 
     lam: float = 1.0
     keep_honest: bool = True
+    scale_buffers: bool = False
 
     def fit(
         self,
@@ -135,6 +176,7 @@ class PoisonedProgram(Delegating):
             poisoned.result.tensors,
             self.lam,
             keep_honest=self.keep_honest,
+            unscaled=frozenset() if self.scale_buffers else buffer_names(self.honest, task.spec),
         )
         result = replace(
             honest.result, tensors=tensors, passes=honest.result.passes + poisoned.result.passes
@@ -179,9 +221,31 @@ class Poison:
 
     lam: float
     keep_honest: bool
+    scale_buffers: bool = False
 
     def __call__(self, program: Program) -> Program:
-        return PoisonedProgram(program, self.lam, self.keep_honest)
+        return PoisonedProgram(program, self.lam, self.keep_honest, self.scale_buffers)
+
+
+@runtime_checkable
+class NamesClasses(Protocol):
+    """An attack whose options name classes of the data (`label-flip`'s `source` and
+    `target`): `check_named_classes` refuses one the data lacks before the run starts."""
+
+    def named_classes(self) -> dict[str, int]: ...
+
+
+def check_named_classes(attack: NamesClasses, num_classes: Sequence[int], *, dataset: str) -> None:
+    """ValueError, naming the option and the classes there are, unless every class the
+    attack names is a class of every client's data (`num_classes`: the dataset's and each
+    client's, whose view may hold fewer classes, relabelled 0..K-1)."""
+    fewest = min(num_classes)
+    for option, value in attack.named_classes().items():
+        if value >= fewest:
+            raise ValueError(
+                f"attack.{option} = {value} is not a class of dataset {dataset!r} as every "
+                f"client holds it (classes 0..{fewest - 1}); set attack.{option} to one of them"
+            )
 
 
 @dataclass(frozen=True)
@@ -191,20 +255,23 @@ class Flip:
     source: int
     target: int
 
+    def named_classes(self) -> dict[str, int]:
+        return {"source": self.source, "target": self.target}
+
     def __call__(self, program: Program) -> Program:
         return FlippedProgram(program, self.source, self.target)
 
 
-@register_wrapper("fedfa-poison", PoisonOptions)
+@register_attack("fedfa-poison", PoisonOptions)
 def _fedfa_poison(options: PoisonOptions) -> Poison:
-    return Poison(options.lam, keep_honest=True)
+    return Poison(options.lam, keep_honest=True, scale_buffers=options.scale_buffers)
 
 
-@register_wrapper("scaled-poison", PoisonOptions)
+@register_attack("scaled-poison", PoisonOptions)
 def _scaled_poison(options: PoisonOptions) -> Poison:
-    return Poison(options.lam, keep_honest=False)
+    return Poison(options.lam, keep_honest=False, scale_buffers=options.scale_buffers)
 
 
-@register_wrapper("label-flip", FlipOptions)
+@register_attack("label-flip", FlipOptions)
 def _label_flip(options: FlipOptions) -> Flip:
     return Flip(options.source, options.target)

@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
-from hetfl.config.attack import AttackSection
+from hetfl.config.attack import AttackSection, check_attack, refuse_attacks_in_wrappers
 from hetfl.config.errors import problem_lines
 from hetfl.config.sections import (
     DataConfig,
@@ -132,8 +132,9 @@ class RunConfig(_Strict):
     )
     wrappers: list[WrapperChoice] = Field(
         default_factory=list,
-        description="client-program wrappers (attacks, faults), applied in this order to "
-        "every client's program: `[{kind: <name>, ...its options}]` (`hetfl list`)",
+        description="client-program wrappers (a plugin's faults, say; none is built in), "
+        "applied in this order to every client's program: `[{kind: <name>, ...its options}]` "
+        "(`hetfl list`); an attack goes under attack:, not here",
     )
     attack: AttackSection | None = Field(
         None,
@@ -168,6 +169,11 @@ class RunConfig(_Strict):
             )
         return resolved
 
+    @field_validator("wrappers", mode="before")
+    @classmethod
+    def _no_attack(cls, v: object) -> object:
+        return refuse_attacks_in_wrappers(v)
+
     @field_validator("algorithm")
     @classmethod
     def _known(cls, v: str) -> str:
@@ -188,6 +194,8 @@ class RunConfig(_Strict):
                 raise ValueError("; ".join(lines)) from None
             if algo == self.algorithm:
                 self._reducer_fits(algo, validated)
+        if self.attack is not None:
+            check_attack(self.attack, self.algorithm, self.data.num_clients)
         if ALGORITHMS.get(self.algorithm).needs == "scalable" and not is_scalable(self.model.name):
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs a scalable model (model.name one of "

@@ -25,18 +25,31 @@ client covers.
   fewer valid results (failures, deadlines); such a round is reduced by the coordinate-wise
   median (`hetfl.core.server.robust`) instead, and the reducer's `decisions` say so.
 
+- **BatchNorm statistics, whatever the reducer** (`StatisticsGuard`). A mean of running
+  variances is a variance only if each one is: one negative or non-finite running variance
+  (or non-finite running mean) in an upload, averaged in, can make the global variance
+  negative, and the global model then outputs NaN. Every reducer a round builds stands
+  behind a guard that refuses such a client (its whole contribution: the rest of an upload
+  that lies about its statistics is not trusted either), recorded "dropped" under the kind
+  `STATISTICS_KIND` when the reducer itself decides nothing, or among the reducer's own
+  decisions. The server's reducers see global names and values only, no model: a running
+  statistic is known by the buffer names PyTorch's normalisation layers register
+  (`running_mean`, `running_var`) and HetFL's per-level ones (`running_var_<level>`,
+  `hetfl.models.slim`), the one place generic code reads a tensor's name.
+
 Each reducer records its `decisions` (`Decisions`: its kind, per added client in the order
 added "kept", "clipped" or "dropped", and whether it fell back). A strategy reduces through
-a `DecisionRecorder`, which keeps every reducer a round builds and gives the round's
-`RoundDecisions` by client id (`hetfl.core.server.strategy.Strategy.aggregate_with_decisions`), for
-the run outputs (`hetfl.engine.decisions`). The median and the trimmed mean keep every
-client and decide nothing per client: they record no decisions.
+a `DecisionRecorder`, which keeps every reducer a round builds (each behind its
+`StatisticsGuard`) and gives the round's `RoundDecisions` by client id
+(`hetfl.core.server.strategy.Strategy.aggregate_with_decisions`), for the run outputs
+(`hetfl.engine.decisions`). The median and the trimmed mean keep every client and decide
+nothing per client: they record no decisions unless the guard refuses a client.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -79,18 +92,93 @@ class RoundDecisions:
     fallback: bool
 
 
+#: The kind a round's decisions carry when only the `StatisticsGuard` decided (the reducer,
+#: the mean or a coordinate-wise statistic, decides nothing per client).
+STATISTICS_KIND = "batchnorm-statistics"
+
+
+def _is_statistic(global_name: str, statistic: str) -> bool:
+    leaf = global_name.rsplit(".", 1)[-1]
+    return leaf == statistic or leaf.startswith(f"{statistic}_")
+
+
+def invalid_statistics(local: Mapping[str, torch.Tensor], index_map: IndexMap) -> str | None:
+    """What is wrong with the BatchNorm running statistics one contribution uploads (a
+    negative or non-finite running variance, a non-finite running mean, over the elements
+    its entries' masks upload), or None when they are valid or absent."""
+    for entry in index_map:
+        variance = _is_statistic(entry.global_name, "running_var")
+        if not (variance or _is_statistic(entry.global_name, "running_mean")):
+            continue
+        values = local[entry.local].detach()
+        if entry.mask is not None:
+            values = values[entry.mask.to(values.device).bool()]
+        if not bool(torch.isfinite(values).all()):
+            return f"{entry.global_name!r} has non-finite values"
+        if variance and bool((values < 0).any()):
+            return f"{entry.global_name!r} has negative variances (min {float(values.min())})"
+    return None
+
+
+class StatisticsGuard:
+    """A reducer in front of another (`inner`): refuses each contribution whose BatchNorm
+    statistics are invalid (`invalid_statistics`), and those at the positions in `refuse`
+    (a client refused by an earlier reduction of the round), and passes the others on."""
+
+    def __init__(self, inner: Reducer, refuse: frozenset[int] = frozenset()) -> None:
+        self.inner, self.refuse = inner, refuse
+        self.refused: list[bool] = []
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        position = len(self.refused)
+        bad = position in self.refuse or invalid_statistics(local, index_map) is not None
+        self.refused.append(bad)
+        if not bad:
+            self.inner.add(local, index_map, weight, scale)
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
+        return self.inner.result(previous, fill)
+
+    @property
+    def decisions(self) -> Decisions | None:
+        """The inner reducer's decisions with a "dropped" at each refused position, or None
+        when neither decided anything."""
+        inner: Decisions | None = getattr(self.inner, "decisions", None)
+        if inner is None and not any(self.refused):
+            return None
+        passed = iter(inner.per_client if inner is not None else [])
+        per_client: list[Decision] = [
+            "dropped" if bad else next(passed, "kept") for bad in self.refused
+        ]
+        if inner is None:
+            return Decisions(STATISTICS_KIND, per_client)
+        return Decisions(inner.kind, per_client, inner.fallback)
+
+
 class DecisionRecorder:
-    """A `ReducerFactory` around the method's: builds each reducer of a round through it
-    and keeps them, to read their decisions once the round is reduced."""
+    """A `ReducerFactory` around the method's: builds each reducer of a round through it,
+    behind a `StatisticsGuard`, and keeps them, to read their decisions once the round is
+    reduced. A reduction after the first (the server update's, one contribution per result:
+    FedNova's normalised deltas, which carry no statistics) refuses the positions the first
+    one refused, so that a refused client is refused in the whole round; `decided` checks
+    that those positions were the same clients."""
 
     def __init__(self, factory: ReducerFactory) -> None:
         self.factory = factory
-        self.built: list[Reducer] = []
+        self.built: list[StatisticsGuard] = []
 
     def __call__(self, reference: Mapping[str, torch.Tensor]) -> Reducer:
-        reducer = self.factory(reference)
-        self.built.append(reducer)
-        return reducer
+        earlier = self.built[0].refused if self.built else []
+        refuse = frozenset(i for i, bad in enumerate(earlier) if bad)
+        guard = StatisticsGuard(self.factory(reference), refuse)
+        self.built.append(guard)
+        return guard
 
     def decided(self, first: Sequence[int], later: Sequence[int]) -> RoundDecisions | None:
         """The round's decisions by client id, None when no reducer decided any. `first`
@@ -100,14 +188,21 @@ class DecisionRecorder:
         server update's, one per result). Where the server update reduces again (FedNova's
         normalised deltas), its decisions are the round's: that reduction moves the trainable
         parameters, the first one only what the update takes from the average (BatchNorm
-        buffers). The round fell back if any reduction did."""
+        buffers). A client whose upload the first reduction's guard refused is "dropped",
+        whatever else decided. The round fell back if any reduction did."""
         found = [
             (first if i == 0 else later, decisions)
             for i, reducer in enumerate(self.built)
-            if (decisions := getattr(reducer, "decisions", None)) is not None
+            if (decisions := reducer.decisions) is not None
         ]
         if not found:
             return None
+        if any(self.built[0].refused) and len(self.built) > 1 and list(first) != list(later):
+            raise ValueError(
+                "a client was refused for its BatchNorm statistics in a round whose later "
+                "reductions take other contributions than the first (a split-learning server "
+                "update): the refusal cannot follow the client there"
+            )
         owners, last = found[-1]
         if len(owners) != len(last.per_client):
             raise ValueError(
@@ -117,6 +212,9 @@ class DecisionRecorder:
         by_client: dict[int, Decision] = {}
         for cid, decision in zip(owners, last.per_client, strict=True):
             by_client[cid] = min(by_client.get(cid, "dropped"), decision, key=SEVERITY.index)
+        for cid, bad in zip(first, self.built[0].refused, strict=True):
+            if bad:  # a refused upload outweighs its split-learning server session's decision
+                by_client[cid] = "dropped"
         return RoundDecisions(
             last.kind,
             dict(sorted(by_client.items())),
@@ -162,9 +260,20 @@ def check_krum(f: int, n: int) -> None:
         )
 
 
+def shared_element_scores(held: HeldClients, f: int) -> torch.Tensor:
+    """Krum's scores over the elements each pair shares (`pairwise_distances`): the naive
+    baseline over heterogeneous sub-models."""
+    return krum_scores(pairwise_distances(held), f)
+
+
+#: How a Krum reducer scores its held clients, (clients, f) -> (n,) scores, lowest kept.
+KrumScores = Callable[[HeldClients, int], torch.Tensor]
+
+
 class KrumReducer:
     """Multi-Krum keeping `m` clients (Krum: m = 1; None: n − f), then the weighted mean;
-    `kind` names it in its decisions."""
+    `kind` names it in its decisions, `scores` scores the clients (the naive
+    `shared_element_scores`, or `hetfl.core.server.cell_krum.cell_scores`)."""
 
     def __init__(
         self,
@@ -172,8 +281,10 @@ class KrumReducer:
         f: int,
         m: int | None,
         kind: str = "multi-krum",
+        scores: KrumScores = shared_element_scores,
     ) -> None:
         self.held, self.f, self.m, self.kind = HeldClients(reference), f, m, kind
+        self.scores = scores
         self.fallback = CoordinateReducer(reference, median)
         self.decisions = Decisions(kind)
 
@@ -193,7 +304,7 @@ class KrumReducer:
         if not n > 2 * self.f + 2:
             self.decisions = Decisions(self.kind, ["kept"] * n, fallback=True)
             return self.fallback.result(previous, fill)
-        scores = krum_scores(pairwise_distances(self.held), self.f)
+        scores = self.scores(self.held, self.f)
         m = n - self.f if self.m is None else min(self.m, n)
         order = sorted(range(n), key=lambda i: (float(scores[i]), i))
         chosen = sorted(order[:m])

@@ -7,14 +7,21 @@ Built in:
 - `mean`: the `Accumulator`'s weighted mean (the method's weighting), no options;
 - `median`: the coordinate-wise median over the clients covering each element, no options;
 - `trimmed-mean`: the coordinate-wise trimmed mean, option `trim` (the fraction dropped at
-  each end, in [0, 0.5]), required.
+  each end, in [0, 0.5]), required;
+- `coverage-median`, `coverage-trimmed-mean`: the same statistics with a trim that follows
+  each element's coverage and the declared malicious `fraction` (required, in [0, 0.5)),
+  and a warning, once, where attackers can be half or more of an element's coverage
+  (`hetfl.core.server.robust.CoverageReducer`); `median` and `trimmed-mean` are their naive
+  baselines.
 
 - `norm-clip`: updates clipped to `bound` (a positive number, or `median`: the round's
   median update norm), then the weighted mean;
-- `krum` (option `f`) and `multi-krum` (`f`, and `m`, default n − f): Blanchard et al.'s
-  selection (NeurIPS 2017, §4) over the elements both clients cover, then the weighted
-  mean of the kept clients; a round with n <= 2f + 2 valid results takes the median
-  (`hetfl.core.server.defences`).
+- `krum` (option `f`) and `multi-krum` (`f`, and `m`, 1 <= m <= n − f, default n − f):
+  Blanchard et al.'s selection (NeurIPS 2017, §4) over the elements both clients cover,
+  then the weighted mean of the kept clients; a round with n <= 2f + 2 valid results takes
+  the median (`hetfl.core.server.defences`); `coverage-krum` and `coverage-multi-krum`, the
+  same options, score each client within the cells of elements the same clients cover
+  (`hetfl.core.server.cell_krum`), where `krum` and `multi-krum` are the naive baselines.
 
 `median` and `trimmed-mean` are Yin et al.'s estimators (ICML 2018, §3, Definitions 1
 and 2), unweighted (`hetfl.core.server.robust`). A config writes
@@ -47,8 +54,15 @@ from pydantic import Field, PlainSerializer, PlainValidator, field_validator
 from hetfl import catalogue
 from hetfl.core.kinds import Chosen, Kind, KindOptions, choose, register_kind
 from hetfl.core.registry import Registry
+from hetfl.core.server.cell_krum import cell_scores
 from hetfl.core.server.defences import ClippingReducer, KrumReducer, check_krum
-from hetfl.core.server.robust import CoordinateReducer, median, trimmed_mean
+from hetfl.core.server.robust import (
+    Breakdown,
+    CoordinateReducer,
+    CoverageReducer,
+    median,
+    trimmed_mean,
+)
 from hetfl.core.state import Accumulator, ReducerFactory
 
 REDUCERS: Registry[Kind[ReducerFactory]] = Registry("reducer")
@@ -102,6 +116,26 @@ def _trimmed_mean(options: TrimmedMeanOptions) -> ReducerFactory:
     return partial(CoordinateReducer, statistic=trimmed_mean(options.trim))
 
 
+class CoverageOptions(KindOptions):
+    fraction: float = Field(
+        ge=0.0,
+        lt=0.5,
+        allow_inf_nan=False,
+        description="the declared malicious fraction: up to ceil(fraction x n) of a "
+        "round's n clients may attack",
+    )
+
+
+@register_reducer("coverage-median", CoverageOptions)
+def _coverage_median(options: CoverageOptions) -> ReducerFactory:
+    return partial(CoverageReducer, fraction=options.fraction, trim=False, breakdown=Breakdown())
+
+
+@register_reducer("coverage-trimmed-mean", CoverageOptions)
+def _coverage_trimmed_mean(options: CoverageOptions) -> ReducerFactory:
+    return partial(CoverageReducer, fraction=options.fraction, trim=True, breakdown=Breakdown())
+
+
 class ClipOptions(KindOptions):
     bound: float | str = Field(
         description="the largest update norm kept: a positive number, or median (the "
@@ -125,7 +159,19 @@ class KrumOptions(KindOptions):
 
 
 class MultiKrumOptions(KrumOptions):
-    m: int | None = Field(None, ge=1, description="clients kept (default: n - f)")
+    m: int | None = Field(None, ge=1, description="clients kept, 1 <= m <= n - f (default: n - f)")
+
+    def check_clients_per_round(self, n: int) -> None:
+        """Krum's n > 2f + 2, and 1 <= m <= n - f: keeping more than the n − f clients that
+        may all be honest keeps a Byzantine one whenever f of them are (Blanchard et al.,
+        §4, Multi-Krum)."""
+        super().check_clients_per_round(n)
+        if self.m is not None and self.m > n - self.f:
+            raise ValueError(
+                f"Multi-Krum keeps m = {self.m} clients, more than n - f = {n} - {self.f} = "
+                f"{n - self.f}: it would keep a Byzantine client whenever f are present; set "
+                f"m to at most {n - self.f} (or leave it out for n - f)"
+            )
 
 
 @register_reducer("norm-clip", ClipOptions)
@@ -141,3 +187,15 @@ def _krum(options: KrumOptions) -> ReducerFactory:
 @register_reducer("multi-krum", MultiKrumOptions)
 def _multi_krum(options: MultiKrumOptions) -> ReducerFactory:
     return partial(KrumReducer, f=options.f, m=options.m, kind="multi-krum")
+
+
+@register_reducer("coverage-krum", KrumOptions)
+def _coverage_krum(options: KrumOptions) -> ReducerFactory:
+    return partial(KrumReducer, f=options.f, m=1, kind="coverage-krum", scores=cell_scores)
+
+
+@register_reducer("coverage-multi-krum", MultiKrumOptions)
+def _coverage_multi_krum(options: MultiKrumOptions) -> ReducerFactory:
+    return partial(
+        KrumReducer, f=options.f, m=options.m, kind="coverage-multi-krum", scores=cell_scores
+    )

@@ -28,6 +28,12 @@ statistic is one of
 A method chooses one by its `reducer` option, as a kind of `hetfl.core.server.reducers.REDUCERS`
 (`median`, `trimmed-mean` with its `trim`).
 
+These are the naive baselines over heterogeneous sub-models: a trim of floor(trim·k) is 0
+wherever few clients cover an element (the widest level's elements, which the malicious
+clients, given the largest model, all cover), and a median over two values is their mean.
+`CoverageReducer` (`coverage-median`, `coverage-trimmed-mean`) trims by each element's
+coverage and the declared malicious fraction instead, and warns where no rule can hold.
+
 Elements no client covers keep `previous` or are zero (`fill`), integer tensors are rounded,
 as in the `Accumulator`; everything is computed in float64 and cast once. Both statistics
 sort the covering values, so the result does not depend on the order clients are added in,
@@ -39,7 +45,9 @@ holds one sum and one count.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -190,14 +198,22 @@ def median(ordered: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return (low + high) / 2
 
 
-def _trimmed_mean(ordered: torch.Tensor, count: torch.Tensor, trim: float) -> torch.Tensor:
-    dropped = torch.floor(trim * count.to(torch.float64)).to(count.dtype)  # t per element
+def _without_ends(
+    ordered: torch.Tensor, count: torch.Tensor, dropped: torch.Tensor
+) -> torch.Tensor:
+    """The mean of ranks t .. k-t-1 of the k first values (t = `dropped` per element), or
+    the median where that leaves no value."""
     kept = count - 2 * dropped
     rank = torch.arange(ordered.shape[0], device=ordered.device).view(-1, *[1] * count.dim())
     inside = (rank >= dropped) & (rank < count - dropped)
     total = torch.where(inside, ordered, 0.0).sum(dim=0)
     mean = total / kept.clamp(min=1)
     return torch.where(kept >= 1, mean, median(ordered, count))
+
+
+def _trimmed_mean(ordered: torch.Tensor, count: torch.Tensor, trim: float) -> torch.Tensor:
+    dropped = torch.floor(trim * count.to(torch.float64)).to(count.dtype)  # t per element
+    return _without_ends(ordered, count, dropped)
 
 
 def trimmed_mean(trim: float) -> Statistic:
@@ -211,3 +227,76 @@ def trimmed_mean(trim: float) -> Statistic:
 def check_trim(trim: float) -> None:
     if not 0.0 <= trim <= 0.5:
         raise ValueError(f"trim must be a fraction in [0, 0.5], got {trim!r}")
+
+
+@dataclass
+class Breakdown:
+    """Whether a run's coverage-aware reducers have warned that some elements are beyond
+    the breakdown point (`CoverageReducer`): the factory holds one for the whole run, so
+    the warning is given once."""
+
+    warned: bool = False
+
+
+class CoverageReducer:
+    """The coordinate-wise median or trimmed mean with a trim that follows each element's
+    coverage and the declared malicious `fraction` β (a reducer, `hetfl.core.state.Reducer`).
+
+    Of a reduction's n clients, up to A = ceil(β·n) may attack, and under the paper's worst
+    case (malicious clients take the largest model: Park and Joe-Wong, §3.1) every one of
+    them covers every element. An element covered by k clients may then hold min(A, k)
+    attackers: with `trim`, the min(A, k) smallest and largest of its k values are dropped
+    and the rest averaged (never a trim of 0 where β says attackers may be there, as
+    floor(β·k) is for k < 1/β), without it, the median. Where k <= 2A, attackers can be half
+    or more of the element's coverage, and no rule holds: the element takes the median of
+    its k values, and the first reduction of the run with such elements warns (`breakdown`,
+    once), naming their share of the reduced elements."""
+
+    def __init__(
+        self,
+        reference: Mapping[str, torch.Tensor],
+        fraction: float,
+        trim: bool,
+        breakdown: Breakdown,
+    ) -> None:
+        self._inner = CoordinateReducer(reference, self._statistic)
+        self.fraction, self.trim, self.breakdown = fraction, trim, breakdown
+        self._added = 0
+        self._attackers = 0
+        self._beyond = self._covered = 0
+
+    def add(
+        self,
+        local: Mapping[str, torch.Tensor],
+        index_map: IndexMap,
+        weight: float | Mapping[str, float] = 1.0,
+        scale: Mapping[str, float] | None = None,
+    ) -> None:
+        self._added += 1
+        self._inner.add(local, index_map, weight, scale)
+
+    def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
+        self._attackers = math.ceil(self.fraction * self._added)
+        self._beyond = self._covered = 0
+        out = self._inner.result(previous, fill)
+        if self._beyond and not self.breakdown.warned:
+            self.breakdown.warned = True
+            share = self._beyond / self._covered
+            warnings.warn(
+                f"{share:.1%} of the model's reduced elements are covered by at most twice "
+                f"the {self._attackers} client(s) that may attack of {self._added} (declared "
+                f"malicious fraction {self.fraction}): there attackers can be half or more of "
+                "the clients covering an element, and no coordinate-wise rule holds (those "
+                "elements take the median); warned once per run",
+                stacklevel=2,
+            )
+        return out
+
+    def _statistic(self, ordered: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        attackers = self._attackers
+        covered = count > 0
+        self._beyond += int((covered & (count <= 2 * attackers)).sum())
+        self._covered += int(covered.sum())
+        if not self.trim:
+            return median(ordered, count)
+        return _without_ends(ordered, count, count.clamp(max=attackers))  # min(A, k) each end

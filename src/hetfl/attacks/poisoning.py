@@ -49,7 +49,8 @@ from pydantic import Field, model_validator
 
 from hetfl.attacks.malicious import Delegating, check_class
 from hetfl.attacks.registry import register_attack
-from hetfl.core.client.program import Program, trainable_names
+from hetfl.core.client.program import Program
+from hetfl.core.client.trainable import trainable_names
 from hetfl.core.kinds import KindOptions
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import sibling_generator

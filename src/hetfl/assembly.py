@@ -22,10 +22,11 @@ import torch
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.method_registry import Options, ReducerOptions
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
-from hetfl.attacks.trigger import PlantsTrigger, Trigger
+from hetfl.attacks.trigger import AttackSuccess, PlantsTrigger, Trigger
 from hetfl.config import ConfigError, RunConfig
 from hetfl.core.client.program import Programs, Wrapper
 from hetfl.core.kinds import Chosen
+from hetfl.core.probe import Probe
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
@@ -195,12 +196,12 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     _check_scored_targets(cfg, strategy.pooled_eval is not None)
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     malicious: frozenset[int] = frozenset()
-    trigger: Trigger | None = None
+    probes: tuple[Probe, ...] = ()
     if cfg.attack is not None:
         malicious = draw_malicious([c.cid for c in fed.clients], cfg.attack.fraction, cfg.seed)
         attack = cfg.attack.chosen.build()
         if isinstance(attack, PlantsTrigger):
-            trigger = checked_trigger(attack.trigger, fed)
+            probes = (AttackSuccess(checked_trigger(attack.trigger, fed)),)
         wrappers.append(OnlyMalicious(attack, malicious))
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
@@ -216,7 +217,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         local_stats_pass=cfg.eval.stats_pass,
         local_trained=cfg.eval.local_trained,
         malicious=malicious,
-        trigger=trigger,
+        probes=probes,
         config=cfg.to_yaml(),
     )
     info = {

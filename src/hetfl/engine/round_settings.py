@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hetfl.attacks.trigger import Trigger
-from hetfl.engine.outputs import Target
+from hetfl.core.probe import Probe
+from hetfl.engine.outputs import PROBE_METRICS, Target
 from hetfl.systems.profiles import SystemSettings
 
 LocalEval = Literal["sampled", "all", "none"]
@@ -23,8 +23,9 @@ class RoundSettings:
     (`local_acc_stats`). `local_trained` adds `local_acc_trained` to
     evaluated rounds (`RoundLoop.trained_scores`). `malicious` are the clients of an attacked
     run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
-    them and a resume with another set is refused. `trigger` is a backdoor attack's
-    (`hetfl.attacks.trigger`), with which evaluated rounds measure `attack_success`. `config`
+    them and a resume with another set is refused. `probes` are what parts outside the engines
+    registered to be scored with the global test set (`hetfl.core.probe`: a backdoor's
+    `attack_success`), each under its own metric. `config`
     is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
     refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 
@@ -40,7 +41,7 @@ class RoundSettings:
     local_stats_pass: bool = False
     local_trained: bool = False
     malicious: frozenset[int] = frozenset()
-    trigger: Trigger | None = None
+    probes: tuple[Probe, ...] = ()
     config: str = ""
 
     def __post_init__(self) -> None:
@@ -51,6 +52,12 @@ class RoundSettings:
             raise ValueError(f"availability must be in (0, 1], got {self.availability}")
         if self.stats_samples is not None and self.stats_samples < 1:
             raise ValueError(f"stats_samples must be >= 1 or None, got {self.stats_samples}")
+        metrics = [p.metric for p in self.probes]
+        wrong = [m for m in metrics if m not in PROBE_METRICS]
+        if wrong or len(set(metrics)) != len(metrics):
+            raise ValueError(
+                f"probes must fill distinct metrics among {PROBE_METRICS}, got {metrics}"
+            )
 
     def is_eval_round(self, rnd: int) -> bool:
         return rnd % self.eval_every == 0 or rnd == self.rounds

@@ -218,6 +218,8 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         local_trained=cfg.eval.local_trained,
         malicious=malicious,
         probes=probes,
+        global_stats_pass=cfg.eval.global_stats_pass,
+        require_global_test=cfg.eval.require_global_test,
         config=cfg.to_yaml(),
     )
     info = {

@@ -13,14 +13,14 @@ The asks are scored together, in the plan's order, by one exchange of the engine
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 import torch
 
 from hetfl.core.types import EvalModel, EvalSplit, EvalTask, State
 from hetfl.engine.global_eval import ProbeSamples, Score, Scoring, plan_global
-from hetfl.engine.round_settings import RoundSettings
+from hetfl.engine.round_settings import RoundSettings, StatsPassRule
 from hetfl.engine.steps import (
     GlobalScores,
     LocalScore,
@@ -35,8 +35,10 @@ from hetfl.engine.steps import (
 @dataclass(frozen=True)
 class GlobalTest:
     """The method's global models (`Strategy.eval_models`) on the global test set, each
-    after its statistics pass when it has one: `global_acc`, `test_loss`, `groups`."""
+    after its statistics pass as `stats_pass` rules (`auto`: when the method asks for
+    one): `global_acc`, `test_loss`, `groups`."""
 
+    stats_pass: StatsPassRule = "auto"
     name = "global test"
 
 
@@ -63,9 +65,11 @@ class ProbeScore:
 class PooledOwnSplits:
     """Every trained client judged on its own `split` by the method's pooled task
     (`Strategy.pooled_task`: FedGKT's joined models), pooled by samples: `pooled_acc`,
-    `pooled_loss` on the test split, `val_acc`, `val_loss` on the validation split."""
+    `pooled_loss` on the test split, `val_acc`, `val_loss` on the validation split; each
+    joined model after its client's statistics pass as `stats_pass` rules."""
 
     split: EvalSplit
+    stats_pass: StatsPassRule = "auto"
 
     @property
     def name(self) -> str:
@@ -129,26 +133,45 @@ def build_plan(
     pooled: bool,
     split_model: bool,
     validation: bool,
+    static_bn: bool = False,
+    method: str = "this method",
 ) -> EvaluationPlan:
     """The plan of a method that scores global models (`has_global`) or its clients' own
     splits (`pooled`), or neither (private layers: judged by local accuracy alone), under
-    the run's settings; `validation` when clients hold validation splits. `split_model`
-    (split learning, whose client side classifies nothing) cannot be scored as trained."""
+    the run's settings; `validation` when clients hold validation splits. Refused, naming
+    `method`, where the protocol cannot score it: a split model (whose client side
+    classifies nothing) as trained, no global model with `require_global_test`, global
+    models that keep no running statistics (`static_bn`, HeteroFL's and FedFA's static
+    BatchNorm) with the statistics pass forced off."""
+    rule = settings.global_stats_pass
     if settings.local_trained and split_model:
         raise ValueError(
             "local_trained scores each client's trained model, but this method trains a "
             "split model whose client side ends before the classifier; turn it off"
         )
+    if settings.require_global_test and not has_global:
+        scored = "its clients' own test splits (pooled_acc)" if pooled else "local_acc alone"
+        raise ValueError(
+            f"{method} cannot be scored by this evaluation protocol: eval.require_global_test "
+            f"asks for a global model on the global test set, but {method} has none (it is "
+            f"scored by {scored}); leave it out of the comparison or drop the requirement"
+        )
+    if rule == "off" and has_global and static_bn:
+        raise ValueError(
+            f"{method} cannot be scored by this evaluation protocol: eval.global_stats_pass "
+            f"is off, but {method}'s global models keep no running BatchNorm statistics "
+            "(static BatchNorm, estimated only by the pass); use auto or on"
+        )
     asks: list[Ask] = []
     if has_global:
-        asks.append(GlobalTest())
+        asks.append(GlobalTest(rule))
         if validation:
             asks.append(GlobalValidation())
         asks += [ProbeScore(p.metric) for p in settings.probes]
     if pooled:  # not the global test set: the clients' own
-        asks.append(PooledOwnSplits("test"))
+        asks.append(PooledOwnSplits("test", rule))
         if validation:
-            asks.append(PooledOwnSplits("validation"))
+            asks.append(PooledOwnSplits("validation", rule))
     if settings.local_eval != "none":
         asks.append(LocalSplits("test"))
         if settings.local_stats_pass:
@@ -175,7 +198,7 @@ class Evaluates(Protocol):
     @property
     def probe_samples(self) -> ProbeSamples: ...
 
-    def tested_models(self, rnd: int) -> list[EvalModel]: ...
+    def tested_models(self, rnd: int, stats_pass: StatsPassRule = "auto") -> list[EvalModel]: ...
 
     def local_tasks(
         self,
@@ -209,7 +232,8 @@ def run_plan(plan: EvaluationPlan, loop: Evaluates, rnd: int, outcome: RoundOutc
     """Score round `rnd` as `plan` asks, every ask in one `score_round`; the trained
     models' scores (`TrainedBeforeAggregation`) were taken before aggregation."""
     asks = plan.asks
-    tested = loop.tested_models(rnd) if GlobalTest() in asks else []
+    tests = [a for a in asks if isinstance(a, GlobalTest)]
+    tested = loop.tested_models(rnd, tests[0].stats_pass) if tests else []
     validation = loop.validation if GlobalValidation() in asks else ()
     probes = {a.metric: loop.probe_samples[a.metric] for a in asks if isinstance(a, ProbeScore)}
     scorings = plan_global(tested, (loop.x_test, loop.y_test), validation, probes)
@@ -241,7 +265,10 @@ def _tasks(
     evaluated: Mapping[str, State],
 ) -> list[EvalTask]:
     if isinstance(ask, PooledOwnSplits):
-        return loop.pooled_tasks(rnd, ask.split)
+        tasks = loop.pooled_tasks(rnd, ask.split)
+        if ask.stats_pass == "auto":
+            return tasks
+        return [replace(t, stats_pass=ask.stats_pass == "on") for t in tasks]
     return loop.local_tasks(rnd, outcome, evaluated, ask.split, ask.stats_pass)
 
 

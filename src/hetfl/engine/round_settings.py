@@ -11,6 +11,10 @@ from hetfl.engine.outputs import PROBE_METRICS, Target
 from hetfl.systems.profiles import SystemSettings
 
 LocalEval = Literal["sampled", "all", "none"]
+#: Whether the models scored as `global_acc` or `pooled_acc` get their BatchNorm statistics
+#: pass: as each method asks (`auto`), or forced on or off for every method
+#: (`eval.global_stats_pass`, one protocol imposable on a comparison).
+StatsPassRule = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,10 @@ class RoundSettings:
     run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
     them and a resume with another set is refused. `probes` are what parts outside the engines
     registered to be scored with the global test set (`hetfl.core.probe`: a backdoor's
-    `attack_success`), each under its own metric. `config`
+    `attack_success`), each under its own metric. `global_stats_pass` is the evaluation
+    protocol's rule for the statistics pass of the scored global models (`StatsPassRule`);
+    `require_global_test` refuses, at set-up, a method that scores no global model on the
+    global test set. `config`
     is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
     refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 
@@ -42,6 +49,8 @@ class RoundSettings:
     local_trained: bool = False
     malicious: frozenset[int] = frozenset()
     probes: tuple[Probe, ...] = ()
+    global_stats_pass: StatsPassRule = "auto"
+    require_global_test: bool = False
     config: str = ""
 
     def __post_init__(self) -> None:

@@ -68,7 +68,7 @@ from hetfl.engine.evaluation_plan import EvaluationPlan, build_plan, run_plan
 from hetfl.engine.global_eval import Score, Scoring, as_tested
 from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, summarise, write_json
 from hetfl.engine.progress import Progress
-from hetfl.engine.round_settings import RoundSettings
+from hetfl.engine.round_settings import RoundSettings, StatsPassRule
 from hetfl.engine.steps import (
     Counters,
     LocalScore,
@@ -144,13 +144,22 @@ class RoundLoop(ABC):
         """Assign specs and initialise the global state (once; `run` calls it if needed)."""
         if not self._ready:
             self.state = setup_strategy(self.strategy, self.known_clients(), self.settings)
+            tested = self.strategy.eval_models(self.state)
             self.plan = build_plan(
                 self.settings,
-                has_global=bool(self.strategy.eval_models(self.state)),
+                has_global=bool(tested),
                 pooled=self.strategy.pooled_eval is not None,
                 split_model=self.strategy.needs_server_program,
                 validation=bool(self.validation),
+                static_bn=any(em.stats_pass for em in tested)
+                and not any(n.endswith("running_mean") for n in self.state),
+                method=str(self.info.get("algorithm", "this method")),
             )
+            self.info["evaluation"] = {
+                "global_stats_pass": self.settings.global_stats_pass,
+                "require_global_test": self.settings.require_global_test,
+                "plan": self.plan.names(),
+            }
             described = self.strategy.describe()
             if described:
                 self.info["strategy"] = described
@@ -299,11 +308,14 @@ class RoundLoop(ABC):
             passed.append(as_tested(model))
         return passed
 
-    def tested_models(self, rnd: int) -> list[EvalModel]:
+    def tested_models(self, rnd: int, stats_pass: StatsPassRule = "auto") -> list[EvalModel]:
         """The strategy's models to test this round (`Strategy.eval_models`), each with its
         tensors as the model of its spec holds them, after its statistics pass when it has
-        one (every such model's pass first, `stats_passes`)."""
+        one (every such model's pass first, `stats_passes`); `stats_pass` "on" or "off"
+        gives every model one, or none, whatever the method asks (the protocol's rule)."""
         models = self.strategy.eval_models(self.state)
+        if stats_pass != "auto":
+            models = [replace(em, stats_pass=stats_pass == "on") for em in models]
         passed = iter(self.stats_passes(rnd, [em for em in models if em.stats_pass]))
         return [
             replace(em, tensors=next(passed) if em.stats_pass else as_tested(self._loaded(em)))

@@ -348,5 +348,5 @@ def test_dtfl_needs_profiles_a_split_model_and_the_simulator():
     strategy, _ = _build()
     with pytest.raises(SimulatorOnlyError, match="runs in the simulator only"):
         refuse_simulator_only("dtfl", DTFL.simulator_only)
-    assert strategy.needs_server_program
+    assert strategy.capabilities.needs_server_program
     assert math.isfinite(SYSTEM.server_rate)

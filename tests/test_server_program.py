@@ -232,8 +232,10 @@ def test_server_side_is_timed_and_declared_parallel_parts_overlap(tmp_path, para
 
 def test_strategies_declare_whether_they_need_a_server_program():
     family = _SplitFamily()
-    assert _split_strategy(family, clients_per_round=1, train=TRAIN).needs_server_program
-    assert not fedavg(family, clients_per_round=1, train=TRAIN).needs_server_program
+    assert _split_strategy(
+        family, clients_per_round=1, train=TRAIN
+    ).capabilities.needs_server_program
+    assert not fedavg(family, clients_per_round=1, train=TRAIN).capabilities.needs_server_program
 
 
 def test_split_hooks_without_a_channel_fail_clearly():

@@ -193,7 +193,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         costs=costs,
         macs=MacCounter(family) if algorithm.needs_macs else None,  # FedFA's architecture choice
     )
-    _check_scored_targets(cfg, strategy.pooled_eval is not None)
+    _check_scored_targets(cfg, strategy.capabilities.scores_pooled)
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     malicious: frozenset[int] = frozenset()
     probes: tuple[Probe, ...] = ()

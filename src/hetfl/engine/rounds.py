@@ -148,8 +148,8 @@ class RoundLoop(ABC):
             self.plan = build_plan(
                 self.settings,
                 has_global=bool(tested),
-                pooled=self.strategy.pooled_eval is not None,
-                split_model=self.strategy.needs_server_program,
+                pooled=self.strategy.capabilities.scores_pooled,
+                split_model=self.strategy.capabilities.needs_server_program,
                 validation=bool(self.validation),
                 static_bn=any(em.stats_pass for em in tested)
                 and not any(n.endswith("running_mean") for n in self.state),
@@ -365,7 +365,7 @@ class RoundLoop(ABC):
         strategy's pooled task (`Strategy.pooled_task`); an engine that cannot says so."""
         raise RuntimeError(
             f"{type(self).__name__} cannot evaluate a method judged on its clients' own "
-            "splits (Strategy.pooled_eval); run it in the simulator"
+            "splits (Capabilities.scores_pooled); run it in the simulator"
         )
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)

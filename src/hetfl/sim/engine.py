@@ -122,7 +122,7 @@ class Simulation(RoundLoop):
         # One budget for everything held per client: a method with a server phase (FedGKT)
         # gives half of it to its pending downloads, so the two stores stay within it.
         private, pending = store, store
-        if strategy.server_phase is not None and store.memory_budget is not None:
+        if strategy.capabilities.server_phase and store.memory_budget is not None:
             half = store.memory_budget // 2
             private = StoreSettings(store.memory_budget - half)
             pending = StoreSettings(half)
@@ -162,7 +162,7 @@ class Simulation(RoundLoop):
     def _ask_setup_query(self) -> None:
         """Each client answers the strategy's `setup_query` from its own data, with a
         generator of (seed, 0, client, "setup-query"); what it declared itself wins."""
-        query = self.strategy.setup_query
+        query = self.strategy.capabilities.setup_query
         if query is not None:
             for cid, info in self.infos.items():
                 answer = query(info, self.clients[cid], self._rng(0, "setup-query", cid))

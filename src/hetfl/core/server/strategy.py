@@ -32,8 +32,8 @@ aggregation needs of the plan comes back in the tasks of `TrainedRound`. Engines
 simulator, the Flower adapter) call these verbs:
 
 0. `setup(clients, generator, rounds)` -> the initial global state; where the strategy
-   has a `setup_query`, the engine first asks every client it and puts the answers in
-   the clients' `attrs`.
+   has a set-up query (`capabilities.setup_query`), the engine first asks every client it
+   and puts the answers in the clients' `attrs`.
 1. `plan(round, state, available, rng)` -> tasks. `available` holds the clients the engine
    can reach this round, sorted by id; an empty list of tasks skips the round's training.
 2. the engine runs each task's client program and validates its result against the task's
@@ -57,11 +57,15 @@ simulator, the Flower adapter) call these verbs:
 
 `extra_state` / `load_extra_state` carry what the parts keep across rounds (server
 optimiser moments), for checkpoints; the engine checkpoints the global state itself.
+What an engine must know before it runs the method (a server program, a server phase,
+pooled scoring, a set-up query, the training settings) is one declared record,
+`capabilities` (`Capabilities`), not attributes of the parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, final, runtime_checkable
 
 import torch
@@ -138,6 +142,24 @@ class Aggregated(NamedTuple):
     defence: RoundDecisions | None
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine must know of a method before it runs one, declared once by the
+    strategy (`Strategy.capabilities`) rather than read off its parts: an engine that
+    cannot give the method what it needs refuses it up front, not in a round."""
+
+    #: The run's local-training settings every task starts from (`task_config`).
+    train: LocalTraining
+    #: A server side (split learning's per-batch exchange) or a round-level server phase.
+    needs_server_program: bool
+    #: A round-level server phase (FedGKT), whose answers wait as pending downloads.
+    server_phase: bool
+    #: Judged on its clients' own splits, pooled (`pooled_task`: FedGKT's `pooled_acc`).
+    scores_pooled: bool
+    #: The question each client answers before set-up, which the engine asks (or None).
+    setup_query: SetupQuery | None
+
+
 @runtime_checkable
 class Stateful(Protocol):
     """A part that keeps something across rounds; it is the strategy's `extra_state`."""
@@ -185,7 +207,7 @@ class Strategy:
                 f"train must be a LocalTraining record (hetfl.core.training), got "
                 f"{type(train).__name__}"
             )
-        self.family, self.train = family, train
+        self.family = family
         self.sampler, self.assignment = sampler, assignment
         self.transforms = tuple(transforms)
         self.weighting, self.scaling, self.reducer = weighting, scaling, reducer
@@ -194,11 +216,17 @@ class Strategy:
         self.local_eval = local_eval or OwnModel()
         self.declared = tuple(declared)
         self.server_side = server_side
-        self.server_phase = server_phase
-        self.pooled_eval = pooled_eval
+        self._server_phase = server_phase
+        self._pooled_eval = pooled_eval
         self._describe, self._observer = describe, observer
         self._trace_fields = trace_fields
-        self.setup_query = setup_query
+        self.capabilities = Capabilities(
+            train=train,
+            needs_server_program=server_side is not None or server_phase is not None,
+            server_phase=server_phase is not None,
+            scores_pooled=pooled_eval is not None,
+            setup_query=setup_query,
+        )
         #: The lr's plateau rule (`train.lr_plateau`), whatever the method; its state is
         #: extra state.
         self.plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
@@ -326,7 +354,7 @@ class Strategy:
         schedule and, with `train.lr_plateau`, the plateau rule's factor
         (`LocalTraining.for_round`)."""
         factor = 1.0 if self.plateau is None else self.plateau.factor
-        return self.train.for_round(round, self.rounds, factor)
+        return self.capabilities.train.for_round(round, self.rounds, factor)
 
     def plan(
         self,
@@ -338,7 +366,7 @@ class Strategy:
         """Tasks for the sampled clients. The engine hands each back to `aggregate` with its
         client's result, which is written through exactly the map the task carries."""
         tasks = []
-        phase = self.server_phase
+        phase = self._server_phase
         sampled = self.sampler.sample(round, available, rng)
         for info, spec in zip(
             sampled, round_specs(self.assignment, round, sampled, rng), strict=True
@@ -409,16 +437,10 @@ class Strategy:
         """The round's server phase on the valid clients' uploads (client-id order), after
         `aggregate`; None without one. `generator` is the round's (seed, round, SERVER,
         "server-phase") generator."""
-        if self.server_phase is None:
+        if self._server_phase is None:
             return None
         uploads = [Upload(r.cid, r.uploads, r.num_examples) for r in trained.results]
-        return self.server_phase.run(round, state, uploads, generator)
-
-    @property
-    def needs_server_program(self) -> bool:
-        """Whether this strategy has a server side or a server phase, so engines that cannot
-        run one (the Flower adapter) can refuse it up front rather than fail in a round."""
-        return self.server_side is not None or self.server_phase is not None
+        return self._server_phase.run(round, state, uploads, generator)
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
@@ -439,9 +461,9 @@ class Strategy:
     def pooled_task(self, info: ClientInfo, state: Mapping[str, torch.Tensor]) -> EvalTask | None:
         """The task that judges client `info` for the pooled `global_acc` (`pooled_eval`),
         or None when the method has a global model of its own."""
-        if self.pooled_eval is None:
+        if self._pooled_eval is None:
             return None
-        return self.pooled_eval.eval_task(self.layout, info, state, {})
+        return self._pooled_eval.eval_task(self.layout, info, state, {})
 
     def describe(self) -> dict[str, Any]:
         """What set-up decided that a reader of the run should see (JSON-serialisable),
@@ -471,7 +493,7 @@ class Strategy:
             self.assignment,
             self.server_update,
             self.plateau,
-            self.server_phase,
+            self._server_phase,
         )
         return [p for p in parts if isinstance(p, Stateful)]
 

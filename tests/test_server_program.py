@@ -187,7 +187,7 @@ def test_split_training_equals_training_the_joined_model(tmp_path):
         torch.testing.assert_close(sim.state[name], ref.state[name], rtol=1e-6, atol=1e-7)
     assert rows[-1]["global_acc"] == ref_rows[-1]["global_acc"]
     # the server kept each client's batch count across rounds (per-client server state)
-    assert split.server_side.program_.kept == {0: 3.0, 1: 3.0, 2: 3.0}
+    assert split.extras.server_side.program_.kept == {0: 3.0, 1: 3.0, 2: 3.0}
     assert sorted(sim.server_store) == [0, 1, 2]
 
 

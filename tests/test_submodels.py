@@ -409,8 +409,8 @@ def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tm
         ratio = strategy.assignment.level_of[cid]
         em = eval_model_at(
             sim.programs.family,
-            strategy.local_eval.eval_spec(ratio),
-            strategy.index_map_for(strategy.local_eval.level_spec(ratio)),
+            strategy.evaluation.local_eval.eval_spec(ratio),
+            strategy.index_map_for(strategy.evaluation.local_eval.level_spec(ratio)),
             sim.state,
             name="own",
             stats_pass=True,
@@ -434,7 +434,7 @@ def test_heterofl_with_private_layers_uses_own_level_and_says_so() -> None:
     strategy, _ = ALGORITHMS.get("heterofl").build(
         fam, {"private_norm": True}, clients_per_round=1, train=TRAIN
     )
-    assert isinstance(strategy.local_eval, OwnLevel)
+    assert isinstance(strategy.evaluation.local_eval, OwnLevel)
     assert strategy.describe()["local_eval_model"] == (
         "own-level (private layers cannot load into the full-rate global model)"
     )

@@ -34,7 +34,7 @@ from hetfl.core.server.evaluation import OwnModel, WholeModel
 from hetfl.core.server.maps import Grouped, LabelSplit, NothingShared, private_layers
 from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
 from hetfl.core.server.reducers import REDUCERS, register_reducer
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Capabilities, Evaluation, Extras, Strategy
 from hetfl.core.server.update import (
     Averaged,
     NormalisedStep,
@@ -54,12 +54,16 @@ __all__ = [
     "REDUCERS",
     "WRAPPERS",
     "Accumulator",
+    "Aggregation",
     "AggregationOptions",
     "Algorithm",
     "Averaged",
+    "Capabilities",
     "ClientInfo",
     "ClipGradNorm",
     "CyclicSampling",
+    "Evaluation",
+    "Extras",
     "GroupQuotas",
     "Grouped",
     "KindOptions",

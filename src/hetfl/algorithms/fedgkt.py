@@ -48,7 +48,7 @@ from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import UniformSampling, one_spec
 from hetfl.core.server.evaluation import JoinedWithPrivate, NoGlobalModel
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
@@ -118,12 +118,18 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=one_spec(edge),
-        weighting=uniform,
-        server_update=Averaged(),
-        global_eval=NoGlobalModel(),
-        pooled_eval=JoinedWithPrivate(split.side_spec("whole"), stats_pass=True),
-        server_phase=server,
-        describe=lambda: {**opts.model_dump(mode="json"), "pooled_acc": POOLED},
+        aggregation=Aggregation(
+            weighting=uniform,
+            server_update=Averaged(),
+        ),
+        evaluation=Evaluation(
+            global_eval=NoGlobalModel(),
+            pooled_eval=JoinedWithPrivate(split.side_spec("whole"), stats_pass=True),
+        ),
+        extras=Extras(
+            server_phase=server,
+            describe=lambda: {**opts.model_dump(mode="json"), "pooled_acc": POOLED},
+        ),
     )
     recipe = LocalRecipe(
         loss_terms=(ServerLogitsKD(opts.alpha, opts.temperature),), upload=FeatureUpload()

@@ -49,7 +49,7 @@ from hetfl.algorithms.parts.widths import check_levels
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.regularisers import OrthogonalityPenalty
 from hetfl.core.server.assign import UniformSampling
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
@@ -119,29 +119,35 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=assignment,
-        weighting=weighting("uniform"),
-        server_update=Averaged(),
-        global_eval=LevelModels(
-            assignment.trained_levels,
-            level_spec,
-            level_spec,
-            stats_pass=False,
-            name=capacity_name,
-            mean_group="capacity=mean",
+        aggregation=Aggregation(
+            weighting=weighting("uniform"),
+            server_update=Averaged(),
+            reducer=opts.reducer.build(),
         ),
-        local_eval=OwnLevel(
-            local_level,
-            level_spec,
-            level_spec,
-            label_mask=False,
-            stats_pass=False,
-            group=lambda p: f"local capacity={p:g}",
+        evaluation=Evaluation(
+            global_eval=LevelModels(
+                assignment.trained_levels,
+                level_spec,
+                level_spec,
+                stats_pass=False,
+                name=capacity_name,
+                mean_group="capacity=mean",
+            ),
+            local_eval=OwnLevel(
+                local_level,
+                level_spec,
+                level_spec,
+                label_mask=False,
+                stats_pass=False,
+                group=lambda p: f"local capacity={p:g}",
+            ),
         ),
-        describe=lambda: {
-            "levels": list(levels),
-            "capacity": opts.capacity,
-            "lambda_orth": opts.lambda_orth,
-        },
-        reducer=opts.reducer.build(),
+        extras=Extras(
+            describe=lambda: {
+                "levels": list(levels),
+                "capacity": opts.capacity,
+                "lambda_orth": opts.lambda_orth,
+            },
+        ),
     )
     return strategy, LocalRecipe(loss_terms=(OrthogonalityPenalty(opts.lambda_orth),))

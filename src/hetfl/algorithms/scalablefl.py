@@ -46,7 +46,7 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
 from hetfl.core.server.evaluation import OwnModel
 from hetfl.core.server.maps import MapTransform, NothingShared, private_layers
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
@@ -149,11 +149,17 @@ def _make(
         train=replace(train, decay_norm_and_bias=False),
         sampler=GroupQuotas(group_key, opts.participation, clients_per_round),
         assignment=groups,
-        transforms=transforms,
-        weighting=uniform,
-        server_update=Averaged(),
-        local_eval=OwnModel(group=lambda info: group_name(group_key(info))),
-        describe=lambda: describe(opts.variant, groups),
-        reducer=opts.reducer.build(),
+        aggregation=Aggregation(
+            weighting=uniform,
+            server_update=Averaged(),
+            transforms=transforms,
+            reducer=opts.reducer.build(),
+        ),
+        evaluation=Evaluation(
+            local_eval=OwnModel(group=lambda info: group_name(group_key(info))),
+        ),
+        extras=Extras(
+            describe=lambda: describe(opts.variant, groups),
+        ),
     )
     return strategy, LocalRecipe()

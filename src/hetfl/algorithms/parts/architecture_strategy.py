@@ -28,7 +28,7 @@ from hetfl.algorithms.parts.architecture_eval import ArchitectureModels, OwnArch
 from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
 from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.server.maps import LabelSplit, MapTransform
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import Scaling, weighting
 from hetfl.core.training import LocalTraining
@@ -57,16 +57,22 @@ def architecture_strategy(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=choice,
-        transforms=chained,
-        weighting=weighting(opts.weighting),
-        scaling=scaling,
-        server_update=Averaged(),
-        global_eval=ArchitectureModels(choice, first=first, stats_pass=stats_pass),
-        local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=stats_pass),
-        describe=choice.describe,
-        trace_fields=choice.trace_fields,
-        reducer=opts.reducer.build(),
-        setup_query=query,
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            server_update=Averaged(),
+            transforms=chained,
+            scaling=scaling,
+            reducer=opts.reducer.build(),
+        ),
+        evaluation=Evaluation(
+            global_eval=ArchitectureModels(choice, first=first, stats_pass=stats_pass),
+            local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=stats_pass),
+        ),
+        extras=Extras(
+            describe=choice.describe,
+            trace_fields=choice.trace_fields,
+            setup_query=query,
+        ),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
     return strategy, LocalRecipe(forward=forward)

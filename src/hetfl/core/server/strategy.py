@@ -65,7 +65,7 @@ pooled scoring, a set-up query, the training settings) is one declared record,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, final, runtime_checkable
 
 import torch
@@ -143,6 +143,49 @@ class Aggregated(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Aggregation:
+    """How a round's results become the new global state: each result's `weighting`,
+    an optional round-level `scaling`, the map `transforms` (chained, in order) its
+    tensors are reduced through, the `reducer` every reduction goes through, and the
+    `server_update` that turns the reduced weights into the new state."""
+
+    weighting: Weighting
+    server_update: ServerUpdate
+    transforms: Sequence[MapTransform] = ()
+    scaling: Scaling | None = None
+    reducer: ReducerFactory = Accumulator
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How the method is judged: the models tested on the global test set
+    (`global_eval`), each client's task on its local split (`local_eval`) and, for a
+    method without a single global model whose clients still share one (FedGKT: each
+    client's extractor joined to the server model), the task that judges a client on its
+    own split (`pooled_eval`), which the engine pools by samples as `pooled_acc`."""
+
+    global_eval: GlobalEval = field(default_factory=WholeModel)
+    local_eval: LocalEval = field(default_factory=OwnModel)
+    pooled_eval: LocalEval | None = None
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What some methods add: `declared` global tensors of their own shape, split
+    learning's `server_side`, a round-level `server_phase` (FedGKT), a `describe` for the
+    run summary, an `observer` of metrics rows, per-client `trace_fields`, and a
+    `setup_query` every client answers before set-up."""
+
+    declared: Sequence[DeclaredTensor] = ()
+    server_side: ServerSide | None = None
+    server_phase: ServerPhase | None = None
+    describe: Callable[[], dict[str, Any]] | None = None
+    observer: Callable[[int, Mapping[str, Any]], None] | None = None
+    trace_fields: TraceFields | None = None
+    setup_query: SetupQuery | None = None
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What an engine must know of a method before it runs one, declared once by the
     strategy (`Strategy.capabilities`) rather than read off its parts: an engine that
@@ -181,27 +224,13 @@ class Strategy:
         train: LocalTraining,
         sampler: Sampler,
         assignment: Assignment,
-        weighting: Weighting,
-        server_update: ServerUpdate,
-        transforms: Sequence[MapTransform] = (),
-        scaling: Scaling | None = None,
-        reducer: ReducerFactory = Accumulator,
-        global_eval: GlobalEval | None = None,
-        local_eval: LocalEval | None = None,
-        declared: Sequence[DeclaredTensor] = (),
-        server_side: ServerSide | None = None,
-        server_phase: ServerPhase | None = None,
-        pooled_eval: LocalEval | None = None,
-        describe: Callable[[], dict[str, Any]] | None = None,
-        observer: Callable[[int, Mapping[str, Any]], None] | None = None,
-        trace_fields: TraceFields | None = None,
-        setup_query: SetupQuery | None = None,
+        aggregation: Aggregation,
+        evaluation: Evaluation | None = None,
+        extras: Extras | None = None,
     ) -> None:
-        """`train`: the run's local-training settings, with their lr schedule.
-        `pooled_eval`, for a method without a single global model whose clients still
-        share one (FedGKT: each client's extractor joined to the server model), is the
-        task that judges a client on its own split; the engine pools those over every
-        client that has trained, by samples, as `global_acc` (and `val_acc`)."""
+        """`train`: the run's local-training settings, with their lr schedule; whom to
+        ask (`sampler`), what each trains (`assignment`), and the three records of parts:
+        how results are combined, how the method is judged, and what it adds."""
         if not isinstance(train, LocalTraining):
             raise TypeError(
                 f"train must be a LocalTraining record (hetfl.core.training), got "
@@ -209,27 +238,20 @@ class Strategy:
             )
         self.family = family
         self.sampler, self.assignment = sampler, assignment
-        self.transforms = tuple(transforms)
-        self.weighting, self.scaling, self.reducer = weighting, scaling, reducer
-        self.server_update = server_update
-        self.global_eval = global_eval or WholeModel()
-        self.local_eval = local_eval or OwnModel()
-        self.declared = tuple(declared)
-        self.server_side = server_side
-        self._server_phase = server_phase
-        self._pooled_eval = pooled_eval
-        self._describe, self._observer = describe, observer
-        self._trace_fields = trace_fields
+        self.aggregation = aggregation
+        self.evaluation = evaluation or Evaluation()
+        self.extras = extras or Extras()
         self.capabilities = Capabilities(
             train=train,
-            needs_server_program=server_side is not None or server_phase is not None,
-            server_phase=server_phase is not None,
-            scores_pooled=pooled_eval is not None,
-            setup_query=setup_query,
+            needs_server_program=self.extras.server_side is not None
+            or self.extras.server_phase is not None,
+            server_phase=self.extras.server_phase is not None,
+            scores_pooled=self.evaluation.pooled_eval is not None,
+            setup_query=self.extras.setup_query,
         )
         #: The lr's plateau rule (`train.lr_plateau`), whatever the method; its state is
         #: extra state.
-        self.plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
+        self._plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
         self.rounds: int | None = None
         self._layout: Layout | None = None
         self._parameter_names: list[str] | None = None
@@ -278,7 +300,7 @@ class Strategy:
         possible specs, when the family has that method), then the strategy's own."""
         declare = getattr(self.family, "declared_tensors", None)
         specs = self.assignment.possible_specs()
-        return [*(declare(specs) if declare is not None else []), *self.declared]
+        return [*(declare(specs) if declare is not None else []), *self.extras.declared]
 
     def init_global_state(self, generator: torch.Generator) -> State:
         """The initial global state: the global model's tensors that some index map shares,
@@ -335,7 +357,7 @@ class Strategy:
         """Which local tensors of a `spec` model are shared, and where they sit in the global
         state, where no client is given (each transform's `shared`)."""
         imap = self.family.index_map(spec)
-        for t in self.transforms:
+        for t in self.aggregation.transforms:
             imap = t.shared(imap, spec)
         return imap
 
@@ -344,7 +366,7 @@ class Strategy:
     ) -> IndexMap:
         """The map of one client's task (each transform's `for_client`)."""
         imap = self.family.index_map(spec)
-        for t in self.transforms:
+        for t in self.aggregation.transforms:
             imap = t.for_client(imap, spec, info, state)
         return imap
 
@@ -353,7 +375,7 @@ class Strategy:
         """Local training settings sent with the task, with this round's lr from the run's
         schedule and, with `train.lr_plateau`, the plateau rule's factor
         (`LocalTraining.for_round`)."""
-        factor = 1.0 if self.plateau is None else self.plateau.factor
+        factor = 1.0 if self._plateau is None else self._plateau.factor
         return self.capabilities.train.for_round(round, self.rounds, factor)
 
     def plan(
@@ -366,7 +388,7 @@ class Strategy:
         """Tasks for the sampled clients. The engine hands each back to `aggregate` with its
         client's result, which is written through exactly the map the task carries."""
         tasks = []
-        phase = self._server_phase
+        phase = self.extras.server_phase
         sampled = self.sampler.sample(round, available, rng)
         for info, spec in zip(
             sampled, round_specs(self.assignment, round, sampled, rng), strict=True
@@ -400,12 +422,14 @@ class Strategy:
             return Aggregated(dict(state), None)
         results = trained.results
         maps = [t.task.index_map for t in trained.trained]
-        weights = [self.weighting(r) for r in results]
+        weights = [self.aggregation.weighting(r) for r in results]
         served: Sequence[ServerResult | None] = (
             [None] * len(results) if trained.server_results is None else trained.server_results
         )
         scales: Sequence[Mapping[str, float] | None] = (
-            [None] * len(results) if self.scaling is None else self.scaling(trained.trained)
+            [None] * len(results)
+            if self.aggregation.scaling is None
+            else self.aggregation.scaling(trained.trained)
         )
         if len(scales) != len(results):
             raise ValueError(
@@ -416,20 +440,26 @@ class Strategy:
         for r, imap, w, s, scale in zip(results, maps, weights, served, scales, strict=True):
             contributions.append(Contribution(r.tensors, imap, w, scale))
             owners.append(r.cid)
-            if s is not None and self.server_side is not None:
-                contributions.append(Contribution(s.tensors, self.server_side.index_map(s), w))
+            if s is not None and self.extras.server_side is not None:
+                contributions.append(
+                    Contribution(s.tensors, self.extras.server_side.index_map(s), w)
+                )
                 owners.append(r.cid)
-        recorder = DecisionRecorder(self.reducer)
+        recorder = DecisionRecorder(self.aggregation.reducer)
         average = reduce(recorder, state, contributions, fill="keep")
         done = RoundResults(results, maps, weights, self.parameter_names(), recorder)
-        new = self.server_update.step(state, average, done)
+        new = self.aggregation.server_update.step(state, average, done)
         return Aggregated(new, recorder.decided(owners, [r.cid for r in results]))
 
     def server_program(
         self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
     ) -> ServerProgram | None:
         """The server side of this round's split learning, or None (no per-batch exchange)."""
-        return None if self.server_side is None else self.server_side.program(round, state, tasks)
+        return (
+            None
+            if self.extras.server_side is None
+            else self.extras.server_side.program(round, state, tasks)
+        )
 
     def run_phase(
         self, round: int, state: State, trained: TrainedRound, generator: torch.Generator
@@ -437,15 +467,15 @@ class Strategy:
         """The round's server phase on the valid clients' uploads (client-id order), after
         `aggregate`; None without one. `generator` is the round's (seed, round, SERVER,
         "server-phase") generator."""
-        if self._server_phase is None:
+        if self.extras.server_phase is None:
             return None
         uploads = [Upload(r.cid, r.uploads, r.num_examples) for r in trained.results]
-        return self._server_phase.run(round, state, uploads, generator)
+        return self.extras.server_phase.run(round, state, uploads, generator)
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
         """The models to test on the global test set (the `global_eval` part)."""
-        return self.global_eval.eval_models(self.layout, state)
+        return self.evaluation.global_eval.eval_models(self.layout, state)
 
     def eval_task(
         self,
@@ -456,44 +486,44 @@ class Strategy:
         """How client `info` is judged on its local test split (the `local_eval` part).
         `evaluated` holds this round's `eval_models` as the engine tested them (complete
         tensors after any statistics pass), by name."""
-        return self.local_eval.eval_task(self.layout, info, state, evaluated)
+        return self.evaluation.local_eval.eval_task(self.layout, info, state, evaluated)
 
     def pooled_task(self, info: ClientInfo, state: Mapping[str, torch.Tensor]) -> EvalTask | None:
         """The task that judges client `info` for the pooled `global_acc` (`pooled_eval`),
         or None when the method has a global model of its own."""
-        if self._pooled_eval is None:
+        if self.evaluation.pooled_eval is None:
             return None
-        return self._pooled_eval.eval_task(self.layout, info, state, {})
+        return self.evaluation.pooled_eval.eval_task(self.layout, info, state, {})
 
     def describe(self) -> dict[str, Any]:
         """What set-up decided that a reader of the run should see (JSON-serialisable),
         written to `summary.json` under "strategy": ScalableFL's per-group models and the
         parameter gap of its HeteroFL comparison. Default: nothing."""
-        return {} if self._describe is None else self._describe()
+        return {} if self.extras.describe is None else self.extras.describe()
 
     def observe(self, round: int, row: Mapping[str, Any]) -> None:
         """Called after each evaluation with the metrics row: the lr's plateau rule
         (`train.lr_plateau`), then the method's observer; anything an observer changes must
         be part of a part's `extra_state`."""
-        if self.plateau is not None:
-            self.plateau.observe(round, row)
-        if self._observer is not None:
-            self._observer(round, row)
+        if self._plateau is not None:
+            self._plateau.observe(round, row)
+        if self.extras.observer is not None:
+            self.extras.observer(round, row)
 
     def trace_fields(self, info: ClientInfo, task: ClientTask | None) -> Mapping[str, Any]:
         """What this method declares about client `info` for its row of the per-client
         trace (`clients.jsonl`, `hetfl.engine.trace`): scalars by name, e.g. a tier. `task`
         is its task this round, or None when it is only evaluated. Default: nothing."""
-        return {} if self._trace_fields is None else self._trace_fields(info, task)
+        return {} if self.extras.trace_fields is None else self.extras.trace_fields(info, task)
 
     # -- checkpoints --------------------------------------------------------------------
     def _stateful_parts(self) -> list[Stateful]:
         parts = (
             self.sampler,
             self.assignment,
-            self.server_update,
-            self.plateau,
-            self._server_phase,
+            self.aggregation.server_update,
+            self._plateau,
+            self.extras.server_phase,
         )
         return [p for p in parts if isinstance(p, Stateful)]
 

@@ -410,7 +410,7 @@ def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tm
         em = eval_model_at(
             sim.programs.family,
             strategy.evaluation.local_eval.eval_spec(ratio),
-            strategy.index_map_for(strategy.evaluation.local_eval.level_spec(ratio)),
+            strategy._index_map_for(strategy.evaluation.local_eval.level_spec(ratio)),
             sim.state,
             name="own",
             stats_pass=True,

@@ -253,8 +253,8 @@ class Strategy:
         #: extra state.
         self._plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
         self.rounds: int | None = None
-        self._layout: Layout | None = None
-        self._parameter_names: list[str] | None = None
+        self._decided: Layout | None = None
+        self._parameters_cache: list[str] | None = None
         self._state_names: list[str] = []
 
     # -- set-up -----------------------------------------------------------------------
@@ -273,28 +273,28 @@ class Strategy:
             self.assignment.setup_seeded(clients, sibling_generator(generator, "assignment"))
         else:
             self.assignment.setup(clients)
-        self._layout = Layout(
+        self._decided = Layout(
             self.family,
             self.family.global_spec(self.assignment.possible_specs()),
             self.assignment.spec_of,
-            self.index_map_for,
+            self._index_map_for,
         )
-        self._parameter_names = None
-        state = self.init_global_state(generator)
+        self._parameters_cache = None
+        state = self._init_global_state(generator)
         self._state_names = list(state)
         return state
 
     @property
-    def layout(self) -> Layout:
-        if self._layout is None:
+    def _layout(self) -> Layout:
+        if self._decided is None:
             raise RuntimeError("strategy.setup(...) has not been called")
-        return self._layout
+        return self._decided
 
     @property
     def global_spec(self) -> Spec:
-        return self.layout.global_spec
+        return self._layout.global_spec
 
-    def declared_tensors(self) -> list[DeclaredTensor]:
+    def _declared_tensors(self) -> list[DeclaredTensor]:
         """Global tensors that are not slices of the global model, built at their own shape
         (`hetfl.core.declared`): the family's (`family.declared_tensors(specs)` over the
         possible specs, when the family has that method), then the strategy's own."""
@@ -302,7 +302,7 @@ class Strategy:
         specs = self.assignment.possible_specs()
         return [*(declare(specs) if declare is not None else []), *self.extras.declared]
 
-    def init_global_state(self, generator: torch.Generator) -> State:
+    def _init_global_state(self, generator: torch.Generator) -> State:
         """The initial global state: the global model's tensors that some index map shares,
         then every declared tensor.
 
@@ -315,14 +315,14 @@ class Strategy:
         """
         model = initialize(build_model(self.family, self.global_spec), generator)
         tensors = model.state_dict()
-        declared = build_declared(self.declared_tensors(), generator)
+        declared = build_declared(self._declared_tensors(), generator)
         clash = sorted(set(declared) & set(tensors))
         if clash:
             raise ValueError(
                 f"declared tensors {clash[:5]} are tensors of the global model already; "
                 "declare only new names (e.g. group-qualified '<group>/<name>')"
             )
-        shared = {e.global_name for spec in self._all_specs() for e in self.index_map_for(spec)}
+        shared = {e.global_name for spec in self._all_specs() for e in self._index_map_for(spec)}
         copied = shared - set(declared)
         missing = sorted(n for n in copied if ungrouped(n) not in tensors)
         if missing:
@@ -338,22 +338,22 @@ class Strategy:
     def _all_specs(self) -> set[Spec]:
         return {*self.assignment.possible_specs(), self.global_spec}
 
-    def parameter_names(self) -> list[str]:
+    def _parameter_names(self) -> list[str]:
         """Global tensors that are trainable parameters, as opposed to buffers (BatchNorm's
         running statistics and counters), which server optimisers leave to plain averaging.
         A declared tensor is what its `role` says. In the global state's order."""
-        if self._parameter_names is None:
+        if self._parameters_cache is None:
             found: set[str] = set()
             for spec in self._all_specs():
                 params = dict(build_model(self.family, spec).named_parameters())
-                found.update(e.global_name for e in self.index_map_for(spec) if e.local in params)
-            roles = {d.name: d.role for d in self.declared_tensors()}
+                found.update(e.global_name for e in self._index_map_for(spec) if e.local in params)
+            roles = {d.name: d.role for d in self._declared_tensors()}
             found = {n for n in found if n not in roles}
             found.update(n for n, role in roles.items() if role == "parameter")
-            self._parameter_names = [k for k in self._state_names if k in found]
-        return self._parameter_names
+            self._parameters_cache = [k for k in self._state_names if k in found]
+        return self._parameters_cache
 
-    def index_map_for(self, spec: Spec) -> IndexMap:
+    def _index_map_for(self, spec: Spec) -> IndexMap:
         """Which local tensors of a `spec` model are shared, and where they sit in the global
         state, where no client is given (each transform's `shared`)."""
         imap = self.family.index_map(spec)
@@ -361,7 +361,7 @@ class Strategy:
             imap = t.shared(imap, spec)
         return imap
 
-    def index_map_in_round(
+    def _index_map_in_round(
         self, info: ClientInfo, spec: Spec, state: Mapping[str, torch.Tensor]
     ) -> IndexMap:
         """The map of one client's task (each transform's `for_client`)."""
@@ -371,7 +371,7 @@ class Strategy:
         return imap
 
     # -- round verbs --------------------------------------------------------------------
-    def task_config(self, round: int, info: ClientInfo) -> LocalTraining:
+    def _task_config(self, round: int, info: ClientInfo) -> LocalTraining:
         """Local training settings sent with the task, with this round's lr from the run's
         schedule and, with `train.lr_plateau`, the plateau rule's factor
         (`LocalTraining.for_round`)."""
@@ -393,14 +393,14 @@ class Strategy:
         for info, spec in zip(
             sampled, round_specs(self.assignment, round, sampled, rng), strict=True
         ):
-            imap = self.index_map_in_round(info, spec, state)
+            imap = self._index_map_in_round(info, spec, state)
             tasks.append(
                 ClientTask(
                     cid=info.cid,
                     spec=spec,
                     payload=extract(state, imap),
                     index_map=imap,
-                    config=self.task_config(round, info),
+                    config=self._task_config(round, info),
                     uploads={} if phase is None else phase.uploads(info, spec),
                 )
             )
@@ -447,7 +447,7 @@ class Strategy:
                 owners.append(r.cid)
         recorder = DecisionRecorder(self.aggregation.reducer)
         average = reduce(recorder, state, contributions, fill="keep")
-        done = RoundResults(results, maps, weights, self.parameter_names(), recorder)
+        done = RoundResults(results, maps, weights, self._parameter_names(), recorder)
         new = self.aggregation.server_update.step(state, average, done)
         return Aggregated(new, recorder.decided(owners, [r.cid for r in results]))
 
@@ -475,7 +475,7 @@ class Strategy:
     # -- evaluation ---------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
         """The models to test on the global test set (the `global_eval` part)."""
-        return self.evaluation.global_eval.eval_models(self.layout, state)
+        return self.evaluation.global_eval.eval_models(self._layout, state)
 
     def eval_task(
         self,
@@ -486,14 +486,14 @@ class Strategy:
         """How client `info` is judged on its local test split (the `local_eval` part).
         `evaluated` holds this round's `eval_models` as the engine tested them (complete
         tensors after any statistics pass), by name."""
-        return self.evaluation.local_eval.eval_task(self.layout, info, state, evaluated)
+        return self.evaluation.local_eval.eval_task(self._layout, info, state, evaluated)
 
     def pooled_task(self, info: ClientInfo, state: Mapping[str, torch.Tensor]) -> EvalTask | None:
         """The task that judges client `info` for the pooled `global_acc` (`pooled_eval`),
         or None when the method has a global model of its own."""
         if self.evaluation.pooled_eval is None:
             return None
-        return self.evaluation.pooled_eval.eval_task(self.layout, info, state, {})
+        return self.evaluation.pooled_eval.eval_task(self._layout, info, state, {})
 
     def describe(self) -> dict[str, Any]:
         """What set-up decided that a reader of the run should see (JSON-serialisable),

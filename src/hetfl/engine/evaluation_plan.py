@@ -12,7 +12,7 @@ The asks are scored together, in the plan's order, by one exchange of the engine
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
@@ -183,6 +183,11 @@ def build_plan(
     return EvaluationPlan(tuple(asks))
 
 
+#: `(rnd, outcome, evaluated, split, stats_pass) -> tasks`: each locally evaluated
+#: client's task on its own split (`RoundLoop.local_tasks`).
+LocalTasks = Callable[[int, RoundOutcome, Mapping[str, State], EvalSplit, bool], list[EvalTask]]
+
+
 class Evaluates(Protocol):
     """What `run_plan` needs of an engine's round loop (`hetfl.engine.rounds.RoundLoop`)."""
 
@@ -200,14 +205,8 @@ class Evaluates(Protocol):
 
     def tested_models(self, rnd: int, stats_pass: StatsPassRule = "auto") -> list[EvalModel]: ...
 
-    def local_tasks(
-        self,
-        rnd: int,
-        outcome: RoundOutcome,
-        evaluated: Mapping[str, State],
-        split: EvalSplit = "test",
-        stats_pass: bool = False,
-    ) -> list[EvalTask]: ...
+    @property
+    def local_tasks(self) -> LocalTasks: ...
 
     def pooled_tasks(self, rnd: int, split: EvalSplit) -> list[EvalTask]: ...
 

@@ -24,6 +24,7 @@ from hetfl.core.client.program import Programs
 from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.training import LocalTraining
 from hetfl.data import PARTITIONERS, build_clients, global_test, load_digits
+from hetfl.engine.evaluation_plan import GlobalTest, LocalSplits, PooledOwnSplits, build_plan
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.engine.statistics import add_bn_statistics
 from hetfl.models import ScalableFamily, make_family
@@ -61,6 +62,13 @@ def _split_resnet(ds):
 
 
 SGD = LocalTraining(lr=0.1, steps=4, batch_size=16)
+
+
+class _Probe:
+    metric = "attack_success"
+
+    def samples(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, y
 
 
 def test_forced_on_fedavg_scores_the_averaged_model_after_a_statistics_pass_by_hand(tmp_path):
@@ -137,3 +145,45 @@ def test_a_method_the_protocol_cannot_score_is_refused_at_set_up_by_name(
 def test_a_protocol_setting_outside_its_choices_is_refused_at_the_config_edge():
     with pytest.raises(ConfigError, match="global_stats_pass"):
         validate(_config("fedavg", global_stats_pass="sometimes"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings", "names"),
+    [
+        (  # a global model, a backdoor's probe, validation, every local score
+            {"has_global": True, "pooled": False},
+            {"local_stats_pass": True, "local_trained": True, "probes": (_Probe(),)},
+            ["global test", "global validation", "probe attack_success", "local test",
+             "local test stats", "trained before aggregation"],
+        ),
+        (  # FedGKT: its clients' own splits; local validation only if they score nothing
+            {"has_global": False, "pooled": True},
+            {"global_stats_pass": "off"},
+            ["pooled test", "pooled validation", "local test", "local validation"],
+        ),
+        (  # private layers only: validation on each client's own split
+            {"has_global": False, "pooled": False},
+            {},
+            ["local test", "local validation"],
+        ),
+        (  # nor any local evaluation: nothing is scored
+            {"has_global": False, "pooled": False},
+            {"local_eval": "none"},
+            [],
+        ),
+    ],
+)  # fmt: skip
+def test_the_plan_is_built_once_from_what_the_method_declares_and_the_settings(
+    kind, settings, names
+):
+    plan = build_plan(
+        RoundSettings(rounds=1, seed=0, **settings), split_model=False, validation=True, **kind
+    )
+    assert plan.names() == names
+    assert plan.scores_trained == ("trained before aggregation" in names)
+    rule = settings.get("global_stats_pass", "auto")
+    assert all(
+        a.stats_pass == rule for a in plan.asks if isinstance(a, GlobalTest | PooledOwnSplits)
+    )
+    deferred = [a for a in plan.asks if isinstance(a, LocalSplits) and a.unless_scored]
+    assert deferred == ([LocalSplits("validation", unless_scored=True)] if kind["pooled"] else [])

@@ -88,9 +88,7 @@ def make_fedavgm(
             server_update=Optimised(pseudo_gradient, optimizer),
             reducer=opts.reducer.build(),
         ),
-        extras=Extras(
-            describe=partial(_described, opts),
-        ),
+        extras=Extras(describe=partial(_described, opts)),
     )
     return strategy, LocalRecipe()
 

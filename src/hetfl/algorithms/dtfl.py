@@ -45,7 +45,6 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
 from hetfl.core.server.strategy import Aggregation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, ModelFamily
 from hetfl.models.resnet_cifar import TIERS, split_family
@@ -141,10 +140,7 @@ def _make(
             default_tier=opts.default_tier,
             observed=opts.observed,
         ),
-        aggregation=Aggregation(
-            weighting=weights,
-            server_update=Averaged(),
-        ),
+        aggregation=Aggregation(weighting=weights),
         extras=Extras(
             server_side=CopiesSide(
                 family,

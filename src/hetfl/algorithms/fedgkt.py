@@ -49,7 +49,6 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import UniformSampling, one_spec
 from hetfl.core.server.evaluation import JoinedWithPrivate, NoGlobalModel
 from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -118,10 +117,7 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=one_spec(edge),
-        aggregation=Aggregation(
-            weighting=uniform,
-            server_update=Averaged(),
-        ),
+        aggregation=Aggregation(weighting=uniform),
         evaluation=Evaluation(
             global_eval=NoGlobalModel(),
             pooled_eval=JoinedWithPrivate(split.side_spec("whole"), stats_pass=True),

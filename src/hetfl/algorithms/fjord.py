@@ -60,7 +60,6 @@ from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.server.evaluation import GlobalEval, WholeModel
 from hetfl.core.server.maps import private_layers
 from hetfl.core.server.strategy import Aggregation, Evaluation, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily, PassRecord
@@ -135,13 +134,10 @@ def fjord_strategy(
         assignment=assignment,
         aggregation=Aggregation(
             weighting=weighting(opts.weighting),
-            server_update=Averaged(),
             transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
             reducer=opts.reducer.build(),
         ),
-        evaluation=Evaluation(
-            global_eval=global_eval,
-        ),
+        evaluation=Evaluation(global_eval=global_eval),
     )
 
 

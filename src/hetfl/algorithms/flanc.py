@@ -50,7 +50,6 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.regularisers import OrthogonalityPenalty
 from hetfl.core.server.assign import UniformSampling
 from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ModelFamily
@@ -119,11 +118,7 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=assignment,
-        aggregation=Aggregation(
-            weighting=weighting("uniform"),
-            server_update=Averaged(),
-            reducer=opts.reducer.build(),
-        ),
+        aggregation=Aggregation(weighting=weighting("uniform"), reducer=opts.reducer.build()),
         evaluation=Evaluation(
             global_eval=LevelModels(
                 assignment.trained_levels,
@@ -147,7 +142,7 @@ def _make(
                 "levels": list(levels),
                 "capacity": opts.capacity,
                 "lambda_orth": opts.lambda_orth,
-            },
+            }
         ),
     )
     return strategy, LocalRecipe(loss_terms=(OrthogonalityPenalty(opts.lambda_orth),))

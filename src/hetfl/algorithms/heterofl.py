@@ -61,7 +61,6 @@ from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
 from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.server.maps import LabelSplit, MapTransform, private_layers
 from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -150,17 +149,11 @@ def _make(
         assignment=assignment,
         aggregation=Aggregation(
             weighting=weighting(opts.weighting),
-            server_update=Averaged(),
             transforms=transforms,
             reducer=opts.reducer.build(),
         ),
-        evaluation=Evaluation(
-            global_eval=global_eval,
-            local_eval=local_eval,
-        ),
-        extras=Extras(
-            describe=lambda: dict(described),
-        ),
+        evaluation=Evaluation(global_eval=global_eval, local_eval=local_eval),
+        extras=Extras(describe=lambda: dict(described)),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
     return strategy, LocalRecipe(forward=forward)

@@ -17,7 +17,6 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import UniformSampling, one_spec
 from hetfl.core.server.maps import NothingShared
 from hetfl.core.server.strategy import Aggregation, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -36,10 +35,6 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=one_spec(family.global_spec([])),
-        aggregation=Aggregation(
-            weighting=uniform,
-            server_update=Averaged(),
-            transforms=[NothingShared()],
-        ),
+        aggregation=Aggregation(weighting=uniform, transforms=[NothingShared()]),
     )
     return strategy, LocalRecipe()

@@ -47,7 +47,6 @@ from hetfl.core.server.assign import GroupKey, GroupPlanner, GroupQuotas, PerGro
 from hetfl.core.server.evaluation import OwnModel
 from hetfl.core.server.maps import MapTransform, NothingShared, private_layers
 from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ModelFamily
@@ -151,15 +150,10 @@ def _make(
         assignment=groups,
         aggregation=Aggregation(
             weighting=uniform,
-            server_update=Averaged(),
             transforms=transforms,
             reducer=opts.reducer.build(),
         ),
-        evaluation=Evaluation(
-            local_eval=OwnModel(group=lambda info: group_name(group_key(info))),
-        ),
-        extras=Extras(
-            describe=lambda: describe(opts.variant, groups),
-        ),
+        evaluation=Evaluation(local_eval=OwnModel(group=lambda info: group_name(group_key(info)))),
+        extras=Extras(describe=lambda: describe(opts.variant, groups)),
     )
     return strategy, LocalRecipe()

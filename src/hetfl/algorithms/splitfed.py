@@ -50,7 +50,6 @@ from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.server.assign import one_spec
 from hetfl.core.server.evaluation import GlobalOnClient
 from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -108,15 +107,10 @@ def _make(
         assignment=one_spec(split.side_spec("client", opts.cut)),
         aggregation=Aggregation(
             weighting=weighting(opts.weighting),
-            server_update=Averaged(),
             reducer=opts.reducer.build(),
         ),
-        evaluation=Evaluation(
-            local_eval=GlobalOnClient(),
-        ),
-        extras=Extras(
-            server_side=server,
-        ),
+        evaluation=Evaluation(local_eval=GlobalOnClient()),
+        extras=Extras(server_side=server),
     )
     client = SplitClient()
     return strategy, LocalRecipe(forward=client.forward, backward=client.backward)

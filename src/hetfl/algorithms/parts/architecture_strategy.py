@@ -29,7 +29,6 @@ from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
 from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.server.maps import LabelSplit, MapTransform
 from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
-from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import Scaling, weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -59,7 +58,6 @@ def architecture_strategy(
         assignment=choice,
         aggregation=Aggregation(
             weighting=weighting(opts.weighting),
-            server_update=Averaged(),
             transforms=chained,
             scaling=scaling,
             reducer=opts.reducer.build(),
@@ -69,9 +67,7 @@ def architecture_strategy(
             local_eval=OwnArchitecture(choice, label_mask=opts.label_split, stats_pass=stats_pass),
         ),
         extras=Extras(
-            describe=choice.describe,
-            trace_fields=choice.trace_fields,
-            setup_query=query,
+            describe=choice.describe, trace_fields=choice.trace_fields, setup_query=query
         ),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()

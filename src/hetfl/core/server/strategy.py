@@ -80,6 +80,7 @@ from hetfl.core.server.evaluation import GlobalEval, Layout, LocalEval, OwnModel
 from hetfl.core.server.maps import MapTransform
 from hetfl.core.server.phase import PhaseResult, ServerPhase, Upload
 from hetfl.core.server.update import (
+    Averaged,
     Contribution,
     RoundResults,
     ServerUpdate,
@@ -147,10 +148,11 @@ class Aggregation:
     """How a round's results become the new global state: each result's `weighting`,
     an optional round-level `scaling`, the map `transforms` (chained, in order) its
     tensors are reduced through, the `reducer` every reduction goes through, and the
-    `server_update` that turns the reduced weights into the new state."""
+    `server_update` that turns the reduced weights into the new state (by default they
+    are the new state)."""
 
     weighting: Weighting
-    server_update: ServerUpdate
+    server_update: ServerUpdate = field(default_factory=Averaged)
     transforms: Sequence[MapTransform] = ()
     scaling: Scaling | None = None
     reducer: ReducerFactory = Accumulator

@@ -1,4 +1,4 @@
-"""Declared global tensors (`hetfl.core.declared`, `Strategy.init_global_state`) and
+"""Declared global tensors (`hetfl.core.declared`, `Strategy._init_global_state`) and
 `place`, the inverse of `extract` (`hetfl.core.state`), on hand tensors."""
 
 from __future__ import annotations

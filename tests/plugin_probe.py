@@ -49,7 +49,8 @@ def fedavgm_steps(server_lr: float, momentum: float, rounds: int) -> dict[str, A
     gaps = []
     for _ in range(rounds):
         average = {n: torch.randn(3, generator=gen, dtype=torch.float64) for n in names}
-        w = strategy.server_update.step(w, average, RoundResults((), (), (), names, Accumulator))
+        done = RoundResults((), (), (), names, Accumulator)
+        w = strategy.aggregation.server_update.step(w, average, done)
         for n in names:
             v[n] = momentum * v[n] + (expected[n] - average[n])
             expected[n] = expected[n] - server_lr * v[n]

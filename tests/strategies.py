@@ -4,12 +4,13 @@ hand-off an engine gives `aggregate`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
 
 from hetfl.core.server.assign import UniformSampling, one_spec
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.update import Averaged
 from hetfl.core.server.weighting import by_samples
 from hetfl.core.training import LocalTraining
@@ -27,7 +28,8 @@ def fedavg(
     family: ModelFamily, *, clients_per_round: int, train: LocalTraining, **parts: Any
 ) -> Strategy:
     """Uniform sampling, the family's one spec, the sample-weighted average; `parts`
-    replace any of them or add others (`transforms=`, `server_side=`, ...)."""
+    replace any of them or add others (`transforms=`, `server_side=`, ...), each into the
+    record (`Aggregation`, `Evaluation`, `Extras`) that has a field of its name."""
     chosen: dict[str, Any] = {
         "sampler": UniformSampling(clients_per_round),
         "assignment": one_spec(family.global_spec([])),
@@ -35,7 +37,11 @@ def fedavg(
         "server_update": Averaged(),
         **parts,
     }
-    return Strategy(family, train=train, **chosen)
+    records = {}
+    for record in (Aggregation, Evaluation, Extras):
+        mine = {f.name: chosen.pop(f.name) for f in fields(record) if f.name in chosen}
+        records[record.__name__.lower()] = record(**mine)
+    return Strategy(family, train=train, **chosen, **records)
 
 
 def trained(

@@ -107,7 +107,9 @@ def test_zico_scores_the_architecture_whichever_method_asks() -> None:
     answers = []
     for method in ("fedfa", "nefl"):
         strategy = _build(method, depths=[2, 3], widths=[0.125, 0.25], choice="zico")
-        answers.append(strategy.setup_query(info, data, torch_generator(0, 0, 0, "setup-query")))
+        query = strategy.capabilities.setup_query
+        assert query is not None
+        answers.append(query(info, data, torch_generator(0, 0, 0, "setup-query")))
     plain = ArchitectureChoice(
         FAMILY,
         FAMILY.base,

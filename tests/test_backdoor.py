@@ -16,7 +16,7 @@ import torch
 import hetfl.assembly
 from hetfl.attacks.backdoor import Backdoor, poisoned_count
 from hetfl.attacks.poisoning import ATTACK_PURPOSE
-from hetfl.attacks.trigger import Trigger
+from hetfl.attacks.trigger import AttackSuccess, Trigger
 from hetfl.config import ConfigError, validate
 from hetfl.core.client.program import Programs
 from hetfl.core.client.recipe import LocalRecipe
@@ -194,8 +194,8 @@ def test_attack_success_by_hand_on_a_hand_set_linear_model() -> None:
     other = EvalModel("other", spec, _linear([0.0] * 4, [0.0, 1.0]), group="other")
     models = ModelCache(family)
 
-    def evaluate(triggered=None):
-        plan = plan_global(TwoModels([main, other]).eval_models({}), (x, y), (), triggered)
+    def evaluate(probes=None):
+        plan = plan_global(TwoModels([main, other]).eval_models({}), (x, y), (), probes or {})
         answers = []
         for scoring in plan.scorings:
             model = models.model_for(scoring.model.spec)
@@ -203,10 +203,11 @@ def test_attack_success_by_hand_on_a_hand_set_linear_model() -> None:
             answers.append(evaluate_model(model, scoring.x, scoring.y, pixels=UNIT))
         return plan.scores(answers)
 
-    scores = evaluate(Trigger(patch=1, target=1).triggered(x, y))
-    assert scores.attack_success == pytest.approx(3 / 5, abs=1e-12)
+    probe = AttackSuccess(Trigger(patch=1, target=1))
+    scores = evaluate({probe.metric: probe.samples(x, y)})
+    assert scores.probes == {"attack_success": pytest.approx(3 / 5, abs=1e-12)}
     assert scores.global_acc == pytest.approx(5 / 7)  # clean images: all called 0
-    assert evaluate().attack_success is None  # no trigger, no attack_success
+    assert evaluate().probes == {}  # no trigger, no attack_success
 
 
 # -- bad settings ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Declared global tensors (`hetfl.core.declared`, `Strategy.init_global_state`) and
+"""Declared global tensors (`hetfl.core.declared`, `Strategy._init_global_state`) and
 `place`, the inverse of `extract` (`hetfl.core.state`), on hand tensors."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_a_declared_per_group_tensor_has_the_statistics_of_its_own_shape() -> No
     # have sqrt(2 / 256) = 0.088, not the group's own sqrt(2 / 8) = 0.5.
     assert float(small.std()) == pytest.approx(math.sqrt(2 / 8), rel=0.05)
     assert float(full.std()) == pytest.approx(math.sqrt(2 / WIDE), rel=0.05)
-    assert strategy.parameter_names() == ["width=0.03125/weight", "width=1.0/weight"]
+    assert strategy._parameter_names() == ["width=0.03125/weight", "width=1.0/weight"]
 
 
 def _with_extra(declared: list[DeclaredTensor], **parts: Any) -> Strategy:
@@ -164,7 +164,7 @@ def test_declarations_leave_the_global_model_and_each_other_unchanged() -> None:
         assert torch.equal(e[name], tensor)
     assert torch.equal(e["aux2/head.weight"], r["aux2/head.weight"])
     assert e["aux2/seen"].dtype == torch.long
-    assert extra.parameter_names() == [*plain.parameter_names(), "aux2/head.weight"]
+    assert extra._parameter_names() == [*plain._parameter_names(), "aux2/head.weight"]
 
 
 def test_a_declared_name_of_the_global_model_is_refused() -> None:

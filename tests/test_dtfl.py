@@ -71,7 +71,7 @@ def test_md_tensors_average_over_all_tiers_by_samples_and_heads_within_their_tie
     tasks = []
     for cid, m in tiers.items():
         spec = FAMILY.side_spec("client", m, aux=True)
-        imap = strategy.index_map_in_round(infos[cid], spec, state)
+        imap = strategy._index_map_in_round(infos[cid], spec, state)
         tasks.append(ClientTask(cid, spec, extract(state, imap), imap, TRAIN))
     # client k's side holds 1 + k everywhere, its head 100 (k + 1), its server copy 10 + k
     results = []
@@ -348,5 +348,5 @@ def test_dtfl_needs_profiles_a_split_model_and_the_simulator():
     strategy, _ = _build()
     with pytest.raises(SimulatorOnlyError, match="runs in the simulator only"):
         refuse_simulator_only("dtfl", DTFL.simulator_only)
-    assert strategy.needs_server_program
+    assert strategy.capabilities.needs_server_program
     assert math.isfinite(SYSTEM.server_rate)

@@ -211,7 +211,7 @@ def test_fedadam_moves_parameters_and_averages_buffers():
     torch.testing.assert_close(new["fc.bias"], w["fc.bias"] + 0.1 * m / (v.sqrt() + 1e-3))
     assert torch.equal(new["bn.running_var"], torch.tensor([3.0, 5.0]))
     assert torch.equal(new["fc.weight"], w["fc.weight"])  # zero pseudo-gradient, no move
-    assert set(strategy.extra_state()["server_opt"]["m"]) == set(strategy.parameter_names())
+    assert set(strategy.extra_state()["server_opt"]["m"]) == set(strategy._parameter_names())
 
 
 @pytest.mark.parametrize(

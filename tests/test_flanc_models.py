@@ -363,7 +363,7 @@ def test_cnn_and_rnn_tensors_start_uniform_within_their_own_fan(name, tensor, fa
 
 
 def test_every_composed_model_initialises_from_a_generator() -> None:
-    """`Strategy.init_global_state` initialises the global model: every layer must take a
+    """`Strategy._init_global_state` initialises the global model: every layer must take a
     generator (`hetfl.core.init`)."""
     for name in SMALL:
         fam = _family(name)

@@ -130,7 +130,7 @@ def test_measuring_it_changes_nothing_else_and_is_off_by_default(tmp_path) -> No
 
 def test_split_models_refuse_it(tmp_path) -> None:
     """A split model's client side ends before the classifier: refused in the config, and
-    by the engine for a strategy with a server program."""
+    by the engine at set-up (its evaluation plan) for a strategy with a server program."""
     raw = {
         "algorithm": "splitfed",
         "data": {"dataset": "digits", "num_clients": 2},
@@ -143,12 +143,13 @@ def test_split_models_refuse_it(tmp_path) -> None:
         validate({**raw, "eval": {"local_trained": True}})
     sim = build_simulation(validate(raw), tmp_path, show_progress=False)
     settings = dataclasses.replace(sim.settings, local_trained=True)
+    engine = Simulation(
+        sim.strategy,
+        sim.programs,
+        list(sim.clients.values()),
+        (sim.x_test, sim.y_test),
+        settings,
+        tmp_path,
+    )
     with pytest.raises(ValueError, match="client side ends before the classifier"):
-        Simulation(
-            sim.strategy,
-            sim.programs,
-            list(sim.clients.values()),
-            (sim.x_test, sim.y_test),
-            settings,
-            tmp_path,
-        )
+        engine.setup()

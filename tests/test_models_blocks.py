@@ -22,8 +22,7 @@ import hetfl.models
 from hetfl.config import ConfigError, ModelConfig, validate
 from hetfl.core.init import initialize
 from hetfl.core.server.assign import PerClient, UniformSampling
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Strategy
 from hetfl.core.server.weighting import weighting
 from hetfl.core.spec import prefix_index
 from hetfl.core.training import LocalTraining
@@ -193,8 +192,7 @@ def test_per_capacity_norms_average_within_their_capacity_only() -> None:
         train=LocalTraining(lr=0.1),
         sampler=UniformSampling(3),
         assignment=PerClient(lambda info: fam.normalise({**fam.base, "width": widths[info.cid]})),
-        weighting=weighting("uniform"),
-        server_update=Averaged(),
+        aggregation=Aggregation(weighting=weighting("uniform")),
     )
     infos = [ClientInfo(cid, 10, SHAPE, (0, 1, 2)) for cid in widths]
     state = strategy.setup(infos, torch.Generator().manual_seed(0))

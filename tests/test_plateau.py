@@ -59,10 +59,10 @@ def test_tasks_carry_the_schedule_times_the_plateau_factor_and_no_plateau():
     plateau = PlateauSettings(monitor="val_acc", factor=0.5, patience=0)
     train = LocalTraining(lr=0.2, lr_schedule=schedule, lr_plateau=plateau)
     strategy = fedavg(FAMILY, clients_per_round=1, train=train)
-    assert strategy.task_config(1, None).lr == pytest.approx(0.2)
+    assert strategy._task_config(1, None).lr == pytest.approx(0.2)
     strategy.observe(1, {"val_acc": 0.5})
     strategy.observe(2, {"val_acc": 0.5})  # no gain, patience 0: cut
-    task = strategy.task_config(3, None)
+    task = strategy._task_config(3, None)
     assert task.lr == pytest.approx(0.2 * 0.5 * 0.5)
     assert task.lr_plateau is None and task.lr_schedule == LrSchedule()
     # the rule's state is the strategy's extra state, and a fresh strategy takes it back
@@ -70,13 +70,13 @@ def test_tasks_carry_the_schedule_times_the_plateau_factor_and_no_plateau():
     assert kept["lr_plateau"] == {"best": 0.5, "bad_rounds": 0, "factor": 0.5}
     again = fedavg(FAMILY, clients_per_round=1, train=train)
     again.load_extra_state(kept)
-    assert again.task_config(3, None).lr == task.lr
+    assert again._task_config(3, None).lr == task.lr
 
 
 def test_without_a_plateau_the_lr_is_the_schedules_alone():
     strategy = fedavg(FAMILY, clients_per_round=1, train=LocalTraining(lr=0.3))
     strategy.observe(1, {"val_acc": None, "global_acc": 0.1})
-    assert strategy.task_config(2, None).lr == 0.3 and "lr_plateau" not in strategy.extra_state()
+    assert strategy._task_config(2, None).lr == 0.3 and "lr_plateau" not in strategy.extra_state()
 
 
 def test_a_metric_the_run_does_not_compute_is_an_error():

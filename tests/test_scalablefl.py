@@ -109,7 +109,7 @@ def test_imagenet_groups_have_table_iv_widths_and_table_viii_parameters() -> Non
     for plan, paper in zip(plans, (11.7e6, 9.31e6, 1.70e6, 1.26e6), strict=True):
         assert abs(plan.params - paper) / paper < 0.02
     # Shared slices are the global model's first c_j stages: 4-stage clients never touch stage5.
-    shallow = {e.global_name for e in strategy.index_map_for(plans[3].spec)}
+    shallow = {e.global_name for e in strategy._index_map_for(plans[3].spec)}
     assert not any(n.startswith("stages.3.") for n in shallow)
     assert any(n.startswith("stages.3.") for n in state)
 
@@ -308,10 +308,10 @@ def test_learning_rate_decays_along_a_cosine_over_the_rounds() -> None:
     fam, infos = _stage_cnn(32), _infos(((32, 4),), channels_in=1)
     strategy = _strategy(fam, train=replace(TRAIN, lr_schedule=LrSchedule("cosine")))
     strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=10)
-    configs = [strategy.task_config(r, infos[0]) for r in (1, 6)]  # of 10 rounds
+    configs = [strategy._task_config(r, infos[0]) for r in (1, 6)]  # of 10 rounds
     assert [c.lr for c in configs] == pytest.approx([0.1, 0.05])
     assert all(c.decay_norm_and_bias is False for c in configs)
-    assert _setup(fam, infos)[0].task_config(6, infos[0]).lr == 0.1
+    assert _setup(fam, infos)[0]._task_config(6, infos[0]).lr == 0.1
 
 
 def test_weight_decay_spares_norms_and_biases_when_asked() -> None:

@@ -187,7 +187,7 @@ def test_split_training_equals_training_the_joined_model(tmp_path):
         torch.testing.assert_close(sim.state[name], ref.state[name], rtol=1e-6, atol=1e-7)
     assert rows[-1]["global_acc"] == ref_rows[-1]["global_acc"]
     # the server kept each client's batch count across rounds (per-client server state)
-    assert split.server_side.program_.kept == {0: 3.0, 1: 3.0, 2: 3.0}
+    assert split.extras.server_side.program_.kept == {0: 3.0, 1: 3.0, 2: 3.0}
     assert sorted(sim.server_store) == [0, 1, 2]
 
 
@@ -232,8 +232,10 @@ def test_server_side_is_timed_and_declared_parallel_parts_overlap(tmp_path, para
 
 def test_strategies_declare_whether_they_need_a_server_program():
     family = _SplitFamily()
-    assert _split_strategy(family, clients_per_round=1, train=TRAIN).needs_server_program
-    assert not fedavg(family, clients_per_round=1, train=TRAIN).needs_server_program
+    assert _split_strategy(
+        family, clients_per_round=1, train=TRAIN
+    ).capabilities.needs_server_program
+    assert not fedavg(family, clients_per_round=1, train=TRAIN).capabilities.needs_server_program
 
 
 def test_split_hooks_without_a_channel_fail_clearly():

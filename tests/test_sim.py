@@ -229,7 +229,7 @@ def test_the_configured_reducer_is_what_a_round_reduces_with(
     sim.setup()
     before = copy.deepcopy(sim.state)
     sim.run()
-    params = set(sim.strategy.parameter_names())
+    params = set(sim.strategy._parameter_names())
     for name, value in sim.state.items():
         want = torch.full_like(value, expected) if expected is not None else None
         if want is None:

@@ -167,7 +167,7 @@ def test_the_engine_holds_the_global_state_and_writes_no_strategy_attribute(tmp_
     attributes, initial = dict(vars(strategy)), dict(sim.state)
     sim.run()
     assert set(vars(strategy)) == set(attributes) and not hasattr(strategy, "global_state")
-    for name in ("sampler", "assignment", "server_update", "transforms", "train"):
+    for name in ("sampler", "assignment", "aggregation", "evaluation", "extras", "capabilities"):
         assert vars(strategy)[name] is attributes[name], name
     ckpt = load_checkpoint(tmp_path / "checkpoints")
     assert set(ckpt["global"]) == set(sim.state) == set(initial)

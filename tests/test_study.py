@@ -11,7 +11,7 @@ import pytest
 
 from hetfl.cli import main
 from hetfl.config import ConfigError
-from hetfl.study import REPORT, open_study, report_text, verdict_lines
+from hetfl.study import REPORT, open_study, report_text, run_study, verdict_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,6 +141,28 @@ def test_a_method_the_protocol_cannot_score_is_refused_by_name_before_anything_r
     with pytest.raises(ConfigError, match="method 'fedavg' cannot run under the study's protocol"):
         open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_protocols_statistics_pass_is_imposed_on_every_point(tmp_path):
+    text = STUDY.replace("eval.stats_pass: false}", "eval.global_stats_pass: 'on'}")
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    assert {cfg.eval.global_stats_pass for cfg in study.configs.values()} == {"on"}
+    mine = STUDY.replace("{algorithm: fedavg}", "{algorithm: fedavg, eval.global_stats_pass: off}")
+    with pytest.raises(ConfigError, match=r"fedavg sets eval\.global_stats_pass: every method"):
+        open_study(_study(tmp_path, mine), tmp_path / "runs", tmp_path / "results")
+
+
+def test_a_method_without_a_global_model_is_refused_before_any_point_runs(tmp_path):
+    """The protocol asks for a global test score; FedPer keeps its head private, so it has
+    no global model: refused by name at the study's set-up, before FedProx's points run."""
+    text = STUDY.replace("eval.stats_pass: false}", "eval.require_global_test: true}")
+    text = text.replace(
+        "{algorithm: fedavg}", "{algorithm: fedper, model: {name: stage-cnn, stages: 2}}"
+    )
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    with pytest.raises(ConfigError, match=r"method 'fedavg' cannot be scored.*fedper has none"):
+        run_study(study, show_progress=False)
+    assert not (tmp_path / "runs" / "tiny").exists()
 
 
 def test_a_study_declared_before_its_runs_reports_every_comparison_pending(tmp_path):

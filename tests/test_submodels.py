@@ -408,12 +408,12 @@ def test_heterofl_own_level_judges_each_clients_level_with_its_own_statistics(tm
     by_level: dict[float, list[float]] = {}
     for cid, data in sim.clients.items():
         ratio = strategy.assignment.level_of[cid]
-        judged = strategy.local_eval.pick(strategy.layout, sim.infos[cid])
+        judged = strategy.evaluation.local_eval.pick(strategy._layout, sim.infos[cid])
         assert judged.group == f"local width={ratio:g}"
         em = eval_model_at(
             sim.programs.family,
             judged.spec,
-            strategy.index_map_for(judged.trained),
+            strategy._index_map_for(judged.trained),
             sim.state,
             name="own",
             stats_pass=True,
@@ -437,7 +437,7 @@ def test_heterofl_with_private_layers_uses_own_level_and_says_so() -> None:
     strategy, _ = ALGORITHMS.get("heterofl").build(
         fam, {"private_norm": True}, clients_per_round=1, train=TRAIN
     )
-    assert isinstance(strategy.local_eval, LocalModel)
+    assert isinstance(strategy.evaluation.local_eval, LocalModel)
     assert strategy.describe()["local_eval_model"] == (
         "own-level (private layers cannot load into the full-rate global model)"
     )

@@ -6,7 +6,8 @@ from its `config.yaml` with `test_samples` unset, loads its last checkpoint (a f
 always checkpoints its last round; one that does not match the summary is refused),
 restores the strategy's and the clients' state as `hetfl resume` does, and scores the
 models the strategy evaluates exactly as the engine does each round (`tested_models`,
-statistics passes included, then the scorings of `plan_global` through `score_round`).
+statistics passes included, under the run's `eval.global_stats_pass`, then the scorings
+of `plan_global` through `score_round`).
 It writes `full_test.json` beside `summary.json`: the round, the number of test samples,
 `global_acc`, `test_loss` and any per-group accuracies.
 
@@ -47,8 +48,8 @@ def full_test(run_dir: Path) -> dict[str, Any]:
             sim.state = dict(ckpt["global"])
             sim.strategy.load_extra_state(ckpt["strategy"])
             sim.restore_extras(ckpt)
-            tested = sim.tested_models(ckpt["round"])
-            plan = plan_global(tested, (sim.x_test, sim.y_test), [], None)
+            tested = sim.tested_models(ckpt["round"], sim.settings.global_stats_pass)
+            plan = plan_global(tested, (sim.x_test, sim.y_test), [], {})
             answers, _ = sim.score_round(ckpt["round"], plan.scorings, [])
             scores = plan.scores(answers)
         finally:

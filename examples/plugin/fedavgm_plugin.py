@@ -39,7 +39,9 @@ from pydantic import Field
 from torch import nn
 
 from hetfl.api import (
+    Aggregation,
     AggregationOptions,
+    Extras,
     LocalRecipe,
     LocalTraining,
     ModelFamily,
@@ -81,10 +83,12 @@ def make_fedavgm(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=one_spec(family.global_spec([])),
-        weighting=weighting(opts.weighting),
-        reducer=opts.reducer.build(),
-        server_update=Optimised(pseudo_gradient, optimizer),
-        describe=partial(_described, opts),
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            server_update=Optimised(pseudo_gradient, optimizer),
+            reducer=opts.reducer.build(),
+        ),
+        extras=Extras(describe=partial(_described, opts)),
     )
     return strategy, LocalRecipe()
 

@@ -38,7 +38,7 @@ from hetfl.core.server.evaluation import LocalModel, WholeModel, own_spec
 from hetfl.core.server.maps import Grouped, LabelSplit, NothingShared, private_layers
 from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
 from hetfl.core.server.reducers import REDUCERS, register_reducer
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Capabilities, Evaluation, Extras, Strategy
 from hetfl.core.server.update import (
     Averaged,
     NormalisedStep,
@@ -59,12 +59,16 @@ __all__ = [
     "REDUCERS",
     "WRAPPERS",
     "Accumulator",
+    "Aggregation",
     "AggregationOptions",
     "Algorithm",
     "Averaged",
+    "Capabilities",
     "ClientInfo",
     "ClipGradNorm",
     "CyclicSampling",
+    "Evaluation",
+    "Extras",
     "GroupQuotas",
     "Grouped",
     "KindOptions",

@@ -23,10 +23,11 @@ from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts.method_registry import Options, ReducerOptions
 from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_malicious
 from hetfl.attacks.poisoning import NamesClasses, check_named_classes
-from hetfl.attacks.trigger import PlantsTrigger, Trigger
+from hetfl.attacks.trigger import AttackSuccess, PlantsTrigger, Trigger
 from hetfl.config import ConfigError, RunConfig
 from hetfl.core.client.program import Programs, Wrapper
 from hetfl.core.kinds import Chosen
+from hetfl.core.probe import Probe
 from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.server.assign import LargestClaims
 from hetfl.core.types import ClientData
@@ -196,10 +197,10 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         costs=costs,
         macs=MacCounter(family) if algorithm.needs_macs else None,  # FedFA's architecture choice
     )
-    _check_scored_targets(cfg, strategy.pooled_eval is not None)
+    _check_scored_targets(cfg, strategy.capabilities.scores_pooled)
     wrappers = [chosen.build() for chosen in cfg.wrappers]
     malicious: frozenset[int] = frozenset()
-    trigger: Trigger | None = None
+    probes: tuple[Probe, ...] = ()
     if cfg.attack is not None:
         malicious = draw_malicious([c.cid for c in fed.clients], cfg.attack.fraction, cfg.seed)
         # The malicious clients declare the largest model (`declared_attrs`), which this
@@ -207,7 +208,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         strategy.assignment = LargestClaims(strategy.assignment, family)
         attack = cfg.attack.chosen.build()
         if isinstance(attack, PlantsTrigger):
-            trigger = checked_trigger(attack.trigger, fed)
+            probes = (AttackSuccess(checked_trigger(attack.trigger, fed)),)
         if isinstance(attack, NamesClasses):
             classes = [fed.dataset.num_classes, *(c.num_classes for c in fed.clients)]
             check_named_classes(attack, classes, dataset=fed.dataset.name)
@@ -226,7 +227,9 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         local_stats_pass=cfg.eval.stats_pass,
         local_trained=cfg.eval.local_trained,
         malicious=malicious,
-        trigger=trigger,
+        probes=probes,
+        global_stats_pass=cfg.eval.global_stats_pass,
+        require_global_test=cfg.eval.require_global_test,
         config=cfg.to_yaml(),
     )
     info = {

@@ -58,7 +58,7 @@ def build_simulation(
         chosen.close()
         raise
     if isinstance(chosen, VectorisedExecutor):
-        described = chosen.describe(run_fallback(p.programs, p.strategy.train))
+        described = chosen.describe(run_fallback(p.programs, p.strategy.capabilities.train))
     info = {**p.info, "executor": described}
     return Simulation(
         p.strategy,

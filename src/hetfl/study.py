@@ -18,8 +18,9 @@ import json
 import resource
 import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,7 @@ def run_study(study: Study, show_progress: bool = True) -> int:
     cfg = study.config
     recorded = _recorded(study)
     pending = [p for p in study.points() if p[2] not in recorded]
+    check_scorable(study, pending)
     for i, (_, _, name) in enumerate(pending):
         used = study.process_hours()
         if used >= cfg.budget_process_hours:
@@ -118,6 +120,31 @@ def run_study(study: Study, show_progress: bool = True) -> int:
         )
         _record(study, name, run_dir, time.monotonic() - wall, _cpu_s() - cpu)
     return 0
+
+
+def check_scorable(study: Study, points: Sequence[tuple[str, int, str]]) -> None:
+    """Each method of `points` set up once (its first point's config) before any point
+    runs, so that a method the protocol's evaluation plan cannot score
+    (`hetfl.engine.evaluation_plan.build_plan`: no global model under
+    `eval.require_global_test`, static BatchNorm with `eval.global_stats_pass: off`) is
+    refused by name now, not after the other methods' runs have spent the budget."""
+    from hetfl.runner import build_simulation
+
+    firsts: dict[str, str] = {}
+    for method, _, name in points:
+        firsts.setdefault(method, name)
+    for method, name in firsts.items():
+        with tempfile.TemporaryDirectory() as scratch:
+            sim = build_simulation(study.configs[name], Path(scratch), show_progress=False)
+            try:
+                sim.setup()
+            except ValueError as exc:
+                raise ConfigError(
+                    f"study {study.config.name}: method {method!r} cannot be scored by the "
+                    f"study's protocol {study.config.protocol}: {exc}"
+                ) from None
+            finally:
+                sim.executor.close()
 
 
 def _cpu_s() -> float:

@@ -44,8 +44,7 @@ from hetfl.algorithms.parts.tier_scheduler import Observed, PricedCuts, TierSche
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Extras, Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, ClientTask, ModelFamily
 from hetfl.models.resnet_cifar import TIERS, split_family
@@ -141,20 +140,21 @@ def _make(
             default_tier=opts.default_tier,
             observed=opts.observed,
         ),
-        weighting=weights,
-        server_update=Averaged(),
-        server_side=CopiesSide(
-            family,
-            split.server_spec,
-            answers=False,
-            parallel=True,
-            fresh_optimiser=opts.server_optimiser,
+        aggregation=Aggregation(weighting=weights),
+        extras=Extras(
+            server_side=CopiesSide(
+                family,
+                split.server_spec,
+                answers=False,
+                parallel=True,
+                fresh_optimiser=opts.server_optimiser,
+            ),
+            describe=lambda: {
+                **opts.model_dump(mode="json"),
+                "profiles": {f"tier {m}": cost.summary() for m, cost in profiles.items()},
+            },
+            trace_fields=_tier_field,
         ),
-        describe=lambda: {
-            **opts.model_dump(mode="json"),
-            "profiles": {f"tier {m}": cost.summary() for m, cost in profiles.items()},
-        },
-        trace_fields=_tier_field,
     )
     local = LocalLoss(opts.dcor_alpha, opts.patch_size)
     return strategy, LocalRecipe(forward=local, loss_terms=(local.dcor,))

@@ -36,7 +36,7 @@ from hetfl.algorithms.parts.method_registry import AggregationOptions, register_
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import one_spec
 from hetfl.core.server.maps import MapTransform, private_layers
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregation, Strategy
 from hetfl.core.server.update import Averaged, ServerUpdate
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
@@ -80,10 +80,12 @@ def one_model_strategy(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=one_spec(family.global_spec([])),
-        transforms=transforms,
-        weighting=weighting(opts.weighting),
-        reducer=opts.reducer.build(),
-        server_update=server_update,
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            server_update=server_update,
+            transforms=transforms,
+            reducer=opts.reducer.build(),
+        ),
     )
 
 

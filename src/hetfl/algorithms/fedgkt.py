@@ -48,8 +48,7 @@ from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import UniformSampling, one_spec
 from hetfl.core.server.evaluation import LocalModel, NoGlobalModel, fixed_spec
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -118,14 +117,17 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=one_spec(edge),
-        weighting=uniform,
-        server_update=Averaged(),
-        global_eval=NoGlobalModel(),
-        pooled_eval=LocalModel(
-            fixed_spec(split.side_spec("whole")), stats_pass=True, present_only=True
+        aggregation=Aggregation(weighting=uniform),
+        evaluation=Evaluation(
+            global_eval=NoGlobalModel(),
+            pooled_eval=LocalModel(
+                fixed_spec(split.side_spec("whole")), stats_pass=True, present_only=True
+            ),
         ),
-        server_phase=server,
-        describe=lambda: {**opts.model_dump(mode="json"), "pooled_acc": POOLED},
+        extras=Extras(
+            server_phase=server,
+            describe=lambda: {**opts.model_dump(mode="json"), "pooled_acc": POOLED},
+        ),
     )
     recipe = LocalRecipe(
         loss_terms=(ServerLogitsKD(opts.alpha, opts.temperature),), upload=FeatureUpload()

@@ -59,8 +59,7 @@ from hetfl.algorithms.parts.widths import check_levels, full_width_base
 from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.server.evaluation import GlobalEval, WholeModel
 from hetfl.core.server.maps import private_layers
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Strategy
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily, PassRecord
@@ -133,11 +132,12 @@ def fjord_strategy(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=assignment,
-        transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
-        weighting=weighting(opts.weighting),
-        server_update=Averaged(),
-        global_eval=global_eval,
-        reducer=opts.reducer.build(),
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            transforms=private_layers(family, norm=opts.private_norm, head=opts.private_head),
+            reducer=opts.reducer.build(),
+        ),
+        evaluation=Evaluation(global_eval=global_eval),
     )
 
 

@@ -50,8 +50,7 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.regularisers import OrthogonalityPenalty
 from hetfl.core.server.assign import UniformSampling
 from hetfl.core.server.evaluation import LocalModel
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ModelFamily
@@ -120,24 +119,26 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=assignment,
-        weighting=weighting("uniform"),
-        server_update=Averaged(),
-        global_eval=LevelModels(
-            assignment.trained_levels,
-            level_spec,
-            level_spec,
-            stats_pass=False,
-            name=capacity_name,
-            mean_group="capacity=mean",
+        aggregation=Aggregation(weighting=weighting("uniform"), reducer=opts.reducer.build()),
+        evaluation=Evaluation(
+            global_eval=LevelModels(
+                assignment.trained_levels,
+                level_spec,
+                level_spec,
+                stats_pass=False,
+                name=capacity_name,
+                mean_group="capacity=mean",
+            ),
+            local_eval=LocalModel(
+                own_level(local_level, level_spec, level_spec, lambda p: f"local capacity={p:g}")
+            ),
         ),
-        local_eval=LocalModel(
-            own_level(local_level, level_spec, level_spec, lambda p: f"local capacity={p:g}")
+        extras=Extras(
+            describe=lambda: {
+                "levels": list(levels),
+                "capacity": opts.capacity,
+                "lambda_orth": opts.lambda_orth,
+            }
         ),
-        describe=lambda: {
-            "levels": list(levels),
-            "capacity": opts.capacity,
-            "lambda_orth": opts.lambda_orth,
-        },
-        reducer=opts.reducer.build(),
     )
     return strategy, LocalRecipe(loss_terms=(OrthogonalityPenalty(opts.lambda_orth),))

@@ -60,8 +60,7 @@ from hetfl.algorithms.parts.widths import check_levels, full_width_base
 from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
 from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.server.maps import LabelSplit, MapTransform, private_layers
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -148,13 +147,13 @@ def _make(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=assignment,
-        transforms=transforms,
-        weighting=weighting(opts.weighting),
-        server_update=Averaged(),
-        global_eval=global_eval,
-        local_eval=local_eval,
-        describe=lambda: dict(described),
-        reducer=opts.reducer.build(),
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            transforms=transforms,
+            reducer=opts.reducer.build(),
+        ),
+        evaluation=Evaluation(global_eval=global_eval, local_eval=local_eval),
+        extras=Extras(describe=lambda: dict(described)),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
     return strategy, LocalRecipe(forward=forward)

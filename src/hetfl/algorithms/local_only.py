@@ -16,8 +16,7 @@ from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import UniformSampling, one_spec
 from hetfl.core.server.maps import NothingShared
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Strategy
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -36,8 +35,6 @@ def _make(
         train=train,
         sampler=UniformSampling(clients_per_round),
         assignment=one_spec(family.global_spec([])),
-        transforms=[NothingShared()],
-        weighting=uniform,
-        server_update=Averaged(),
+        aggregation=Aggregation(weighting=uniform, transforms=[NothingShared()]),
     )
     return strategy, LocalRecipe()

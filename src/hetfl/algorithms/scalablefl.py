@@ -46,8 +46,7 @@ from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
 from hetfl.core.server.evaluation import LocalModel, own_spec
 from hetfl.core.server.maps import MapTransform, NothingShared, private_layers
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.weighting import uniform
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ModelFamily
@@ -121,6 +120,11 @@ def group_models(family: ModelFamily, opts: ScalableFLOptions) -> GroupPlanner[S
     return plan
 
 
+def judged_group(info: ClientInfo) -> str:
+    """The group a client's local score is reported under (its group's name)."""
+    return group_name(group_key(info))
+
+
 def describe(variant: Variant, groups: PerGroup[ScaledModel]) -> dict[str, Any]:
     """Each group's clients and model (`ScaledModel.summary`: for the HeteroFL comparison
     also the ScalableFL count it was matched to and the gap left)."""
@@ -149,11 +153,8 @@ def _make(
         train=replace(train, decay_norm_and_bias=False),
         sampler=GroupQuotas(group_key, opts.participation, clients_per_round),
         assignment=groups,
-        transforms=transforms,
-        weighting=uniform,
-        server_update=Averaged(),
-        local_eval=LocalModel(own_spec(group=lambda info: group_name(group_key(info)))),
-        describe=lambda: describe(opts.variant, groups),
-        reducer=opts.reducer.build(),
+        aggregation=Aggregation(uniform, transforms=transforms, reducer=opts.reducer.build()),
+        evaluation=Evaluation(local_eval=LocalModel(own_spec(group=judged_group))),
+        extras=Extras(describe=lambda: describe(opts.variant, groups)),
     )
     return strategy, LocalRecipe()

@@ -49,8 +49,7 @@ from hetfl.algorithms.parts.server_copies import CopiesSide
 from hetfl.core.client.recipe import LocalRecipe, ModelCall, TrainContext
 from hetfl.core.server.assign import one_spec
 from hetfl.core.server.evaluation import LocalModel, global_model
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -106,11 +105,12 @@ def _make(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=one_spec(split.side_spec("client", opts.cut)),
-        weighting=weighting(opts.weighting),
-        reducer=opts.reducer.build(),
-        server_update=Averaged(),
-        server_side=server,
-        local_eval=LocalModel(global_model),
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            reducer=opts.reducer.build(),
+        ),
+        evaluation=Evaluation(local_eval=LocalModel(global_model)),
+        extras=Extras(server_side=server),
     )
     client = SplitClient()
     return strategy, LocalRecipe(forward=client.forward, backward=client.backward)

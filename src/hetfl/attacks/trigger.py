@@ -13,9 +13,9 @@ standardised, so a triggered image is a valid image. Inputs without pixel statis
 (features, already standardised floats) have no maximum pixel value, and a trigger on them
 is refused (`check`).
 
-The attack that plants a trigger is in `hetfl.attacks.backdoor`; the engines measure
-`attack_success` with the same `Trigger` on the global test set (`triggered`), so the trigger
-lives here, where both reach it.
+The attack that plants a trigger is in `hetfl.attacks.backdoor`; a run with it registers
+`AttackSuccess`, a probe (`hetfl.core.probe`) the engines score as they score the test set,
+on the same `Trigger`'s stamped test images (`triggered`): the engines never see the trigger.
 """
 
 from __future__ import annotations
@@ -95,9 +95,21 @@ class Trigger:
             )
 
 
+@dataclass(frozen=True)
+class AttackSuccess:
+    """The probe of a planted `trigger` (`hetfl.core.probe.Probe`): the share of the
+    triggered test images the main global model classifies as the target."""
+
+    trigger: Trigger
+    metric: str = "attack_success"
+
+    def samples(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.trigger.triggered(x, y)
+
+
 @runtime_checkable
 class PlantsTrigger(Protocol):
-    """An attack that plants `trigger` (`hetfl.attacks.backdoor`): a run with one measures
-    `attack_success` with it."""
+    """An attack that plants `trigger` (`hetfl.attacks.backdoor`): a run with one registers
+    its `AttackSuccess` probe."""
 
     trigger: Trigger

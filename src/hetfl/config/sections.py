@@ -552,6 +552,20 @@ class EvalConfig(_Strict):
         "weights, for that evaluation only (methods with private BN: scalablefl, fedbn)",
     )
 
+    global_stats_pass: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="the BatchNorm statistics pass of the models scored as global_acc (and "
+        "FedGKT's pooled_acc) before they are tested: auto, as each method does (HeteroFL, "
+        "FedFA and FedGKT pass, the others score averaged running statistics); on or off, "
+        "the same for every method (one protocol for a comparison; a method whose models "
+        "keep no running statistics is refused with off)",
+    )
+    require_global_test: bool = Field(
+        False,
+        description="refuse, at set-up, a method that scores no global model on the global "
+        "test set (private layers only, or FedGKT's scoring on its clients' own splits)",
+    )
+
     @model_validator(mode="after")
     def _stats_pass_needs_local_evaluation(self) -> EvalConfig:
         if self.stats_pass and self.local_eval == "none":

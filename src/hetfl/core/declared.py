@@ -13,7 +13,7 @@ one of them. Some methods need global tensors of their own shape:
   exists in no single global model.
 
 A family or a strategy declares such tensors with `DeclaredTensor` (name, shape, dtype,
-initialiser, role); `Strategy.init_global_state` builds each from a generator of its own,
+initialiser, role); `Strategy._init_global_state` builds each from a generator of its own,
 derived from the run's initialisation seed and the tensor's name (`declared_generator`), so
 adding, removing or reordering declarations never shifts another tensor's draws, nor the
 global model's.

@@ -6,7 +6,7 @@ a plateau"; its authors' code (mahmoudsajjadi/DTFL `main.py`) does it with PyTor
 `ReduceLROnPlateau(mode="max", factor=0.9, patience=10)` stepped on the test accuracy
 after every round. `PlateauLr` is that rule as a part of a `Strategy`
 (`hetfl.core.server.strategy`): it watches the metrics rows the engine hands to
-`Strategy.observe` and keeps a factor that `Strategy.task_config` multiplies into each
+`Strategy.observe` and keeps a factor that `Strategy._task_config` multiplies into each
 task's lr, after the run's `lr_schedule`, so both apply. A server side that reads its lr
 from the task (DTFL's) follows it too.
 

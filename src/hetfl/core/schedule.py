@@ -3,7 +3,7 @@
 The papers set the lr by round, not by local step: ScalableFL decays it along a cosine over
 the rounds (Table VIII) or warms it up and then steps it down (detection, Table IX); FedALRC
 multiplies it by 0.1 at 50 % and 0.01 at 75 % of the rounds; HeteroFL steps it at fixed
-rounds. One schedule, held by `LocalTraining` and applied by `Strategy.task_config`, serves
+rounds. One schedule, held by `LocalTraining` and applied by `Strategy._task_config`, serves
 every method, and the local optimiser stays fresh each round.
 
 A schedule by fraction of the run reads the planned number of rounds R: a run resumed with

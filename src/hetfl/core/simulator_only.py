@@ -21,7 +21,7 @@ NEEDS_SERVER_PROGRAM = (
 
 
 def needs_setup_query(instead: str) -> str:
-    """Why a strategy with a set-up query (`Strategy.setup_query`) runs in the simulator
+    """Why a strategy with a set-up query (`Capabilities.setup_query`) runs in the simulator
     only, with what to configure `instead`."""
     return (
         "its set-up asks each client a question about its own data, which the Flower "

@@ -124,9 +124,9 @@ class FlowerServer(RoundLoop):
         entry), or a strategy with a server program or a set-up query, is refused before
         anything starts."""
         why = deployment.simulator_only
-        if why is None and parts.strategy.needs_server_program:
+        if why is None and parts.strategy.capabilities.needs_server_program:
             why = NEEDS_SERVER_PROGRAM
-        query = parts.strategy.setup_query
+        query = parts.strategy.capabilities.setup_query
         if why is None and query is not None:
             why = needs_setup_query(query.instead)
         refuse_simulator_only(deployment.algorithm, why)

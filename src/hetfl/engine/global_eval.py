@@ -3,16 +3,16 @@
 The strategy names the models to test (`Strategy.eval_models`), each with its tensors as
 tested (after its BatchNorm statistics pass, `RoundLoop.tested_models`). What they are
 scored on, every model on the global test set and the main one (the first) also on the
-pooled validation samples and on a backdoor's triggered test images, is planned here as
-plain `Scoring`s, so that an engine answers all of them together with the round's local
-evaluations (`RoundLoop.score_round`: the simulator in one exchange of its executor,
-however many models the round tests), and the answers become `GlobalScores` here, in the
-order the plan gave them.
+pooled validation samples and on each probe's samples (`hetfl.core.probe`: a backdoor's
+triggered test images), is planned here as plain `Scoring`s, so that an engine answers
+all of them together with the round's local evaluations (`RoundLoop.score_round`: the
+simulator in one exchange of its executor, however many models the round tests), and the
+answers become `GlobalScores` here, in the order the plan gave them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -24,6 +24,9 @@ from hetfl.engine.steps import GlobalScores, Pooled
 
 #: (correct, summed loss, count) of one model on one set of samples.
 Score = tuple[int, float, int]
+
+#: Each probe's samples by its metric (`hetfl.core.probe.Probe.samples`), made once.
+ProbeSamples = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 class Scoring(NamedTuple):
@@ -37,18 +40,18 @@ class Scoring(NamedTuple):
 @dataclass(frozen=True)
 class GlobalPlan:
     """The scorings of a round's tested models, in this order: each model on the test set;
-    then the main model on each pooled validation set, then on the triggered images."""
+    then the main model on each pooled validation set, then on each probe's samples."""
 
     tested: Sequence[EvalModel]
     scorings: list[Scoring]
     validation_sets: int
-    triggered: bool
+    probes: tuple[str, ...]
 
     def scores(self, answers: Sequence[Score]) -> GlobalScores:
         """The answers (one per scoring, in order) as the round's `GlobalScores`: the main
         model's accuracy and loss, each grouped model's accuracy (a `mean_group` the
         unweighted mean of its models'), the validation scores pooled over every sample, the
-        share of triggered images called the target (`attack_success`)."""
+        share of each probe's samples classified as labelled (`attack_success`)."""
         scores = GlobalScores()
         if not self.tested:
             return scores
@@ -69,9 +72,9 @@ class GlobalPlan:
             pooled = sum(t[2] for t in validation)
             scores.val_acc = sum(t[0] for t in validation) / pooled
             scores.val_loss = sum(t[1] for t in validation) / pooled
-        if self.triggered:
-            hits, _, m = rest[self.validation_sets]
-            scores.attack_success = hits / m
+        probed = rest[self.validation_sets :]
+        for metric, (hits, _, m) in zip(self.probes, probed, strict=True):
+            scores.probes[metric] = hits / m
         return scores
 
 
@@ -79,20 +82,18 @@ def plan_global(
     tested: Sequence[EvalModel],
     test: tuple[torch.Tensor, torch.Tensor],
     validation: Pooled,
-    triggered: tuple[torch.Tensor, torch.Tensor] | None,
+    probes: ProbeSamples,
 ) -> GlobalPlan:
     """The scorings of `tested` (the first is `global_acc`'s model): on the global `test`
-    set, and the main model on the pooled `validation` samples and on the `triggered` test
-    images (`hetfl.attacks.trigger.Trigger.triggered`; none when None or empty)."""
+    set, and the main model on the pooled `validation` samples and on each probe's samples
+    (a probe with none is not scored: its metric stays null)."""
     scorings = [Scoring(em, *test) for em in tested]
-    with_trigger = bool(tested) and triggered is not None and bool(triggered[1].numel())
+    scored = tuple(m for m, (_, y) in probes.items() if y.numel()) if tested else ()
     if tested:
         main = tested[0]
         scorings += [Scoring(main, x, y) for x, y in validation]
-        if with_trigger:
-            assert triggered is not None
-            scorings.append(Scoring(main, *triggered))
-    return GlobalPlan(tested, scorings, len(validation) if tested else 0, with_trigger)
+        scorings += [Scoring(main, *probes[m]) for m in scored]
+    return GlobalPlan(tested, scorings, len(validation) if tested else 0, scored)
 
 
 def as_tested(model: nn.Module) -> State:

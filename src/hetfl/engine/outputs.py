@@ -38,6 +38,8 @@ ROW_KEYS = (
     "groups",
     "defence",
 )
+#: The metrics.jsonl keys a probe fills (`hetfl.core.probe`), null without one.
+PROBE_METRICS = ("attack_success",)
 #: Metrics where larger is better; every other scalar metric is better when smaller
 #: (`attack_success` too: its best is its lowest, the defence's view).
 HIGHER_IS_BETTER = (

@@ -6,11 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hetfl.attacks.trigger import Trigger
-from hetfl.engine.outputs import Target
+from hetfl.core.probe import Probe
+from hetfl.engine.outputs import PROBE_METRICS, Target
 from hetfl.systems.profiles import SystemSettings
 
 LocalEval = Literal["sampled", "all", "none"]
+#: Whether the models scored as `global_acc` or `pooled_acc` get their BatchNorm statistics
+#: pass: as each method asks (`auto`), or forced on or off for every method
+#: (`eval.global_stats_pass`, one protocol imposable on a comparison).
+StatsPassRule = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,12 @@ class RoundSettings:
     (`local_acc_stats`). `local_trained` adds `local_acc_trained` to
     evaluated rounds (`RoundLoop.trained_scores`). `malicious` are the clients of an attacked
     run that attack (`hetfl.attacks.malicious`), fixed for the run: the checkpoint records
-    them and a resume with another set is refused. `trigger` is a backdoor attack's
-    (`hetfl.attacks.trigger`), with which evaluated rounds measure `attack_success`. `config`
+    them and a resume with another set is refused. `probes` are what parts outside the engines
+    registered to be scored with the global test set (`hetfl.core.probe`: a backdoor's
+    `attack_success`), each under its own metric. `global_stats_pass` is the evaluation
+    protocol's rule for the statistics pass of the scored global models (`StatsPassRule`);
+    `require_global_test` refuses, at set-up, a method that scores no global model on the
+    global test set. `config`
     is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
     refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 
@@ -40,7 +48,9 @@ class RoundSettings:
     local_stats_pass: bool = False
     local_trained: bool = False
     malicious: frozenset[int] = frozenset()
-    trigger: Trigger | None = None
+    probes: tuple[Probe, ...] = ()
+    global_stats_pass: StatsPassRule = "auto"
+    require_global_test: bool = False
     config: str = ""
 
     def __post_init__(self) -> None:
@@ -51,6 +61,12 @@ class RoundSettings:
             raise ValueError(f"availability must be in (0, 1], got {self.availability}")
         if self.stats_samples is not None and self.stats_samples < 1:
             raise ValueError(f"stats_samples must be >= 1 or None, got {self.stats_samples}")
+        metrics = [p.metric for p in self.probes]
+        wrong = [m for m in metrics if m not in PROBE_METRICS]
+        if wrong or len(set(metrics)) != len(metrics):
+            raise ValueError(
+                f"probes must fill distinct metrics among {PROBE_METRICS}, got {metrics}"
+            )
 
     def is_eval_round(self, rnd: int) -> bool:
         return rnd % self.eval_every == 0 or rnd == self.rounds

@@ -64,20 +64,19 @@ from hetfl.core.types import (
 )
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.decisions import add_round, defence_row, defence_summary
-from hetfl.engine.global_eval import Score, Scoring, as_tested, plan_global
+from hetfl.engine.evaluation_plan import EvaluationPlan, build_plan, run_plan
+from hetfl.engine.global_eval import Score, Scoring, as_tested
 from hetfl.engine.outputs import JsonLines, MetricsLog, RowSink, summarise, write_json
 from hetfl.engine.progress import Progress
-from hetfl.engine.round_settings import RoundSettings
+from hetfl.engine.round_settings import RoundSettings, StatsPassRule
 from hetfl.engine.steps import (
     Counters,
     LocalScore,
     Pooled,
     RoundOutcome,
     every_client_failed,
-    mean_local_accuracy,
     mean_local_scores,
     metrics_row,
-    pooled_accuracy,
     trained_eval_task,
 )
 from hetfl.engine.store import ClientStore
@@ -116,8 +115,9 @@ class RoundLoop(ABC):
         self.programs = programs
         self.eval_models = ModelCache(programs.family, programs.device)
         self.x_test, self.y_test = test
-        #: The test images a backdoor's trigger is measured on (`attack_success`).
-        self.triggered = None if settings.trigger is None else settings.trigger.triggered(*test)
+        #: Each registered probe's samples (`hetfl.core.probe`: a backdoor's triggered test
+        #: images for `attack_success`), by its metric.
+        self.probe_samples = {p.metric: p.samples(*test) for p in settings.probes}
         self.validation = validation
         self.pixels = pixels
         self.settings = settings
@@ -130,11 +130,8 @@ class RoundLoop(ABC):
         self.trace = JsonLines(self.run_dir / "clients.jsonl")
         #: The global state: the engine holds it and passes it through the strategy's verbs.
         self.state: State = {}
-        if settings.local_trained and strategy.needs_server_program:
-            raise ValueError(
-                "local_trained scores each client's trained model, but this method trains a "
-                "split model whose client side ends before the classifier; turn it off"
-            )
+        #: What every evaluated round scores, built at set-up (`setup`).
+        self.plan: EvaluationPlan
         #: Pending downloads: what a server phase answered each client, until its next task
         #: (`hetfl.core.server.phase`; an engine may give it a memory budget).
         self.downloads = ClientStore()
@@ -148,6 +145,22 @@ class RoundLoop(ABC):
         if not self._ready:
             with self.progress.phase("setup", about="the strategy's set-up"):
                 self.state = setup_strategy(self.strategy, self.known_clients(), self.settings)
+            tested = self.strategy.eval_models(self.state)
+            self.plan = build_plan(
+                self.settings,
+                has_global=bool(tested),
+                pooled=self.strategy.capabilities.scores_pooled,
+                split_model=self.strategy.capabilities.needs_server_program,
+                validation=bool(self.validation),
+                static_bn=any(em.stats_pass for em in tested)
+                and not any(n.endswith("running_mean") for n in self.state),
+                method=str(self.info.get("algorithm", "this method")),
+            )
+            self.info["evaluation"] = {
+                "global_stats_pass": self.settings.global_stats_pass,
+                "require_global_test": self.settings.require_global_test,
+                "plan": self.plan.names(),
+            }
             described = self.strategy.describe()
             if described:
                 self.info["strategy"] = described
@@ -175,7 +188,7 @@ class RoundLoop(ABC):
                 trained = outcome.trained_round(tasks)
                 evaluating = self.settings.is_eval_round(rnd)
                 before: list[LocalScore] = []
-                if evaluating and self.settings.local_trained:
+                if evaluating and self.plan.scores_trained:
                     with self.progress.phase("eval", rnd):
                         before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
@@ -223,70 +236,23 @@ class RoundLoop(ABC):
     def evaluate(
         self, rnd: int, outcome: RoundOutcome, trained: Sequence[LocalScore] = ()
     ) -> tuple[dict[str, Any], list[LocalScore]]:
-        """The round's metrics row (without `wall_time_s`): the strategy's models on the
-        global test set, then local accuracies unless `local_eval` is "none", and the mean
-        of the `trained` clients' scores (`trained_scores`) as `local_acc_trained`; and each
-        locally evaluated client's score on its test split, for the trace.
-
-        `val_acc`/`val_loss` score the model `global_acc` scores, on the pooled validation
-        samples; a method without a global model (private layers) is scored as `local_acc`
-        is, each locally evaluated client's model on its own validation split, unweighted.
-        With `settings.local_stats_pass`, `local_acc_stats` is `local_acc` again after each
-        client's statistics pass over its own training data. `attack_success` is the share of
-        the triggered test images (`RoundSettings.trigger`) that the model `global_acc` scores
-        classifies as the target; null for a method scored on its clients' own splits
-        (`pooled_eval`), whose `pooled_acc`/`pooled_loss` pool them by samples and whose
-        `global_acc` is null: `global_acc` always means the global test set.
-        """
-        tested = self.tested_models(rnd)
-        plan = plan_global(tested, (self.x_test, self.y_test), self.validation, self.triggered)
-        evaluated = {em.name: em.tensors for em in tested}
-        pooled = self.strategy.pooled_eval is not None
-        # Every client task of the round's evaluation, asked together with the scorings.
-        asked: dict[str, list[EvalTask]] = {}
-        if pooled:  # not the global test set: the clients' own
-            asked["pooled"] = self.pooled_tasks(rnd, "test")
-            if self.validation:
-                asked["pooled validation"] = self.pooled_tasks(rnd, "validation")
-        if self.settings.local_eval != "none":
-            asked["local"] = self.local_tasks(rnd, outcome, evaluated)
-            if self.settings.local_stats_pass:
-                asked["local stats"] = self.local_tasks(rnd, outcome, evaluated, stats_pass=True)
-            if self.validation and not tested and not pooled:  # no global model
-                asked["local validation"] = self.local_tasks(rnd, outcome, evaluated, "validation")
-        answers, answered = self.score_round(rnd, plan.scorings, list(asked.values()))
-        clients = dict(zip(asked, answered, strict=True))
-        scores = plan.scores(answers)
-        if pooled:
-            scores.pooled_acc, scores.pooled_loss = pooled_accuracy(clients["pooled"])
-            scores.attack_success = None  # no one model to trigger
-            if self.validation:
-                scores.val_acc, scores.val_loss = pooled_accuracy(clients["pooled validation"])
-        local_acc = local_acc_stats = None
-        local: list[LocalScore] = []
-        if self.settings.local_eval != "none":
-            local = clients["local"]
-            local_acc = mean_local_accuracy(local, scores.groups)
-            if self.settings.local_stats_pass:
-                local_acc_stats = mean_local_scores(clients["local stats"])[0]
-            scored = scores.global_acc is not None or scores.pooled_acc is not None
-            if self.validation and not scored:  # no global model, nor pooled clients
-                if "local validation" not in clients:  # pooled clients scored no sample
-                    tasks = self.local_tasks(rnd, outcome, evaluated, "validation")
-                    clients["local validation"] = self.score_clients(rnd, tasks)
-                scores.val_acc, scores.val_loss = mean_local_scores(clients["local validation"])
+        """The round's metrics row (without `wall_time_s`) by the run's evaluation plan
+        (`hetfl.engine.evaluation_plan`), with the mean of the `trained` clients' scores
+        (`trained_scores`) as `local_acc_trained`; and each locally evaluated client's score
+        on its test split, for the trace."""
+        done = run_plan(self.plan, self, rnd, outcome)
         row = metrics_row(
             rnd,
             outcome,
-            scores,
-            local_acc,
+            done.scores,
+            done.local_acc,
             self.counters,
             self.sim_time_s(),
-            local_acc_stats=local_acc_stats,
+            local_acc_stats=done.local_acc_stats,
             local_acc_trained=mean_local_scores(trained)[0],
             defence=defence_row(outcome.defence, self.settings.malicious),
         )
-        return row, local
+        return row, done.local
 
     def trained_scores(self, rnd: int, trained: TrainedRound) -> list[LocalScore]:
         """Each trained client's model of this round, before aggregation, on its local test
@@ -348,11 +314,14 @@ class RoundLoop(ABC):
             passed.append(as_tested(model))
         return passed
 
-    def tested_models(self, rnd: int) -> list[EvalModel]:
+    def tested_models(self, rnd: int, stats_pass: StatsPassRule = "auto") -> list[EvalModel]:
         """The strategy's models to test this round (`Strategy.eval_models`), each with its
         tensors as the model of its spec holds them, after its statistics pass when it has
-        one (every such model's pass first, `stats_passes`)."""
+        one (every such model's pass first, `stats_passes`); `stats_pass` "on" or "off"
+        gives every model one, or none, whatever the method asks (the protocol's rule)."""
         models = self.strategy.eval_models(self.state)
+        if stats_pass != "auto":
+            models = [replace(em, stats_pass=stats_pass == "on") for em in models]
         passed = iter(self.stats_passes(rnd, [em for em in models if em.stats_pass]))
         return [
             replace(em, tensors=next(passed) if em.stats_pass else as_tested(self._loaded(em)))
@@ -402,7 +371,7 @@ class RoundLoop(ABC):
         strategy's pooled task (`Strategy.pooled_task`); an engine that cannot says so."""
         raise RuntimeError(
             f"{type(self).__name__} cannot evaluate a method judged on its clients' own "
-            "splits (Strategy.pooled_eval); run it in the simulator"
+            "splits (Capabilities.scores_pooled); run it in the simulator"
         )
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)

@@ -160,8 +160,9 @@ class GlobalScores:
     loss (None when the method has no global model), each grouped model's accuracy, each
     model's tensors as tested (after its statistics pass), by name, for the strategy's
     local evaluation (`Strategy.eval_task(info, state, evaluated)`); `val_acc`/`val_loss` are the
-    main model's on the validation splits (None without); `attack_success` the main model's
-    accuracy on the triggered test images (None without a trigger)."""
+    main model's on the validation splits (None without); `probes` the main model's accuracy
+    on each probe's samples by its metric (`hetfl.core.probe`: `attack_success`; absent,
+    hence null, without the probe)."""
 
     global_acc: float | None = None
     test_loss: float | None = None
@@ -173,7 +174,7 @@ class GlobalScores:
     models: dict[str, State] = field(default_factory=dict)
     val_acc: float | None = None
     val_loss: float | None = None
-    attack_success: float | None = None
+    probes: dict[str, float] = field(default_factory=dict)
 
 
 #: The pooled validation samples of all clients: one (x, y) per input shape, clients in
@@ -325,6 +326,6 @@ def metrics_row(
         groups=scores.groups,
         val_acc=scores.val_acc,
         val_loss=scores.val_loss,
-        attack_success=scores.attack_success,
         defence=defence,
+        **scores.probes,
     )

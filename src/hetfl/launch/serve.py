@@ -224,7 +224,7 @@ def serve_config(raw: dict[str, Any], args: argparse.Namespace) -> int:
     )
     security.check(server=True)
     parts = build_parts(cfg, show_progress=False)
-    query = parts.strategy.setup_query
+    query = parts.strategy.capabilities.setup_query
     if query is not None:  # a question to every client at set-up (FedFA's ZiCo)
         refuse_simulator_only(cfg.algorithm, needs_setup_query(query.instead))
     # With the server's own view of the clients; the run registers the real ones.

@@ -126,7 +126,7 @@ class Simulation(RoundLoop):
         # One budget for everything held per client: a method with a server phase (FedGKT)
         # gives half of it to its pending downloads, so the two stores stay within it.
         private, pending = store, store
-        if strategy.server_phase is not None and store.memory_budget is not None:
+        if strategy.capabilities.server_phase and store.memory_budget is not None:
             half = store.memory_budget // 2
             private = StoreSettings(store.memory_budget - half)
             pending = StoreSettings(half)
@@ -165,7 +165,7 @@ class Simulation(RoundLoop):
         """Every client, with its answer to the strategy's set-up query from its own data
         and a (seed, 0, client, "setup-query") generator, asked once, as units of the
         executor, kept in `setup_cache` (`hetfl.sim.setup_queries`); what it declared wins."""
-        query = self.strategy.setup_query
+        query = self.strategy.capabilities.setup_query
         if query is not None and not self._asked:
             generators = {cid: self._rng(0, "setup-query", cid) for cid in self.infos}
             asked = SetupAsk(query, generators, self.setup_cache)

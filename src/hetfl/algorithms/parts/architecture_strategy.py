@@ -29,8 +29,7 @@ from hetfl.core.client.recipe import CrossEntropy, LocalRecipe
 from hetfl.core.client.terms import MaskedCrossEntropy
 from hetfl.core.server.evaluation import LocalModel
 from hetfl.core.server.maps import LabelSplit, MapTransform
-from hetfl.core.server.strategy import Strategy
-from hetfl.core.server.update import Averaged
+from hetfl.core.server.strategy import Aggregation, Evaluation, Extras, Strategy
 from hetfl.core.server.weighting import Scaling, weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
@@ -58,20 +57,23 @@ def architecture_strategy(
         train=train,
         sampler=opts.sampler(clients_per_round),
         assignment=choice,
-        transforms=chained,
-        weighting=weighting(opts.weighting),
-        scaling=scaling,
-        server_update=Averaged(),
-        global_eval=ArchitectureModels(choice, first=first, stats_pass=stats_pass),
-        local_eval=LocalModel(
-            own_architecture(choice, stats_pass=stats_pass),
-            stats_pass=stats_pass,
-            label_mask=opts.label_split,
+        aggregation=Aggregation(
+            weighting=weighting(opts.weighting),
+            transforms=chained,
+            scaling=scaling,
+            reducer=opts.reducer.build(),
         ),
-        describe=choice.describe,
-        trace_fields=choice.trace_fields,
-        reducer=opts.reducer.build(),
-        setup_query=query,
+        evaluation=Evaluation(
+            global_eval=ArchitectureModels(choice, first=first, stats_pass=stats_pass),
+            local_eval=LocalModel(
+                own_architecture(choice, stats_pass=stats_pass),
+                stats_pass=stats_pass,
+                label_mask=opts.label_split,
+            ),
+        ),
+        extras=Extras(
+            describe=choice.describe, trace_fields=choice.trace_fields, setup_query=query
+        ),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()
     return strategy, LocalRecipe(forward=forward)

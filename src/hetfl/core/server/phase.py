@@ -6,7 +6,7 @@ round's uploads at once: FedGKT (He, Annavaram and Avestimehr, "Group Knowledge 
 Federated Learning of Large CNNs at the Edge", NeurIPS 2020, §3, Algorithm 1) trains its
 large server model over every client's uploaded features for several epochs, then answers
 each client with per-sample logits. The strategy provides such a phase as a part
-(`Strategy(server_phase=...)`) and the engine runs it:
+(`Strategy(extras=Extras(server_phase=...))`) and the engine runs it:
 
     plan:    each task declares the uploads its client must send (`uploads(info, spec)`,
              `ClientTask.uploads`: names and shapes) and carries the client's pending

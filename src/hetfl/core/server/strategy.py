@@ -32,8 +32,8 @@ aggregation needs of the plan comes back in the tasks of `TrainedRound`. Engines
 simulator, the Flower adapter) call these verbs:
 
 0. `setup(clients, generator, rounds)` -> the initial global state; where the strategy
-   has a `setup_query`, the engine first asks every client it and puts the answers in
-   the clients' `attrs`.
+   has a set-up query (`capabilities.setup_query`), the engine first asks every client it
+   and puts the answers in the clients' `attrs`.
 1. `plan(round, state, available, rng)` -> tasks. `available` holds the clients the engine
    can reach this round, sorted by id; an empty list of tasks skips the round's training.
 2. the engine runs each task's client program and validates its result against the task's
@@ -57,11 +57,15 @@ simulator, the Flower adapter) call these verbs:
 
 `extra_state` / `load_extra_state` carry what the parts keep across rounds (server
 optimiser moments), for checkpoints; the engine checkpoints the global state itself.
+What an engine must know before it runs the method (a server program, a server phase,
+pooled scoring, a set-up query, the training settings) is one declared record,
+`capabilities` (`Capabilities`), not attributes of the parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, final, runtime_checkable
 
 import torch
@@ -83,6 +87,7 @@ from hetfl.core.server.evaluation import (
 from hetfl.core.server.maps import MapTransform
 from hetfl.core.server.phase import PhaseResult, ServerPhase, Upload
 from hetfl.core.server.update import (
+    Averaged,
     Contribution,
     RoundResults,
     ServerUpdate,
@@ -148,6 +153,68 @@ class Aggregated(NamedTuple):
     defence: RoundDecisions | None
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How a round's results become the new global state: each result's `weighting`,
+    an optional round-level `scaling`, the map `transforms` (chained, in order) its
+    tensors are reduced through, the `reducer` every reduction goes through, and the
+    `server_update` that turns the reduced weights into the new state (by default they
+    are the new state)."""
+
+    weighting: Weighting
+    server_update: ServerUpdate = field(default_factory=Averaged)
+    transforms: Sequence[MapTransform] = ()
+    scaling: Scaling | None = None
+    reducer: ReducerFactory = Accumulator
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How the method is judged: the models tested on the global test set
+    (`global_eval`), each client's task on its local split (`local_eval`) and, for a
+    method without a single global model whose clients still share one (FedGKT: each
+    client's extractor joined to the server model), the task that judges a client on its
+    own split (`pooled_eval`), which the engine pools by samples as `pooled_acc`."""
+
+    global_eval: GlobalEval = field(default_factory=WholeModel)
+    local_eval: LocalEval = field(default_factory=lambda: LocalModel(own_spec()))
+    pooled_eval: LocalEval | None = None
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What some methods add: `declared` global tensors of their own shape, split
+    learning's `server_side`, a round-level `server_phase` (FedGKT), a `describe` for the
+    run summary, an `observer` of metrics rows, per-client `trace_fields`, and a
+    `setup_query` every client answers before set-up."""
+
+    declared: Sequence[DeclaredTensor] = ()
+    server_side: ServerSide | None = None
+    server_phase: ServerPhase | None = None
+    describe: Callable[[], dict[str, Any]] | None = None
+    observer: Callable[[int, Mapping[str, Any]], None] | None = None
+    trace_fields: TraceFields | None = None
+    setup_query: SetupQuery | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine must know of a method before it runs one, declared once by the
+    strategy (`Strategy.capabilities`) rather than read off its parts: an engine that
+    cannot give the method what it needs refuses it up front, not in a round."""
+
+    #: The run's local-training settings every task starts from (`task_config`).
+    train: LocalTraining
+    #: A server side (split learning's per-batch exchange) or a round-level server phase.
+    needs_server_program: bool
+    #: A round-level server phase (FedGKT), whose answers wait as pending downloads.
+    server_phase: bool
+    #: Judged on its clients' own splits, pooled (`pooled_task`: FedGKT's `pooled_acc`).
+    scores_pooled: bool
+    #: The question each client answers before set-up, which the engine asks (or None).
+    setup_query: SetupQuery | None
+
+
 @runtime_checkable
 class Stateful(Protocol):
     """A part that keeps something across rounds; it is the strategy's `extra_state`."""
@@ -169,52 +236,37 @@ class Strategy:
         train: LocalTraining,
         sampler: Sampler,
         assignment: Assignment,
-        weighting: Weighting,
-        server_update: ServerUpdate,
-        transforms: Sequence[MapTransform] = (),
-        scaling: Scaling | None = None,
-        reducer: ReducerFactory = Accumulator,
-        global_eval: GlobalEval | None = None,
-        local_eval: LocalEval | None = None,
-        declared: Sequence[DeclaredTensor] = (),
-        server_side: ServerSide | None = None,
-        server_phase: ServerPhase | None = None,
-        pooled_eval: LocalEval | None = None,
-        describe: Callable[[], dict[str, Any]] | None = None,
-        observer: Callable[[int, Mapping[str, Any]], None] | None = None,
-        trace_fields: TraceFields | None = None,
-        setup_query: SetupQuery | None = None,
+        aggregation: Aggregation,
+        evaluation: Evaluation | None = None,
+        extras: Extras | None = None,
     ) -> None:
-        """`train`: the run's local-training settings, with their lr schedule.
-        `pooled_eval`, for a method without a single global model whose clients still
-        share one (FedGKT: each client's extractor joined to the server model), is the
-        task that judges a client on its own split; the engine pools those over every
-        client that has trained, by samples, as `global_acc` (and `val_acc`)."""
+        """`train`: the run's local-training settings, with their lr schedule; whom to
+        ask (`sampler`), what each trains (`assignment`), and the three records of parts:
+        how results are combined, how the method is judged, and what it adds."""
         if not isinstance(train, LocalTraining):
             raise TypeError(
                 f"train must be a LocalTraining record (hetfl.core.training), got "
                 f"{type(train).__name__}"
             )
-        self.family, self.train = family, train
+        self.family = family
         self.sampler, self.assignment = sampler, assignment
-        self.transforms = tuple(transforms)
-        self.weighting, self.scaling, self.reducer = weighting, scaling, reducer
-        self.server_update = server_update
-        self.global_eval = global_eval or WholeModel()
-        self.local_eval = local_eval or LocalModel(own_spec())
-        self.declared = tuple(declared)
-        self.server_side = server_side
-        self.server_phase = server_phase
-        self.pooled_eval = pooled_eval
-        self._describe, self._observer = describe, observer
-        self._trace_fields = trace_fields
-        self.setup_query = setup_query
+        self.aggregation = aggregation
+        self.evaluation = evaluation or Evaluation()
+        self.extras = extras or Extras()
+        self.capabilities = Capabilities(
+            train=train,
+            needs_server_program=self.extras.server_side is not None
+            or self.extras.server_phase is not None,
+            server_phase=self.extras.server_phase is not None,
+            scores_pooled=self.evaluation.pooled_eval is not None,
+            setup_query=self.extras.setup_query,
+        )
         #: The lr's plateau rule (`train.lr_plateau`), whatever the method; its state is
         #: extra state.
-        self.plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
+        self._plateau = None if train.lr_plateau is None else PlateauLr(train.lr_plateau)
         self.rounds: int | None = None
-        self._layout: Layout | None = None
-        self._parameter_names: list[str] | None = None
+        self._decided: Layout | None = None
+        self._parameters_cache: list[str] | None = None
         self._state_names: list[str] = []
 
     # -- set-up -----------------------------------------------------------------------
@@ -233,36 +285,36 @@ class Strategy:
             self.assignment.setup_seeded(clients, sibling_generator(generator, "assignment"))
         else:
             self.assignment.setup(clients)
-        self._layout = Layout(
+        self._decided = Layout(
             self.family,
             self.family.global_spec(self.assignment.possible_specs()),
             self.assignment.spec_of,
-            self.index_map_for,
+            self._index_map_for,
         )
-        self._parameter_names = None
-        state = self.init_global_state(generator)
+        self._parameters_cache = None
+        state = self._init_global_state(generator)
         self._state_names = list(state)
         return state
 
     @property
-    def layout(self) -> Layout:
-        if self._layout is None:
+    def _layout(self) -> Layout:
+        if self._decided is None:
             raise RuntimeError("strategy.setup(...) has not been called")
-        return self._layout
+        return self._decided
 
     @property
     def global_spec(self) -> Spec:
-        return self.layout.global_spec
+        return self._layout.global_spec
 
-    def declared_tensors(self) -> list[DeclaredTensor]:
+    def _declared_tensors(self) -> list[DeclaredTensor]:
         """Global tensors that are not slices of the global model, built at their own shape
         (`hetfl.core.declared`): the family's (`family.declared_tensors(specs)` over the
         possible specs, when the family has that method), then the strategy's own."""
         declare = getattr(self.family, "declared_tensors", None)
         specs = self.assignment.possible_specs()
-        return [*(declare(specs) if declare is not None else []), *self.declared]
+        return [*(declare(specs) if declare is not None else []), *self.extras.declared]
 
-    def init_global_state(self, generator: torch.Generator) -> State:
+    def _init_global_state(self, generator: torch.Generator) -> State:
         """The initial global state: the global model's tensors that some index map shares,
         then every declared tensor.
 
@@ -275,14 +327,14 @@ class Strategy:
         """
         model = initialize(build_model(self.family, self.global_spec), generator)
         tensors = model.state_dict()
-        declared = build_declared(self.declared_tensors(), generator)
+        declared = build_declared(self._declared_tensors(), generator)
         clash = sorted(set(declared) & set(tensors))
         if clash:
             raise ValueError(
                 f"declared tensors {clash[:5]} are tensors of the global model already; "
                 "declare only new names (e.g. group-qualified '<group>/<name>')"
             )
-        shared = {e.global_name for spec in self._all_specs() for e in self.index_map_for(spec)}
+        shared = {e.global_name for spec in self._all_specs() for e in self._index_map_for(spec)}
         copied = shared - set(declared)
         missing = sorted(n for n in copied if ungrouped(n) not in tensors)
         if missing:
@@ -298,45 +350,45 @@ class Strategy:
     def _all_specs(self) -> set[Spec]:
         return {*self.assignment.possible_specs(), self.global_spec}
 
-    def parameter_names(self) -> list[str]:
+    def _parameter_names(self) -> list[str]:
         """Global tensors that are trainable parameters, as opposed to buffers (BatchNorm's
         running statistics and counters), which server optimisers leave to plain averaging.
         A declared tensor is what its `role` says. In the global state's order."""
-        if self._parameter_names is None:
+        if self._parameters_cache is None:
             found: set[str] = set()
             for spec in self._all_specs():
                 params = dict(build_model(self.family, spec).named_parameters())
-                found.update(e.global_name for e in self.index_map_for(spec) if e.local in params)
-            roles = {d.name: d.role for d in self.declared_tensors()}
+                found.update(e.global_name for e in self._index_map_for(spec) if e.local in params)
+            roles = {d.name: d.role for d in self._declared_tensors()}
             found = {n for n in found if n not in roles}
             found.update(n for n, role in roles.items() if role == "parameter")
-            self._parameter_names = [k for k in self._state_names if k in found]
-        return self._parameter_names
+            self._parameters_cache = [k for k in self._state_names if k in found]
+        return self._parameters_cache
 
-    def index_map_for(self, spec: Spec) -> IndexMap:
+    def _index_map_for(self, spec: Spec) -> IndexMap:
         """Which local tensors of a `spec` model are shared, and where they sit in the global
         state, where no client is given (each transform's `shared`)."""
         imap = self.family.index_map(spec)
-        for t in self.transforms:
+        for t in self.aggregation.transforms:
             imap = t.shared(imap, spec)
         return imap
 
-    def index_map_in_round(
+    def _index_map_in_round(
         self, info: ClientInfo, spec: Spec, state: Mapping[str, torch.Tensor]
     ) -> IndexMap:
         """The map of one client's task (each transform's `for_client`)."""
         imap = self.family.index_map(spec)
-        for t in self.transforms:
+        for t in self.aggregation.transforms:
             imap = t.for_client(imap, spec, info, state)
         return imap
 
     # -- round verbs --------------------------------------------------------------------
-    def task_config(self, round: int, info: ClientInfo) -> LocalTraining:
+    def _task_config(self, round: int, info: ClientInfo) -> LocalTraining:
         """Local training settings sent with the task, with this round's lr from the run's
         schedule and, with `train.lr_plateau`, the plateau rule's factor
         (`LocalTraining.for_round`)."""
-        factor = 1.0 if self.plateau is None else self.plateau.factor
-        return self.train.for_round(round, self.rounds, factor)
+        factor = 1.0 if self._plateau is None else self._plateau.factor
+        return self.capabilities.train.for_round(round, self.rounds, factor)
 
     def plan(
         self,
@@ -348,19 +400,19 @@ class Strategy:
         """Tasks for the sampled clients. The engine hands each back to `aggregate` with its
         client's result, which is written through exactly the map the task carries."""
         tasks = []
-        phase = self.server_phase
+        phase = self.extras.server_phase
         sampled = self.sampler.sample(round, available, rng)
         for info, spec in zip(
             sampled, round_specs(self.assignment, round, sampled, rng), strict=True
         ):
-            imap = self.index_map_in_round(info, spec, state)
+            imap = self._index_map_in_round(info, spec, state)
             tasks.append(
                 ClientTask(
                     cid=info.cid,
                     spec=spec,
                     payload=extract(state, imap),
                     index_map=imap,
-                    config=self.task_config(round, info),
+                    config=self._task_config(round, info),
                     uploads={} if phase is None else phase.uploads(info, spec),
                 )
             )
@@ -382,12 +434,14 @@ class Strategy:
             return Aggregated(dict(state), None)
         results = trained.results
         maps = [t.task.index_map for t in trained.trained]
-        weights = [self.weighting(r) for r in results]
+        weights = [self.aggregation.weighting(r) for r in results]
         served: Sequence[ServerResult | None] = (
             [None] * len(results) if trained.server_results is None else trained.server_results
         )
         scales: Sequence[Mapping[str, float] | None] = (
-            [None] * len(results) if self.scaling is None else self.scaling(trained.trained)
+            [None] * len(results)
+            if self.aggregation.scaling is None
+            else self.aggregation.scaling(trained.trained)
         )
         if len(scales) != len(results):
             raise ValueError(
@@ -398,20 +452,26 @@ class Strategy:
         for r, imap, w, s, scale in zip(results, maps, weights, served, scales, strict=True):
             contributions.append(Contribution(r.tensors, imap, w, scale))
             owners.append(r.cid)
-            if s is not None and self.server_side is not None:
-                contributions.append(Contribution(s.tensors, self.server_side.index_map(s), w))
+            if s is not None and self.extras.server_side is not None:
+                contributions.append(
+                    Contribution(s.tensors, self.extras.server_side.index_map(s), w)
+                )
                 owners.append(r.cid)
-        recorder = DecisionRecorder(self.reducer)
+        recorder = DecisionRecorder(self.aggregation.reducer)
         average = reduce(recorder, state, contributions, fill="keep")
-        done = RoundResults(results, maps, weights, self.parameter_names(), recorder)
-        new = self.server_update.step(state, average, done)
+        done = RoundResults(results, maps, weights, self._parameter_names(), recorder)
+        new = self.aggregation.server_update.step(state, average, done)
         return Aggregated(new, recorder.decided(owners, [r.cid for r in results]))
 
     def server_program(
         self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
     ) -> ServerProgram | None:
         """The server side of this round's split learning, or None (no per-batch exchange)."""
-        return None if self.server_side is None else self.server_side.program(round, state, tasks)
+        return (
+            None
+            if self.extras.server_side is None
+            else self.extras.server_side.program(round, state, tasks)
+        )
 
     def run_phase(
         self, round: int, state: State, trained: TrainedRound, generator: torch.Generator
@@ -419,21 +479,15 @@ class Strategy:
         """The round's server phase on the valid clients' uploads (client-id order), after
         `aggregate`; None without one. `generator` is the round's (seed, round, SERVER,
         "server-phase") generator."""
-        if self.server_phase is None:
+        if self.extras.server_phase is None:
             return None
         uploads = [Upload(r.cid, r.uploads, r.num_examples) for r in trained.results]
-        return self.server_phase.run(round, state, uploads, generator)
-
-    @property
-    def needs_server_program(self) -> bool:
-        """Whether this strategy has a server side or a server phase, so engines that cannot
-        run one (the Flower adapter) can refuse it up front rather than fail in a round."""
-        return self.server_side is not None or self.server_phase is not None
+        return self.extras.server_phase.run(round, state, uploads, generator)
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_models(self, state: Mapping[str, torch.Tensor]) -> list[EvalModel]:
         """The models to test on the global test set (the `global_eval` part)."""
-        return self.global_eval.eval_models(self.layout, state)
+        return self.evaluation.global_eval.eval_models(self._layout, state)
 
     def eval_task(
         self,
@@ -444,44 +498,44 @@ class Strategy:
         """How client `info` is judged on its local test split (the `local_eval` part).
         `evaluated` holds this round's `eval_models` as the engine tested them (complete
         tensors after any statistics pass), by name."""
-        return self.local_eval.eval_task(self.layout, info, state, evaluated)
+        return self.evaluation.local_eval.eval_task(self._layout, info, state, evaluated)
 
     def pooled_task(self, info: ClientInfo, state: Mapping[str, torch.Tensor]) -> EvalTask | None:
         """The task that judges client `info` for the pooled `global_acc` (`pooled_eval`),
         or None when the method has a global model of its own."""
-        if self.pooled_eval is None:
+        if self.evaluation.pooled_eval is None:
             return None
-        return self.pooled_eval.eval_task(self.layout, info, state, {})
+        return self.evaluation.pooled_eval.eval_task(self._layout, info, state, {})
 
     def describe(self) -> dict[str, Any]:
         """What set-up decided that a reader of the run should see (JSON-serialisable),
         written to `summary.json` under "strategy": ScalableFL's per-group models and the
         parameter gap of its HeteroFL comparison. Default: nothing."""
-        return {} if self._describe is None else self._describe()
+        return {} if self.extras.describe is None else self.extras.describe()
 
     def observe(self, round: int, row: Mapping[str, Any]) -> None:
         """Called after each evaluation with the metrics row: the lr's plateau rule
         (`train.lr_plateau`), then the method's observer; anything an observer changes must
         be part of a part's `extra_state`."""
-        if self.plateau is not None:
-            self.plateau.observe(round, row)
-        if self._observer is not None:
-            self._observer(round, row)
+        if self._plateau is not None:
+            self._plateau.observe(round, row)
+        if self.extras.observer is not None:
+            self.extras.observer(round, row)
 
     def trace_fields(self, info: ClientInfo, task: ClientTask | None) -> Mapping[str, Any]:
         """What this method declares about client `info` for its row of the per-client
         trace (`clients.jsonl`, `hetfl.engine.trace`): scalars by name, e.g. a tier. `task`
         is its task this round, or None when it is only evaluated. Default: nothing."""
-        return {} if self._trace_fields is None else self._trace_fields(info, task)
+        return {} if self.extras.trace_fields is None else self.extras.trace_fields(info, task)
 
     # -- checkpoints --------------------------------------------------------------------
     def _stateful_parts(self) -> list[Stateful]:
         parts = (
             self.sampler,
             self.assignment,
-            self.server_update,
-            self.plateau,
-            self.server_phase,
+            self.aggregation.server_update,
+            self._plateau,
+            self.extras.server_phase,
         )
         return [p for p in parts if isinstance(p, Stateful)]
 

@@ -45,8 +45,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from hetfl.algorithms.fednova import normalised_strategy
-from hetfl.algorithms.fedopt import FedAdagradOptions
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.option_records import ServerOptimiserOptions
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.regularisers import PartialSVT, RademacherTerm
 from hetfl.core.client.terms import StepNormaliser
@@ -86,7 +86,7 @@ class FedALRCOptions(AggregationOptions):
         return self
 
 
-class AdaFedALRCOptions(FedALRCOptions, FedAdagradOptions):
+class AdaFedALRCOptions(FedALRCOptions, ServerOptimiserOptions):
     v0: float | None = Field(
         None, ge=0, description="initial second moment (default tau, Algorithm 3's v0 = eps)"
     )

@@ -28,11 +28,9 @@ judged by `local_acc` (each client's model with its private layers on its local 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
-
-from pydantic import Field
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.option_records import PrivateHead, PrivateLayerOptions, PrivateNorm
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import one_spec
 from hetfl.core.server.maps import MapTransform, private_layers
@@ -42,24 +40,16 @@ from hetfl.core.server.weighting import weighting
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
-PrivateNorm = Annotated[
-    bool, Field(description="FedBN: every normalisation tensor stays on its client, never sent")
-]
-PrivateHead = Annotated[
-    bool, Field(description="FedPer: the classifier head stays on its client, never sent")
-]
+
+class FedAvgOptions(PrivateLayerOptions):
+    """FedAvg's options: the shared aggregation and private-layer records."""
 
 
-class FedAvgOptions(AggregationOptions):
-    private_norm: PrivateNorm = False
-    private_head: PrivateHead = False
-
-
-class FedBNOptions(FedAvgOptions):
+class FedBNOptions(PrivateLayerOptions):
     private_norm: PrivateNorm = True
 
 
-class FedPerOptions(FedAvgOptions):
+class FedPerOptions(PrivateLayerOptions):
     private_head: PrivateHead = True
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from hetfl.algorithms.fedavg import one_model_strategy
-from hetfl.algorithms.fedprox import FedProxOptions
 from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.option_records import ProximalOptions
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.terms import ProximalTerm, StepNormaliser
 from hetfl.core.server.optimisers import ServerOptimizer, ServerOptSettings
@@ -69,7 +69,7 @@ def normalised_strategy(
     )
 
 
-class FedNovaOptions(FedProxOptions):
+class FedNovaOptions(ProximalOptions):
     mu: float = Field(0.0, ge=0, description="proximal weight (FedNova-Prox when > 0)")
 
 

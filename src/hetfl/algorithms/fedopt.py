@@ -23,7 +23,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from hetfl.algorithms.fedavg import one_model_strategy
-from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.method_registry import register_algorithm
+from hetfl.algorithms.parts.option_records import MomentOptions, ServerOptimiserOptions
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.optimisers import ServerOptimizer, ServerOptKind, ServerOptSettings
 from hetfl.core.server.strategy import Strategy
@@ -32,20 +33,15 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
 
-class FedAdagradOptions(AggregationOptions):
+class FedAdagradOptions(ServerOptimiserOptions):
     server_optimizer: ClassVar[ServerOptKind] = "adagrad"
-    server_lr: float = Field(0.1, gt=0, description="η, the server optimiser's step size")
-    tau: float = Field(1e-3, gt=0, description="τ, the adaptivity added to √v in the step")
-    v0: float | None = Field(None, ge=0, description="initial second moment v (default τ²)")
 
 
-class FedAdamOptions(FedAdagradOptions):
+class FedAdamOptions(MomentOptions):
     server_optimizer: ClassVar[ServerOptKind] = "adam"
-    beta1: float = Field(0.9, ge=0, lt=1, description="decay of the first moment (momentum)")
-    beta2: float = Field(0.99, ge=0, lt=1, description="decay of the second moment")
 
 
-class FedYogiOptions(FedAdamOptions):
+class FedYogiOptions(MomentOptions):
     server_optimizer: ClassVar[ServerOptKind] = "yogi"
     server_lr: float = Field(0.01, gt=0, description="η, the server optimiser's step size")
 
@@ -55,14 +51,16 @@ class FedYogiOptions(FedAdamOptions):
 @register_algorithm("fedyogi", FedYogiOptions)
 def _make(
     family: ModelFamily,
-    opts: FedAdagradOptions,
+    opts: FedAdagradOptions | FedAdamOptions | FedYogiOptions,
     *,
     clients_per_round: int,
     train: LocalTraining,
 ) -> tuple[Strategy, LocalRecipe]:
     """The server optimiser is the options class's `server_optimizer` (FedAdamOptions: adam)
     on the pseudo-gradient; buffers take FedAvg's average."""
-    moments = {"beta1": opts.beta1, "beta2": opts.beta2} if isinstance(opts, FedAdamOptions) else {}
+    moments: dict[str, float] = (
+        {"beta1": opts.beta1, "beta2": opts.beta2} if isinstance(opts, MomentOptions) else {}
+    )
     server = ServerOptSettings(
         kind=opts.server_optimizer, lr=opts.server_lr, tau=opts.tau, v0=opts.v0, **moments
     )

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import warnings
 
-from pydantic import Field
-
 from hetfl.algorithms.fedavg import one_model_strategy
-from hetfl.algorithms.parts.method_registry import AggregationOptions, register_algorithm
+from hetfl.algorithms.parts.method_registry import register_algorithm
+from hetfl.algorithms.parts.option_records import ProximalOptions
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.client.terms import ProximalTerm
 from hetfl.core.server.strategy import Strategy
@@ -29,8 +28,8 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
 
-class FedProxOptions(AggregationOptions):
-    mu: float = Field(0.01, ge=0, description="proximal weight")
+class FedProxOptions(ProximalOptions):
+    """FedProx's options: the shared aggregation and proximal records."""
 
 
 @register_algorithm("fedprox", FedProxOptions)

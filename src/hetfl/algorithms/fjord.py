@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.parts.method_registry import register_algorithm
+from hetfl.algorithms.parts.option_records import PrivateLayerOptions
 from hetfl.algorithms.parts.width_assignment import (
     Assignment,
     Capacities,
@@ -101,7 +101,7 @@ class OrderedDropout:
         return outputs, F.cross_entropy(outputs, y, reduction="none")
 
 
-class FjORDOptions(FedAvgOptions):
+class FjORDOptions(PrivateLayerOptions):
     levels: Levels = DEFAULT_LEVELS
     proportions: Proportions = None
     distill: bool = Field(

@@ -44,8 +44,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from hetfl.algorithms.fedavg import FedAvgOptions
 from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.algorithms.parts.option_records import PrivateLayerOptions
 from hetfl.algorithms.parts.width_assignment import (
     Assignment,
     Capacities,
@@ -70,7 +70,7 @@ DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 DEFAULT_CLIP = 1.0
 
 
-class HeteroFLOptions(FedAvgOptions):
+class HeteroFLOptions(PrivateLayerOptions):
     weighting: WeightingOption = "uniform"
     levels: Levels = DEFAULT_LEVELS
     proportions: Proportions = None

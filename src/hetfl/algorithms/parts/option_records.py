@@ -1,0 +1,51 @@
+"""Option records several methods share, so that a method's options compose the records
+of the parts it uses instead of inheriting another method's options: FedBN's and FedPer's
+private layers (any method that averages one model can keep layers on its clients), a
+proximal term (FedProx, FedNova-Prox), a server optimiser (FedOpt's Adagrad, Adam and Yogi,
+Ada-FedALRC) and its moments. Each record carries the shared aggregation options
+(`AggregationOptions`: reducer, weighting, sampling)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from hetfl.algorithms.parts.method_registry import AggregationOptions
+
+PrivateNorm = Annotated[
+    bool, Field(description="FedBN: every normalisation tensor stays on its client, never sent")
+]
+PrivateHead = Annotated[
+    bool, Field(description="FedPer: the classifier head stays on its client, never sent")
+]
+
+
+class PrivateLayerOptions(AggregationOptions):
+    """Which layers stay on the client (Li et al., FedBN, ICLR 2021, §3: every
+    normalisation tensor; Arivazhagan et al., FedPer, 2019, §3: the classifier head)."""
+
+    private_norm: PrivateNorm = False
+    private_head: PrivateHead = False
+
+
+class ProximalOptions(AggregationOptions):
+    """The proximal term's weight μ (Li et al., FedProx, MLSys 2020, Eq. 2)."""
+
+    mu: float = Field(0.01, ge=0, description="proximal weight")
+
+
+class ServerOptimiserOptions(AggregationOptions):
+    """An adaptive server optimiser's step size, adaptivity and initial second moment
+    (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2)."""
+
+    server_lr: float = Field(0.1, gt=0, description="η, the server optimiser's step size")
+    tau: float = Field(1e-3, gt=0, description="τ, the adaptivity added to √v in the step")
+    v0: float | None = Field(None, ge=0, description="initial second moment v (default τ²)")
+
+
+class MomentOptions(ServerOptimiserOptions):
+    """A server optimiser with moment decays (Reddi et al., Algorithm 2: Adam, Yogi)."""
+
+    beta1: float = Field(0.9, ge=0, lt=1, description="decay of the first moment (momentum)")
+    beta2: float = Field(0.99, ge=0, lt=1, description="decay of the second moment")

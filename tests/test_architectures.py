@@ -63,7 +63,7 @@ def _round(strategy, clients: list[str], values: list[float], labels=None):
         ClientResult(t.cid, {k: torch.full_like(v, x) for k, v in t.payload.items()}, 20, 1, 0.0)
         for t, x in zip(tasks, values, strict=True)
     ]
-    return tasks, state, strategy.aggregate(1, state, trained(tasks, results))
+    return tasks, state, strategy.aggregate(1, state, trained(tasks, results)).state
 
 
 def _is(t: torch.Tensor, value: float) -> bool:

@@ -90,7 +90,7 @@ def test_md_tensors_average_over_all_tiers_by_samples_and_heads_within_their_tie
         server_spec = FAMILY.side_spec("server", tiers[t.cid])
         local = extract(state, FAMILY.index_map(server_spec))
         served.append(ServerResult(t.cid, _filled(local, 10.0 + t.cid)))
-    new = strategy.aggregate(1, state, trained(tasks, results, served))
+    new = strategy.aggregate(1, state, trained(tasks, results, served)).state
     # md1 is on every client's side: (10 x 1 + 30 x 2 + 60 x 3) / 100
     assert torch.all(new["md1.conv.weight"] == 2.5)
     # md4 is on the server for the tier-2 clients, on the client in tier 5:

@@ -221,7 +221,7 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
         .result
         for t in tasks
     ]
-    new = strategy.aggregate(1, state, trained(tasks, results))
+    new = strategy.aggregate(1, state, trained(tasks, results)).state
     assert [r.extras["regularised_steps"] for r in results] == [4, 2]  # gate open throughout
     # server: w - gamma * (sum p_k varpi_k) * sum p_k (w - w_k) / varpi_k, p = (6/9, 3/9)
     w, b = w0["head.weight"], w0["head.bias"]
@@ -241,7 +241,7 @@ def test_one_fedalrc_round_with_gamma_and_alpha_by_hand():
         for t in tasks
     ]
     assert not torch.allclose(
-        strategy.aggregate(1, state, trained(tasks, plain))["head.weight"], new["head.weight"]
+        strategy.aggregate(1, state, trained(tasks, plain)).state["head.weight"], new["head.weight"]
     )
 
 
@@ -299,7 +299,7 @@ def test_server_step_is_fednovas_formula_times_gamma(name, opts, gamma):
     state = strategy.setup(infos, torch_generator(0, 0, -1, "init"))
     tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))  # all three
     w, results, updates = _hand_made_round(state, [(30, 2, 1), (10, 6, 2), (20, 3, 3)])
-    new = strategy.aggregate(1, state, trained(tasks, results))
+    new = strategy.aggregate(1, state, trained(tasks, results)).state
     n_total = sum(n for n, _, _ in updates)
     p = [n / n_total for n, _, _ in updates]
     tau_eff = sum(pk * steps for pk, (_, steps, _) in zip(p, updates, strict=True))
@@ -351,7 +351,7 @@ def test_ada_fedalrc_two_rounds_by_hand():
         for cid, (n, s, g) in enumerate(clients):
             sent = {**state, "head.bias": state["head.bias"] - torch.tensor(g, dtype=torch.float64)}
             results.append(ClientResult(cid, sent, n, s, 0.0, extras={"a_norm": s, "steps": s}))
-        state = strategy.aggregate(rnd, state, trained(tasks, results))
+        state = strategy.aggregate(rnd, state, trained(tasks, results)).state
         total = sum(n for n, _, _ in clients)
         eta = gamma * sum(n / total * s for n, s, _ in clients)
         for j in range(2):
@@ -361,7 +361,7 @@ def test_ada_fedalrc_two_rounds_by_hand():
         got = state["head.bias"].tolist()
         assert got == pytest.approx(w, rel=1e-12, abs=1e-12)
     assert strategy.extra_state()["server_opt"]["v"]["head.bias"].tolist() == pytest.approx(v)
-    assert strategy.aggregate(3, state, TrainedRound()) == state  # no results: no step
+    assert strategy.aggregate(3, state, TrainedRound()).state == state  # no results: no step
 
 
 # -- validation ------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_fednova_unequal_steps_follows_the_unnormalised_rule():
     a["bn.running_mean"] = torch.tensor([1.0, 1.0])
     b["bn.running_mean"] = torch.tensor([5.0, 9.0])
     results = [_result(0, a, 30, a_norm=2.0, steps=2), _result(1, b, 10, a_norm=6.0, steps=6)]
-    new = strategy.aggregate(1, w, trained(tasks, results))
+    new = strategy.aggregate(1, w, trained(tasks, results)).state
     # p = (0.75, 0.25); tau_eff = 0.75*2 + 0.25*6 = 3
     # sum p g / a = 0.75*(0.1, 0.2) + 0.25*(0.1, -0.05) = (0.1, 0.1375)
     # w - 3 * (0.1, 0.1375) = (0.7, 1.5875); FedAvg would give (0.7, 1.775)
@@ -97,7 +97,7 @@ def test_fednova_prox_uses_step_counts_for_tau_eff():
     a = _moved(w, {"fc.bias": torch.tensor([0.4, 0.0])})
     b = _moved(w, {"fc.bias": torch.tensor([0.0, 0.9])})
     results = [_result(0, a, 10, a_norm=1.6, steps=2), _result(1, b, 10, a_norm=3.0, steps=4)]
-    new = strategy.aggregate(1, w, trained(tasks, results))
+    new = strategy.aggregate(1, w, trained(tasks, results)).state
     # tau_eff = 0.5*2 + 0.5*4 = 3; sum p g/a = (0.5*0.4/1.6, 0.5*0.9/3) = (0.125, 0.15)
     torch.testing.assert_close(new["fc.bias"], torch.tensor([-0.375, -0.45]))
 
@@ -111,8 +111,8 @@ def test_fednova_equal_plain_sgd_steps_is_fedavg():
         upd = {k: torch.randn(v.shape, generator=gen) for k, v in w.items()
                if v.is_floating_point() and "running" not in k}  # fmt: skip
         results.append(_result(cid, _moved(w, upd), n, a_norm=4.0, steps=4))
-    a = nova.aggregate(1, w, trained(nova_tasks, results))
-    b = avg.aggregate(1, avg_w, trained(avg_tasks, results))
+    a = nova.aggregate(1, w, trained(nova_tasks, results)).state
+    b = avg.aggregate(1, avg_w, trained(avg_tasks, results)).state
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6)
 
@@ -205,7 +205,9 @@ def test_fedadam_moves_parameters_and_averages_buffers():
     up = {"fc.bias": torch.tensor([0.3, -0.1])}
     a = _moved(w, up)
     a["bn.running_var"] = torch.tensor([3.0, 5.0])
-    new = strategy.aggregate(1, w, trained(tasks, [_result(0, a, 10), _result(1, dict(a), 10)]))
+    new = strategy.aggregate(
+        1, w, trained(tasks, [_result(0, a, 10), _result(1, dict(a), 10)])
+    ).state
     delta = -up["fc.bias"]  # pseudo-gradient: average minus current
     m, v = 0.1 * delta, 0.01 * delta**2
     torch.testing.assert_close(new["fc.bias"], w["fc.bias"] + 0.1 * m / (v.sqrt() + 1e-3))

@@ -157,7 +157,7 @@ def test_two_clients_of_different_depth_and_width_aggregate_by_hand() -> None:
     assert strategy.global_spec["widths"][:2] == (0.5, 0.5)
     tasks = strategy.plan(1, state, infos, torch.Generator().manual_seed(1))
     results = constant_results(tasks)
-    new = strategy.aggregate(1, state, trained(tasks, results))
+    new = strategy.aggregate(1, state, trained(tasks, results)).state
     conv = new["stages.0.2.conv1.weight"].double()
     assert conv.shape == (32, 32, 3, 3)
     assert torch.allclose(conv[:16, :16], torch.full((16, 16, 3, 3), 2.1875, dtype=torch.float64))

@@ -151,7 +151,7 @@ def test_two_clients_of_different_depth_aggregate_a_depthwise_filter_by_hand() -
     results = constant_results(tasks)
     assert results[0].tensors["stages.2.1.depthwise.weight"].shape == (96, 1, 3, 3)
     assert results[1].tensors["stages.2.2.depthwise.weight"].shape == (48, 1, 3, 3)
-    new = strategy.aggregate(1, state, trained(tasks, results))
+    new = strategy.aggregate(1, state, trained(tasks, results)).state
     dw = new["stages.2.2.depthwise.weight"].double()
     assert dw.shape == (96, 1, 3, 3)
     mean = (12 * math.sqrt(6) + 36 * math.sqrt(3)) / 2

@@ -81,7 +81,7 @@ def test_bases_average_over_all_clients_and_the_rest_within_each_capacity() -> N
     strategy = _strategy(_family(), capacity="declared", levels=[0.5, 1.0])
     infos = _infos([0.5, 0.5, 1.0, 1.0], [10, 30, 10, 30])  # sizes must not weigh
     state = strategy.setup(infos, torch.Generator().manual_seed(0))
-    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1, 2, 3]))
+    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1, 2, 3])).state
     for name, value in new.items():
         group = name.split("/")[0]
         expected = {"basis": (1 + 2 + 3 + 4) / 4, "cap0.5": (1 + 2) / 2, "cap1": (3 + 4) / 2}
@@ -94,7 +94,7 @@ def test_an_absent_capacity_keeps_its_tensors() -> None:
     strategy = _strategy(_family(), capacity="declared", levels=[0.5, 1.0])
     infos = _infos([0.5, 0.5, 1.0, 1.0], [10, 10, 10, 10])
     state = strategy.setup(infos, torch.Generator().manual_seed(0))
-    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1]))
+    new = strategy.aggregate(1, state, _results(strategy, state, infos, [0, 1])).state
     for name, value in new.items():
         if name.startswith("cap1/"):
             assert torch.equal(value, state[name]), name
@@ -205,7 +205,7 @@ def test_resnet18_bank_rows_and_per_capacity_normalisation_aggregate_by_hand() -
         ClientResult(t.cid, {k: sent(k, v, t.cid) for k, v in t.payload.items()}, n, 1, 0.0)
         for t, n in zip(tasks, (10, 30, 10, 30), strict=True)  # sizes must not weigh
     ]
-    new = strategy.aggregate(1, state, trained(tasks, results))
+    new = strategy.aggregate(1, state, trained(tasks, results)).state
     for block, r2 in (("layer1.0", 16), ("layer2.1", 32), ("layer4.1", 128)):
         bank = new[f"basis/{block}"]
         assert bank.shape[0] == 2 * r2

@@ -53,13 +53,13 @@ def _raw(algorithm: str, **changes) -> dict:
 def _recording(sim: Simulation) -> list[TrainedRound]:
     """Every round's hand-off to the strategy's aggregation, as the strategy received it."""
     seen: list[TrainedRound] = []
-    aggregate = sim.strategy.aggregate_with_decisions
+    aggregate = sim.strategy.aggregate
 
     def recorded(rnd, state, trained):
         seen.append(trained)
         return aggregate(rnd, state, trained)
 
-    sim.strategy.aggregate_with_decisions = recorded  # type: ignore[method-assign]
+    sim.strategy.aggregate = recorded  # type: ignore[method-assign]
     return seen
 
 

@@ -204,7 +204,7 @@ def test_per_capacity_norms_average_within_their_capacity_only() -> None:
         ClientResult(t.cid, {k: torch.full_like(v, value) for k, v in t.payload.items()}, 10, 1, 0)
         for t, value in zip(tasks, (1.0, 3.0, 8.0), strict=True)
     ]
-    after = strategy.aggregate(1, state, trained(tasks, results))
+    after = strategy.aggregate(1, state, trained(tasks, results)).state
     conv = after["stages.0.conv.weight"]  # (32, 1, 3, 3): channels 0-15 held by all three
     assert torch.all(conv[:16] == 4.0) and torch.all(conv[16:] == 8.0)
     assert torch.all(after["cap0.5/stages.0.norm.weight"][:16] == 2.0)

@@ -268,7 +268,7 @@ def test_aggregation_weighs_each_client_1_per_element_and_keeps_what_no_one_trai
             )
             for t in tasks
         ]
-        state = strategy.aggregate(rnd, state, trained(tasks, results))
+        state = strategy.aggregate(rnd, state, trained(tasks, results)).state
 
     round_of(1, [deep, *shallow], {0: 8.0, 1: 1.0, 2: 2.0, 3: 3.0})
     stage0 = state["stages.0.conv.weight"]

@@ -256,7 +256,8 @@ def test_a_bad_reducer_setting_names_the_field():
         ),
         (
             {"reducer": "mode"},
-            r"unknown reducer 'mode'.*\(allowed: krum, mean, median, multi-krum, norm-clip",
+            r"unknown reducer 'mode'.*\(allowed: coverage-krum, coverage-median, "
+            r"coverage-multi-krum, coverage-trimmed-mean, krum, mean, median, multi-krum, norm-clip",
         ),
         (
             {"reducer": "trimmed-mean", "trim": 0.1},
@@ -284,7 +285,7 @@ def test_permuting_client_execution_order_is_bit_identical(synthetic_federation,
                 t, sim.clients[t.cid], {}, generator, info=sim.infos[t.cid]
             )
             results[t.cid] = out.result
-        return sim.strategy.aggregate(1, sim.state, trained(tasks, list(results.values())))
+        return sim.strategy.aggregate(1, sim.state, trained(tasks, list(results.values()))).state
 
     a, b = run(tasks), run(list(reversed(tasks)))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -607,7 +608,7 @@ def test_aggregation_uses_the_map_each_client_was_planned_with(synthetic_federat
     before = sim.state["head.bias"].clone()
     tasks = strategy.plan(1, sim.state, list(sim.infos.values()), torch_generator(0, 1, -1, "s"))
     outcome = sim.train(1, tasks)
-    after = strategy.aggregate(1, sim.state, outcome.trained_round(tasks))["head.bias"]
+    after = strategy.aggregate(1, sim.state, outcome.trained_round(tasks)).state["head.bias"]
     # rows 0..7 each come from exactly one client (its own row); rows 8, 9 nobody uploads
     by_cid = {r.cid: r.tensors["head.bias"] for r in outcome.results}
     for c in range(8):

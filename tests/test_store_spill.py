@@ -169,7 +169,7 @@ def test_a_run_that_spills_and_resumes_equals_one_that_never_spilled(tmp_path, m
     cut = build_simulation(
         validate(_config(memory_budget=budget)), tmp_path / "cut", show_progress=False
     )
-    aggregate = cut.strategy.aggregate_with_decisions
+    aggregate = cut.strategy.aggregate
 
     def stop_in_round_3(rnd, *args, **kwargs):
         if rnd == 3:
@@ -178,7 +178,7 @@ def test_a_run_that_spills_and_resumes_equals_one_that_never_spilled(tmp_path, m
             raise _Interrupted
         return aggregate(rnd, *args, **kwargs)
 
-    monkeypatch.setattr(cut.strategy, "aggregate_with_decisions", stop_in_round_3)
+    monkeypatch.setattr(cut.strategy, "aggregate", stop_in_round_3)
     with pytest.raises(_Interrupted):
         cut.run()
     assert not (tmp_path / "cut" / "spill").exists()  # removed on the error too

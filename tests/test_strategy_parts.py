@@ -78,7 +78,7 @@ def _nova(**parts):
 def _round(strategy):
     state = strategy.setup(INFOS, torch_generator(0, 0, -1, "init"))
     tasks = strategy.plan(1, state, INFOS, torch_generator(0, 1, -1, "sample"))
-    return state, strategy.aggregate(1, state, trained(tasks, _results(state)))
+    return state, strategy.aggregate(1, state, trained(tasks, _results(state))).state
 
 
 def test_every_reduction_of_a_round_goes_through_the_reducer() -> None:
@@ -116,7 +116,7 @@ def test_server_moments_round_trip_through_extra_state() -> None:
     steps = []
     for s in (first, restored, fresh):
         tasks = s.plan(2, state1, INFOS, torch_generator(0, 2, -1, "sample"))
-        steps.append(s.aggregate(2, state1, trained(tasks, _results(state1))))
+        steps.append(s.aggregate(2, state1, trained(tasks, _results(state1))).state)
     assert torch.equal(steps[0]["head.bias"], steps[1]["head.bias"])
     assert not torch.equal(steps[0]["head.bias"], steps[2]["head.bias"])
 
@@ -223,4 +223,4 @@ def test_a_trained_round_refuses_results_out_of_order_or_paired_with_another_tas
     served = (ServerResult(0, {}),)
     with pytest.raises(ValueError, match=r"server results for clients \[0\], trained clients"):
         TrainedRound(tuple(pairs), server_results=served)
-    assert strategy.aggregate(1, state, TrainedRound(tuple(pairs))).keys() == state.keys()
+    assert strategy.aggregate(1, state, TrainedRound(tuple(pairs))).state.keys() == state.keys()

@@ -198,7 +198,7 @@ def test_label_split_head_rows_come_only_from_clients_holding_the_class() -> Non
     for task, value in zip(tasks, (1.0, 5.0), strict=True):
         tensors = {k: torch.full_like(v, value) for k, v in task.payload.items()}
         results.append(ClientResult(task.cid, tensors, 50, 1, 0.0))
-    after = strategy.aggregate(1, state, trained(tasks, results))
+    after = strategy.aggregate(1, state, trained(tasks, results)).state
     head = after["head.weight"]
     assert torch.all(head[0] == 1.0) and torch.all(head[2] == 5.0)  # only their holder
     assert torch.all(head[1] == 3.0)  # both hold class 1: uniform weights
@@ -615,7 +615,7 @@ def test_fjord_averages_bands_by_samples_and_each_widths_statistics_over_its_cli
         ClientResult(t.cid, {k: torch.full_like(v, value) for k, v in t.payload.items()}, n, 1, 0.0)
         for t, value, n in zip(tasks, (1.0, 2.0, 4.0), (10, 30, 60), strict=True)
     ]
-    after = strategy.aggregate(1, state, trained(tasks, results))
+    after = strategy.aggregate(1, state, trained(tasks, results)).state
     all_three, wide_only = 3.1, 300 / 90
 
     def equals(t: torch.Tensor, value: float) -> bool:

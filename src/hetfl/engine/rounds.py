@@ -192,9 +192,7 @@ class RoundLoop(ABC):
                     with self.progress.phase("eval", rnd):
                         before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
-                self.state, outcome.defence = self.strategy.aggregate_with_decisions(
-                    rnd, self.state, trained
-                )
+                self.state, outcome.defence = self.strategy.aggregate(rnd, self.state, trained)
                 add_round(self.counters.defence, outcome.defence, self.settings.malicious)
                 # Step 3b: the strategy's server phase, on every valid upload of the round.
                 with self.progress.phase("server_phase", rnd):

@@ -41,7 +41,7 @@ Each reducer records its `decisions` (`Decisions`: its kind, per added client in
 added "kept", "clipped" or "dropped", and whether it fell back). A strategy reduces through
 a `DecisionRecorder`, which keeps every reducer a round builds (each behind its
 `StatisticsGuard`) and gives the round's `RoundDecisions` by client id
-(`hetfl.core.server.strategy.Strategy.aggregate_with_decisions`), for the run outputs
+(`hetfl.core.server.strategy.Strategy.aggregate`), for the run outputs
 (`hetfl.engine.decisions`). The median and the trimmed mean keep every client and decide
 nothing per client: they record no decisions unless the guard refuses a client.
 """

@@ -418,18 +418,12 @@ class Strategy:
             )
         return tasks
 
-    def aggregate(self, round: int, state: State, trained: TrainedRound) -> State:
+    def aggregate(self, round: int, state: State, trained: TrainedRound) -> Aggregated:
         """The new global state: each result reduced through its task's map with its weight
         (fill "keep"), with its server session's tensors in split learning, then the server
-        update. Unchanged without results."""
-        return self.aggregate_with_decisions(round, state, trained).state
-
-    def aggregate_with_decisions(
-        self, round: int, state: State, trained: TrainedRound
-    ) -> Aggregated:
-        """`aggregate`, with the decisions of a defence among the reducers (kept, clipped,
-        dropped per trained client, the median fallback), which every reduction of the
-        round records (`DecisionRecorder`)."""
+        update (unchanged without results); with what a defence among the reducers decided
+        (kept, clipped, dropped per trained client, the median fallback), which every
+        reduction of the round records (`DecisionRecorder`)."""
         if not trained.trained:
             return Aggregated(dict(state), None)
         results = trained.results

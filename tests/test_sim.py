@@ -257,7 +257,8 @@ def test_a_bad_reducer_setting_names_the_field():
         (
             {"reducer": "mode"},
             r"unknown reducer 'mode'.*\(allowed: coverage-krum, coverage-median, "
-            r"coverage-multi-krum, coverage-trimmed-mean, krum, mean, median, multi-krum, norm-clip",
+            r"coverage-multi-krum, coverage-trimmed-mean, krum, mean, median, multi-krum, "
+            r"norm-clip",
         ),
         (
             {"reducer": "trimmed-mean", "trim": 0.1},

@@ -121,6 +121,9 @@ class VectorisedExecutor:
         #: The client ids trained together in the last `run`, one tuple per group (a group
         #: that fell back to the sequential executor is not listed).
         self.grouped: list[tuple[int, ...]] = []
+        #: The bytes each group of `grouped` held on its device between steps (its data and
+        #: its stack); a round's peak is its largest group's (see the module docstring).
+        self.resident: list[int] = []
         #: The client ids trained alone in the last `run`, each with why.
         self.alone: dict[int, str] = {}
 
@@ -154,7 +157,7 @@ class VectorisedExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        self.grouped = []
+        self.grouped, self.resident = [], []
         if server is not None:
             self.alone = {job.task.cid: "the round has a server program" for job in jobs}
             return self.sequential.run(programs, jobs, clients, server)
@@ -176,7 +179,8 @@ class VectorisedExecutor:
         members = list(group.values())
         started = time.perf_counter()
         try:
-            outputs = train_together(programs.models.model_for(members[0].job.task.spec), members)
+            template = programs.models.model_for(members[0].job.task.spec)
+            outputs, resident = train_together(template, members)
         except Exception as exc:
             cids = [m.job.task.cid for m in members]
             warnings.warn(
@@ -193,6 +197,7 @@ class VectorisedExecutor:
             }
         wall_s = (time.perf_counter() - started) / len(members)
         self.grouped.append(tuple(m.job.task.cid for m in members))
+        self.resident.append(resident)
         return {
             i: TaskOutcome(m.job.task, out, wall_s)
             for (i, m), out in zip(group.items(), outputs, strict=True)
@@ -280,23 +285,63 @@ def _copy_generator(generator: torch.Generator) -> torch.Generator:
     return copy
 
 
-def _by_batch_size(batches: Sequence[Sequence[torch.Tensor]], step: int) -> dict[int, list[int]]:
-    """The clients (rows) that have a batch at `step`, by that batch's size."""
-    rows: dict[int, list[int]] = {}
-    for k, own in enumerate(batches):
-        if step < len(own):
-            rows.setdefault(int(own[step].shape[0]), []).append(k)
-    return rows
+@dataclass(frozen=True)
+class _Pass:
+    """One sub-stack's step: the `rows` (clients, in the group's order) that have a batch
+    of one size at `step`, their row numbers on the device (None: every row) and their
+    batches (K', B), indices into the group's data on the device."""
+
+    step: int
+    rows: list[int]
+    index: torch.Tensor | None
+    batch: torch.Tensor
 
 
-def train_together(template: nn.Module, members: Sequence[_Member]) -> list[ClientOutput]:
+def _schedule(
+    batches: Sequence[Sequence[torch.Tensor]], starts: Sequence[int], device: torch.device
+) -> list[_Pass]:
+    """Every step of the group, in order: at each step, one pass per batch size among the
+    clients that have a batch there (the last batch of an epoch may be short; a finished
+    client has none). Client k's batch indices are offset by `starts[k]` into the group's
+    data. Every index is made on the host and sent to the device in one copy, so that the
+    step loop sends nothing and waits for nothing."""
+    plan: list[tuple[int, list[int]]] = []
+    pieces: list[torch.Tensor] = []
+    for step in range(max(len(own) for own in batches)):
+        by_size: dict[int, list[int]] = {}
+        for k, own in enumerate(batches):
+            if step < len(own):
+                by_size.setdefault(int(own[step].shape[0]), []).append(k)
+        for rows in by_size.values():
+            plan.append((step, rows))
+            pieces.append(torch.tensor(rows))
+            pieces.extend(batches[k][step].cpu() + starts[k] for k in rows)
+    flat = torch.cat(pieces).to(device)
+    passes, at = [], 0
+    for step, rows in plan:
+        index, at = flat[at : at + len(rows)], at + len(rows)
+        size = len(rows) * int(batches[rows[0]][step].shape[0])
+        batch, at = flat[at : at + size].view(len(rows), -1), at + size
+        whole = len(rows) == len(batches)
+        passes.append(_Pass(step, rows, None if whole else index, batch))
+    return passes
+
+
+def resident_bytes(tensors: Sequence[Mapping[Any, torch.Tensor]]) -> int:
+    """The bytes of the tensors of `tensors` (dicts of them)."""
+    return sum(t.numel() * t.element_size() for part in tensors for t in part.values())
+
+
+def train_together(
+    template: nn.Module, members: Sequence[_Member]
+) -> tuple[list[ClientOutput], int]:
     """Train the members (same spec, settings and payload names, a step whose parts all
     vectorise) on one stack; each one's `ClientOutput`, as its `ClientProgram.fit` would
-    return it."""
+    return it, and the bytes the group held on its device between steps."""
     group = _GroupTraining(template, members)
-    for step in range(max(len(own) for own in group.batches)):
-        group.step(step)
-    return group.outputs()
+    for one in group.passes:
+        group.step(one)
+    return group.outputs(), group.resident_bytes()
 
 
 class _GroupTraining:
@@ -312,17 +357,18 @@ class _GroupTraining:
         self.names = [k for k in self.owns[0] if k in trainable]
         self.device = self.owns[0][self.names[0]].device
         generators = [_copy_generator(m.job.generator) for m in members]
-        # All members' data in one tensor, so that a step gathers its batches at once;
-        # row k's batches index it past the data of rows before k.
-        self.x = torch.cat([m.data.x_train for m in members])
-        self.y = torch.cat([m.data.y_train for m in members])
+        # All members' data in one tensor on the device, so that a step gathers its
+        # batches there at once; row k's batches index it past the data of rows before k.
+        self.x = torch.cat([m.data.x_train for m in members]).to(self.device)
+        self.y = torch.cat([m.data.y_train for m in members]).to(self.device)
         starts = [0]
         for m in members[:-1]:
             starts.append(starts[-1] + m.data.n_train)
-        self.batches = [
-            [start + idx.to(self.device) for idx in batch_order(m.data.n_train, self.settings, g)]
-            for m, g, start in zip(members, generators, starts, strict=True)
+        orders = [
+            batch_order(m.data.n_train, self.settings, g)
+            for m, g in zip(members, generators, strict=True)
         ]
+        self.passes = _schedule(orders, starts, self.device)
         self.pixels = first.data.pixels  # one dataset's: the same for every member
         self.step_def = LocalStep.of(first.program.recipe, self.settings, template, self.names)
         roles = tensor_roles(template)
@@ -348,7 +394,8 @@ class _GroupTraining:
         self.losses: list[tuple[list[int], int, torch.Tensor]] = []
 
     def _first_batch(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self.batches[k][0]
+        first = next(p for p in self.passes if k in p.rows)  # step 0: every client has one
+        idx = first.batch[first.rows.index(k)]
         return model_inputs(self.x[idx], self.pixels), self.y[idx]
 
     def _probe(self, template: nn.Module) -> set[str]:
@@ -408,36 +455,34 @@ class _GroupTraining:
         buffers = {k: v for k, v in stacked.items() if k not in params}
         return _Stack(params, buffers, state, received, constants)
 
-    def step(self, step: int) -> None:
-        """Step `step` of every client that has a batch there, one sub-stack per size."""
-        for rows in _by_batch_size(self.batches, step).values():
-            self._step_rows(step, rows)
+    def resident_bytes(self) -> int:
+        """The bytes the group holds on its device between steps: its data and its stack."""
+        return resident_bytes(
+            [{"x": self.x, "y": self.y}, *self.stack._tensors(), self.stack.constants]
+        )
 
-    def _step_rows(self, step: int, ks: list[int]) -> None:
-        """One step of the rows `ks` (batches of one size): the loss's gradient (vmapped),
-        the update, the trackers; other rows are not touched."""
-        idx = torch.tensor(ks, device=self.device)
-        whole = len(ks) == len(self.members)
-        rows = self.stack if whole else self.stack.rows(idx)
-        batch = torch.stack([self.batches[k][step] for k in ks])  # (K', B)
-        x, y = model_inputs(self.x[batch], self.pixels), self.y[batch]  # (K', B, ...), (K', B)
+    def step(self, one: _Pass) -> None:
+        """One step of the rows `one.rows` (batches of one size): the loss's gradient
+        (vmapped), the update, the trackers; other rows are not touched."""
+        rows = self.stack if one.index is None else self.stack.rows(one.index)
+        x, y = model_inputs(self.x[one.batch], self.pixels), self.y[one.batch]  # (K', B, ...)
         ctx = replace(
             self.ctx,
             received=rows.received,
             constants=rows.constants,
             params=rows.params,
-            step=step,
+            step=one.step,
         )
         g, (loss, rows.buffers) = self.gradient(rows.params, rows.buffers, x, y, ctx)
         grads = {k: g[k] for k in self.names if k in self.used}
         self.step_def.update(
             {"grads": grads, "params": rows.params, "state": rows.state}, ctx, on_stack
         )
-        if not whole:
-            self.stack.put(idx, rows)
-        self.losses.append((ks, int(y.shape[1]), loss))
-        for k in ks:
-            self.contexts[k].step = step
+        if one.index is not None:
+            self.stack.put(one.index, rows)
+        self.losses.append((one.rows, int(y.shape[1]), loss))
+        for k in one.rows:
+            self.contexts[k].step = one.step
             self.step_def.observe(self.contexts[k])
 
     def outputs(self) -> list[ClientOutput]:

@@ -486,11 +486,13 @@ class _GroupTraining:
             self.step_def.observe(self.contexts[k])
 
     def outputs(self) -> list[ClientOutput]:
-        """Each member's answer, from its rows of the stack and its steps' losses."""
+        """Each member's answer, from its rows of the stack and its steps' losses (all
+        brought to the host in one copy: the group's one wait for its device)."""
         tallies = [Tally() for _ in self.members]
-        for ks, b, loss in self.losses:
-            for k, value in zip(ks, loss.tolist(), strict=True):
-                tallies[k].add(value, b, recorded=False)
+        values = iter(torch.cat([loss for _, _, loss in self.losses]).tolist())
+        for ks, size, _ in self.losses:
+            for k in ks:
+                tallies[k].add(next(values), size, recorded=False)
         stacked = {**self.stack.params, **self.stack.buffers}
         out = []
         for k, m in enumerate(self.members):

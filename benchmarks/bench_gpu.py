@@ -92,7 +92,7 @@ FULL = {
     "cifar": Workload("cifar", "resnet18", (3, 32, 32), 20, 320, 1, 10, 32, 0.05),
 }
 SMOKE = {
-    "mnist": Workload("mnist", "flanc-cnn", (1, 28, 28), 8, 10, 2, None, 5, 0.01),
+    "mnist": Workload("mnist", "flanc-cnn", (1, 28, 28), 8, 10, 1, None, 5, 0.01),
     "cifar": Workload("cifar", "resnet18", (3, 32, 32), 8, 8, 1, 1, 4, 0.05),
 }
 

@@ -495,7 +495,7 @@ def test_four_widths_agree_to_rounding_that_float64_removes(tmp_path, steps):
 
 def test_the_gpu_benchmark_runs_its_packed_round_at_smoke_scale(tmp_path, capsys, monkeypatch):
     """`benchmarks/bench_gpu.py --smoke`'s MNIST-sized round on the CPU: three sides, 4
-    groups of 2 clients, the executors' results within the tolerance, every ratio printed
+    groups of 2 clients (2 steps each), the executors' results within the tolerance, every ratio printed
     (the figures themselves mean nothing on a CPU at this scale)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_gpu
@@ -504,7 +504,7 @@ def test_the_gpu_benchmark_runs_its_packed_round_at_smoke_scale(tmp_path, capsys
     bench_gpu.packed_round(bench_gpu.SMOKE["mnist"], args, tmp_path)
     out = capsys.readouterr().out
     assert "vectorised groups: [2, 2, 2, 2] clients; alone: {}" in out
-    assert "160 samples in the round" in out  # 8 clients x 2 epochs x 10 samples
+    assert "80 samples in the round" in out  # 8 clients x 1 epoch x 10 samples
     diff = float(out.split("max |diff| sequential against vectorised: ")[1].split()[0])
     assert diff <= TOL
     for side in ("sequential", "vectorised", "plain"):

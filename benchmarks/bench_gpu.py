@@ -61,13 +61,15 @@ from hetfl.core.client.loop import batch_order
 from hetfl.core.client.program import ClientProgram
 from hetfl.core.init import build_model
 from hetfl.core.pixels import model_inputs
-from hetfl.core.rng import torch_generator
 from hetfl.core.spec import Spec
 from hetfl.core.types import ClientOutput
 from hetfl.data.synthetic import load_synthetic
 from hetfl.runner import build_simulation
 from hetfl.sim import ClientJob, Executor, SequentialExecutor, Simulation, TaskOutcome
 from hetfl.sim.vectorised import VectorisedExecutor
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_vectorised import round_jobs
 
 LEVELS = [1.0, 0.5, 0.25, 0.125]
 
@@ -131,17 +133,6 @@ def config(data: Path, work: Workload, clients: int, device: str, **extra: Any) 
         "device": device,
         **extra,
     }
-
-
-def round_jobs(sim: Simulation) -> list[ClientJob]:
-    """Round 1's jobs as the engine builds them, with fresh generators (each side draws)."""
-    sample = torch_generator(0, 1, -1, "sample")
-    tasks = sorted(
-        sim.strategy.plan(1, sim.state, sim.known_clients(), sample), key=lambda t: t.cid
-    )
-    return [
-        ClientJob(t, sim.infos[t.cid], {}, torch_generator(0, 1, t.cid, "train"), {}) for t in tasks
-    ]
 
 
 class PlainLoop:

@@ -495,8 +495,8 @@ def test_four_widths_agree_to_rounding_that_float64_removes(tmp_path, steps):
 
 def test_the_gpu_benchmark_runs_its_packed_round_at_smoke_scale(tmp_path, capsys, monkeypatch):
     """`benchmarks/bench_gpu.py --smoke`'s MNIST-sized round on the CPU: three sides, 4
-    groups of 2 clients (2 steps each), the executors' results within the tolerance, every ratio printed
-    (the figures themselves mean nothing on a CPU at this scale)."""
+    groups of 2 clients (2 steps each), the executors' results within the tolerance, every
+    ratio printed (the figures themselves mean nothing on a CPU at this scale)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_gpu
 

@@ -27,7 +27,8 @@ on the CPU by default, so that a check without a GPU exercises the whole script.
    and global model count for all three), the vectorised executor's groups and resident
    bytes, the largest difference between the executors' results, and the ratios
    `vectorised/sequential samples/s` (target >= 4 on (a)) and
-   `vectorised/plain peak memory` (target <= 1.5).
+   `vectorised/plain peak memory` (target <= 1.5). A stack holds K clients' activations
+   where the plain loop holds one's: `--max-stack N` caps K, trading speed for memory.
 2. Determinism: a 2-round run of the ResNet-18 setting (8 clients, 4 per round, evaluation
    every round) twice with `deterministic: true` and twice with `false`, each in a fresh
    process; each pair's final model compared tensor by tensor. It prints
@@ -232,7 +233,7 @@ def packed_round(work: Workload, args: argparse.Namespace, root: Path) -> None:
     samples = samples_of(sim, round_jobs(sim))
     sides: dict[str, Executor | PlainLoop] = {
         "sequential": SequentialExecutor(),
-        "vectorised": VectorisedExecutor(),
+        "vectorised": VectorisedExecutor(max_stack=args.max_stack),
         "plain": PlainLoop(sim),
     }
     print(f"-- ({work.name}) HeteroFL {work.model}, {work.clients} clients at "
@@ -337,6 +338,12 @@ def determinism(args: argparse.Namespace, root: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--max-stack",
+        type=int,
+        default=None,
+        help="the vectorised executor's most clients a stack (default: a whole width's group)",
+    )
     parser.add_argument("--device", default=None, help="cuda (default), or cpu with --smoke")
     parser.add_argument("--workloads", nargs="+", choices=list(FULL), default=list(FULL))
     parser.add_argument("--smoke", action="store_true", help="tiny scale, 1 rep, no determinism")

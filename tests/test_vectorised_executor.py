@@ -500,7 +500,7 @@ def test_the_gpu_benchmark_runs_its_packed_round_at_smoke_scale(tmp_path, capsys
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_gpu
 
-    args = SimpleNamespace(reps=1, device="cpu", deterministic=True)
+    args = SimpleNamespace(reps=1, device="cpu", deterministic=True, max_stack=None)
     bench_gpu.packed_round(bench_gpu.SMOKE["mnist"], args, tmp_path)
     out = capsys.readouterr().out
     assert "vectorised groups: [2, 2, 2, 2] clients; alone: {}" in out
@@ -511,3 +511,20 @@ def test_the_gpu_benchmark_runs_its_packed_round_at_smoke_scale(tmp_path, capsys
         assert f"{side}: round " in out
     assert "ratio vectorised/sequential samples/s: " in out
     assert "ratio vectorised/plain samples/s: " in out
+
+
+def test_max_stack_splits_a_group_into_stacks_that_still_agree(tmp_path):
+    """One group of 6 clients, at most 4 a stack: two stacks of 3 (near-equal sizes, job
+    order) trained one after another, which between them hold what the whole group's stack
+    holds, and whose results agree with the sequential executor's as the whole group's do."""
+    sim = _simulation(tmp_path, "fedavg", {"train.momentum": 0.9})
+    whole = VectorisedExecutor()
+    whole.run(sim.programs, _jobs(sim), sim.clients, None)
+    split = VectorisedExecutor(max_stack=4)
+    together = split.run(sim.programs, _jobs(sim), sim.clients, None)
+    assert whole.grouped == [(0, 1, 2, 3, 4, 5)]
+    assert split.grouped == [(0, 1, 2), (3, 4, 5)] and split.alone == {}
+    assert sum(split.resident) == whole.resident[0]
+    _assert_agree(SequentialExecutor().run(sim.programs, _jobs(sim), sim.clients, None), together)
+    with pytest.raises(ValueError, match="max_stack must be at least 1 client, got 0"):
+        VectorisedExecutor(max_stack=0)

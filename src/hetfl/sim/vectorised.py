@@ -31,8 +31,12 @@ their gradients, one batch's activations each and, when only some step, a copy o
 rows. A group's stack is freed before the next group is built, so a round's peak is its
 largest group's, plus the trained tensors of the clients done so far (which the sequential
 executor keeps too), plus what the run holds throughout (the global model, the clients'
-data); not the sum over the groups. A group too large for the device raises (out of memory)
-and is trained sequentially instead (Failures, below).
+data); not the sum over the groups. The activations grow with the stack (K clients' batches
+at once where a sequential step holds one's), so a wide group's step dominates; with
+`max_stack` a group is split into stacks of at most that many clients, trained one after
+another, which bounds a step's gradients and activations at `max_stack` clients'. A group
+too large for the device raises (out of memory) and is trained sequentially instead
+(Failures, below).
 
 What it reproduces. Each client draws its mini-batches from its own generator exactly as
 `hetfl.core.client.loop.batch_order` does in its sequential training, in the same order, and
@@ -134,10 +138,17 @@ class VectorisedExecutor:
     docstring); everything it cannot vectorise goes to a `SequentialExecutor`. Results agree
     with the sequential executor's to about 1e-5, not bit for bit."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_stack: int | None = None) -> None:
+        if max_stack is not None and max_stack < 1:
+            raise ValueError(f"max_stack must be at least 1 client, got {max_stack}")
+        #: The most clients one stack trains (None: a whole group). A group of more is
+        #: split into stacks of near-equal sizes, in job order, trained one after another:
+        #: a step's gradients and activations grow with the stack, so this bounds them.
+        self.max_stack = max_stack
         self.sequential = SequentialExecutor()
-        #: The client ids trained together in the last `run`, one tuple per group (a group
-        #: that fell back to the sequential executor is not listed).
+        #: The client ids trained together in the last `run`, one tuple per stack (a group,
+        #: or its part under `max_stack`; one that fell back to the sequential executor is
+        #: not listed).
         self.grouped: list[tuple[int, ...]] = []
         #: The bytes each group of `grouped` held on its device between steps (its data and
         #: its stack); a round's peak is its largest group's (see the module docstring).
@@ -180,6 +191,7 @@ class VectorisedExecutor:
             self.alone = {job.task.cid: "the round has a server program" for job in jobs}
             return self.sequential.run(programs, jobs, clients, server)
         groups, self.alone = _groups(programs, jobs, clients)
+        groups = [part for group in groups for part in _split(group, self.max_stack)]
         done: dict[int, TaskOutcome] = {
             i: self.sequential.run(programs, [job], clients, None)[0]
             for i, job in enumerate(jobs)
@@ -268,6 +280,19 @@ def _groups(
             [member] = group.values()
             alone[member.job.task.cid] = "no other client shares its model, settings and payload"
     return groups, alone
+
+
+def _split(group: dict[int, _Member], most: int | None) -> list[dict[int, _Member]]:
+    """`group` as stacks of at most `most` clients, of near-equal sizes, in job order."""
+    items = list(group.items())
+    parts = 1 if most is None else -(-len(items) // most)
+    size, extra = divmod(len(items), parts)
+    out, at = [], 0
+    for part in range(parts):
+        end = at + size + (part < extra)
+        out.append(dict(items[at:end]))
+        at = end
+    return out
 
 
 @dataclass

@@ -27,8 +27,10 @@ on the CPU by default, so that a check without a GPU exercises the whole script.
    and global model count for all three), the vectorised executor's groups and resident
    bytes, the largest difference between the executors' results, and the ratios
    `vectorised/sequential samples/s` (target >= 4 on (a)) and
-   `vectorised/plain peak memory` (target <= 1.5). A stack holds K clients' activations
-   where the plain loop holds one's: `--max-stack N` caps K, trading speed for memory.
+   `vectorised/plain peak memory` (target <= 1.5); on a GPU, how often one round of each
+   executor makes the host wait for the device (torch's sync debug mode). A stack holds K
+   clients' activations where the plain loop holds one's: `--max-stack N` caps K, trading
+   speed for memory.
 2. Determinism: a 2-round run of the ResNet-18 setting (8 clients, 4 per round, evaluation
    every round) twice with `deterministic: true` and twice with `false`, each in a fresh
    process; each pair's final model compared tensor by tensor. It prints
@@ -48,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +212,19 @@ def timed(sim: Simulation, side: Executor | PlainLoop) -> tuple[float, int | Non
     return seconds, peak, done
 
 
+def host_waits(sim: Simulation, executor: Executor) -> int:
+    """How many times one round of `executor` makes the host wait for the GPU (torch's
+    sync debug mode, one warning a synchronising call)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            executor.run(sim.programs, round_jobs(sim), sim.clients, None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
 def max_diff(a: list[TaskOutcome], b: list[TaskOutcome]) -> float:
     worst = 0.0
     for x, y in zip(a, b, strict=True):
@@ -271,6 +287,9 @@ def packed_round(work: Workload, args: argparse.Namespace, root: Path) -> None:
     peak_v, peak_p = peaks["vectorised"], peaks["plain"]
     if peak_v is not None and peak_p is not None:
         print(f"ratio vectorised/plain peak memory: {peak_v / peak_p:.2f}")
+        waits = host_waits(sim, SequentialExecutor()), host_waits(sim, vectorised)
+        print(f"host waits for the GPU in one round: sequential {waits[0]}, "
+              f"vectorised {waits[1]} ({len(vectorised.grouped)} stacks)")  # fmt: skip
 
 
 def one_run(data: Path, out: Path, deterministic: bool, device: str) -> float:

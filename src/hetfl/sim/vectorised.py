@@ -150,8 +150,8 @@ class VectorisedExecutor:
         #: or its part under `max_stack`; one that fell back to the sequential executor is
         #: not listed).
         self.grouped: list[tuple[int, ...]] = []
-        #: The bytes each group of `grouped` held on its device between steps (its data and
-        #: its stack); a round's peak is its largest group's (see the module docstring).
+        #: The bytes each stack of `grouped` held on its device between steps (its data and
+        #: its tensors); a round's peak is its largest stack's (see the module docstring).
         self.resident: list[int] = []
         #: The client ids trained alone in the last `run`, each with why.
         self.alone: dict[int, str] = {}
@@ -373,7 +373,7 @@ def _schedule(
     return passes
 
 
-def resident_bytes(tensors: Sequence[Mapping[Any, torch.Tensor]]) -> int:
+def _bytes_of(tensors: Sequence[Mapping[Any, torch.Tensor]]) -> int:
     """The bytes of the tensors of `tensors` (dicts of them)."""
     return sum(t.numel() * t.element_size() for part in tensors for t in part.values())
 
@@ -503,9 +503,7 @@ class _GroupTraining:
 
     def resident_bytes(self) -> int:
         """The bytes the group holds on its device between steps: its data and its stack."""
-        return resident_bytes(
-            [{"x": self.x, "y": self.y}, *self.stack._tensors(), self.stack.constants]
-        )
+        return _bytes_of([{"x": self.x, "y": self.y}, *self.stack._tensors(), self.stack.constants])
 
     def step(self, one: _Pass) -> None:
         """One step of the rows `one.rows` (batches of one size): the loss's gradient

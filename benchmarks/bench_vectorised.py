@@ -60,7 +60,8 @@ def _simulation(device: str, threads: int, workdir: Path) -> Simulation:
     return sim
 
 
-def _jobs(sim: Simulation) -> list[ClientJob]:
+def round_jobs(sim: Simulation) -> list[ClientJob]:
+    """Round 1's jobs as the engine builds them, with fresh generators (each side draws)."""
     sample = torch_generator(0, 1, -1, "sample")
     tasks = sorted(
         sim.strategy.plan(1, sim.state, sim.known_clients(), sample), key=lambda t: t.cid
@@ -71,7 +72,7 @@ def _jobs(sim: Simulation) -> list[ClientJob]:
 
 
 def _timed(executor: Executor, sim: Simulation) -> tuple[float, list[TaskOutcome]]:
-    jobs = _jobs(sim)
+    jobs = round_jobs(sim)
     if sim.programs.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -421,3 +422,109 @@ def test_a_constant_made_in_a_stacked_step_sends_the_group_back(synthetic_federa
     assert executor.alone == dict.fromkeys(
         [0, 1], "its group's vectorised training raised RuntimeError"
     )
+
+
+#: HeteroFL at 4 widths, 8 clients all in the round, 2 at each width (fixed assignment).
+FOUR_WIDTHS = {
+    **WIDTHS,
+    "options.heterofl": {"levels": [1.0, 0.5, 0.25, 0.125], "assignment": "fixed"},
+    "data.num_clients": 8,
+    "train.clients_per_round": 8,
+    "train.batch_size": 16,
+}
+
+
+def _in_dtype(sim: Simulation, jobs: list[ClientJob], dtype: torch.dtype):
+    """The round's jobs and clients with every floating-point tensor sent and trained in
+    `dtype`: the received payload and the clients' inputs."""
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() else t
+
+    cast_jobs = [
+        replace(j, task=replace(j.task, payload={k: cast(v) for k, v in j.task.payload.items()}))
+        for j in jobs
+    ]
+    clients = {c: replace(d, x_train=cast(d.x_train)) for c, d in sim.clients.items()}
+    return cast_jobs, clients
+
+
+@pytest.mark.parametrize("steps", [1, 10])
+def test_four_widths_agree_to_rounding_that_float64_removes(tmp_path, steps):
+    """HeteroFL, 4 widths stacked one after another (a group each): after 1 and after 10
+    steps the results agree to 1e-5 in float32 (seen: 1.2e-7 and 6.0e-7), and the same run in
+    float64 agrees to 1e-12 (seen: 1.1e-16 and 6.7e-16), so what differs is float32
+    rounding: a vmapped convolution or matrix product sums in another order than the
+    unbatched one. The groups' resident bytes are their data and their stacks: parameters
+    (parameters, buffers, momentum, the received payload, the parts' constants)."""
+    sim = _simulation(tmp_path, "heterofl", {**FOUR_WIDTHS, "train.local_steps": steps})
+    gaps = {}
+    default = torch.get_default_dtype()
+    for dtype in (torch.float32, torch.float64):
+        clients = _in_dtype(sim, [], dtype)[1]
+        torch.set_default_dtype(dtype)  # what the parts make (masks, constants) follows
+        try:  # each executor its own jobs: it draws from their generators
+            alone = SequentialExecutor().run(
+                sim.programs, _in_dtype(sim, _jobs(sim), dtype)[0], clients, None
+            )
+            executor = VectorisedExecutor()
+            together = executor.run(
+                sim.programs, _in_dtype(sim, _jobs(sim), dtype)[0], clients, None
+            )
+        finally:
+            torch.set_default_dtype(default)
+        assert executor.grouped == [(0, 1), (2, 3), (4, 5), (6, 7)] and executor.alone == {}
+        assert {t.dtype for r in together for t in _output(r).result.tensors.values()} == {dtype}
+        assert [_output(r).result.num_steps for r in together] == [steps] * 8
+        gaps[dtype] = max(
+            _max_diff(_output(a).result.tensors, _output(b).result.tensors)
+            for a, b in zip(alone, together, strict=True)
+        )
+        if dtype is torch.float32:
+            _assert_agree(alone, together)
+            resident, float32 = executor.resident, together
+    assert 0 < gaps[torch.float32] <= TOL
+    assert gaps[torch.float64] <= 1e-12
+    for group, held in zip(executor.grouped, resident, strict=True):
+        data = sum(sim.clients[c].x_train.nbytes + sim.clients[c].y_train.nbytes for c in group)
+        sent = sum(t.nbytes for c in group for t in _output(float32[c]).result.tensors.values())
+        # parameters, momentum, received payload: 3 copies of what is sent (static BatchNorm
+        # keeps no statistics); HeteroFL's masks of the clients' classes, 10 bools each
+        assert held == data + 3 * sent + 2 * 10
+
+
+def test_the_gpu_benchmark_runs_its_packed_round_at_smoke_scale(tmp_path, capsys, monkeypatch):
+    """`benchmarks/bench_gpu.py --smoke`'s MNIST-sized round on the CPU: three sides, 4
+    groups of 2 clients (2 steps each), the executors' results within the tolerance, every
+    ratio printed (the figures themselves mean nothing on a CPU at this scale)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_gpu
+
+    args = SimpleNamespace(reps=1, device="cpu", deterministic=True, max_stack=None)
+    bench_gpu.packed_round(bench_gpu.SMOKE["mnist"], args, tmp_path)
+    out = capsys.readouterr().out
+    assert "vectorised groups: [2, 2, 2, 2] clients; alone: {}" in out
+    assert "80 samples in the round" in out  # 8 clients x 1 epoch x 10 samples
+    diff = float(out.split("max |diff| sequential against vectorised: ")[1].split()[0])
+    assert diff <= TOL
+    for side in ("sequential", "vectorised", "plain"):
+        assert f"{side}: round " in out
+    assert "ratio vectorised/sequential samples/s: " in out
+    assert "ratio vectorised/plain samples/s: " in out
+
+
+def test_max_stack_splits_a_group_into_stacks_that_still_agree(tmp_path):
+    """One group of 6 clients, at most 4 a stack: two stacks of 3 (near-equal sizes, job
+    order) trained one after another, which between them hold what the whole group's stack
+    holds, and whose results agree with the sequential executor's as the whole group's do."""
+    sim = _simulation(tmp_path, "fedavg", {"train.momentum": 0.9})
+    whole = VectorisedExecutor()
+    whole.run(sim.programs, _jobs(sim), sim.clients, None)
+    split = VectorisedExecutor(max_stack=4)
+    together = split.run(sim.programs, _jobs(sim), sim.clients, None)
+    assert whole.grouped == [(0, 1, 2, 3, 4, 5)]
+    assert split.grouped == [(0, 1, 2), (3, 4, 5)] and split.alone == {}
+    assert sum(split.resident) == whole.resident[0]
+    _assert_agree(SequentialExecutor().run(sim.programs, _jobs(sim), sim.clients, None), together)
+    with pytest.raises(ValueError, match="max_stack must be at least 1 client, got 0"):
+        VectorisedExecutor(max_stack=0)

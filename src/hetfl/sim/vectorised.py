@@ -18,6 +18,26 @@ per client, batch by batch), when it has no step, or when no other client shares
 says it (`describe`). A round with a server program (split learning exchanges with the
 server every batch) runs entirely in the sequential executor.
 
+Scheduling and memory. The round's groups are formed in one pass over its jobs (for
+HeteroFL, one per width) and trained one after another on the device. A group's data is one
+tensor there (a copy of its members' training sets, concatenated), and its whole step plan
+(at each step, which clients step and on which batch: `_schedule`) is made on the host
+before training and sent in one copy, so the step loop sends nothing to the device and waits
+for nothing; a group waits once, at its end, when its losses come back in one copy. Between
+steps a group holds its data and its stack (`VectorisedExecutor.resident`: parameters,
+buffers, optimiser state, the received payload, the parts' constants; for HeteroFL with
+momentum, three copies of its members' parameters); a step adds, for the clients that step,
+their gradients, one batch's activations each and, when only some step, a copy of their
+rows. A group's stack is freed before the next group is built, so a round's peak is its
+largest group's, plus the trained tensors of the clients done so far (which the sequential
+executor keeps too), plus what the run holds throughout (the global model, the clients'
+data); not the sum over the groups. The activations grow with the stack (K clients' batches
+at once where a sequential step holds one's), so a wide group's step dominates; with
+`max_stack` a group is split into stacks of at most that many clients, trained one after
+another, which bounds a step's gradients and activations at `max_stack` clients'. A group
+too large for the device raises (out of memory) and is trained sequentially instead
+(Failures, below).
+
 What it reproduces. Each client draws its mini-batches from its own generator exactly as
 `hetfl.core.client.loop.batch_order` does in its sequential training, in the same order, and
 starts from the same tensors (`ClientProgram.own_tensors`); its answer is built by the same
@@ -31,7 +51,9 @@ BatchNorm statistics are not touched at all (no zero-gradient step, which moment
 weight decay would still move). The outputs agree with `SequentialExecutor`'s to about
 1e-5, not bit for bit: a vmapped convolution (a grouped one) or matrix product sums in
 another order than the unbatched one, and training amplifies the difference. In float64 the
-two agree to 1e-13 or better, so what remains is float32 rounding; but it can grow past
+two agree to 1e-13 or better, so what remains is float32 rounding (HeteroFL at 4 widths on
+digits: 1.2e-7 after 1 step and 6.0e-7 after 10 in float32, 1.1e-16 and 6.7e-16 in
+float64; tests/test_vectorised_executor.py); but it can grow past
 1e-5 where a step is ill-conditioned: a BatchNorm layer fed a last batch of one sample
 (6.5e-4 after two rounds on digits), or a max-pool CNN on Fashion-MNIST at momentum 0.9
 (`benchmarks/bench_vectorised.py`: 4 of 20 clients 3e-5 to 4e-4 after 10 steps, the other
@@ -116,11 +138,21 @@ class VectorisedExecutor:
     docstring); everything it cannot vectorise goes to a `SequentialExecutor`. Results agree
     with the sequential executor's to about 1e-5, not bit for bit."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_stack: int | None = None) -> None:
+        if max_stack is not None and max_stack < 1:
+            raise ValueError(f"max_stack must be at least 1 client, got {max_stack}")
+        #: The most clients one stack trains (None: a whole group). A group of more is
+        #: split into stacks of near-equal sizes, in job order, trained one after another:
+        #: a step's gradients and activations grow with the stack, so this bounds them.
+        self.max_stack = max_stack
         self.sequential = SequentialExecutor()
-        #: The client ids trained together in the last `run`, one tuple per group (a group
-        #: that fell back to the sequential executor is not listed).
+        #: The client ids trained together in the last `run`, one tuple per stack (a group,
+        #: or its part under `max_stack`; one that fell back to the sequential executor is
+        #: not listed).
         self.grouped: list[tuple[int, ...]] = []
+        #: The bytes each stack of `grouped` held on its device between steps (its data and
+        #: its tensors); a round's peak is its largest stack's (see the module docstring).
+        self.resident: list[int] = []
         #: The client ids trained alone in the last `run`, each with why.
         self.alone: dict[int, str] = {}
 
@@ -154,11 +186,12 @@ class VectorisedExecutor:
         clients: Mapping[int, ClientData],
         server: ServerProgram | None,
     ) -> list[TaskOutcome]:
-        self.grouped = []
+        self.grouped, self.resident = [], []
         if server is not None:
             self.alone = {job.task.cid: "the round has a server program" for job in jobs}
             return self.sequential.run(programs, jobs, clients, server)
         groups, self.alone = _groups(programs, jobs, clients)
+        groups = [part for group in groups for part in _split(group, self.max_stack)]
         done: dict[int, TaskOutcome] = {
             i: self.sequential.run(programs, [job], clients, None)[0]
             for i, job in enumerate(jobs)
@@ -172,11 +205,13 @@ class VectorisedExecutor:
         self, programs: Programs, group: dict[int, _Member], clients: Mapping[int, ClientData]
     ) -> dict[int, TaskOutcome]:
         """The group's outcomes by job position; if its vectorised training raises, its jobs
-        one by one in the sequential executor instead (their inputs are untouched)."""
+        one by one in the sequential executor instead (their inputs are untouched), once the
+        exception, whose traceback holds the group's stack, is gone (out of memory)."""
         members = list(group.values())
         started = time.perf_counter()
         try:
-            outputs = train_together(programs.models.model_for(members[0].job.task.spec), members)
+            template = programs.models.model_for(members[0].job.task.spec)
+            outputs, resident = train_together(template, members)
         except Exception as exc:
             cids = [m.job.task.cid for m in members]
             warnings.warn(
@@ -187,12 +222,15 @@ class VectorisedExecutor:
             )
             for cid in cids:
                 self.alone[cid] = f"its group's vectorised training raised {type(exc).__name__}"
+            outputs = []
+        if not outputs:
             return {
                 i: self.sequential.run(programs, [m.job], clients, None)[0]
                 for i, m in group.items()
             }
         wall_s = (time.perf_counter() - started) / len(members)
         self.grouped.append(tuple(m.job.task.cid for m in members))
+        self.resident.append(resident)
         return {
             i: TaskOutcome(m.job.task, out, wall_s)
             for (i, m), out in zip(group.items(), outputs, strict=True)
@@ -244,6 +282,19 @@ def _groups(
     return groups, alone
 
 
+def _split(group: dict[int, _Member], most: int | None) -> list[dict[int, _Member]]:
+    """`group` as stacks of at most `most` clients, of near-equal sizes, in job order."""
+    items = list(group.items())
+    parts = 1 if most is None else -(-len(items) // most)
+    size, extra = divmod(len(items), parts)
+    out, at = [], 0
+    for part in range(parts):
+        end = at + size + (part < extra)
+        out.append(dict(items[at:end]))
+        at = end
+    return out
+
+
 @dataclass
 class _Stack:
     """The group's tensors stacked on a leading client dimension (K, ...): trainable
@@ -280,23 +331,63 @@ def _copy_generator(generator: torch.Generator) -> torch.Generator:
     return copy
 
 
-def _by_batch_size(batches: Sequence[Sequence[torch.Tensor]], step: int) -> dict[int, list[int]]:
-    """The clients (rows) that have a batch at `step`, by that batch's size."""
-    rows: dict[int, list[int]] = {}
-    for k, own in enumerate(batches):
-        if step < len(own):
-            rows.setdefault(int(own[step].shape[0]), []).append(k)
-    return rows
+@dataclass(frozen=True)
+class _Pass:
+    """One sub-stack's step: the `rows` (clients, in the group's order) that have a batch
+    of one size at `step`, their row numbers on the device (None: every row) and their
+    batches (K', B), indices into the group's data on the device."""
+
+    step: int
+    rows: list[int]
+    index: torch.Tensor | None
+    batch: torch.Tensor
 
 
-def train_together(template: nn.Module, members: Sequence[_Member]) -> list[ClientOutput]:
+def _schedule(
+    batches: Sequence[Sequence[torch.Tensor]], starts: Sequence[int], device: torch.device
+) -> list[_Pass]:
+    """Every step of the group, in order: at each step, one pass per batch size among the
+    clients that have a batch there (the last batch of an epoch may be short; a finished
+    client has none). Client k's batch indices are offset by `starts[k]` into the group's
+    data. Every index is made on the host and sent to the device in one copy, so that the
+    step loop sends nothing and waits for nothing."""
+    plan: list[tuple[int, list[int]]] = []
+    pieces: list[torch.Tensor] = []
+    for step in range(max(len(own) for own in batches)):
+        by_size: dict[int, list[int]] = {}
+        for k, own in enumerate(batches):
+            if step < len(own):
+                by_size.setdefault(int(own[step].shape[0]), []).append(k)
+        for rows in by_size.values():
+            plan.append((step, rows))
+            pieces.append(torch.tensor(rows))
+            pieces.extend(batches[k][step].cpu() + starts[k] for k in rows)
+    flat = torch.cat(pieces).to(device)
+    passes, at = [], 0
+    for step, rows in plan:
+        index, at = flat[at : at + len(rows)], at + len(rows)
+        size = len(rows) * int(batches[rows[0]][step].shape[0])
+        batch, at = flat[at : at + size].view(len(rows), -1), at + size
+        whole = len(rows) == len(batches)
+        passes.append(_Pass(step, rows, None if whole else index, batch))
+    return passes
+
+
+def _bytes_of(tensors: Sequence[Mapping[Any, torch.Tensor]]) -> int:
+    """The bytes of the tensors of `tensors` (dicts of them)."""
+    return sum(t.numel() * t.element_size() for part in tensors for t in part.values())
+
+
+def train_together(
+    template: nn.Module, members: Sequence[_Member]
+) -> tuple[list[ClientOutput], int]:
     """Train the members (same spec, settings and payload names, a step whose parts all
     vectorise) on one stack; each one's `ClientOutput`, as its `ClientProgram.fit` would
-    return it."""
+    return it, and the bytes the group held on its device between steps."""
     group = _GroupTraining(template, members)
-    for step in range(max(len(own) for own in group.batches)):
-        group.step(step)
-    return group.outputs()
+    for one in group.passes:
+        group.step(one)
+    return group.outputs(), group.resident_bytes()
 
 
 class _GroupTraining:
@@ -312,17 +403,18 @@ class _GroupTraining:
         self.names = [k for k in self.owns[0] if k in trainable]
         self.device = self.owns[0][self.names[0]].device
         generators = [_copy_generator(m.job.generator) for m in members]
-        # All members' data in one tensor, so that a step gathers its batches at once;
-        # row k's batches index it past the data of rows before k.
-        self.x = torch.cat([m.data.x_train for m in members])
-        self.y = torch.cat([m.data.y_train for m in members])
+        # All members' data in one tensor on the device, so that a step gathers its
+        # batches there at once; row k's batches index it past the data of rows before k.
+        self.x = torch.cat([m.data.x_train for m in members]).to(self.device)
+        self.y = torch.cat([m.data.y_train for m in members]).to(self.device)
         starts = [0]
         for m in members[:-1]:
             starts.append(starts[-1] + m.data.n_train)
-        self.batches = [
-            [start + idx.to(self.device) for idx in batch_order(m.data.n_train, self.settings, g)]
-            for m, g, start in zip(members, generators, starts, strict=True)
+        orders = [
+            batch_order(m.data.n_train, self.settings, g)
+            for m, g in zip(members, generators, strict=True)
         ]
+        self.passes = _schedule(orders, starts, self.device)
         self.pixels = first.data.pixels  # one dataset's: the same for every member
         self.step_def = LocalStep.of(first.program.recipe, self.settings, template, self.names)
         roles = tensor_roles(template)
@@ -348,7 +440,8 @@ class _GroupTraining:
         self.losses: list[tuple[list[int], int, torch.Tensor]] = []
 
     def _first_batch(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self.batches[k][0]
+        first = next(p for p in self.passes if k in p.rows)  # step 0: every client has one
+        idx = first.batch[first.rows.index(k)]
         return model_inputs(self.x[idx], self.pixels), self.y[idx]
 
     def _probe(self, template: nn.Module) -> set[str]:
@@ -408,44 +501,42 @@ class _GroupTraining:
         buffers = {k: v for k, v in stacked.items() if k not in params}
         return _Stack(params, buffers, state, received, constants)
 
-    def step(self, step: int) -> None:
-        """Step `step` of every client that has a batch there, one sub-stack per size."""
-        for rows in _by_batch_size(self.batches, step).values():
-            self._step_rows(step, rows)
+    def resident_bytes(self) -> int:
+        """The bytes the group holds on its device between steps: its data and its stack."""
+        return _bytes_of([{"x": self.x, "y": self.y}, *self.stack._tensors(), self.stack.constants])
 
-    def _step_rows(self, step: int, ks: list[int]) -> None:
-        """One step of the rows `ks` (batches of one size): the loss's gradient (vmapped),
-        the update, the trackers; other rows are not touched."""
-        idx = torch.tensor(ks, device=self.device)
-        whole = len(ks) == len(self.members)
-        rows = self.stack if whole else self.stack.rows(idx)
-        batch = torch.stack([self.batches[k][step] for k in ks])  # (K', B)
-        x, y = model_inputs(self.x[batch], self.pixels), self.y[batch]  # (K', B, ...), (K', B)
+    def step(self, one: _Pass) -> None:
+        """One step of the rows `one.rows` (batches of one size): the loss's gradient
+        (vmapped), the update, the trackers; other rows are not touched."""
+        rows = self.stack if one.index is None else self.stack.rows(one.index)
+        x, y = model_inputs(self.x[one.batch], self.pixels), self.y[one.batch]  # (K', B, ...)
         ctx = replace(
             self.ctx,
             received=rows.received,
             constants=rows.constants,
             params=rows.params,
-            step=step,
+            step=one.step,
         )
         g, (loss, rows.buffers) = self.gradient(rows.params, rows.buffers, x, y, ctx)
         grads = {k: g[k] for k in self.names if k in self.used}
         self.step_def.update(
             {"grads": grads, "params": rows.params, "state": rows.state}, ctx, on_stack
         )
-        if not whole:
-            self.stack.put(idx, rows)
-        self.losses.append((ks, int(y.shape[1]), loss))
-        for k in ks:
-            self.contexts[k].step = step
+        if one.index is not None:
+            self.stack.put(one.index, rows)
+        self.losses.append((one.rows, int(y.shape[1]), loss))
+        for k in one.rows:
+            self.contexts[k].step = one.step
             self.step_def.observe(self.contexts[k])
 
     def outputs(self) -> list[ClientOutput]:
-        """Each member's answer, from its rows of the stack and its steps' losses."""
+        """Each member's answer, from its rows of the stack and its steps' losses (all
+        brought to the host in one copy: the group's one wait for its device)."""
         tallies = [Tally() for _ in self.members]
-        for ks, b, loss in self.losses:
-            for k, value in zip(ks, loss.tolist(), strict=True):
-                tallies[k].add(value, b, recorded=False)
+        values = iter(torch.cat([loss for _, _, loss in self.losses]).tolist())
+        for ks, size, _ in self.losses:
+            for k in ks:
+                tallies[k].add(next(values), size, recorded=False)
         stacked = {**self.stack.params, **self.stack.buffers}
         out = []
         for k, m in enumerate(self.members):

@@ -107,6 +107,35 @@ def test_clipping_by_a_bound_measures_updates_from_the_previous_state() -> None:
     assert clip.result(ones, fill="zero")["w"].tolist()[:2] == pytest.approx([0.6, 0.8])
 
 
+def test_trained_norm_clip_measures_what_the_client_trained() -> None:
+    """A grafted client (its block `b` repeated into the deeper global block `c`) that
+    returns exactly what it received, b = [1, 1], with an α of 2 on `b`: the upload's update
+    is (2·1 - 1) over `b` and 2·1 - 3 over `c`, norm √(1+1+1+1) = 2, so norm-clip at bound 1
+    halves it; measured on what it trained (b, once, unscaled) the update is 0, kept. A
+    client that trained b to [1, 4] measures 3 either way on `b` alone."""
+    ref = {"b": torch.ones(2), "c": torch.full((2,), 3.0)}
+    grafted = [MapEntry("b", "b"), MapEntry("b", "c")]
+    same = {"b": torch.ones(2)}
+    alpha = {"b": 2.0, "c": 2.0}
+    naive = ClippingReducer(ref, bound=1.0)
+    naive.add(same, grafted, 1.0, alpha)
+    assert naive.norms(ref, "keep") == pytest.approx([2.0])
+    trained = choose(REDUCERS, {"kind": "trained-norm-clip", "bound": 1.0}).build()(ref)
+    trained.add(same, grafted, 1.0, alpha)
+    assert trained.norms(ref, "keep") == [0.0]
+    trained.result(ref)
+    assert trained.decisions.kind == "trained-norm-clip"
+    assert trained.decisions.per_client == ["kept"]
+    moved = ClippingReducer(ref, bound=1.0, measure="trained")
+    moved.add({"b": torch.tensor([1.0, 4.0])}, grafted, 1.0, alpha)
+    assert moved.norms(ref, "keep") == pytest.approx([3.0])
+    # the factor 1/3 scales the reduced update: b -> 1 + (2·[1, 4] - 1)/3,
+    # c -> 3 + (2·[1, 4] - 3)/3
+    got = moved.result(ref)
+    assert torch.allclose(got["b"], torch.tensor([1 + 1 / 3, 1 + 7 / 3]), atol=1e-6)
+    assert torch.allclose(got["c"], torch.tensor([3 - 1 / 3, 3 + 5 / 3]), atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("reducer", "match"),
     [

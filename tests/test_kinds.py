@@ -77,7 +77,8 @@ def test_an_unknown_kind_lists_the_known_ones():
     assert "options.fedavg.reducer: unknown reducer 'bulyan'" in message
     assert (
         "(allowed: coverage-krum, coverage-median, coverage-multi-krum, "
-        "coverage-trimmed-mean, krum, mean, median, multi-krum, norm-clip, trimmed-mean)"
+        "coverage-trimmed-mean, krum, mean, median, multi-krum, norm-clip, trained-norm-clip, "
+        "trimmed-mean)"
     ) in message
 
 
@@ -101,7 +102,8 @@ def test_an_unknown_kind_lists_the_known_ones():
         (
             {"trim": 0.1},
             "(kinds: coverage-krum, coverage-median, coverage-multi-krum, coverage-trimmed-mean, "
-            "krum, mean, median, multi-krum, norm-clip, trimmed-mean); got {'trim': 0.1}",
+            "krum, mean, median, multi-krum, norm-clip, trained-norm-clip, trimmed-mean); "
+            "got {'trim': 0.1}",
         ),
     ],
 )

@@ -258,7 +258,7 @@ def test_a_bad_reducer_setting_names_the_field():
             {"reducer": "mode"},
             r"unknown reducer 'mode'.*\(allowed: coverage-krum, coverage-median, "
             r"coverage-multi-krum, coverage-trimmed-mean, krum, mean, median, multi-krum, "
-            r"norm-clip",
+            r"norm-clip, trained-norm-clip",
         ),
         (
             {"reducer": "trimmed-mean", "trim": 0.1},

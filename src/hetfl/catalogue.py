@@ -124,6 +124,8 @@ REDUCERS: dict[str, str] = {
         "coordinate-wise mean without min(ceil(fraction x n), k) values at each end"
     ),
     "norm-clip": "updates clipped to `bound` (or the round's median norm), then the mean",
+    "trained-norm-clip": "norm-clip measured on what each client trained (each tensor once, "
+    "before the method's scaling)",
     "krum": "the one client of lowest Krum score over shared elements (Blanchard et al. 2017)",
     "multi-krum": "the `m` clients of lowest Krum score, averaged (Blanchard et al. 2017)",
 }

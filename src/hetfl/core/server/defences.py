@@ -56,7 +56,7 @@ from typing import Literal
 import torch
 
 from hetfl.core.server.robust import CoordinateReducer, HeldClients, median
-from hetfl.core.spec import IndexMap
+from hetfl.core.spec import IndexMap, first_entries
 from hetfl.core.state import (
     Fill,
     Reducer,
@@ -314,13 +314,29 @@ class KrumReducer:
         return self.held.weighted_mean(chosen, previous, fill)
 
 
+#: What a clipping rule measures a client's update on: `upload`, the values the method
+#: reduces (after its round-level scaling, such as FedFA's α, and over every element an
+#: entry repeats into, such as FedFA's grafted blocks: the naive rule); `trained`, each of
+#: the client's tensors once, at the place it was downloaded from (its first map entry,
+#: `first_entries`) and before any scaling: what its training changed.
+Measure = Literal["upload", "trained"]
+
+
 class ClippingReducer:
     """Updates clipped to `bound` (a float, or "median": the round's median norm), then the
-    weighted mean."""
+    weighted mean. The norm is measured on the upload or on what the client trained
+    (`measure`); the factor it gives is applied to the update the method reduces."""
 
-    def __init__(self, reference: Mapping[str, torch.Tensor], bound: float | str) -> None:
-        self.held, self.bound = HeldClients(reference), bound
-        self.decisions = Decisions("norm-clip")
+    def __init__(
+        self,
+        reference: Mapping[str, torch.Tensor],
+        bound: float | str,
+        measure: Measure = "upload",
+        kind: str = "norm-clip",
+    ) -> None:
+        self.held, self.bound, self.kind = HeldClients(reference), bound, kind
+        self.measured = self.held if measure == "upload" else HeldClients(reference)
+        self.decisions = Decisions(kind)
 
     def add(
         self,
@@ -330,14 +346,15 @@ class ClippingReducer:
         scale: Mapping[str, float] | None = None,
     ) -> None:
         self.held.add(local, index_map, weight, scale)
+        if self.measured is not self.held:
+            self.measured.add(local, list(first_entries(index_map).values()), weight)
 
     def norms(self, previous: Mapping[str, torch.Tensor], fill: Fill) -> list[float]:
-        """Each added client's update norm over the elements it covers."""
+        """Each added client's update norm over the elements it covers (as measured)."""
+        held = self.measured
         return [
-            math.sqrt(
-                sum(float((u * u).sum()) for u in self.held.update(i, previous, fill).values())
-            )
-            for i in range(len(self.held))
+            math.sqrt(sum(float((u * u).sum()) for u in held.update(i, previous, fill).values()))
+            for i in range(len(held))
         ]
 
     def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
@@ -351,6 +368,6 @@ class ClippingReducer:
         bound = median_norm if self.bound == "median" else float(self.bound)
         factors = {i: (bound / x if x > bound else 1.0) for i, x in enumerate(norms)}
         self.decisions = Decisions(
-            "norm-clip", ["clipped" if factors[i] < 1.0 else "kept" for i in factors]
+            self.kind, ["clipped" if factors[i] < 1.0 else "kept" for i in factors]
         )
         return self.held.weighted_mean(list(factors), previous, fill, factors)

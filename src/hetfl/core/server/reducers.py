@@ -15,7 +15,10 @@ Built in:
   baselines.
 
 - `norm-clip`: updates clipped to `bound` (a positive number, or `median`: the round's
-  median update norm), then the weighted mean;
+  median update norm), then the weighted mean; `trained-norm-clip`, the same with each
+  update's norm measured on what the client trained (each of its tensors once, where it
+  was downloaded from, before the method's scaling), not on the upload FedFA's grafting
+  repeats and α rescales;
 - `krum` (option `f`) and `multi-krum` (`f`, and `m`, 1 <= m <= n − f, default n − f):
   Blanchard et al.'s selection (NeurIPS 2017, §4) over the elements both clients cover,
   then the weighted mean of the kept clients; a round with n <= 2f + 2 valid results takes
@@ -177,6 +180,13 @@ class MultiKrumOptions(KrumOptions):
 @register_reducer("norm-clip", ClipOptions)
 def _norm_clip(options: ClipOptions) -> ReducerFactory:
     return partial(ClippingReducer, bound=options.bound)
+
+
+@register_reducer("trained-norm-clip", ClipOptions)
+def _trained_norm_clip(options: ClipOptions) -> ReducerFactory:
+    return partial(
+        ClippingReducer, bound=options.bound, measure="trained", kind="trained-norm-clip"
+    )
 
 
 @register_reducer("krum", KrumOptions)

@@ -4,6 +4,7 @@ decoder blocks, the refusals, and short HeteroFL and FedFA runs on a token task.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -176,3 +177,10 @@ def test_a_short_run_on_the_transformer_completes_with_finite_metrics(method, tm
     rows = read_metrics(tmp_path / "metrics.jsonl")
     values = [rows[-1][k] for k in ("global_acc", "test_loss", "loss")]
     assert all(v is not None and math.isfinite(v) for v in values), values
+    # Perplexity: exp of the global test loss; the local one, each evaluated client's
+    # exp(local_loss), averaged over clients (FedFA's "average local perplexity").
+    assert rows[-1]["global_ppl"] == pytest.approx(math.exp(rows[-1]["test_loss"]), rel=1e-12)
+    traced = [json.loads(line) for line in (tmp_path / "clients.jsonl").read_text().splitlines()]
+    local = [math.exp(c["local_loss"]) for c in traced if c.get("local_loss") is not None]
+    assert local and rows[-1]["local_ppl"] == pytest.approx(sum(local) / len(local), rel=1e-12)
+    assert 1.0 < rows[-1]["local_ppl"] < 2 * VOCAB  # near chance (V) after two steps

@@ -265,9 +265,8 @@ for _name, _size in SIZES.items():
             1,
             (_size.layers,),
             lambda s: 1,
-            f"decoder-only Transformer LM, {_size.heads} heads x {_size.head_size}, MLP "
-            f"{_size.mlp_ratio}x, {_size.layers} layers (FedFA Table 3): width by heads, "
-            "depth by layers",
+            f"Transformer LM, {_size.heads} heads x {_size.head_size}, MLP {_size.mlp_ratio}x, "
+            f"{_size.layers} layers: width by heads, depth by layers (FedFA Table 3)",
             check=check_heads(_size),
             input_rank=1,
         ),

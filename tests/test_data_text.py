@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+from pydoc_data.topics import topics
 
 import numpy as np
 import pytest
-from pydoc_data.topics import topics
 
-from hetfl.data import DatasetNotFoundError, PARTITIONERS, load_pydoc_topics, load_wikitext2
+from hetfl.data import PARTITIONERS, DatasetNotFoundError, load_pydoc_topics, load_wikitext2
 from hetfl.data.archives import ARCHIVE_MD5
 from hetfl.data.byte_tokens import encode, grouped_samples, next_token_samples
 from hetfl.data.download import DOWNLOADERS

@@ -153,7 +153,7 @@ def _token_data(n_train: int = 48, n_test: int = 16) -> Dataset:
     return Dataset("cycle", x_train, y_train, x_test, y_test, VOCAB)
 
 
-@pytest.mark.parametrize("method", ["heterofl", "fedfa"])
+@pytest.mark.parametrize("method", ["heterofl", "fedfa", "flexifed", "fjord"])
 def test_a_short_run_on_the_transformer_completes_with_finite_metrics(method, tmp_path) -> None:
     ds = _token_data()
     parts = PARTITIONERS.get("iid")(ds.y_train, 2, np.random.default_rng(0))
@@ -162,6 +162,9 @@ def test_a_short_run_on_the_transformer_completes_with_finite_metrics(method, tm
     if method == "fedfa":  # FedFA's options take depths from 2 (§5.1's candidates)
         options = {"depths": [2, 3], "widths": [0.5, 1.0], "choice": "random"}
         attrs = {0: {"architecture": "d2-w0.5"}, 1: {"architecture": "d3-w1"}}
+    elif method == "flexifed":  # no grafting: depth 1 beside 3
+        options = {"depths": [1, 3], "choice": "random"}
+        attrs = {0: {"architecture": "d1-w1"}, 1: {"architecture": "d3-w1"}}
     else:
         options, attrs = {"levels": (1.0, 0.5)}, None
     train = LocalTraining(steps=2, batch_size=8)
@@ -184,3 +187,15 @@ def test_a_short_run_on_the_transformer_completes_with_finite_metrics(method, tm
     local = [math.exp(c["local_loss"]) for c in traced if c.get("local_loss") is not None]
     assert local and rows[-1]["local_ppl"] == pytest.approx(sum(local) / len(local), rel=1e-12)
     assert 1.0 < rows[-1]["local_ppl"] < 2 * VOCAB  # near chance (V) after two steps
+
+
+def test_nefl_refuses_the_transformer_naming_what_takes_it() -> None:
+    family = _family()
+    with pytest.raises(ValueError, match="fedfa or flexifed on transformer-tiny"):
+        ALGORITHMS.get("nefl").build(
+            family,
+            {"choice": "random"},
+            clients_per_round=2,
+            train=LocalTraining(batch_size=4),
+            macs=MacCounter(family),
+        )

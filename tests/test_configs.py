@@ -22,7 +22,7 @@ import hetfl.assembly
 from hetfl.assembly import build_parts
 from hetfl.config import default_config_path, expand_sweep, load_raw, validate
 from hetfl.core.pixels import PixelNorm
-from hetfl.data import Dataset
+from hetfl.data import OWNED_DATASETS, Dataset
 from hetfl.engine.rounds import setup_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,8 @@ SHAPES = {
     "tiny-imagenet": Shape((3, 64, 64), 200, 20_000, 2_000, "pixels"),
     "femnist": Shape((1, 28, 28), 62, 40_000, 4_000, "pixels"),
     "shakespeare": Shape((80,), 80, 40_000, 4_000, "codes"),
+    "pydoc-topics": Shape((32,), 256, 13_037, 1_489, "codes"),
+    "wikitext2": Shape((32,), 256, 40_000, 4_000, "codes"),
 }
 
 
@@ -63,9 +65,7 @@ def fake_dataset(name: str) -> Dataset:
     (x_train, y_train), (x_test, y_test) = split(s.n_train), split(s.n_test)
     channels = s.input_shape[0]
     pixels = PixelNorm((0.5,) * channels, (0.25,) * channels) if s.kind == "pixels" else None
-    groups = (
-        np.arange(s.n_train, dtype=np.int64) % 1000 if name in ("femnist", "shakespeare") else None
-    )
+    groups = np.arange(s.n_train, dtype=np.int64) % 1000 if name in OWNED_DATASETS else None
     return Dataset(
         name, x_train, y_train, x_test, y_test, s.classes, pixels=pixels, train_groups=groups
     )

@@ -297,9 +297,14 @@ def test_natural_with_fewer_clients_deals_a_seeded_sample_of_owners():
 def test_natural_refuses_more_clients_than_owners_and_data_without_owners():
     with pytest.raises(PartitionError, match="num_clients = 7 but the training set has 6 own"):
         _natural(7, seed=0)
-    with pytest.raises(PartitionError, match="datasets with owners: femnist, shakespeare"):
+    with pytest.raises(
+        PartitionError, match="datasets with owners: femnist, pydoc-topics, shakespeare, wikitext2"
+    ):
         _natural(2, seed=0, groups=None)
-    with pytest.raises(ConfigError, match="owners \\(femnist, shakespeare\\), not 'digits'"):
+    with pytest.raises(
+        ConfigError,
+        match="owners \\(femnist, pydoc-topics, shakespeare, wikitext2\\), not 'digits'",
+    ):
         validate({"data": {"dataset": "digits", "partition": {"kind": "natural"}}})
 
 

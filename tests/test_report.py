@@ -453,6 +453,34 @@ def test_attack_success_is_a_column_and_a_plotted_curve_when_a_run_reports_it(
     assert not any(label == "fedavg attack_success" for label, _ in drawn)
 
 
+def test_perplexities_are_columns_and_curves_on_their_own_axis_for_language_models(
+    tmp_path: Path, monkeypatch
+):
+    """A language-model run's `final global_ppl` and `final local_ppl` (mean ± sd over
+    seeds), drawn on a log-scaled second axis; an image run shows neither."""
+    for seed, ppl in enumerate([3.0, 5.0]):
+        final = {"global_acc": 0.5, "global_ppl": ppl, "local_ppl": 2 * ppl}
+        _paired_run(tmp_path / f"fedfa-lm-s{seed}", seed, final)
+    _paired_run(tmp_path / "fedavg-s0", 0, {"global_acc": 0.5})
+    rows = {r["run"]: r for r in comparison_rows(find_runs([tmp_path]))}
+    assert rows["fedfa-lm"]["final global_ppl"] == "4.0000 ± 1.4142"
+    assert rows["fedfa-lm"]["final local_ppl"] == "8.0000 ± 2.8284"
+    assert "final global_ppl" not in rows["fedavg"]
+    pytest.importorskip("matplotlib")
+    from hetfl.report import comparison_figure
+
+    fig = comparison_figure(find_runs([tmp_path]), "round")
+    accuracy, perplexity = fig.axes
+    assert {line.get_label() for line in perplexity.get_lines()} == {
+        "fedfa-lm global_ppl",
+        "fedfa-lm local_ppl",
+    }
+    assert perplexity.get_yscale() == "log"
+    assert "fedfa-lm global_ppl" not in {line.get_label() for line in accuracy.get_lines()}
+    only_images = comparison_figure(find_runs([tmp_path / "fedavg-s0"]), "round")
+    assert len(only_images.axes) == 1
+
+
 _MALICIOUS = ("malicious_kept", "malicious_clipped", "malicious_dropped")
 
 

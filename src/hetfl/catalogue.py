@@ -75,6 +75,14 @@ ARCHITECTURES: dict[str, str] = {
     "preresnet": "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",
     "resnet18": "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)",
     "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",
+    "transformer": (
+        "Transformer LM, 8 heads x 32, MLP 2x, 4 layers: width by heads, depth by layers "
+        "(FedFA Table 3)"
+    ),
+    "transformer-tiny": (
+        "Transformer LM, 4 heads x 8, MLP 2x, 2 layers: width by heads, depth by layers "
+        "(FedFA Table 3)"
+    ),
 }
 
 COMPOSED: dict[str, str] = {
@@ -101,9 +109,11 @@ DATASETS: tuple[str, ...] = (
     "ham10000",
     "libsvm",
     "npz",
+    "pydoc-topics",
     "shakespeare",
     "synthetic",
     "tiny-imagenet",
+    "wikitext2",
 )
 
 PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "natural", "quantity")

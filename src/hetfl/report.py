@@ -159,6 +159,9 @@ def comparison_rows(
             **_optional_column(final, "local_acc_stats"),
             **_optional_column(final, "local_acc_trained"),
             **_optional_column(final, "attack_success"),
+            **_optional_column(final, "global_ppl"),
+            **_optional_column(final, "local_ppl"),
+            **_optional_column(final, "local_ppl_trained"),
             **_malicious_column(members),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
@@ -188,7 +191,8 @@ def _optional_column(final: Sequence[dict[str, Any]], key: str) -> dict[str, str
     """`final <key>` for a metric only some runs measure (`pooled_acc` of a method scored
     on its clients' own splits, `local_acc_stats` with
     `eval.stats_pass`, `local_acc_trained` with `eval.local_trained`, `attack_success` with a
-    trigger attack), when some run of the group reports it."""
+    trigger attack, the perplexities of a language-model task), when some run of the group
+    reports it."""
     values = [f.get(key) for f in final]
     return {f"final {key}": _fmt(values)} if any(v is not None for v in values) else {}
 
@@ -379,6 +383,12 @@ _CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
     ("attack_success", "-.", methodcaller("get", "attack_success")),
     ("malicious kept", "x:", malicious_through),
 )
+#: The perplexity curves of a language-model task, drawn on their own (log) axis.
+_PERPLEXITY_CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
+    ("global_ppl", "-", methodcaller("get", "global_ppl")),
+    ("local_ppl", "--", methodcaller("get", "local_ppl")),
+    ("local_ppl_trained", ":", methodcaller("get", "local_ppl_trained")),
+)
 
 
 def plot_runs(runs: Sequence[RunRecord], out: Path, x: str = "round") -> Path:
@@ -412,9 +422,42 @@ def comparison_figure(runs: Sequence[RunRecord], x: str = "round") -> Any:
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colour = {name: palette[i % len(palette)] for i, name in enumerate(groups)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    drawn: set[str] = set()
     banded: set[str] = set()
-    for metric, style, value in _CURVES:
+    drawn = _draw_curves(ax, _CURVES, groups, get_x, colour, banded)
+    perplexity_ax = ax.twinx()
+    if _draw_curves(perplexity_ax, _PERPLEXITY_CURVES, groups, get_x, colour, banded):
+        perplexity_ax.set_yscale("log")
+        perplexity_ax.set_ylabel("perplexity (log scale)")
+        perplexity_ax.legend(fontsize=8, loc="upper center")
+    else:
+        perplexity_ax.remove()
+    ax.set_xlabel(label_x)
+    if x == "round":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    shares = [m for m in ("attack_success", "malicious kept") if m in drawn]
+    ax.set_ylabel(", ".join(["accuracy", *(m.replace("_", " ") for m in shares)]))
+    ax.set_title(f"{', '.join(groups)}: accuracy against {label_x}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_curves(
+    ax: Any,
+    curves: Sequence[tuple[str, str, Callable[[Mapping[str, Any]], Any]]],
+    groups: Mapping[str, Sequence[RunRecord]],
+    get_x: Callable[[Mapping[str, Any]], Any],
+    colour: Mapping[str, str],
+    banded: set[str],
+) -> set[str]:
+    """Each group's mean curve of each of `curves` it reports, with a band over its seeds
+    (the legend names a group's band once: `banded` holds those named); returns the
+    metrics drawn."""
+    drawn: set[str] = set()
+    for metric, style, value in curves:
         for name, members in groups.items():
             series = [
                 [
@@ -442,15 +485,4 @@ def comparison_figure(runs: Sequence[RunRecord], x: str = "round") -> Any:
                 )
                 banded.add(name)
                 ax.fill_between(xs, lo, hi, color=colour[name], alpha=0.2, label=band)
-    ax.set_xlabel(label_x)
-    if x == "round":
-        from matplotlib.ticker import MaxNLocator
-
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    shares = [m for m in ("attack_success", "malicious kept") if m in drawn]
-    ax.set_ylabel(", ".join(["accuracy", *(m.replace("_", " ") for m in shares)]))
-    ax.set_title(f"{', '.join(groups)}: accuracy against {label_x}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return drawn

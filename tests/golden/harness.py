@@ -232,6 +232,28 @@ SCENARIOS: tuple[Scenario, ...] = (
             {**PRE_RESNET, "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5]}},
         ),
     ),
+    # The pydoc-topics corpus is the running interpreter's (`hetfl.data.pydoc_topics`): this
+    # fixture holds for the Python minor version it was written with (3.11), which the
+    # numerics fingerprint does not record; regenerate it with the suite's Python.
+    Scenario(
+        "fedfa-transformer",
+        "FedFA on the 3-layer transformer-tiny, the pydoc-topics byte corpus dealt by "
+        "document (natural), depths {2, 3} x widths {1/2, 1} drawn at random, grafting, 2 "
+        "local steps, 200 test samples: perplexities in the rows",
+        configured(
+            "fedfa",
+            {
+                "data.dataset": "pydoc-topics",
+                "data.partition": {"kind": "natural"},
+                "model": {"name": "transformer-tiny", "blocks": 3},
+                "options.fedfa": {"depths": [2, 3], "widths": [0.5, 1.0], "choice": "random"},
+                "train.local_steps": 2,
+                "train.batch_size": 16,
+                "train.lr": 0.05,
+                "eval.test_samples": 200,
+            },
+        ),
+    ),
     Scenario(
         "fedgkt",
         "FedGKT, edge models around md1 of the 1-block resnet-cifar, server md2..md8, two "

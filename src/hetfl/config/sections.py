@@ -18,7 +18,7 @@ from hetfl.core.augment import Augmentation, ResizedCrop
 from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.training import LocalTraining, default_of
-from hetfl.data import DATASET_SPLITS, DATASETS, LEAF_DATASETS, PARTITIONERS
+from hetfl.data import DATASET_SPLITS, DATASETS, OWNED_DATASETS, PARTITIONERS
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.partition import Deal
 from hetfl.data.views import ViewGroup
@@ -239,11 +239,12 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _owners_for_natural(self) -> DataConfig:
-        """The natural partition deals owners (writers, speakers): only LEAF data has them."""
-        if self.partition.kind == "natural" and self.dataset not in LEAF_DATASETS:
+        """The natural partition deals owners (writers, speakers, documents): only the
+        datasets of `OWNED_DATASETS` have them."""
+        if self.partition.kind == "natural" and self.dataset not in OWNED_DATASETS:
             raise ValueError(
                 f"partition kind 'natural' needs a dataset whose samples have owners "
-                f"({', '.join(LEAF_DATASETS)}), not {self.dataset!r}"
+                f"({', '.join(OWNED_DATASETS)}), not {self.dataset!r}"
             )
         return self
 
@@ -589,8 +590,13 @@ class TargetConfig(_Strict):
         "loss",
         "test_loss",
         "val_loss",
+        "global_ppl",
+        "local_ppl",
+        "local_ppl_trained",
     ] = Field(description="the metrics.jsonl key watched")
-    value: float = Field(description="reached when accuracy is at least, or a loss at most, this")
+    value: float = Field(
+        description="reached when accuracy is at least, or a loss or perplexity at most, this"
+    )
 
 
 class DeployConfig(_Strict):

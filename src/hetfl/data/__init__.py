@@ -8,7 +8,7 @@ The data layer knows no model.
 
 from hetfl.data.cifar import load_cifar10, load_cifar100
 from hetfl.data.cinic10 import load_cinic10
-from hetfl.data.dataset import DATASETS, Dataset, stratified_split
+from hetfl.data.dataset import DATASETS, OWNED_DATASETS, Dataset, stratified_split
 from hetfl.data.digits import load_digits
 from hetfl.data.fashion_mnist import load_fashion_mnist, read_idx
 from hetfl.data.federation import (
@@ -33,8 +33,10 @@ from hetfl.data.partition import (
     k_classes,
     quantity_skew,
 )
+from hetfl.data.pydoc_topics import load_pydoc_topics
 from hetfl.data.synthetic import load_synthetic
 from hetfl.data.tiny_imagenet import load_tiny_imagenet
+from hetfl.data.wikitext2 import load_wikitext2
 
 #: The test splits a dataset can draw (`data.split`), by dataset; the first is the default.
 DATASET_SPLITS: dict[str, tuple[str, ...]] = {"ham10000": HAM10000_SPLITS}
@@ -43,6 +45,7 @@ __all__ = [
     "DATASETS",
     "DATASET_SPLITS",
     "LEAF_DATASETS",
+    "OWNED_DATASETS",
     "PARTITIONERS",
     "Dataset",
     "DatasetNotFoundError",
@@ -63,9 +66,11 @@ __all__ = [
     "load_ham10000",
     "load_libsvm",
     "load_npz",
+    "load_pydoc_topics",
     "load_shakespeare",
     "load_synthetic",
     "load_tiny_imagenet",
+    "load_wikitext2",
     "local_test_indices",
     "quantity_skew",
     "read_idx",

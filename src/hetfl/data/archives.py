@@ -71,6 +71,7 @@ ARCHIVE_MD5: dict[str, str] = {
     "cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530",
     "cifar-100-binary.tar.gz": "03b5dce01913d631647c71ecec9e9cb8",
     "tiny-imagenet-200.zip": "90528d7ca1a48142e341f4ef8d21d0de",
+    "wikitext-2-v1.zip": "542ccefacc6c27f945fb54453812b3cd",
 }
 
 #: The downloadable archives, by dataset name.
@@ -95,6 +96,14 @@ ARCHIVES: dict[str, Archive] = {
         "tiny-imagenet-200",
         "http://cs231n.stanford.edu/",
         _AVALANCHE,
+    ),
+    "wikitext2": Archive(
+        "wikitext2",
+        "wikitext-2-v1.zip",
+        "wikitext-2",
+        "https://s3.amazonaws.com/research.metamind.io/wikitext/",
+        "third-party: the value torchtext's WikiText2 loader publishes "
+        "(torchtext/datasets/wikitext2.py, MD5)",
     ),
 }
 

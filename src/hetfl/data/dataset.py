@@ -158,6 +158,9 @@ class Dataset:
 
 
 DATASETS = Registry[Callable[..., Dataset]]("dataset")
+#: The datasets whose training samples have owners (`train_groups`: LEAF's writers and
+#: speakers, the text corpora's documents), which the `natural` partition deals.
+OWNED_DATASETS = ("femnist", "pydoc-topics", "shakespeare", "wikitext2")
 
 
 def stratified_split(

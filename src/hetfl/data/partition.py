@@ -19,7 +19,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from hetfl.core.registry import Registry
-from hetfl.data.leaf import LEAF_DATASETS
+from hetfl.data.dataset import OWNED_DATASETS
 
 Partitioner = Callable[..., list[np.ndarray]]
 
@@ -313,7 +313,7 @@ def natural(
     if groups is None:
         raise PartitionError(
             "natural partition needs the owner of each sample (writers, speakers), and this "
-            f"dataset has none; datasets with owners: {', '.join(LEAF_DATASETS)}"
+            f"dataset has none; datasets with owners: {', '.join(OWNED_DATASETS)}"
         )
     if groups.shape != labels.shape:
         raise PartitionError(

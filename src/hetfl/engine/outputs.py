@@ -29,6 +29,9 @@ ROW_KEYS = (
     "val_acc",
     "val_loss",
     "attack_success",
+    "global_ppl",
+    "local_ppl",
+    "local_ppl_trained",
     "loss",
     "bytes_down",
     "bytes_up",
@@ -60,6 +63,9 @@ TARGET_METRICS = (
     "loss",
     "test_loss",
     "val_loss",
+    "global_ppl",
+    "local_ppl",
+    "local_ppl_trained",
 )
 #: How a time to a target is counted (`hetfl.paired`, a study's primary): in rounds, or in
 #: simulated seconds (the run's `system:` clock), each with the label its rows carry.
@@ -75,6 +81,9 @@ _BEST = (
     "val_acc",
     "val_loss",
     "attack_success",
+    "global_ppl",
+    "local_ppl",
+    "local_ppl_trained",
 )
 #: What `best_by_val` reports of the row it selects.
 _BY_VAL = ("round", "val_acc", "global_acc", "pooled_acc", "local_acc", "test_loss")

@@ -71,6 +71,7 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings, StatsPassRule
 from hetfl.engine.steps import (
     Counters,
+    LanguageScores,
     LocalScore,
     Pooled,
     RoundOutcome,
@@ -249,6 +250,7 @@ class RoundLoop(ABC):
             local_acc_stats=done.local_acc_stats,
             local_acc_trained=mean_local_scores(trained)[0],
             defence=defence_row(outcome.defence, self.settings.malicious),
+            language=LanguageScores(local, trained) if self.x_test.dtype == torch.int64 else None,
         )
         return row, done.local
 

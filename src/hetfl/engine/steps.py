@@ -7,6 +7,7 @@ through these functions, so that a run reports the same numbers whichever engine
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -260,6 +261,15 @@ class LocalScore(NamedTuple):
     n: int = 0
 
 
+class LanguageScores(NamedTuple):
+    """A language-model round's local scores, for its perplexities: the locally evaluated
+    clients' (`local_ppl`) and the trained clients' right after training
+    (`local_ppl_trained`, with `eval.local_trained`)."""
+
+    local: Sequence[LocalScore]
+    trained: Sequence[LocalScore]
+
+
 def pooled_accuracy(scores: Sequence[LocalScore]) -> tuple[float | None, float | None]:
     """(accuracy, mean loss) over every sample of the clients' splits, each client weighted
     by its `n` (None when no sample was scored): `pooled_acc` and `pooled_loss`."""
@@ -289,6 +299,25 @@ def mean_local_scores(evaluated: Sequence[LocalScore]) -> tuple[float | None, fl
     return sum(s.acc for s in evaluated) / n, sum(s.loss for s in evaluated) / n
 
 
+def perplexity(loss: float) -> float:
+    """exp(mean token cross-entropy): a language model's loss as a perplexity (a loss past
+    exp's float range is an infinite perplexity)."""
+    return math.exp(loss) if loss < _LARGEST_EXPONENT else math.inf
+
+
+#: The largest x whose exp(x) a float holds (exp(709.78) is the largest double).
+_LARGEST_EXPONENT = 709.0
+
+
+def mean_local_perplexity(evaluated: Sequence[LocalScore]) -> float | None:
+    """The unweighted mean over clients of each one's perplexity on its split, FedFA's
+    "average local perplexity" (Park and Joe-Wong, ECML-PKDD 2024, §5, Table 3); None
+    when no client was evaluated."""
+    if not evaluated:
+        return None
+    return sum(perplexity(s.loss) for s in evaluated) / len(evaluated)
+
+
 def metrics_row(
     rnd: int,
     outcome: RoundOutcome,
@@ -300,10 +329,20 @@ def metrics_row(
     local_acc_trained: float | None = None,
     local_acc_stats: float | None = None,
     defence: dict[str, Any] | None = None,
+    language: LanguageScores | None = None,
 ) -> dict[str, Any]:
     """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results;
-    `defence` the round's decisions (`hetfl.engine.decisions.defence_row`). `wall_time_s`
-    is set by the engine once the round's time is known."""
+    `defence` the round's decisions (`hetfl.engine.decisions.defence_row`); `language`,
+    for a language-model task (token inputs), the local scores the perplexities come
+    from (else they are null). `wall_time_s` is set by the engine once the round's time
+    is known."""
+    ppl = {}
+    if language is not None:
+        ppl = {
+            "global_ppl": None if scores.test_loss is None else perplexity(scores.test_loss),
+            "local_ppl": mean_local_perplexity(language.local),
+            "local_ppl_trained": mean_local_perplexity(language.trained),
+        }
     results = outcome.results
     n_ex = sum(r.num_examples for r in results)
     loss = sum(r.loss * r.num_examples for r in results) / n_ex if n_ex else None
@@ -328,4 +367,5 @@ def metrics_row(
         val_loss=scores.val_loss,
         defence=defence,
         **scores.probes,
+        **ppl,
     )

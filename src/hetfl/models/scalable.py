@@ -195,6 +195,9 @@ class Architecture:
     #: The most blocks a depth candidate gives each stage (`depth_blocks`: MobileNetV2's
     #: Table 2 repeats); None: no cap, the candidate's depth in every stage.
     max_repeats: tuple[int, ...] | None = None
+    #: The rank of its inputs: 3 for images (C, H, W), 1 for token sequences (T,) (the
+    #: Transformer's, `hetfl.models.transformer`), whose length `min_side` bounds.
+    input_rank: int = 3
 
     @property
     def slots(self) -> int:
@@ -405,12 +408,11 @@ class ScalableFamily:
         if "blocks" in first:
             merged["blocks"] = slot_max("blocks", first["blocks"])
         merged["num_classes"] = max(s["num_classes"] for s in specs)
-        c = first["input_shape"][0]
-        merged["input_shape"] = (
-            c,
-            max(s["input_shape"][1] for s in specs),
-            max(s["input_shape"][2] for s in specs),
-        )
+        # Images (C, H, W): the first's channels, the largest sides; tokens (T,): the
+        # longest context.
+        shape = first["input_shape"]
+        largest = tuple(max(s["input_shape"][i] for s in specs) for i in range(len(shape)))
+        merged["input_shape"] = (shape[0], *largest[1:]) if len(shape) == 3 else largest
         merged["scaler"] = False
         return self.normalise(merged)
 
@@ -504,7 +506,13 @@ def check_spec(spec: Spec) -> None:
         norm_for(spec)
     except ValueError as e:
         raise SpecError(f"{name}: {e}") from None
+    if not (isinstance(spec["num_classes"], int) and spec["num_classes"] >= 1):
+        raise SpecError(f"{name}: num_classes must be an integer >= 1, got {spec['num_classes']}")
     shape = spec["input_shape"]
+    if arch.input_rank == 1:
+        if len(shape) != 1 or not (isinstance(shape[0], int) and shape[0] >= 1):
+            raise SpecError(f"{name}: input_shape must be (T,) tokens, T >= 1, got {shape}")
+        return
     if len(shape) != 3:
         raise SpecError(f"{name}: input_shape must be (C, H, W), got {shape}")
     need = arch.min_side(spec)
@@ -513,5 +521,3 @@ def check_spec(spec: Spec) -> None:
             f"{name}: input {shape[1]}x{shape[2]} is too small for {stages} stage(s): each side "
             f"must be at least {need}; use fewer stages or larger inputs"
         )
-    if not (isinstance(spec["num_classes"], int) and spec["num_classes"] >= 1):
-        raise SpecError(f"{name}: num_classes must be an integer >= 1, got {spec['num_classes']}")

@@ -116,6 +116,8 @@ class RoundLoop(ABC):
         self.programs = programs
         self.eval_models = ModelCache(programs.family, programs.device)
         self.x_test, self.y_test = test
+        #: A language model's task (token inputs): its rows carry perplexities.
+        self._tokens = self.x_test.dtype == torch.int64
         #: Each registered probe's samples (`hetfl.core.probe`: a backdoor's triggered test
         #: images for `attack_success`), by its metric.
         self.probe_samples = {p.metric: p.samples(*test) for p in settings.probes}
@@ -250,7 +252,7 @@ class RoundLoop(ABC):
             local_acc_stats=done.local_acc_stats,
             local_acc_trained=mean_local_scores(trained)[0],
             defence=defence_row(outcome.defence, self.settings.malicious),
-            language=LanguageScores(local, trained) if self.x_test.dtype == torch.int64 else None,
+            language=LanguageScores(done.local, trained) if self._tokens else None,
         )
         return row, done.local
 

@@ -40,7 +40,12 @@ from pydantic import Field, field_validator, model_validator
 from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.algorithms.parts.server_copies import CopiesSide, FreshOptimiser
-from hetfl.algorithms.parts.tier_scheduler import Observed, PricedCuts, TierScheduler
+from hetfl.algorithms.parts.tier_scheduler import (
+    Observed,
+    OnProfileChange,
+    PricedCuts,
+    TierScheduler,
+)
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
@@ -59,6 +64,11 @@ class DTFLOptions(Options):
         description="a client's observed compute: its side's elapsed time (compute and "
         "transfers, never waiting for the server) minus the estimated communication, or "
         "its exact simulated compute",
+    )
+    on_profile_change: OnProfileChange = Field(
+        "keep",
+        description="when a client's device profile changes: keep its per-tier estimates "
+        "(the paper's EMA) or reset them, so the new device's first time is its estimate",
     )
     server_optimiser: FreshOptimiser = Field(
         "round", description="a server copy's optimiser is fresh each round, or each batch"
@@ -140,6 +150,7 @@ def _make(
             train,
             default_tier=opts.default_tier,
             observed=opts.observed,
+            on_profile_change=opts.on_profile_change,
         ),
         weighting=weights,
         server_update=Averaged(),

@@ -36,6 +36,7 @@ from hetfl.systems.profiles import (
     dtfl_cpu_profiles,
     dtfl_profiles,
 )
+from hetfl.systems.traces import Behaviour
 from strategies import fedavg
 
 
@@ -582,3 +583,99 @@ def test_plot_against_time_without_profiles_is_a_clear_error(tmp_path, capsys):
     )
     assert main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png"), "--x", "sim_time"]) == 2
     assert "no simulated time" in capsys.readouterr().err
+
+
+# -- behaviour traces and over-commitment (issue 52 item 2) ---------------------------------
+ALWAYS = Behaviour((0.0,), (1e9,), 1e9)
+
+
+def test_a_client_whose_device_leaves_mid_round_is_lost_and_then_not_offered(
+    synthetic_federation, tmp_path
+):
+    family = synthetic_federation[0]
+    profiles = (DeviceProfile("on", 1e9, 10, 10), DeviceProfile("leaves", 1e9, 10, 10))
+    # "leaves" is reachable for the first microsecond only: at round 1's start, not after
+    behaviours = {"on": ALWAYS, "leaves": Behaviour((0.0,), (1e-6,), 1e9)}
+    system = SystemSettings(profiles, assignment=("on", "leaves") * 4, behaviours=behaviours)
+    strategy = fedavg(family, clients_per_round=8, train=TRAIN, sampler=_Recorder(8))
+    sim = _sim(synthetic_federation, tmp_path, system, rounds=2, strategy=strategy)
+    sim.run()
+    assert strategy.sampler.offered == [set(range(8)), {0, 2, 4, 6}]
+    first = [r for r in read_metrics(tmp_path / "clients.jsonl") if r["round"] == 1]
+    assert {r["cid"]: r["failure"] for r in first} == {
+        c: None if c % 2 == 0 else "lost" for c in range(8)
+    }
+    rows = _rows(tmp_path)
+    assert rows[0]["failed"] == 4 and rows[0]["clients"] == 4
+    # the round waited for the clients that stayed, not for those that left
+    stayed = [r["sim"]["total_s"] for r in first if r["failure"] is None]
+    assert rows[0]["sim_time_s"] == pytest.approx(max(stayed))
+    assert set(sim.store) == {0, 2, 4, 6}  # a lost client keeps no new state
+    assert all(sim.infos[c].history is None for c in (1, 3, 5, 7))  # and reports no times
+
+
+def test_over_commitment_keeps_the_first_k_to_finish(synthetic_federation, tmp_path):
+    family = synthetic_federation[0]
+    profiles = tuple(DeviceProfile(f"p{k}", (k + 1) * 1e7, 100.0, 100.0) for k in range(8))
+    system = SystemSettings(
+        profiles, assignment=tuple(p.name for p in profiles), overcommit=1.5, keep_first=4
+    )
+    assert system.committed(4, 8) == 6 and system.committed(4, 5) == 5
+    assert SystemSettings(profiles, overcommit=1.3).committed(10, 100) == 13  # not 14
+    strategy = fedavg(family, clients_per_round=6, train=TRAIN, sampler=_Recorder(6))
+    sim = _sim(synthetic_federation, tmp_path, system, strategy=strategy)
+    sim.run()
+    trace = [r for r in read_metrics(tmp_path / "clients.jsonl") if r["sampled"]]
+    finish = sorted((r["sim"]["total_s"], r["cid"]) for r in trace)
+    assert len(finish) == 6
+    kept = {cid for _, cid in finish[:4]}
+    assert {r["cid"] for r in trace if r["failure"] is None} == kept
+    assert {r["failure"] for r in trace if r["cid"] not in kept} == {"overcommitted"}
+    row = _rows(tmp_path)[0]
+    assert row["clients"] == 4 and row["failed"] == 2
+    assert row["sim_time_s"] == pytest.approx(finish[3][0])  # the 4th to finish
+    with pytest.raises(ValueError, match="overcommit must be >= 1"):
+        SystemSettings(profiles, overcommit=0.5)
+
+
+def test_resume_with_behaviours_and_over_commitment_equals_an_uninterrupted_run(
+    synthetic_federation, tmp_path
+):
+    family = synthetic_federation[0]
+    profiles = dtfl_cpu_profiles(2e8)
+    # reachable 0.4 s of every second, each profile in its own phase
+    behaviours = {
+        p.name: Behaviour((0.1 * i,), (0.1 * i + 0.4,), 1.0) for i, p in enumerate(profiles)
+    }
+    system = SystemSettings(
+        profiles,
+        switch_every=1,
+        switch_fraction=0.5,
+        behaviours=behaviours,
+        overcommit=1.5,
+        keep_first=2,
+    )
+
+    def make(path, rounds):
+        strategy = fedavg(family, clients_per_round=3, train=TRAIN, sampler=_Recorder(3))
+        return _sim(synthetic_federation, path, system, rounds=rounds, cpr=3, strategy=strategy)
+
+    whole = make(tmp_path / "whole", 6)
+    whole.run()
+    make(tmp_path / "part", 3).run()
+    resumed = make(tmp_path / "part", 6)
+    resumed.run(resume=True)
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
+    assert whole.history == resumed.history
+    assert resumed.strategy.sampler.offered == whole.strategy.sampler.offered[3:]
+    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
+    assert strip == [
+        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
+    ]
+    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
+    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
+    # the traces bit: clients left mid-round, the over-committed were dropped, and whom
+    # the plans were offered changed with the simulated time
+    assert {r["failure"] for r in trace} == {None, "lost", "overcommitted"}
+    assert len({len(o) for o in whole.strategy.sampler.offered}) > 1

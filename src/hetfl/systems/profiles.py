@@ -140,7 +140,9 @@ class SystemSettings:
     `by_device` (trace-driven profiles, one per measured device) places the clients on a
     seeded permutation of the profiles instead, one device each while there are enough.
     `behaviours` (profile name -> `hetfl.systems.traces.Behaviour`) says when each device
-    is reachable on the simulated clock.
+    is reachable on the simulated clock. `overcommit` (FedScale's over-commitment, 1.3 in
+    its paper) samples `committed(K)` clients; the engine keeps the first `keep_first` (K)
+    to finish.
     """
 
     profiles: tuple[DeviceProfile, ...]
@@ -154,6 +156,8 @@ class SystemSettings:
     clock: Clock = "simulated"
     by_device: bool = False
     behaviours: Mapping[str, Behaviour] | None = None
+    overcommit: float | None = None
+    keep_first: int | None = None
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -197,6 +201,12 @@ class SystemSettings:
             raise ValueError(
                 f"system.switch_fraction must be in [0, 1], got {self.switch_fraction!r}"
             )
+        if self.overcommit is not None and not (
+            math.isfinite(self.overcommit) and self.overcommit >= 1
+        ):
+            raise ValueError(f"system.overcommit must be >= 1, got {self.overcommit!r}")
+        if self.keep_first is not None and self.keep_first < 1:
+            raise ValueError(f"keep_first must be >= 1, got {self.keep_first}")
         _positive("system.server_rate", self.server_rate)
         _positive("system.cpu_rate", self.cpu_rate)
         if self.deadline_s is not None:
@@ -207,6 +217,13 @@ class SystemSettings:
     @property
     def reproducible(self) -> bool:
         return self.clock == "simulated"
+
+    def committed(self, cohort: int, num_clients: int) -> int:
+        """How many clients a round samples for a cohort of `cohort`: ceil(overcommit x
+        cohort), at most every client (the product rounded first, so 1.3 x 10 is 13)."""
+        if self.overcommit is None:
+            return cohort
+        return min(num_clients, math.ceil(round(self.overcommit * cohort, 9)))
 
     def describe(self) -> str:
         """One line for the start-of-run banner."""
@@ -223,6 +240,8 @@ class SystemSettings:
             parts.append(f"{self.switch_fraction:.0%} switch every {self.switch_every} rounds")
         if self.deadline_s is not None:
             parts.append(f"deadline {self.deadline_s:g} s")
+        if self.overcommit is not None:
+            parts.append(f"over-commit x{self.overcommit:g}")
         parts.append(
             "clock simulated" if self.reproducible else "clock measured (not reproducible)"
         )
@@ -421,6 +440,13 @@ class SystemConfig(_Strict):
         description="simulated seconds a client's round may take; slower clients are "
         "dropped from the round (default: no deadline)",
     )
+    overcommit: float | None = Field(
+        None,
+        ge=1,
+        allow_inf_nan=False,
+        description="sample ceil(overcommit x clients_per_round) clients and keep the first "
+        "clients_per_round to finish (FedScale's over-commitment, 1.3; default: off)",
+    )
     clock: Clock = Field(
         "simulated",
         description="simulated: MACs / rate + bytes / bandwidth (reproducible); measured: "
@@ -484,4 +510,5 @@ class SystemConfig(_Strict):
             clock=self.clock,
             by_device=self.trace is not None,
             behaviours=behaviours,
+            overcommit=self.overcommit,
         )

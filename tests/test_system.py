@@ -679,3 +679,19 @@ def test_resume_with_behaviours_and_over_commitment_equals_an_uninterrupted_run(
     # the plans were offered changed with the simulated time
     assert {r["failure"] for r in trace} == {None, "lost", "overcommitted"}
     assert len({len(o) for o in whole.strategy.sampler.offered}) > 1
+
+
+def test_a_configured_run_on_the_shipped_trace_over_commits(tmp_path, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    system = "system: {trace: {capacity: fixture}, overcommit: 1.5}\n"
+    text = CONFIG.replace("clients_per_round: 3", "clients_per_round: 2")
+    cfg.write_text(
+        text.replace(CONFIG.splitlines()[-1] + "\n", system) + f"output_dir: {tmp_path}\n"
+    )
+    assert main(["run", str(cfg)]) == 0
+    assert "devices: 300 trace devices" in capsys.readouterr().err
+    trace = [r for r in read_metrics(tmp_path / "t" / "clients.jsonl") if r["sampled"]]
+    for rnd in (1, 2):  # 3 sampled (ceil 1.5 x 2), the first 2 to finish kept
+        failures = [r["failure"] for r in trace if r["round"] == rnd]
+        assert sorted(failures, key=str) == [None, None, "overcommitted"]
+    assert [r["clients"] for r in _rows(tmp_path / "t")] == [2, 2]

@@ -1,4 +1,5 @@
-"""The in-process simulator: the round loop of `hetfl.engine.rounds` with clients run in process.
+"""One job: the in-process simulator, the round loop of `hetfl.engine.rounds` with clients
+run in process.
 
 The engine owns availability, execution, failures, costs, evaluation, checkpoints and the
 run outputs; the strategy owns sampling, payloads, aggregation and what to evaluate; the

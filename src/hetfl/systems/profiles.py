@@ -1,4 +1,5 @@
-"""Device profiles: what each simulated client's hardware and link can do, round by round.
+"""One job: device profiles, what each simulated client's hardware and link can do, round by
+round (preset, listed or from traces), and the `system:` section that configures them.
 
 A profile has a compute rate (MAC/s), downlink and uplink bandwidths (Mbit/s) and the
 probability of being available in a round; the server has its own compute rate. Clients

@@ -60,7 +60,7 @@ from hetfl.core.types import ClientInfo, ClientTimes
 #: What the scheduler takes as a client's client-side time in its tier.
 Observed = Literal["elapsed-minus-comm", "compute"]
 #: What becomes of a client's smoothed times when its device profile changes.
-OnProfileChange = Literal["keep", "reset"]
+OnSwitch = Literal["keep", "reset"]
 #: The EMA's span (the code's `ewm(span=2)`): weight 2 / (span + 1) on the newest value.
 SPAN = 2
 
@@ -149,7 +149,7 @@ class TierScheduler:
         *,
         default_tier: int,
         observed: Observed = "elapsed-minus-comm",
-        on_profile_change: OnProfileChange = "keep",
+        on_profile_change: OnSwitch = "keep",
     ) -> None:
         if default_tier not in costs:
             raise ValueError(f"default_tier {default_tier} is not one of the tiers {sorted(costs)}")

@@ -99,6 +99,9 @@ def test_a_behaviour_repeats_every_finish_time_and_says_when_a_device_leaves():
     ]  # fmt: skip
     assert b.available_until(10) == 20 and b.available_until(160) == 190
     assert b.available_until(30) is None
+    # a spell up to finish_time goes on into the next period's spell from 0
+    assert Behaviour((0.0, 50.0), (20.0, 100.0), 100.0).available_until(60) == 120
+    assert Behaviour((0.0,), (100.0,), 100.0).available_until(5) == float("inf")
 
 
 def test_the_shipped_fixture_has_300_devices_with_behaviours():

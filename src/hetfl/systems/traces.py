@@ -100,7 +100,10 @@ class Behaviour:
         local = t - period
         for start, end in zip(self.active, self.inactive, strict=True):
             if start <= local < end:
-                return period + end
+                if end < self.finish_time or self.active[0] > 0:
+                    return period + end
+                # the spell runs on into the next period's first one
+                return math.inf if len(self.active) == 1 else period + end + self.inactive[0]
         return None
 
     def available(self, t: float) -> bool:

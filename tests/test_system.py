@@ -430,6 +430,27 @@ def test_parts_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
     assert sorted(hooks.attrs) == [c.cid for c in clients]
 
 
+def _whole_and_resumed(make, tmp_path, rounds):
+    """An uninterrupted run and one stopped halfway and resumed, checked equal: states,
+    histories, metrics rows (but wall time) and per-client traces; returns (whole,
+    resumed, rows, trace)."""
+    whole = make(tmp_path / "whole", rounds)
+    whole.run()
+    make(tmp_path / "part", rounds // 2).run()
+    resumed = make(tmp_path / "part", rounds)
+    resumed.run(resume=True)
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
+    assert whole.history == resumed.history
+    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
+    assert strip == [
+        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
+    ]
+    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
+    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
+    return whole, resumed, strip, trace
+
+
 def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, tmp_path):
     family = synthetic_federation[0]
     system = SystemSettings(
@@ -440,23 +461,9 @@ def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, 
         strategy = fedavg(family, clients_per_round=4, train=TRAIN, sampler=_Recorder(4))
         return _sim(synthetic_federation, path, system, rounds=rounds, cpr=4, strategy=strategy)
 
-    whole = make(tmp_path / "whole", 4)
-    whole.run()
-    make(tmp_path / "part", 2).run()
-    resumed = make(tmp_path / "part", 4)
-    resumed.run(resume=True)
-    for k, v in whole.state.items():
-        assert torch.equal(v, resumed.state[k]), k
-    assert whole.history == resumed.history
-    # the plans saw the same times
+    whole, resumed, strip, trace = _whole_and_resumed(make, tmp_path, 4)
+    # the plans saw the same times; the per-client trace has deadline failures
     assert resumed.strategy.sampler.seen_times == whole.strategy.sampler.seen_times[2:]
-    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
-    assert strip == [
-        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
-    ]
-    # the per-client trace too: simulated times, deadline failures, specs, charges
-    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
-    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
     assert {r["failure"] for r in trace} == {None, "deadline"}
     assert all(r["sim"]["total_s"] > 0 for r in trace if r["sampled"])
     assert any(r["failed"] for r in strip)  # the deadline bit at least once
@@ -660,21 +667,8 @@ def test_resume_with_behaviours_and_over_commitment_equals_an_uninterrupted_run(
         strategy = fedavg(family, clients_per_round=3, train=TRAIN, sampler=_Recorder(3))
         return _sim(synthetic_federation, path, system, rounds=rounds, cpr=3, strategy=strategy)
 
-    whole = make(tmp_path / "whole", 6)
-    whole.run()
-    make(tmp_path / "part", 3).run()
-    resumed = make(tmp_path / "part", 6)
-    resumed.run(resume=True)
-    for k, v in whole.state.items():
-        assert torch.equal(v, resumed.state[k]), k
-    assert whole.history == resumed.history
+    whole, resumed, _, trace = _whole_and_resumed(make, tmp_path, 6)
     assert resumed.strategy.sampler.offered == whole.strategy.sampler.offered[3:]
-    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
-    assert strip == [
-        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
-    ]
-    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
-    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
     # the traces bit: clients left mid-round, the over-committed were dropped, and whom
     # the plans were offered changed with the simulated time
     assert {r["failure"] for r in trace} == {None, "lost", "overcommitted"}

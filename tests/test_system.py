@@ -528,6 +528,9 @@ def test_a_configured_run_reports_time_bytes_and_macs_to_target(tmp_path, capsys
         ({"profiles": [{"name": "a", "down_mbps": 1, "up_mbps": 1}]}, ["exactly one of rate"]),
         ({"preset": "dtfl", "sped": 1}, ["system.sped", "unknown key"]),
         ({"clock": "measured"}, ["clock set without device profiles"]),
+        ({"overcommit": 1.3}, ["overcommit set without device profiles", "system.trace"]),
+        ({"trace": {"capacity": "nope.csv"}}, ["trace file 'nope.csv' not found"]),
+        ({"preset": "dtfl", "overcommit": 0.9}, ["system.overcommit", "greater than or equal"]),
     ],
 )  # fmt: skip
 def test_bad_profile_configs_fail_with_clear_errors(tmp_path, capsys, system, message):

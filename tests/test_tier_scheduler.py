@@ -33,14 +33,7 @@ def info(cid: int, history: ClientTimes | None = None, n: int = 20) -> ClientInf
     return ClientInfo(cid, n, (1,), (0, 1), history=history)
 
 
-def times(
-    rnd: int,
-    tier: int,
-    elapsed_s: float,
-    compute_s: float = 0.0,
-    server_s: float = 0.0,
-    profile: str = "p",
-) -> ClientTimes:
+def times(rnd: int, tier: int, elapsed_s: float, *, compute_s=0.0, server_s=0.0, profile="p"):
     """A round in which the client side took `elapsed_s` (its compute, the rest uploads)
     and the server side `server_s` beside it: Eq. (5)'s total."""
     up_s = elapsed_s - compute_s

@@ -624,6 +624,19 @@ def test_a_client_whose_device_leaves_mid_round_is_lost_and_then_not_offered(
     assert all(sim.infos[c].history is None for c in (1, 3, 5, 7))  # and reports no times
 
 
+def test_when_no_device_is_reachable_the_clock_waits_for_the_first(synthetic_federation, tmp_path):
+    profiles = (DeviceProfile("late", 1e9, 10, 10), DeviceProfile("later", 1e9, 10, 10))
+    behaviours = {"late": Behaviour((5.0,), (1e9,), 1e9), "later": Behaviour((7.0,), (1e9,), 1e9)}
+    system = SystemSettings(profiles, assignment=("late", "later") * 4, behaviours=behaviours)
+    family = synthetic_federation[0]
+    strategy = fedavg(family, clients_per_round=8, train=TRAIN, sampler=_Recorder(8))
+    _sim(synthetic_federation, tmp_path, system, strategy=strategy).run()
+    assert strategy.sampler.offered == [{0, 2, 4, 6}]  # at 5 s, the "late" devices only
+    first = read_metrics(tmp_path / "clients.jsonl")
+    slowest = max(r["sim"]["total_s"] for r in first if r["sampled"])
+    assert _rows(tmp_path)[0]["sim_time_s"] == pytest.approx(5.0 + slowest)
+
+
 def test_over_commitment_keeps_the_first_k_to_finish(synthetic_federation, tmp_path):
     family = synthetic_federation[0]
     profiles = tuple(DeviceProfile(f"p{k}", (k + 1) * 1e7, 100.0, 100.0) for k in range(8))

@@ -99,6 +99,8 @@ def test_a_behaviour_repeats_every_finish_time_and_says_when_a_device_leaves():
     ]  # fmt: skip
     assert b.available_until(10) == 20 and b.available_until(160) == 190
     assert b.available_until(30) is None
+    assert [b.next_available(t) for t in (10, 30, 95, 120)] == [10, 50, 100, 150]
+    assert Behaviour((10.0,), (20.0,), 100.0).next_available(25) == 110
     # a spell up to finish_time goes on into the next period's spell from 0
     assert Behaviour((0.0, 50.0), (20.0, 100.0), 100.0).available_until(60) == 120
     assert Behaviour((0.0,), (100.0,), 100.0).available_until(5) == float("inf")

@@ -7,7 +7,8 @@ are larger and measured; these are synthetic, of the same shape.
   (phones from a few ms to a few hundred ms per sample);
 - communication: kbit/s, log-normal with median 5000 kbit/s and sigma 1.0;
 - behaviour: a period (`finish_time`) of 6 h, alternating reachable and unreachable spells
-  with exponential lengths of mean 30 min and 60 min, starting in a random phase.
+  with exponential lengths of mean 30 min and 60 min, 0 s falling in a random phase
+  (the alternation starts 2 h before it).
 
 Run `python tools/make_trace_fixture.py` from the repository root; it is deterministic
 (seed 52).
@@ -28,14 +29,16 @@ OUT = Path("src/hetfl/systems/trace_fixture")
 
 def behaviour(rng: random.Random) -> dict[str, object]:
     active, inactive = [], []
-    t = rng.uniform(0, INACTIVE_MEAN_S)  # the first spell starts in a random phase
+    # the alternation runs from 2 h before 0, so that 0 falls in a random phase of it
+    t = -7200.0
     while True:
-        end = t + max(1, round(rng.expovariate(1 / ACTIVE_MEAN_S)))
-        start = round(t)
+        end = t + rng.expovariate(1 / ACTIVE_MEAN_S)
+        start, stop = max(0, round(t)), min(round(end), PERIOD_S)
         if start >= PERIOD_S:
             break
-        active.append(start)
-        inactive.append(min(round(end), PERIOD_S))
+        if stop > start and (not inactive or start > inactive[-1]):
+            active.append(start)
+            inactive.append(stop)
         t = end + rng.expovariate(1 / INACTIVE_MEAN_S)
     return {"active": active, "inactive": inactive, "finish_time": PERIOD_S}
 
@@ -49,7 +52,10 @@ def main() -> None:
         computation = rng.lognormvariate(mu=0, sigma=0.8) * 60
         communication = rng.lognormvariate(mu=0, sigma=1.0) * 5000
         rows.append(f"{device},{computation:.3f},{communication:.1f}")
-        behaviours[str(device)] = behaviour(rng)
+        drawn = behaviour(rng)
+        while not drawn["active"]:  # a device never reachable in 6 h is drawn again
+            drawn = behaviour(rng)
+        behaviours[str(device)] = drawn
     (OUT / "capacity.csv").write_text("\n".join(rows) + "\n")
     (OUT / "behaviour.json").write_text(json.dumps(behaviours, separators=(",", ":")) + "\n")
 

@@ -180,12 +180,16 @@ class Simulation(RoundLoop):
     def available(self, rnd: int) -> list[ClientInfo]:
         """Each client is reachable with probability `availability` times its device
         profile's availability (one draw per client and round), and, with behaviour traces,
-        only while its device's trace says so at the round's start on the simulated clock."""
+        only while its device's trace says so at the round's start on the simulated clock
+        (when no device is reachable then, the clock moves on to the first that is)."""
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
         behaviours = None if self.settings.system is None else self.settings.system.behaviours
+        now = self.counters.sim_time_s
+        if behaviours is not None:  # nobody reachable: the server waits for the first one
+            devices = [behaviours[profiles[cid].name] for cid in self.clients]
+            now = self.counters.sim_time_s = min(b.next_available(now) for b in devices)
         out = []
         for cid in sorted(self.clients):
-            now = self.counters.sim_time_s
             if behaviours is not None and not behaviours[profiles[cid].name].available(now):
                 continue
             p = self.settings.availability * (profiles[cid].availability if profiles else 1.0)

@@ -109,6 +109,14 @@ class Behaviour:
     def available(self, t: float) -> bool:
         return self.available_until(t) is not None
 
+    def next_available(self, t: float) -> float:
+        """The first moment at or after `t` at which the device is reachable."""
+        if self.available(t):
+            return t
+        period = math.floor(t / self.finish_time) * self.finish_time
+        later = [start for start in self.active if start > t - period]
+        return period + (later[0] if later else self.finish_time + self.active[0])
+
 
 class _PlainUnpickler(pickle.Unpickler):
     """Builds plain containers, strings and numbers only: every global is refused."""

@@ -36,6 +36,7 @@ from hetfl.systems.profiles import (
     dtfl_cpu_profiles,
     dtfl_profiles,
 )
+from hetfl.systems.traces import Behaviour
 from strategies import fedavg
 
 
@@ -131,10 +132,10 @@ def test_plain_family_modules_are_its_pipeline_and_sum_to_the_total():
 
 @pytest.mark.parametrize("name", ARCHITECTURES.names())
 def test_every_scalable_family_splits_into_modules_that_carry_all_its_macs(name):
-    family = make_family(name, (3, 32, 32), 10)
-    cost = MacCounter(family).pass_cost(
-        PassRecord(family.global_spec([]), "train", 1, 1), (3, 32, 32)
-    )
+    # a language model's sample is a context of tokens, an image model's an image
+    shape = (16,) if name.startswith("transformer") else (3, 32, 32)
+    family = make_family(name, shape, 10)
+    cost = MacCounter(family).pass_cost(PassRecord(family.global_spec([]), "train", 1, 1), shape)
     assert len(cost.modules) >= 2
     # every product runs inside some module, so any split point prices the whole model
     assert sum(cost.module_macs) == cost.total
@@ -429,6 +430,27 @@ def test_parts_see_the_declared_attrs_and_last_rounds_sim_times(tmp_path):
     assert sorted(hooks.attrs) == [c.cid for c in clients]
 
 
+def _whole_and_resumed(make, tmp_path, rounds):
+    """An uninterrupted run and one stopped halfway and resumed, checked equal: states,
+    histories, metrics rows (but wall time) and per-client traces; returns (whole,
+    resumed, rows, trace)."""
+    whole = make(tmp_path / "whole", rounds)
+    whole.run()
+    make(tmp_path / "part", rounds // 2).run()
+    resumed = make(tmp_path / "part", rounds)
+    resumed.run(resume=True)
+    for k, v in whole.state.items():
+        assert torch.equal(v, resumed.state[k]), k
+    assert whole.history == resumed.history
+    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
+    assert strip == [
+        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
+    ]
+    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
+    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
+    return whole, resumed, strip, trace
+
+
 def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, tmp_path):
     family = synthetic_federation[0]
     system = SystemSettings(
@@ -439,23 +461,9 @@ def test_resume_with_profiles_equals_an_uninterrupted_run(synthetic_federation, 
         strategy = fedavg(family, clients_per_round=4, train=TRAIN, sampler=_Recorder(4))
         return _sim(synthetic_federation, path, system, rounds=rounds, cpr=4, strategy=strategy)
 
-    whole = make(tmp_path / "whole", 4)
-    whole.run()
-    make(tmp_path / "part", 2).run()
-    resumed = make(tmp_path / "part", 4)
-    resumed.run(resume=True)
-    for k, v in whole.state.items():
-        assert torch.equal(v, resumed.state[k]), k
-    assert whole.history == resumed.history
-    # the plans saw the same times
+    whole, resumed, strip, trace = _whole_and_resumed(make, tmp_path, 4)
+    # the plans saw the same times; the per-client trace has deadline failures
     assert resumed.strategy.sampler.seen_times == whole.strategy.sampler.seen_times[2:]
-    strip = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "whole")]
-    assert strip == [
-        {k: v for k, v in r.items() if k != "wall_time_s"} for r in _rows(tmp_path / "part")
-    ]
-    # the per-client trace too: simulated times, deadline failures, specs, charges
-    trace = read_metrics(tmp_path / "whole" / "clients.jsonl")
-    assert trace == read_metrics(tmp_path / "part" / "clients.jsonl")
     assert {r["failure"] for r in trace} == {None, "deadline"}
     assert all(r["sim"]["total_s"] > 0 for r in trace if r["sampled"])
     assert any(r["failed"] for r in strip)  # the deadline bit at least once
@@ -520,6 +528,9 @@ def test_a_configured_run_reports_time_bytes_and_macs_to_target(tmp_path, capsys
         ({"profiles": [{"name": "a", "down_mbps": 1, "up_mbps": 1}]}, ["exactly one of rate"]),
         ({"preset": "dtfl", "sped": 1}, ["system.sped", "unknown key"]),
         ({"clock": "measured"}, ["clock set without device profiles"]),
+        ({"overcommit": 1.3}, ["overcommit set without device profiles", "system.trace"]),
+        ({"trace": {"capacity": "nope.csv"}}, ["trace file 'nope.csv' not found"]),
+        ({"preset": "dtfl", "overcommit": 0.9}, ["system.overcommit", "greater than or equal"]),
     ],
 )  # fmt: skip
 def test_bad_profile_configs_fail_with_clear_errors(tmp_path, capsys, system, message):
@@ -582,3 +593,115 @@ def test_plot_against_time_without_profiles_is_a_clear_error(tmp_path, capsys):
     )
     assert main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png"), "--x", "sim_time"]) == 2
     assert "no simulated time" in capsys.readouterr().err
+
+
+# -- behaviour traces and over-commitment (issue 52 item 2) ---------------------------------
+ALWAYS = Behaviour((0.0,), (1e9,), 1e9)
+
+
+def test_a_client_whose_device_leaves_mid_round_is_lost_and_then_not_offered(
+    synthetic_federation, tmp_path
+):
+    family = synthetic_federation[0]
+    profiles = (DeviceProfile("on", 1e9, 10, 10), DeviceProfile("leaves", 1e9, 10, 10))
+    # "leaves" is reachable for the first microsecond only: at round 1's start, not after
+    behaviours = {"on": ALWAYS, "leaves": Behaviour((0.0,), (1e-6,), 1e9)}
+    system = SystemSettings(profiles, assignment=("on", "leaves") * 4, behaviours=behaviours)
+    strategy = fedavg(family, clients_per_round=8, train=TRAIN, sampler=_Recorder(8))
+    sim = _sim(synthetic_federation, tmp_path, system, rounds=2, strategy=strategy)
+    sim.run()
+    assert strategy.sampler.offered == [set(range(8)), {0, 2, 4, 6}]
+    first = [r for r in read_metrics(tmp_path / "clients.jsonl") if r["round"] == 1]
+    assert {r["cid"]: r["failure"] for r in first} == {
+        c: None if c % 2 == 0 else "lost" for c in range(8)
+    }
+    rows = _rows(tmp_path)
+    assert rows[0]["failed"] == 4 and rows[0]["clients"] == 4
+    # the round waited for the clients that stayed, not for those that left
+    stayed = [r["sim"]["total_s"] for r in first if r["failure"] is None]
+    assert rows[0]["sim_time_s"] == pytest.approx(max(stayed))
+    assert set(sim.store) == {0, 2, 4, 6}  # a lost client keeps no new state
+    assert all(sim.infos[c].history is None for c in (1, 3, 5, 7))  # and reports no times
+
+
+def test_when_no_device_is_reachable_the_clock_waits_for_the_first(synthetic_federation, tmp_path):
+    profiles = (DeviceProfile("late", 1e9, 10, 10), DeviceProfile("later", 1e9, 10, 10))
+    behaviours = {"late": Behaviour((5.0,), (1e9,), 1e9), "later": Behaviour((7.0,), (1e9,), 1e9)}
+    system = SystemSettings(profiles, assignment=("late", "later") * 4, behaviours=behaviours)
+    family = synthetic_federation[0]
+    strategy = fedavg(family, clients_per_round=8, train=TRAIN, sampler=_Recorder(8))
+    _sim(synthetic_federation, tmp_path, system, strategy=strategy).run()
+    assert strategy.sampler.offered == [{0, 2, 4, 6}]  # at 5 s, the "late" devices only
+    first = read_metrics(tmp_path / "clients.jsonl")
+    slowest = max(r["sim"]["total_s"] for r in first if r["sampled"])
+    assert _rows(tmp_path)[0]["sim_time_s"] == pytest.approx(5.0 + slowest)
+
+
+def test_over_commitment_keeps_the_first_k_to_finish(synthetic_federation, tmp_path):
+    family = synthetic_federation[0]
+    profiles = tuple(DeviceProfile(f"p{k}", (k + 1) * 1e7, 100.0, 100.0) for k in range(8))
+    system = SystemSettings(
+        profiles, assignment=tuple(p.name for p in profiles), overcommit=1.5, keep_first=4
+    )
+    assert system.committed(4, 8) == 6 and system.committed(4, 5) == 5
+    assert SystemSettings(profiles, overcommit=1.3).committed(10, 100) == 13  # not 14
+    strategy = fedavg(family, clients_per_round=6, train=TRAIN, sampler=_Recorder(6))
+    sim = _sim(synthetic_federation, tmp_path, system, strategy=strategy)
+    sim.run()
+    trace = [r for r in read_metrics(tmp_path / "clients.jsonl") if r["sampled"]]
+    finish = sorted((r["sim"]["total_s"], r["cid"]) for r in trace)
+    assert len(finish) == 6
+    kept = {cid for _, cid in finish[:4]}
+    assert {r["cid"] for r in trace if r["failure"] is None} == kept
+    assert {r["failure"] for r in trace if r["cid"] not in kept} == {"overcommitted"}
+    row = _rows(tmp_path)[0]
+    assert row["clients"] == 4 and row["failed"] == 2
+    assert row["sim_time_s"] == pytest.approx(finish[3][0])  # the 4th to finish
+    with pytest.raises(ValueError, match="overcommit must be >= 1"):
+        SystemSettings(profiles, overcommit=0.5)
+
+
+def test_resume_with_behaviours_and_over_commitment_equals_an_uninterrupted_run(
+    synthetic_federation, tmp_path
+):
+    family = synthetic_federation[0]
+    profiles = dtfl_cpu_profiles(2e8)
+    # reachable 0.4 s of every second, each profile in its own phase
+    behaviours = {
+        p.name: Behaviour((0.1 * i,), (0.1 * i + 0.4,), 1.0) for i, p in enumerate(profiles)
+    }
+    system = SystemSettings(
+        profiles,
+        switch_every=1,
+        switch_fraction=0.5,
+        behaviours=behaviours,
+        overcommit=1.5,
+        keep_first=2,
+    )
+
+    def make(path, rounds):
+        strategy = fedavg(family, clients_per_round=3, train=TRAIN, sampler=_Recorder(3))
+        return _sim(synthetic_federation, path, system, rounds=rounds, cpr=3, strategy=strategy)
+
+    whole, resumed, _, trace = _whole_and_resumed(make, tmp_path, 6)
+    assert resumed.strategy.sampler.offered == whole.strategy.sampler.offered[3:]
+    # the traces bit: clients left mid-round, the over-committed were dropped, and whom
+    # the plans were offered changed with the simulated time
+    assert {r["failure"] for r in trace} == {None, "lost", "overcommitted"}
+    assert len({len(o) for o in whole.strategy.sampler.offered}) > 1
+
+
+def test_a_configured_run_on_the_shipped_trace_over_commits(tmp_path, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    system = "system: {trace: {capacity: fixture}, overcommit: 1.5}\n"
+    text = CONFIG.replace("clients_per_round: 3", "clients_per_round: 2")
+    cfg.write_text(
+        text.replace(CONFIG.splitlines()[-1] + "\n", system) + f"output_dir: {tmp_path}\n"
+    )
+    assert main(["run", str(cfg)]) == 0
+    assert "devices: 300 trace devices" in capsys.readouterr().err
+    trace = [r for r in read_metrics(tmp_path / "t" / "clients.jsonl") if r["sampled"]]
+    for rnd in (1, 2):  # 3 sampled (ceil 1.5 x 2), the first 2 to finish kept
+        failures = [r["failure"] for r in trace if r["round"] == rnd]
+        assert sorted(failures, key=str) == [None, None, "overcommitted"]
+    assert [r["clients"] for r in _rows(tmp_path / "t")] == [2, 2]

@@ -33,16 +33,14 @@ def info(cid: int, history: ClientTimes | None = None, n: int = 20) -> ClientInf
     return ClientInfo(cid, n, (1,), (0, 1), history=history)
 
 
-def times(
-    rnd: int, tier: int, elapsed_s: float, compute_s: float = 0.0, server_s: float = 0.0
-) -> ClientTimes:
+def times(rnd: int, tier: int, elapsed_s: float, *, compute_s=0.0, server_s=0.0, profile="p"):
     """A round in which the client side took `elapsed_s` (its compute, the rest uploads)
     and the server side `server_s` beside it: Eq. (5)'s total."""
     up_s = elapsed_s - compute_s
     return ClientTimes(
         round=rnd,
         spec=spec(tier),
-        profile="p",
+        profile=profile,
         compute_s=compute_s,
         server_s=server_s,
         down_s=0.0,
@@ -58,7 +56,9 @@ def times(
     )
 
 
-def scheduler(costs=COSTS, observed="elapsed-minus-comm", default_tier=2) -> TierScheduler:
+def scheduler(
+    costs=COSTS, observed="elapsed-minus-comm", default_tier=2, on_profile_change="keep"
+) -> TierScheduler:
     return TierScheduler(
         costs,
         SERVER_RATE,
@@ -68,6 +68,7 @@ def scheduler(costs=COSTS, observed="elapsed-minus-comm", default_tier=2) -> Tie
         TRAIN,
         default_tier=default_tier,
         observed=observed,
+        on_profile_change=on_profile_change,
     )
 
 
@@ -151,15 +152,49 @@ def test_a_server_bound_client_is_judged_by_its_own_side():
     assert scheduler(observed="compute").client_side_s(info(0), late, 2) == 0.5
 
 
-def test_extra_state_round_trips_and_set_up_starts_afresh():
-    s = scheduler()
+@pytest.mark.parametrize("on_change", ["keep", "reset"])
+def test_extra_state_round_trips_and_set_up_starts_afresh(on_change):
+    s = scheduler(on_profile_change=on_change)
     s.tiers([info(0, times(1, 2, 4.4)), info(3, times(1, 1, 9.0))])
     kept = s.extra_state()
-    again = scheduler()
+    again = scheduler(on_profile_change=on_change)
     again.load_extra_state(kept)
     assert again.smoothed == s.smoothed and again.absorbed == {0: 1, 3: 1}
+    # the paper's rule keeps no profiles (its checkpoints are as before the option)
+    assert again.profiles == ({} if on_change == "keep" else {0: "p", 3: "p"})
     again.setup([])
-    assert again.smoothed == {} and again.absorbed == {}
+    assert again.smoothed == {} and again.absorbed == {} and again.profiles == {}
+
+
+def _switching(s: TierScheduler) -> list[int]:
+    """A client on a slow device (9 s of compute in tier 2, 4 s in tier 1), then moved to a
+    device ten times faster (0.9 s in tier 2): its tier after each round."""
+    return [
+        s.tiers([info(0, times(1, 1, 4.0, compute_s=4.0, profile="slow"))])[0],
+        s.tiers([info(0, times(2, 2, 9.0, compute_s=9.0, profile="slow"))])[0],
+        s.tiers([info(0, times(3, 2, 0.9, compute_s=0.9, profile="fast"))])[0],
+        s.tiers([info(0, times(4, 2, 0.9, compute_s=0.9, profile="fast"))])[0],
+    ]
+
+
+def test_a_switching_profile_is_smoothed_across_devices_by_default_and_forgotten_on_reset():
+    # estimates from tier 2's time c (comm 2.2, 1.4, 1.3 s; server 8, 6, 2 s):
+    # tier 1: 2.2 + max(c/2, 8), tier 2: 1.4 + max(c, 6), tier 3: 1.3 + max(2c, 2)
+    keep = scheduler(observed="compute")
+    # c = 9: 10.2, 10.4, 19.3 -> tier 1; after the switch the paper's EMA still mixes the
+    # slow device: c = 2/3 0.9 + 1/3 9 = 3.6 -> 10.2, 7.4, 8.5 -> tier 2, a round late
+    assert _switching(keep)[1:] == [1, 2, 3]
+    assert keep.smoothed[(0, 1)] == 4.0  # the slow device's tier-1 time is kept
+    reset = scheduler(observed="compute", on_profile_change="reset")
+    # c = 0.9 from the first round on the fast device: 10.2, 7.4, 3.1 -> tier 3 at once
+    assert _switching(reset)[1:] == [1, 3, 3]
+    # the slow device's times are gone for every tier; on the same device the EMA goes on
+    assert reset.smoothed == {(0, 2): pytest.approx(0.9)}
+    assert reset.profiles == {0: "fast"}
+    steady = scheduler(observed="compute", on_profile_change="reset")
+    steady.tiers([info(0, times(1, 2, 3.0, compute_s=3.0))])
+    steady.tiers([info(0, times(2, 2, 6.0, compute_s=6.0))])
+    assert steady.smoothed == {(0, 2): pytest.approx(5.0)}
 
 
 def test_the_assignment_protocol_gives_tier_specs_and_the_full_model_to_evaluate():

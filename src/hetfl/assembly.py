@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -186,13 +186,17 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     algorithm = ALGORITHMS.get(cfg.algorithm)
     options = algorithm.options(**cfg.algorithm_options())
     system = cfg.system.settings()
+    sampled = cfg.train.clients_per_round
+    if system is not None and system.overcommit is not None:  # keep the first K to finish
+        sampled = system.committed(sampled, len(fed.clients))
+        system = replace(system, keep_first=cfg.train.clients_per_round)
     costs = None
     if algorithm.needs_costs and system is not None:  # DTFL's tier profiles
         costs = SplitPricer(family, fed.input_shape, system.server_rate)
     strategy, recipe = algorithm.build(
         family,
         options,
-        clients_per_round=cfg.train.clients_per_round,
+        clients_per_round=sampled,
         train=cfg.train.local_training(),
         costs=costs,
         macs=MacCounter(family) if algorithm.needs_macs else None,  # FedFA's architecture choice

@@ -22,31 +22,26 @@ participants (Alg. 1 line 12 prints 1/K, App. A.7 1/N; the code's n_k are comput
 drawing the next round's clients, which misaligns them under non-IID data: not copied);
 T_max is computed and used in the same round over all seven tiers (the code uses the
 previous round's and skips a tier); a round's time includes the server side by Eq. (5)
-(the code's omits it). Options: `observed: compute` gives the scheduler the exact simulated
-compute time instead of the client side's elapsed time minus estimated communication;
-`server_optimiser: batch` re-creates the server's optimiser every batch, as the code does;
-`dcor_alpha` and `patch_size` are the privacy measures of §4.2 (`hetfl.core.client.privacy`).
-The lr cut on a plateau (App. A.3) is `train.lr_plateau`; docs/methods.md has the rest.
+(the code's omits it). The options (`observed`, `on_profile_change`, `server_optimiser`, the
+privacy measures `dcor_alpha` and `patch_size`) and the lr plateau: docs/methods.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import partial
-from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.algorithms.parts.server_copies import CopiesSide, FreshOptimiser
-from hetfl.algorithms.parts.tier_scheduler import Observed, PricedCuts, TierScheduler
+from hetfl.algorithms.parts.tier_scheduler import Observed, OnSwitch, PricedCuts, TierScheduler
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
 from hetfl.core.server.strategy import Aggregation, Extras, Strategy
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, ClientResult, ClientTask, ModelFamily
+from hetfl.core.types import ClientResult, ModelFamily
 from hetfl.models.resnet_cifar import TIERS, split_family
 
 
@@ -58,6 +53,9 @@ class DTFLOptions(Options):
         description="a client's observed compute: its side's elapsed time (compute and "
         "transfers, never waiting for the server) minus the estimated communication, or "
         "its exact simulated compute",
+    )
+    on_profile_change: OnSwitch = Field(
+        "keep", description="keep (the paper's EMA) or reset a client's estimates on a new device"
     )
     server_optimiser: FreshOptimiser = Field(
         "round", description="a server copy's optimiser is fresh each round, or each batch"
@@ -80,6 +78,9 @@ class DTFLOptions(Options):
             )
         return tuple(sorted(v))
 
+    def paper_rule(self) -> set[str]:  # described as before the option (the golden runs)
+        return {"on_profile_change"} if self.on_profile_change == "keep" else set()
+
     @model_validator(mode="after")
     def _default_is_a_tier(self) -> DTFLOptions:
         if self.default_tier not in self.tiers:
@@ -88,11 +89,6 @@ class DTFLOptions(Options):
                 "choose one of them"
             )
         return self
-
-
-def _tier_field(info: ClientInfo, task: ClientTask | None) -> Mapping[str, Any]:
-    """The tier of a client asked to train, for its rows of the per-client trace."""
-    return {} if task is None else {"tier": task.spec["tier"]}
 
 
 @register_algorithm(
@@ -139,6 +135,7 @@ def _make(
             train,
             default_tier=opts.default_tier,
             observed=opts.observed,
+            on_profile_change=opts.on_profile_change,
         ),
         aggregation=Aggregation(weighting=weights),
         extras=Extras(
@@ -150,10 +147,11 @@ def _make(
                 fresh_optimiser=opts.server_optimiser,
             ),
             describe=lambda: {
-                **opts.model_dump(mode="json"),
+                **opts.model_dump(mode="json", exclude=opts.paper_rule()),
                 "profiles": {f"tier {m}": cost.summary() for m, cost in profiles.items()},
             },
-            trace_fields=_tier_field,
+            # a sampled client's tier, in its rows of the per-client trace (clients.jsonl)
+            trace_fields=lambda info, task: {} if task is None else {"tier": task.spec["tier"]},
         ),
     )
     local = LocalLoss(opts.dcor_alpha, opts.patch_size)

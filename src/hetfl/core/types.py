@@ -190,8 +190,19 @@ class ClientOutput:
 #: task (client id, tensor names or shapes, `num_examples`) or a reply that does not decode;
 #: "deadline": finished after the simulated clock's deadline; "timeout": no reply within
 #: `deploy.round_timeout_s` (Flower); "client-error": the node answered with an error
-#: (Flower: the ClientApp raised, or the node could not be reached).
-FailureKind = Literal["raised", "non-finite", "invalid", "deadline", "timeout", "client-error"]
+#: (Flower: the ClientApp raised, or the node could not be reached); "lost": its device's
+#: behaviour trace made it unreachable before it finished; "overcommitted": over-commitment
+#: kept the first clients to finish, and it was later.
+FailureKind = Literal[
+    "raised",
+    "non-finite",
+    "invalid",
+    "deadline",
+    "timeout",
+    "client-error",
+    "lost",
+    "overcommitted",
+]
 
 
 @dataclass(frozen=True)

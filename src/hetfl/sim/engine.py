@@ -1,4 +1,5 @@
-"""The in-process simulator: the round loop of `hetfl.engine.rounds` with clients run in process.
+"""One job: the in-process simulator, the round loop of `hetfl.engine.rounds` with clients
+run in process.
 
 The engine owns availability, execution, failures, costs, evaluation, checkpoints and the
 run outputs; the strategy owns sampling, payloads, aggregation and what to evaluate; the
@@ -38,6 +39,7 @@ from hetfl.core.spec import Spec
 from hetfl.core.types import (
     ClientData,
     ClientInfo,
+    ClientOutput,
     ClientTask,
     ClientTimes,
     EvalModel,
@@ -177,10 +179,19 @@ class Simulation(RoundLoop):
 
     def available(self, rnd: int) -> list[ClientInfo]:
         """Each client is reachable with probability `availability` times its device
-        profile's availability (one draw per client and round)."""
+        profile's availability (one draw per client and round), and, with behaviour traces,
+        only while its device's trace says so at the round's start on the simulated clock
+        (when no device is reachable then, the clock moves on to the first that is)."""
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
+        behaviours = None if self.settings.system is None else self.settings.system.behaviours
+        now = self.counters.sim_time_s
+        if behaviours is not None:  # nobody reachable: the server waits for the first one
+            devices = [behaviours[profiles[cid].name] for cid in self.clients]
+            now = self.counters.sim_time_s = min(b.next_available(now) for b in devices)
         out = []
         for cid in sorted(self.clients):
+            if behaviours is not None and not behaviours[profiles[cid].name].available(now):
+                continue
             p = self.settings.availability * (profiles[cid].availability if profiles else 1.0)
             if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, "availability", cid))) < p:
                 out.append(self.infos[cid])
@@ -195,11 +206,45 @@ class Simulation(RoundLoop):
         _check_outcomes(jobs, done)
         outcome = RoundOutcome(server_results=None if server is None else [])
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
-        for ran in done:
-            problem = self._settle(rnd, ran, server, profiles, outcome)
+        settled = [(ran, self._settle(rnd, ran, server, profiles, outcome)) for ran in done]
+        late = self._beyond_cohort(outcome, settled)
+        for ran, output in settled:
+            problem = output if isinstance(output, Problem) else late.get(ran.task.cid)
             if problem is not None:
                 self._fail(outcome, ran.task.cid, problem)
+            else:
+                assert not isinstance(output, Problem)
+                self._keep(ran, output, outcome)
         return outcome
+
+    def _beyond_cohort(
+        self, outcome: RoundOutcome, settled: Sequence[tuple[TaskOutcome, ClientOutput | Problem]]
+    ) -> dict[int, Problem]:
+        """Over-commitment (FedScale): of the valid results, the first `keep_first` to
+        finish are kept (ties by client id); the later ones are dropped, the server having
+        stopped waiting."""
+        system = self.settings.system
+        if system is None or system.keep_first is None:
+            return {}
+        done = sorted(
+            (outcome.times[ran.task.cid].total_s, ran.task.cid)
+            for ran, output in settled
+            if not isinstance(output, Problem)
+        )
+        return {
+            cid: Problem(
+                "overcommitted", f"finished after the first {system.keep_first}: {t:.4g} s"
+            )
+            for t, cid in done[system.keep_first :]
+        }
+
+    def _keep(self, ran: TaskOutcome, out: ClientOutput, outcome: RoundOutcome) -> None:
+        """Keep a valid result and the private state its client and server side return."""
+        self.store.put(ran.task.cid, out.private)
+        outcome.results.append(out.result)
+        if ran.served is not None and outcome.server_results is not None:
+            self.server_store.put(ran.task.cid, ran.served.private)
+            outcome.server_results.append(ran.served)
 
     def _job(self, rnd: int, task: ClientTask) -> ClientJob:
         """What the executor needs to train `task`'s client: plain values, no engine."""
@@ -224,9 +269,9 @@ class Simulation(RoundLoop):
         server: ServerProgram | None,
         profiles: Mapping[int, DeviceProfile],
         outcome: RoundOutcome,
-    ) -> Problem | None:
-        """Charge one client's traffic and compute, check its result, clock it, and keep
-        a valid result (with its private state); returns why it is excluded, or None."""
+    ) -> ClientOutput | Problem:
+        """Charge one client's traffic and compute, check its result and clock it; returns
+        its output (the loss its server side reported in it) or why it is excluded."""
         task = ran.task
         outcome.charge(task.cid, bytes_down=task_bytes(task))
         if ran.channel is not None:  # it crossed, whether the client failed or not
@@ -244,15 +289,9 @@ class Simulation(RoundLoop):
             usage = self._usage(ran, outcome.charges[task.cid], server)
             times = self.clock.client_times(rnd, task.spec, profiles[task.cid], usage)
             outcome.times[task.cid] = times
-            problem = self.clock.deadline_problem(times) or problem
-        if problem is not None:
-            return problem
-        self.store.put(task.cid, out.private)
-        outcome.results.append(out.result)
-        if served is not None and outcome.server_results is not None:
-            self.server_store.put(task.cid, served.private)
-            outcome.server_results.append(served)
-        return None
+            lost = self.clock.lost_problem(times, self.counters.sim_time_s)
+            problem = lost or self.clock.deadline_problem(times) or problem
+        return out if problem is None else problem
 
     def _input_shape(self, cid: int) -> tuple[int, ...]:
         return tuple(self.clients[cid].x_train.shape[1:])
@@ -277,10 +316,15 @@ class Simulation(RoundLoop):
         trim_heap()
         if self.clock is None:
             return
-        self.counters.sim_time_s += self.clock.round_time(outcome.times.values())
+        # the server does not wait for a client that left or that it stopped waiting for
+        gone = {f.cid for f in outcome.failures if f.kind in ("lost", "overcommitted")}
+        waited = [t for cid, t in outcome.times.items() if cid not in gone]
+        self.counters.sim_time_s += self.clock.round_time(waited)
         self.counters.sim_time_s += self.clock.phase_s(outcome.phase_macs, outcome.phase_wall_s)
+        lost = {f.cid for f in outcome.failures if f.kind == "lost"}
         for cid, times in outcome.times.items():
-            self._set_history(cid, times)
+            if cid not in lost:  # a client that left before finishing reports no times
+                self._set_history(cid, times)
 
     def _set_history(self, cid: int, times: ClientTimes) -> None:
         self.history[cid] = times

@@ -10,6 +10,10 @@ A client's round, under its device profile (`hetfl.systems.profiles`):
                                                           parallel (DTFL, Eq. 5)
               = down_s + up_s + compute_s + server_s      otherwise (SplitFed waits)
 
+With behaviour traces (`hetfl.systems.traces`), a client whose device becomes unreachable
+before `start + total_s` is lost for the round (`lost_problem`): it counts in `failed`, and
+the round does not wait for it.
+
 The round takes as long as its slowest participant, but the server never waits past the
 deadline: clients whose `total_s` exceeds it are dropped (they count in `failed`) and the
 round then takes exactly the deadline. A strategy's server phase (FedGKT's server
@@ -98,6 +102,21 @@ class Clock:
         if deadline is None or times.total_s <= deadline:
             return None
         return Problem("deadline", f"missed the deadline: {times.total_s:.4g} s > {deadline:g} s")
+
+    def lost_problem(self, times: ClientTimes, start_s: float) -> Problem | None:
+        """Why the client is lost for the round if its device's behaviour trace makes it
+        unreachable before it finishes (the round started at `start_s`), else None."""
+        behaviours = self.settings.behaviours
+        if behaviours is None:
+            return None
+        until = behaviours[times.profile].available_until(start_s)
+        if until is not None and start_s + times.total_s <= until:
+            return None
+        left = start_s if until is None else until
+        return Problem(
+            "lost",
+            f"unreachable from {left:.6g} s, before finishing at {start_s + times.total_s:.6g} s",
+        )
 
     def phase_s(self, macs: int, wall_s: float = 0.0) -> float:
         """Seconds of a round's server phase (`hetfl.core.server.phase`), which starts once

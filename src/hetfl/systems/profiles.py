@@ -1,4 +1,5 @@
-"""Device profiles: what each simulated client's hardware and link can do, round by round.
+"""One job: device profiles, what each simulated client's hardware and link can do, round by
+round (preset, listed or from traces), and the `system:` section that configures them.
 
 A profile has a compute rate (MAC/s), downlink and uplink bandwidths (Mbit/s) and the
 probability of being available in a round; the server has its own compute rate. Clients
@@ -22,7 +23,7 @@ switches 30 % of the clients every 50 rounds; the presets leave switching to the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.systems.traces import (
+    FIXTURE,
+    REFERENCE_MACS,
+    Behaviour,
+    DeviceCapacity,
+    load_behaviours,
+    load_capacities,
+)
 
 Clock = Literal["simulated", "measured"]
 CLOCKS = ("simulated", "measured")
@@ -105,6 +114,21 @@ def dtfl_cpu_profiles(fastest_rate: float = DEFAULT_RATE) -> tuple[DeviceProfile
 PRESETS = {"dtfl": dtfl_profiles, "dtfl-cpus": dtfl_cpu_profiles}
 
 
+def device_name(device: int) -> str:
+    return f"device-{device}"
+
+
+def trace_profiles(
+    capacities: Mapping[int, DeviceCapacity], reference_macs: float = REFERENCE_MACS
+) -> tuple[DeviceProfile, ...]:
+    """One profile per measured device, in device-id order: its rate from the reference
+    model's MACs per sample (`hetfl.systems.traces`), its bandwidth both ways."""
+    return tuple(
+        DeviceProfile(device_name(d), c.rate(reference_macs), c.mbps, c.mbps)
+        for d, c in sorted(capacities.items())
+    )
+
+
 @dataclass(frozen=True)
 class SystemSettings:
     """Device profiles and the simulated clock of a run (validated on construction).
@@ -114,6 +138,12 @@ class SystemSettings:
     is `simulated` (time = MACs / rate + bytes / bandwidth: reproducible) or `measured`
     (measured wall time times the profile's slowdown `cpu_rate / rate`: not reproducible,
     excluded from resume equality). `deadline_s` drops clients whose round takes longer.
+    `by_device` (trace-driven profiles, one per measured device) places the clients on a
+    seeded permutation of the profiles instead, one device each while there are enough.
+    `behaviours` (profile name -> `hetfl.systems.traces.Behaviour`) says when each device
+    is reachable on the simulated clock. `overcommit` (FedScale's over-commitment, 1.3 in
+    its paper) samples `committed(K)` clients; the engine keeps the first `keep_first` (K)
+    to finish.
     """
 
     profiles: tuple[DeviceProfile, ...]
@@ -125,6 +155,10 @@ class SystemSettings:
     cpu_rate: float = DEFAULT_RATE
     deadline_s: float | None = None
     clock: Clock = "simulated"
+    by_device: bool = False
+    behaviours: Mapping[str, Behaviour] | None = None
+    overcommit: float | None = None
+    keep_first: int | None = None
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -135,6 +169,17 @@ class SystemSettings:
             raise ValueError(f"system.profiles: names must be unique, repeated {duplicates}")
         if self.fractions is not None and self.assignment is not None:
             raise ValueError("system: give either fractions or assignment, not both")
+        if self.by_device and (self.fractions is not None or self.assignment is not None):
+            raise ValueError(
+                "system.trace places clients on devices itself: no fractions or assignment"
+            )
+        if self.behaviours is not None:
+            lacking = sorted(set(names) - set(self.behaviours))
+            if lacking:
+                raise ValueError(
+                    f"system.trace.behaviour has no trace for {len(lacking)} devices "
+                    f"(first: {lacking[:3]})"
+                )
         if self.fractions is not None:
             check_fractions(self.fractions)
             if len(self.fractions) != len(self.profiles):
@@ -157,6 +202,12 @@ class SystemSettings:
             raise ValueError(
                 f"system.switch_fraction must be in [0, 1], got {self.switch_fraction!r}"
             )
+        if self.overcommit is not None and not (
+            math.isfinite(self.overcommit) and self.overcommit >= 1
+        ):
+            raise ValueError(f"system.overcommit must be >= 1, got {self.overcommit!r}")
+        if self.keep_first is not None and self.keep_first < 1:
+            raise ValueError(f"keep_first must be >= 1, got {self.keep_first}")
         _positive("system.server_rate", self.server_rate)
         _positive("system.cpu_rate", self.cpu_rate)
         if self.deadline_s is not None:
@@ -168,16 +219,30 @@ class SystemSettings:
     def reproducible(self) -> bool:
         return self.clock == "simulated"
 
+    def committed(self, cohort: int, num_clients: int) -> int:
+        """How many clients a round samples for a cohort of `cohort`: ceil(overcommit x
+        cohort), at most every client (the product rounded first, so 1.3 x 10 is 13)."""
+        if self.overcommit is None:
+            return cohort
+        return min(num_clients, math.ceil(round(self.overcommit * cohort, 9)))
+
     def describe(self) -> str:
         """One line for the start-of-run banner."""
+        devices = f"{len(self.profiles)} trace devices" + (
+            ", behaviour traces" if self.behaviours is not None else ""
+        )
         parts = [
-            f"{len(self.profiles)} profiles ({', '.join(p.name for p in self.profiles)})",
+            devices
+            if self.by_device
+            else f"{len(self.profiles)} profiles ({', '.join(p.name for p in self.profiles)})",
             f"server {self.server_rate / 1e9:g} GMAC/s",
         ]
         if self.switch_every is not None and self.switch_fraction > 0:
             parts.append(f"{self.switch_fraction:.0%} switch every {self.switch_every} rounds")
         if self.deadline_s is not None:
             parts.append(f"deadline {self.deadline_s:g} s")
+        if self.overcommit is not None:
+            parts.append(f"over-commit x{self.overcommit:g}")
         parts.append(
             "clock simulated" if self.reproducible else "clock measured (not reproducible)"
         )
@@ -208,6 +273,10 @@ class ProfileSchedule:
     def _initial(self) -> list[int]:
         """Profile index per client (in `cids` order) in round 1."""
         s, n = self.settings, len(self.cids)
+        if s.by_device:  # client j takes device perm[j mod D], as FedScale cycles its trace
+            d = len(s.profiles)
+            perm = torch.randperm(d, generator=torch_generator(self.seed, 0, SERVER, "devices"))
+            return [int(perm[j % d]) for j in range(n)]
         names = [p.name for p in s.profiles]
         if s.assignment is not None:
             if len(s.assignment) != n:
@@ -286,6 +355,45 @@ class ProfileConfig(_Strict):
         return DeviceProfile(self.name, rate, self.down_mbps, self.up_mbps, self.availability)
 
 
+class TraceConfig(_Strict):
+    """Measured devices (FedScale's formats or HetFL's CSV/JSON; `fixture`: the shipped
+    300 synthetic devices), one profile per device."""
+
+    capacity: str = Field(
+        min_length=1,
+        description=f"device capacity trace: a path (.csv, .json, or FedScale's pickle) or "
+        f"{FIXTURE!r}",
+    )
+    behaviour: str | None = Field(
+        None,
+        description=f"behaviour trace (when each device is reachable): a path (.json or "
+        f"FedScale's pickle), {FIXTURE!r}, or null (always reachable)",
+    )
+    reference_macs: float = Field(
+        REFERENCE_MACS,
+        gt=0,
+        allow_inf_nan=False,
+        description="MACs of the sample a device's `computation` (ms per sample) was measured "
+        "on (default: MobileNetV2 inference, 300 M)",
+    )
+
+    def devices(self) -> tuple[tuple[DeviceProfile, ...], dict[str, Behaviour] | None]:
+        """Each device's profile and behaviour (matched by device id). With a behaviour
+        trace, the devices it does not cover are left out, as FedScale's own two traces
+        cover different phones."""
+        profiles = trace_profiles(load_capacities(self.capacity), self.reference_macs)
+        if self.behaviour is None:
+            return profiles, None
+        by_name = {device_name(d): b for d, b in load_behaviours(self.behaviour).items()}
+        covered = tuple(p for p in profiles if p.name in by_name)
+        if not covered:
+            raise ValueError(
+                f"system.trace: no device of {self.capacity!r} has a behaviour in "
+                f"{self.behaviour!r} (devices are matched by id)"
+            )
+        return covered, {p.name: by_name[p.name] for p in covered}
+
+
 class SystemConfig(_Strict):
     """Device profiles and the simulated clock (off unless `preset` or `profiles` is set)."""
 
@@ -296,6 +404,9 @@ class SystemConfig(_Strict):
     )
     profiles: list[ProfileConfig] | None = Field(
         None, description="custom profiles (instead of a preset)"
+    )
+    trace: TraceConfig | None = Field(
+        None, description="measured devices, one profile each (instead of a preset or profiles)"
     )
     fastest_rate: float = Field(
         DEFAULT_RATE, gt=0, allow_inf_nan=False, description="MAC/s of a preset's fastest profile"
@@ -330,6 +441,13 @@ class SystemConfig(_Strict):
         description="simulated seconds a client's round may take; slower clients are "
         "dropped from the round (default: no deadline)",
     )
+    overcommit: float | None = Field(
+        None,
+        ge=1,
+        allow_inf_nan=False,
+        description="sample ceil(overcommit x clients_per_round) clients and keep the first "
+        "clients_per_round to finish (FedScale's over-commitment, 1.3; default: off)",
+    )
     clock: Clock = Field(
         "simulated",
         description="simulated: MACs / rate + bytes / bandwidth (reproducible); measured: "
@@ -352,9 +470,10 @@ class SystemConfig(_Strict):
 
     @model_validator(mode="after")
     def _complete(self) -> SystemConfig:
-        if self.preset is not None and self.profiles is not None:
-            raise ValueError("give either preset or profiles, not both")
-        if self.preset is None and self.profiles is None:
+        given = [k for k in ("preset", "profiles", "trace") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of preset, profiles or trace, not {' and '.join(given)}")
+        if not given:
             # keys at their defaults are fine: a resolved config.yaml lists every key
             fields = type(self).model_fields
             extra = sorted(
@@ -363,7 +482,7 @@ class SystemConfig(_Strict):
             if extra:
                 raise ValueError(
                     f"{', '.join(extra)} set without device profiles: set system.preset "
-                    f"({', '.join(PRESETS)}) or system.profiles"
+                    f"({', '.join(PRESETS)}), system.profiles or system.trace"
                 )
             return self
         self.settings()  # the cross-field rules of SystemSettings, checked before any run
@@ -371,10 +490,13 @@ class SystemConfig(_Strict):
 
     def settings(self) -> SystemSettings | None:
         """The engine's settings, or None when no profiles are configured."""
+        behaviours = None
         if self.preset is not None:
             profiles = PRESETS[self.preset](self.fastest_rate)
         elif self.profiles is not None:
             profiles = tuple(p.profile(self.cpu_rate) for p in self.profiles)
+        elif self.trace is not None:
+            profiles, behaviours = self.trace.devices()
         else:
             return None
         return SystemSettings(
@@ -387,4 +509,7 @@ class SystemConfig(_Strict):
             cpu_rate=self.cpu_rate,
             deadline_s=self.deadline_s,
             clock=self.clock,
+            by_device=self.trace is not None,
+            behaviours=behaviours,
+            overcommit=self.overcommit,
         )

@@ -28,6 +28,14 @@ client as m grows). Per round:
    without becoming the straggler. A client without a history gets a default tier (the
    code's: paper tier 2).
 
+When a client's device profile changes (DTFL §4.2 switches 30 % of them every 50 rounds),
+the paper's EMA keeps mixing times from its earlier device: a client moved to a fast device
+climbs one smoothed step at a time, and its estimates for tiers it has not retrained since
+still describe the old device. `on_profile_change` chooses: `keep` (the paper's rule, the
+default), or `reset`, which forgets the client's estimates for every tier when the profile
+named in its times differs from the one of its last absorbed times, so that the new
+device's first observation is its own mean.
+
 Profiles (`CutCost`, `hetfl.core.pricing`) come from HetFL's cost model: T^cp(m) the
 client MACs of one batch (a ratio, so the client's rate cancels), T^sp(m) the server MACs
 of one batch over the server rate. Communication is the client model down and back up plus
@@ -51,6 +59,8 @@ from hetfl.core.types import ClientInfo, ClientTimes
 
 #: What the scheduler takes as a client's client-side time in its tier.
 Observed = Literal["elapsed-minus-comm", "compute"]
+#: What becomes of a client's smoothed times when its device profile changes.
+OnSwitch = Literal["keep", "reset"]
 #: The EMA's span (the code's `ewm(span=2)`): weight 2 / (span + 1) on the newest value.
 SPAN = 2
 
@@ -139,19 +149,22 @@ class TierScheduler:
         *,
         default_tier: int,
         observed: Observed = "elapsed-minus-comm",
+        on_profile_change: OnSwitch = "keep",
     ) -> None:
         if default_tier not in costs:
             raise ValueError(f"default_tier {default_tier} is not one of the tiers {sorted(costs)}")
         self.costs, self.server_rate = costs, server_rate
         self.tier_spec, self.tier_of, self.eval_spec = tier_spec, tier_of, eval_spec
         self.train, self.default_tier, self.observed = train, default_tier, observed
+        self.on_profile_change = on_profile_change
         self.smoothed: dict[tuple[int, int], float] = {}
         self.absorbed: dict[int, int] = {}
+        self.profiles: dict[int, str] = {}  # the profile of each client's last absorbed times
 
     # -- the assignment protocol ---------------------------------------------------------
     def setup(self, clients: Sequence[ClientInfo]) -> None:
         """A run starts without histories (a resumed one then loads its extra state)."""
-        self.smoothed, self.absorbed = {}, {}
+        self.smoothed, self.absorbed, self.profiles = {}, {}, {}
 
     def spec_of(self, info: ClientInfo) -> Spec:
         """Every client is judged by the aggregated full model."""
@@ -180,10 +193,14 @@ class TierScheduler:
         times = info.history
         if times is None or self.absorbed.get(info.cid) == times.round:
             return
+        moved = self.profiles.get(info.cid, times.profile) != times.profile
+        if moved and self.on_profile_change == "reset":
+            self.smoothed = {k: t for k, t in self.smoothed.items() if k[0] != info.cid}
         tier = self.tier_of(times.spec)
         key = (info.cid, tier)
         self.smoothed[key] = ema(self.smoothed.get(key), self.client_side_s(info, times, tier))
         self.absorbed[info.cid] = times.round
+        self.profiles[info.cid] = times.profile
 
     def client_side_s(self, info: ClientInfo, times: ClientTimes, tier: int) -> float:
         if self.observed == "compute":
@@ -221,11 +238,16 @@ class TierScheduler:
         return [chosen.get(info.cid, self.default_tier) for info in infos]
 
     def extra_state(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "tier_smoothed": [[k, m, t] for (k, m), t in sorted(self.smoothed.items())],
             "tier_absorbed": sorted(self.absorbed.items()),
         }
+        if self.on_profile_change != "keep":  # the paper's rule never reads them
+            state["tier_profiles"] = sorted(self.profiles.items())
+        return state
 
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.smoothed = {(int(k), int(m)): float(t) for k, m, t in state["tier_smoothed"]}
         self.absorbed = {int(k): int(r) for k, r in state["tier_absorbed"]}
+        # absent under `keep`, and in checkpoints from before `on_profile_change`
+        self.profiles = {int(k): str(p) for k, p in state.get("tier_profiles", [])}

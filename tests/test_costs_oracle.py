@@ -35,9 +35,11 @@ SHAPES = {
     "stage-cnn": (3, 16, 16),
     "char-lstm": (6,),
     "composed-rnn": (6,),
+    "transformer": (6,),
+    "transformer-tiny": (6,),
 }
 SMALL = (3, 8, 8)
-TOKENS = ("char-lstm", "composed-rnn")
+TOKENS = ("char-lstm", "composed-rnn", "transformer", "transformer-tiny")
 
 
 def _family(name: str) -> ModelFamily:

@@ -128,6 +128,12 @@ class NoLayerNorm(nn.Identity):
         return x
 
 
+#: The norm layer of each `bn` kind: a Transformer normalises each token over its features
+#: (LayerNorm), whatever kind of batch statistics a method asks for, since a token has none
+#: to keep; `none` drops the normalisation (the scaler still acts).
+LAYER_NORMS: dict[str, type[SlimLayerNorm] | type[NoLayerNorm]] = {"none": NoLayerNorm}
+
+
 class SlimEmbedding(nn.Embedding):
     """An embedding that uses `weight[:, :hidden]`: the leading features of each row,
     N(0, 1) from a given generator as `nn.Embedding`'s default."""
@@ -215,7 +221,7 @@ class Transformer(nn.Module):
         super().__init__()
         ratio = spec["widths"][0]
         context = spec["input_shape"][0]
-        norm = NoLayerNorm if spec["bn"] == "none" else SlimLayerNorm
+        norm = LAYER_NORMS.get(spec["bn"], SlimLayerNorm)
         self.embed = Embed(spec["num_classes"], context, size.hidden, ratio)
         blocks = [DecoderBlock(size, ratio, norm, spec["scaler"]) for _ in range(spec["blocks"][0])]
         self.stages = nn.ModuleList([nn.ModuleList(blocks)])

@@ -39,8 +39,8 @@ simulator, the Flower adapter) call these verbs:
 2. the engine runs each task's client program and validates its result against the task's
    index map (names, shapes, finiteness); invalid results and clients that raised become
    `Failure`s.
-3. `aggregate(round, state, trained)` -> the new global state (an engine calls
-   `aggregate_with_decisions`, which also gives what a defence decided). `trained` (a
+3. `aggregate(round, state, trained)` -> `Aggregated`: the new global state and what a
+   defence among the reducers decided (`Aggregated.defence`). `trained` (a
    `TrainedRound`) holds every valid result at once with the task it answered, sorted by
    client id, so norms across clients and robust rules are possible, and each result is
    written through the index map its task carried; without results the state comes back

@@ -5,6 +5,7 @@ depths and widths, ZiCo, the choice of architectures and the settings refused.""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -245,6 +246,23 @@ def test_zico_choice_is_seeded_and_takes_the_best_candidate_within_the_budget() 
     half.setup_seeded(infos, torch.Generator().manual_seed(0))
     assert sorted(c.label for c in half.chosen.values()).count("d2-w0.25") >= 1
     assert len(half.budget_of) == 1  # the limited client has no budget
+
+
+def test_the_scored_clients_are_those_whose_choice_reads_a_score() -> None:
+    """Neither a limited client, nor one that declares its architecture, nor one whose
+    budget fits one candidate is scored; the draws are setup_seeded's (same generator)."""
+    choice = _choice(choice="zico")
+    macs = sorted(choice.macs(c) for c in choice.candidates)
+    infos = [_info(0, architecture="d3-w0.5"), _info(1, macs_budget=macs[0])]
+    infos += [_info(c, macs_budget=macs[-1]) for c in range(2, 8)]
+    scored = choice.scored_clients(infos, torch.Generator().manual_seed(4))
+    scores = {c.label: float(i) for i, c in enumerate(choice.candidates)}
+    answered = [replace(i, attrs={**i.attrs, "zico": scores}) if i.cid in scored else i
+                for i in infos]  # fmt: skip
+    choice.setup_seeded(answered, torch.Generator().manual_seed(4))  # raises on a missing one
+    limited = {cid for cid in range(8) if cid not in choice.budget_of} - {0}
+    assert len(limited) >= 3 and scored == set(range(2, 8)) - limited
+    assert _choice(choice="random").scored_clients(infos, torch.Generator()) == set()
 
 
 def test_random_choice_and_drawn_budgets_are_seeded_and_within_budget() -> None:

@@ -28,10 +28,18 @@ FAMILY = ScalableFamily(
 )
 
 
-def _simulation(federation, run_dir, *, widths=(0.25, 0.5), clients=None, **kwargs):
-    """A FedFA run whose clients choose by ZiCo (no limited share: every client asks)."""
+def _simulation(
+    federation, run_dir, *, widths=(0.25, 0.5), clients=None, limited_share=0.0, **kwargs
+):
+    """A FedFA run whose clients choose by ZiCo (by default no limited share: every client
+    is asked)."""
     _, fed_clients, test = federation
-    options = {"depths": [2, 3], "widths": list(widths), "choice": "zico", "limited_share": 0.0}
+    options = {
+        "depths": [2, 3],
+        "widths": list(widths),
+        "choice": "zico",
+        "limited_share": limited_share,
+    }
     train = LocalTraining(steps=1, batch_size=8)
     strategy, recipe = ALGORITHMS.get("fedfa").build(
         FAMILY, options, clients_per_round=2, train=train, macs=MacCounter(FAMILY)
@@ -104,6 +112,29 @@ def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_m
     assert set(_scores(wider)[0]) == {"d2-w0.25", "d2-w0.75", "d3-w0.25", "d3-w0.75"}
 
 
+def test_only_the_clients_whose_scores_set_up_reads_are_asked(
+    synthetic_federation, tmp_path, monkeypatch
+):
+    """With the default limited share, half the clients take the smallest candidate and are
+    not scored; every client's architecture is the one a run that asks every client
+    chooses."""
+    scored = []
+    real = architecture_choice.zico
+    monkeypatch.setattr(architecture_choice, "zico", lambda m, b: scored.append(1) or real(m, b))
+    runs = {}
+    for name in ("every", "some"):
+        sim = _simulation(synthetic_federation, tmp_path / name, limited_share=0.5)
+        if name == "every":  # ask every client, as a run did before the selection
+            every = {"setup_query_clients": lambda clients, _: {c.cid for c in clients}}
+            sim.strategy.capabilities = replace(sim.strategy.capabilities, **every)
+        scored.clear()
+        sim.setup()
+        runs[name] = (sim.strategy.describe(), len(scored), len(sim.strategy.assignment.budget_of))
+    assert runs["every"][1] == 8 * 4
+    assert runs["some"][1:] == (4 * 4, 4), "the limited half was scored"
+    assert runs["some"][0] == runs["every"][0]
+
+
 def test_each_phase_is_shown_and_timed_in_the_summary(synthetic_federation, tmp_path):
     """The set-up query says how far it is; the summary's `phases` holds the set-up's
     phases and each round's training and evaluation, in wall and CPU seconds."""
@@ -112,7 +143,7 @@ def test_each_phase_is_shown_and_timed_in_the_summary(synthetic_federation, tmp_
     sim = _simulation(synthetic_federation, tmp_path, rounds=2, progress=progress)
     summary = sim.run()
     text = stream.getvalue()
-    assert "setup_query: asking 8 clients the strategy's set-up query" in text
+    assert "setup_query: asking 8 of 8 clients the strategy's set-up query" in text
     assert "setup_query: 8/8 clients" in text and "setup_query: done in" in text
     assert "train " in text.splitlines()[-1] and "eval " in text.splitlines()[-1]
     phases = summary["phases"]

@@ -96,7 +96,7 @@ def run_study(study: Study, show_progress: bool = True) -> int:
     cfg = study.config
     recorded = _recorded(study)
     pending = [p for p in study.points() if p[2] not in recorded]
-    check_scorable(study, pending)
+    check_scorable(study, pending, show_progress)
     for i, (_, _, name) in enumerate(pending):
         used = study.process_hours()
         if used >= cfg.budget_process_hours:
@@ -122,12 +122,16 @@ def run_study(study: Study, show_progress: bool = True) -> int:
     return 0
 
 
-def check_scorable(study: Study, points: Sequence[tuple[str, int, str]]) -> None:
+def check_scorable(
+    study: Study, points: Sequence[tuple[str, int, str]], show_progress: bool = True
+) -> None:
     """Each method of `points` set up once (its first point's config) before any point
     runs, so that a method the protocol's evaluation plan cannot score
     (`hetfl.engine.evaluation_plan.build_plan`: no global model under
     `eval.require_global_test`, static BatchNorm with `eval.global_stats_pass: off`) is
-    refused by name now, not after the other methods' runs have spent the budget."""
+    refused by name now, not after the other methods' runs have spent the budget. Set-up
+    can take minutes (FedFA's ZiCo queries, kept in the cache the points then read), so it
+    shows its progress as a run does."""
     from hetfl.runner import build_simulation
 
     firsts: dict[str, str] = {}
@@ -135,7 +139,12 @@ def check_scorable(study: Study, points: Sequence[tuple[str, int, str]]) -> None
         firsts.setdefault(method, name)
     for method, name in firsts.items():
         with tempfile.TemporaryDirectory() as scratch:
-            sim = build_simulation(study.configs[name], Path(scratch), show_progress=False)
+            sim = build_simulation(
+                study.configs[name],
+                Path(scratch),
+                show_progress=show_progress,
+                label=f"[{study.config.name} set-up check {method}] ",
+            )
             try:
                 sim.setup()
             except ValueError as exc:

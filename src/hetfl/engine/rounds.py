@@ -85,11 +85,15 @@ from hetfl.engine.trace import Scalar, TracedProgram, checked_fields, trace_rows
 from hetfl.systems.costs import MacCounter
 
 
+def init_generator(settings: RoundSettings) -> torch.Generator:
+    """The run's "init" generator, the one `Strategy.setup` draws the assignment and the
+    initial state from."""
+    return torch_generator(settings.seed, 0, SERVER, "init")
+
+
 def setup_strategy(strategy: Strategy, clients: list[ClientInfo], settings: RoundSettings) -> State:
     """Assign specs; the initial global state, from the run's "init" generator."""
-    return strategy.setup(
-        clients, torch_generator(settings.seed, 0, SERVER, "init"), rounds=settings.rounds
-    )
+    return strategy.setup(clients, init_generator(settings), rounds=settings.rounds)
 
 
 class RoundLoop(ABC):

@@ -55,7 +55,7 @@ from hetfl.engine.heap import trim_heap
 from hetfl.engine.outputs import RowSink
 from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
-from hetfl.engine.rounds import RoundLoop
+from hetfl.engine.rounds import RoundLoop, init_generator
 from hetfl.engine.statistics import stats_shares
 from hetfl.engine.steps import (
     Charge,
@@ -166,11 +166,16 @@ class Simulation(RoundLoop):
     def known_clients(self) -> list[ClientInfo]:
         """Every client, with its answer to the strategy's set-up query from its own data
         and a (seed, 0, client, "setup-query") generator, asked once, as units of the
-        executor, kept in `setup_cache` (`hetfl.sim.setup_queries`); what it declared wins."""
-        query = self.strategy.capabilities.setup_query
-        if query is not None and not self._asked:
-            generators = {cid: self._rng(0, "setup-query", cid) for cid in self.infos}
-            asked = SetupAsk(query, generators, self.setup_cache)
+        executor, kept in `setup_cache` (`hetfl.sim.setup_queries`); what it declared wins.
+        Only the clients whose answers set-up reads are asked
+        (`Capabilities.setup_query_clients`)."""
+        caps = self.strategy.capabilities
+        if caps.setup_query is not None and not self._asked:
+            wanted = caps.setup_query_clients(
+                list(self.infos.values()), init_generator(self.settings)
+            )
+            generators = {cid: self._rng(0, "setup-query", cid) for cid in sorted(wanted)}
+            asked = SetupAsk(caps.setup_query, generators, self.setup_cache)
             self.infos = ask_clients(
                 self.executor, self.programs, asked, self.infos, self.clients, self.progress
             )

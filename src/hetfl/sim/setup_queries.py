@@ -54,8 +54,8 @@ class SetupQueryItem(NamedTuple):
 
 
 class SetupAsk(NamedTuple):
-    """What a run asks its clients at set-up: the query, each client's generator, and the
-    folder answers are kept in (None: not kept)."""
+    """What a run asks its clients at set-up: the query, the generator of each client it
+    asks (the others are not asked), and the folder answers are kept in (None: not kept)."""
 
     query: SetupQuery
     generators: Mapping[int, torch.Generator]
@@ -70,24 +70,27 @@ def ask_clients(
     clients: Mapping[int, ClientData],
     progress: Progress,
 ) -> dict[int, ClientInfo]:
-    """Every client's info with its answer merged under what it declared itself (which
-    wins), the answers computed as units of `executor` in `SETUP_STEPS` steps, each shown
-    by `progress`, and timed as the set-up phase `setup_query`."""
+    """Every client's info, the asked ones' (those `asked.generators` holds) with the
+    answer merged under what it declared itself (which wins), the answers computed as
+    units of `executor` in `SETUP_STEPS` steps, each shown by `progress`, and timed as the
+    set-up phase `setup_query`."""
     items = [
-        SetupQueryItem(asked.query, info, clients[cid], asked.generators[cid], asked.cache)
-        for cid, info in infos.items()
+        SetupQueryItem(asked.query, infos[cid], clients[cid], generator, asked.cache)
+        for cid, generator in asked.generators.items()
     ]
     answers: list[Mapping[str, Any]] = []
     step = max(STEP_UNITS, -(-len(items) // SETUP_STEPS))
-    about = f"asking {len(items)} clients the strategy's set-up query"
-    with progress.phase("setup_query", about=about):
-        for start in range(0, len(items), step):
-            answers += executor.map(programs, answer_setup_query, items[start : start + step])
-            progress.step("setup_query", len(answers), len(items), "clients")
-    return {
+    about = f"asking {len(items)} of {len(infos)} clients the strategy's set-up query"
+    if items:
+        with progress.phase("setup_query", about=about):
+            for start in range(0, len(items), step):
+                answers += executor.map(programs, answer_setup_query, items[start : start + step])
+                progress.step("setup_query", len(answers), len(items), "clients")
+    merged = {
         item.info.cid: replace(item.info, attrs={**answer, **item.info.attrs})
         for item, answer in zip(items, answers, strict=True)
     }
+    return {cid: merged.get(cid, info) for cid, info in infos.items()}
 
 
 def answer_setup_query(ctx: WorkerContext, item: SetupQueryItem) -> Mapping[str, Any]:

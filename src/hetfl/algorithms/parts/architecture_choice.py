@@ -37,7 +37,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from pydantic import Field, model_validator
@@ -62,6 +62,12 @@ ZICO_BATCHES = 2
 #: in training mode at initialisation, where static and running-statistics BatchNorm
 #: compute the same and NeFL's step sizes are 1: the architecture as every method starts it.
 ARCHITECTURE_NORMALISATION: Mapping[str, Any] = {"bn": "static", "scaler": False}
+
+
+class _Draw(NamedTuple):
+    info: ClientInfo
+    budget: float | None
+    own: torch.Generator
 
 
 @dataclass(frozen=True)
@@ -226,26 +232,50 @@ class ArchitectureChoice:
         raise TypeError("ArchitectureChoice draws at set-up: call setup_seeded(clients, generator)")
 
     def setup_seeded(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> None:
-        """Each client's architecture (module docstring): the limited share from one
-        permutation, then for each client in id order a generator of its own (its budget,
-        its random pick), so that what one client declares never shifts another's draws."""
+        """Each client's architecture (module docstring), from `_draws`."""
+        self.chosen, self.budget_of, self._global = {}, {}, None
+        for draw in self._draws(clients, generator):
+            cid = draw.info.cid
+            declared = draw.info.attrs.get("architecture")
+            if declared is not None:
+                self.chosen[cid] = self._declared(cid, declared)
+            elif draw.budget is None:
+                self.chosen[cid] = self.smallest()
+            else:
+                self.budget_of[cid] = draw.budget
+                self.chosen[cid] = self._best_within(draw.info, draw.budget, draw.own)
+
+    def scored_clients(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> set[int]:
+        """The clients whose ZiCo scores `setup_seeded(clients, generator)` reads: under
+        `choice: zico`, those that neither declare an architecture nor are resource-limited
+        and whose budget fits more than one candidate (the same draws, so the same
+        clients); the set-up query asks no other (half the clients, by default)."""
+        if self.choice != "zico":
+            return set()
+        return {
+            d.info.cid
+            for d in self._draws(clients, generator)
+            if d.budget is not None
+            and "architecture" not in d.info.attrs
+            and sum(self.macs(c) <= d.budget for c in self.candidates) > 1
+        }
+
+    def _draws(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> list[_Draw]:
+        """Each client in id order with its budget (None: declared or resource-limited)
+        and its own generator: the limited share from one permutation, then for each
+        client a generator of its own (its budget, its random pick), so that what one
+        client declares never shifts another's draws."""
         ordered = sorted(clients, key=lambda c: c.cid)
         order = torch.randperm(len(ordered), generator=generator).tolist()
         limited = {ordered[i].cid for i in order[: int(len(ordered) * self.limited_share)]}
-        self.chosen, self.budget_of, self._global = {}, {}, None
+        draws = []
         for i, info in enumerate(ordered):
             own = torch.Generator().manual_seed(
                 int(torch.randint(2**62, (1,), generator=generator))
             )
-            declared = info.attrs.get("architecture")
-            if declared is not None:
-                self.chosen[info.cid] = self._declared(info.cid, declared)
-            elif info.cid in limited:
-                self.chosen[info.cid] = self.smallest()
-            else:
-                budget = self._budget(info, i, own)
-                self.budget_of[info.cid] = budget
-                self.chosen[info.cid] = self._best_within(info, budget, own)
+            plain = info.attrs.get("architecture") is None and info.cid not in limited
+            draws.append(_Draw(info, self._budget(info, i, own) if plain else None, own))
+        return draws
 
     def _declared(self, cid: int, label: Any) -> Candidate:
         if label not in self.by_label:
@@ -301,6 +331,8 @@ class ArchitectureChoice:
             )
         if self.choice == "random":
             return fits[int(torch.randint(len(fits), (1,), generator=own))]
+        if len(fits) == 1:  # nothing to compare: the client is not asked (`scored_clients`)
+            return fits[0]
         scores = info.attrs.get(ZICO_ATTR)
         if not isinstance(scores, Mapping) or any(c.label not in scores for c in fits):
             raise ValueError(

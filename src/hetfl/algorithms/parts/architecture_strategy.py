@@ -72,7 +72,10 @@ def architecture_strategy(
             ),
         ),
         extras=Extras(
-            describe=choice.describe, trace_fields=choice.trace_fields, setup_query=query
+            describe=choice.describe,
+            trace_fields=choice.trace_fields,
+            setup_query=query,
+            setup_query_clients=choice.scored_clients,
         ),
     )
     forward = MaskedCrossEntropy() if opts.label_split else CrossEntropy()

@@ -185,8 +185,10 @@ class Evaluation:
 class Extras:
     """What some methods add: `declared` global tensors of their own shape, split
     learning's `server_side`, a round-level `server_phase` (FedGKT), a `describe` for the
-    run summary, an `observer` of metrics rows, per-client `trace_fields`, and a
-    `setup_query` every client answers before set-up."""
+    run summary, an `observer` of metrics rows, per-client `trace_fields`, a
+    `setup_query` clients answer before set-up and `setup_query_clients`, which of them
+    the assignment will read an answer of (from the clients and the generator its
+    `setup_seeded` gets; None: every client)."""
 
     declared: Sequence[DeclaredTensor] = ()
     server_side: ServerSide | None = None
@@ -195,6 +197,7 @@ class Extras:
     observer: Callable[[int, Mapping[str, Any]], None] | None = None
     trace_fields: TraceFields | None = None
     setup_query: SetupQuery | None = None
+    setup_query_clients: Callable[[Sequence[ClientInfo], torch.Generator], set[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,9 @@ class Capabilities:
     scores_pooled: bool
     #: The question each client answers before set-up, which the engine asks (or None).
     setup_query: SetupQuery | None
+    #: `(clients, the generator setup gets) -> the ids of the clients to ask`: the others'
+    #: answers would never be read.
+    setup_query_clients: Callable[[Sequence[ClientInfo], torch.Generator], set[int]]
 
 
 @runtime_checkable
@@ -260,6 +266,7 @@ class Strategy:
             server_phase=self.extras.server_phase is not None,
             scores_pooled=self.evaluation.pooled_eval is not None,
             setup_query=self.extras.setup_query,
+            setup_query_clients=self._setup_query_clients,
         )
         #: The lr's plateau rule (`train.lr_plateau`), whatever the method; its state is
         #: extra state.
@@ -270,6 +277,14 @@ class Strategy:
         self._state_names: list[str] = []
 
     # -- set-up -----------------------------------------------------------------------
+    def _setup_query_clients(
+        self, clients: Sequence[ClientInfo], generator: torch.Generator
+    ) -> set[int]:
+        select = self.extras.setup_query_clients
+        if select is None:
+            return {c.cid for c in clients}
+        return select(clients, sibling_generator(generator, "assignment"))
+
     def setup(
         self,
         clients: Sequence[ClientInfo],

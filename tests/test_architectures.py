@@ -184,6 +184,22 @@ def test_flexifed_averages_each_layer_over_its_shared_prefix() -> None:
     )
 
 
+@pytest.mark.parametrize("method", ["flexifed", "nefl"])
+def test_static_bn_trains_without_running_statistics_and_scores_after_a_pass(method) -> None:
+    """`bn: static` (FedFA's normalisation for every method it compares): the models keep
+    no running statistics, every tested model is scored after a statistics pass; the
+    default keeps the method's own averaged running statistics, tested without one."""
+    for bn, pass_ in (("static", True), ("batch", False)):
+        strategy = _build(method, depths=[1, 2], widths=[0.125], bn=bn)
+        _, _, after = _round(strategy, [D1, D2, D2, D1], [1, 2, 4, 8])
+        assert any("running_var" in n for n in after) is not pass_
+        models = strategy.eval_models(after)
+        assert models and all(m.stats_pass is pass_ for m in models)
+        assert strategy.eval_task(_infos([D1])[0], after, {}).payload  # a local model too
+    with pytest.raises(ValueError, match="bn"):
+        _build(method, bn="running")
+
+
 def test_flexifed_refuses_mixed_widths_naming_the_fix() -> None:
     with pytest.raises(ValueError, match=r"depth only.*\[0\.125, 0\.25\].*widths: \[1\.0\]"):
         _build("flexifed", widths=[0.125, 0.25])

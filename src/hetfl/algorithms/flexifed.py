@@ -42,6 +42,7 @@ from pydantic import Field, model_validator
 from hetfl.algorithms.parts.architecture_choice import ArchitectureOptions, architecture_choice
 from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
 from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.algorithms.parts.option_records import BatchNormKindOptions
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.init import build_model
 from hetfl.core.pricing import PassPricing
@@ -52,7 +53,7 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 
 
-class FlexiFedOptions(ArchitectureOptions):
+class FlexiFedOptions(BatchNormKindOptions, ArchitectureOptions):
     weighting: WeightingOption = "uniform"
     widths: list[float] = Field(
         [1.0],
@@ -108,7 +109,7 @@ def _make(
         family,
         opts,
         method="flexifed",
-        normalisation={"bn": "batch"},
+        normalisation={"bn": opts.bn},
         batch_size=train.batch_size,
         macs=macs,
     )
@@ -126,6 +127,6 @@ def _make(
         train=train,
         clients_per_round=clients_per_round,
         transforms=[Grouped(path_of)],
-        stats_pass=False,
+        stats_pass=opts.bn == "static",
         first=lambda c: c.depth,
     )

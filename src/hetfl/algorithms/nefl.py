@@ -53,6 +53,7 @@ from hetfl.algorithms.parts.architecture_choice import (
 )
 from hetfl.algorithms.parts.architecture_strategy import architecture_strategy
 from hetfl.algorithms.parts.method_registry import WeightingOption, register_algorithm
+from hetfl.algorithms.parts.option_records import BatchNormKindOptions
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.init import build_model
 from hetfl.core.pricing import PassPricing
@@ -65,7 +66,7 @@ from hetfl.core.types import ModelFamily
 from hetfl.models.scalable import ARCHITECTURES
 
 
-class NeFLOptions(ArchitectureOptions):
+class NeFLOptions(BatchNormKindOptions, ArchitectureOptions):
     weighting: WeightingOption = "uniform"
 
 
@@ -101,7 +102,7 @@ def _make(
         family,
         opts,
         method="nefl",
-        normalisation={"bn": "batch", "step_size": True},
+        normalisation={"bn": opts.bn, "step_size": True},
         batch_size=train.batch_size,
         macs=macs,
     )
@@ -120,6 +121,6 @@ def _make(
         train=train,
         clients_per_round=clients_per_round,
         transforms=[Grouped(per_sub_model(family, choice))],
-        stats_pass=False,
+        stats_pass=opts.bn == "static",
         first=choice.macs,
     )

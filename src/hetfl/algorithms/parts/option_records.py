@@ -2,12 +2,13 @@
 of the parts it uses instead of inheriting another method's options: FedBN's and FedPer's
 private layers (any method that averages one model can keep layers on its clients), a
 proximal term (FedProx, FedNova-Prox), a server optimiser (FedOpt's Adagrad, Adam and Yogi,
-Ada-FedALRC) and its moments. Each record carries the shared aggregation options
-(`AggregationOptions`: reducer, weighting, sampling)."""
+Ada-FedALRC) and its moments, and the BatchNorm kind of FedFA's baselines. Each record
+carries the shared aggregation options (`AggregationOptions`: reducer, weighting,
+sampling)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -27,6 +28,20 @@ class PrivateLayerOptions(AggregationOptions):
 
     private_norm: PrivateNorm = False
     private_head: PrivateHead = False
+
+
+class BatchNormKindOptions(AggregationOptions):
+    """FlexiFed's and NeFL's BatchNorm: `batch`, running statistics averaged with their
+    layer (each method's own); `static`, batch statistics in training and a statistics pass
+    before every evaluation, as FedFA's paper runs every method it compares (Park and
+    Joe-Wong, "Federated Learning with Flexible Architectures", ECML-PKDD 2024, §5.1 and
+    App. G: static BN for all), for comparisons on one normalisation."""
+
+    bn: Literal["batch", "static"] = Field(
+        "batch",
+        description="batch: running statistics averaged with their layer; static: batch "
+        "statistics in training and a statistics pass before every evaluation (FedFA's)",
+    )
 
 
 class ProximalOptions(AggregationOptions):

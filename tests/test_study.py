@@ -228,3 +228,68 @@ def test_a_time_to_target_claim_reads_the_rounds_with_censored_seeds_named(tmp_p
         "3 seeds, censored A 0, B 1): **holds**, A - B +2.33 rounds, 95% interval "
         "[+0.90, +3.77]"
     )
+
+
+RELATIVE = STUDY.replace(
+    """  fedprox: {algorithm: fedprox, options.fedprox.mu: 0.01}
+  fedavg: {algorithm: fedavg}""",
+    """  a-attacked: {algorithm: fedprox}
+  a-clean: {algorithm: fedprox}
+  b-attacked: {algorithm: fedavg}
+  b-clean: {algorithm: fedavg}""",
+).replace(
+    "  - {a: fedprox, b: fedavg, shape: non-inferiority, margin_points: 5}",
+    "  - {a: a-attacked, b: b-attacked, a_reference: a-clean, b_reference: b-clean,"
+    " chance_points: 10}",
+)
+
+
+def _final_records(study, finals: dict[str, list[float]]) -> None:
+    for name, accs in finals.items():
+        for seed, acc in enumerate(accs):
+            row = {"round": 1, "global_acc": acc, "bytes_down": 0, "bytes_up": 0, "macs": 0}
+            point = study.records_dir / f"{name}-s{seed}"
+            point.mkdir(parents=True)
+            (point / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+            (point / "summary.json").write_text(json.dumps({"seed": seed, "final": row}))
+
+
+def test_a_robustness_claim_reads_each_method_relative_to_its_clean_run(tmp_path):
+    """Hand-made records. A's drops 0.02, 0.04, 0.00; B's 0.30, 0.20, 0.25: B's drop minus
+    A's = 28, 16, 25 points, mean 23, sd 6.245, 95% interval 23 -+ 4.303 x 3.606 = [7.49,
+    38.51] -> holds; then both attacked at chance (11 %, 12 %, 10 % and 10 % each): saturated,
+    not a verdict."""
+    study = open_study(_study(tmp_path, RELATIVE), tmp_path / "runs", tmp_path / "results")
+    _final_records(study, {
+        "a-clean": [0.80, 0.82, 0.78], "a-attacked": [0.78, 0.78, 0.78],
+        "b-clean": [0.75, 0.70, 0.72], "b-attacked": [0.45, 0.50, 0.47],
+    })  # fmt: skip
+    (line,) = verdict_lines(study)
+    assert line == (
+        "tiny, a-attacked vs b-attacked, each relative to a-clean / b-clean (A better than B "
+        "by more than 0 points (superiority), global_acc at final, 3 seeds): **holds**, "
+        "A - B +23.00 points, 95% interval [+7.49, +38.51]"
+    )
+    saturated = tmp_path / "sat"
+    saturated.mkdir()
+    study = open_study(_study(saturated, RELATIVE), saturated / "runs", saturated / "results")
+    _final_records(study, {
+        "a-clean": [0.80, 0.82, 0.78], "a-attacked": [0.11, 0.12, 0.10],
+        "b-clean": [0.75, 0.70, 0.72], "b-attacked": [0.10, 0.10, 0.10],
+    })  # fmt: skip
+    assert "**saturated**" in verdict_lines(study)[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("a_reference: a-clean, ", ""), "a_reference and b_reference go together"),
+        (("b_reference: b-clean", "b_reference: c-clean"), "names c-clean, not a method"),
+        (("primary: {metric: global_acc, at: final}", "primary: {metric: global_acc, target: 0.5}"),
+         "relative to references reads an accuracy at a round"),
+    ],
+)  # fmt: skip
+def test_a_relative_comparison_is_declared_whole(tmp_path, change, message):
+    path = _study(tmp_path, RELATIVE.replace(*change))
+    with pytest.raises(ConfigError, match=message):
+        open_study(path, tmp_path / "runs", tmp_path / "results")

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
 from hetfl.engine.outputs import CLOCKS, Target, reached_targets
@@ -61,7 +61,7 @@ MIN_SEEDS = 3
 LEVEL, POWER = 0.95, 0.80
 Shape = Literal["superiority", "non-inferiority"]
 SHAPES: tuple[Shape, ...] = ("superiority", "non-inferiority")
-Verdict = Literal["holds", "non-inferior", "tie", "fails", "inconclusive"]
+Verdict = Literal["holds", "non-inferior", "tie", "fails", "inconclusive", "saturated"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,8 @@ class PairedDifference:
     diffs: tuple[float, ...]
     rule: Rule = Rule()
     censored: tuple[int, int] = (0, 0)
+    #: A relative comparison whose A and B both ended at chance (`relative_differences`).
+    saturated: bool = False
 
     @property
     def n(self) -> int:
@@ -163,6 +165,8 @@ class PairedDifference:
 
     @property
     def verdict(self) -> Verdict:
+        if self.saturated:
+            return "saturated"
         if self.n < MIN_SEEDS:
             return "inconclusive"
         verdict = interval_verdict(*self.interval, self.rule)
@@ -325,6 +329,51 @@ def paired_differences(
                 )
             )
     return out
+
+
+#: How close to chance (in points) both methods' means must end for a relative cell to be
+#: saturated.
+SATURATED_POINTS = 5.0
+
+
+def relative_differences(
+    runs: Sequence[RunRecord],
+    a: tuple[str, str],
+    b: tuple[str, str],
+    rule: Rule = Rule(),
+    chance_points: float | None = None,
+) -> list[PairedDifference]:
+    """(A - A's reference) - (B - B's reference), seed by seed, for every setting, metric
+    and round choice the four share (`a` and `b` are (method, reference) pairs): B's drop
+    minus A's. With `chance_points`, a cell where A's and B's means both end within
+    `SATURATED_POINTS` of chance is marked saturated."""
+    seeds = set.intersection(
+        *({int(r.seed) for r in runs if r.seed is not None and _setting(r, n)} for n in (*a, *b))
+    )
+    mine = [r for r in runs if r.seed is not None and int(r.seed) in seeds]
+    if not seeds:
+        return []
+    raw = {(d.setting, d.metric, d.at): d for d in paired_differences(mine, a[0], b[0], rule)}
+    b_drops = {(d.setting, d.metric, d.at): d for d in paired_differences(mine, *b, rule)}
+    out = []
+    for d in paired_differences(mine, *a, rule):
+        key = (d.setting, d.metric, d.at)
+        other, between = b_drops.get(key), raw.get(key)
+        if other is None or other.n != d.n or between is None:
+            continue
+        diffs = tuple(x - y for x, y in zip(d.diffs, other.diffs, strict=True))
+        saturated = False
+        if chance_points is not None:
+            a_mean = _mean_score(mine, a[0], d.metric, d.at)
+            b_mean = a_mean - between.mean
+            saturated = all(100 * m <= chance_points + SATURATED_POINTS for m in (a_mean, b_mean))
+        out.append(replace(d, diffs=diffs, saturated=saturated))
+    return out
+
+
+def _mean_score(runs: Sequence[RunRecord], name: str, metric: str, at: str) -> float:
+    scores = [dict(_rows_of(r)).get(at, {}).get(metric) for r in runs if _setting(r, name)]
+    return statistics.fmean(x for x in scores if x is not None)
 
 
 def paired_rows(differences: Sequence[PairedDifference]) -> list[dict[str, str]]:

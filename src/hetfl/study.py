@@ -28,7 +28,13 @@ from hetfl.config import ConfigError, RunConfig, load_raw, validate
 from hetfl.config.study import Comparison, StudyConfig, load_study, point_config
 from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.outputs import CLOCKS, Target
-from hetfl.paired import PairedDifference, Rule, paired_differences, paired_rows
+from hetfl.paired import (
+    PairedDifference,
+    Rule,
+    paired_differences,
+    paired_rows,
+    relative_differences,
+)
 from hetfl.report import RunRecord, find_runs, format_table
 
 #: The records of a point that the repository keeps (a few kB each for short runs).
@@ -231,9 +237,12 @@ def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list
     """Every paired difference of the comparison's two methods in `runs` (none until both
     have a record), judged by its declared claim."""
     rule = Rule.in_points(c.shape, c.margin_points, cfg.pilot_sd_points)
-    mine = [r for r in runs if r.group in (c.a, c.b)]
-    if {r.group for r in mine} != {c.a, c.b}:
+    mine = [r for r in runs if r.group in c.methods()]
+    if {r.group for r in mine} != set(c.methods()):
         return []
+    if c.a_reference is not None and c.b_reference is not None:
+        pairs = (c.a, c.a_reference), (c.b, c.b_reference)
+        return relative_differences(mine, *pairs, rule, c.chance_points)
     target = cfg.primary.target
     targets = [] if target is None else [Target(cfg.primary.metric, target)]
     return paired_differences(mine, c.a, c.b, rule, targets, cfg.primary.clock)
@@ -249,7 +258,7 @@ def _verdict_lines(
 ) -> list[str]:
     lines = []
     for c, every in found:
-        label, d = f"{c.a} vs {c.b}", _primary(cfg, every)
+        label, d = c.label(), _primary(cfg, every)
         if d is None:
             lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
             continue
@@ -272,7 +281,7 @@ def report_text(study: Study) -> str:
     primary reading, so not a verdict on the claim)."""
     cfg, found = study.config, compared(study)
     done, total = len(_recorded(study)), len(list(study.points()))
-    primary = [(f"{c.a} vs {c.b}", d) for c, e in found if (d := _primary(cfg, e)) is not None]
+    primary = [(c.label(), d) for c, e in found if (d := _primary(cfg, e)) is not None]
     lines = [
         f"# Study `{cfg.name}`",
         "",
@@ -297,7 +306,7 @@ def report_text(study: Study) -> str:
         lines += ["", format_table(labelled)]
     for c, every in found:
         if every:
-            lines += ["", f"## Every metric, {c.a} vs {c.b} (secondary readings)", ""]
+            lines += ["", f"## Every metric, {c.label()} (secondary readings)", ""]
             lines.append(format_table(paired_rows(every)))
     return "\n".join(lines) + "\n"
 

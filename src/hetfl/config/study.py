@@ -32,12 +32,40 @@ PROTOCOL_PREFIXES = ("eval.", "targets")
 class Comparison(_Strict):
     """A - B judged on the study's primary metric: a superiority claim ("A is better than
     B by more than the margin", 0 by default) or a non-inferiority claim ("A is no worse
-    than B by more than the margin", which must then be declared)."""
+    than B by more than the margin", which must then be declared).
+
+    With `a_reference` and `b_reference` (each a method of the study, e.g. the clean run
+    of an attacked one), each method is read relative to its reference on the same seed:
+    A - B becomes (A - A's reference) - (B - B's reference), i.e. B's drop minus A's, a
+    robustness claim ("A loses less than B"). `chance_points` (the accuracy of a guess, in
+    points) then marks a cell where A and B both end within `SATURATED_POINTS` of it as
+    saturated: the attack left nothing to compare."""
 
     a: str
     b: str
     shape: Literal["superiority", "non-inferiority"] = "superiority"
     margin_points: float = 0.0
+    a_reference: str | None = None
+    b_reference: str | None = None
+    chance_points: float | None = Field(default=None, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _references_paired(self) -> Comparison:
+        if (self.a_reference is None) != (self.b_reference is None):
+            raise ValueError("a_reference and b_reference go together (each method's own)")
+        if self.chance_points is not None and self.a_reference is None:
+            raise ValueError("chance_points marks saturated cells of a comparison with references")
+        return self
+
+    def methods(self) -> tuple[str, ...]:
+        """Every method the comparison reads."""
+        refs = () if self.a_reference is None else (self.a_reference, self.b_reference)
+        return (self.a, self.b, *(r for r in refs if r is not None))
+
+    def label(self) -> str:
+        if self.a_reference is None:
+            return f"{self.a} vs {self.b}"
+        return f"{self.a} vs {self.b}, each relative to {self.a_reference} / {self.b_reference}"
 
 
 class Primary(_Strict):
@@ -128,11 +156,16 @@ class StudyConfig(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> StudyConfig:
         for i, c in enumerate(self.comparisons):
-            unknown = [m for m in (c.a, c.b) if m not in self.methods]
+            unknown = [m for m in c.methods() if m not in self.methods]
             if unknown:
                 raise ValueError(
                     f"comparisons[{i}] names {', '.join(unknown)}, not a method of the study "
                     f"({', '.join(self.methods)})"
+                )
+            if c.a_reference is not None and self.primary.target is not None:
+                raise ValueError(
+                    f"comparisons[{i}]: a comparison relative to references reads an accuracy "
+                    "at a round, not a time to a target"
                 )
             if c.shape == "superiority" and c.margin_points < 0:
                 raise ValueError(f"comparisons[{i}].margin_points: >= 0 for a superiority claim")

@@ -293,3 +293,26 @@ def test_a_relative_comparison_is_declared_whole(tmp_path, change, message):
     path = _study(tmp_path, RELATIVE.replace(*change))
     with pytest.raises(ConfigError, match=message):
         open_study(path, tmp_path / "runs", tmp_path / "results")
+
+
+def test_a_perplexity_claim_reads_the_log_ratio_lower_being_better(tmp_path):
+    """Hand-made records: A's local perplexities 10, 20, 40 against B's 12, 22, 44: ln(B/A)
+    = 0.18232, 0.09531, 0.09531, mean 0.12432 (12.43 log points), ratio exp(0.12432) =
+    1.132; sd 0.050235, 95% interval 12.43 -+ 4.303 x 2.9003 = [-0.05, +24.91], above the
+    margin of -5 -> non-inferior."""
+    text = STUDY.replace("primary: {metric: global_acc, at: final}",
+                         "primary: {metric: local_ppl, at: final}")  # fmt: skip
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    for name, ppls in {"fedprox": [10.0, 20.0, 40.0], "fedavg": [12.0, 22.0, 44.0]}.items():
+        for seed, ppl in enumerate(ppls):
+            row = {"round": 1, "local_ppl": ppl, "bytes_down": 0, "bytes_up": 0, "macs": 0}
+            point = study.records_dir / f"{name}-s{seed}"
+            point.mkdir(parents=True)
+            (point / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+            (point / "summary.json").write_text(json.dumps({"seed": seed, "final": row}))
+    (line,) = verdict_lines(study)
+    assert line == (
+        "tiny, fedprox vs fedavg (A no worse than B by more than 5 log points "
+        "(non-inferiority), local_ppl at final, 3 seeds, perplexity ratio B/A 1.132): "
+        "**non-inferior**, A - B +12.43 log points, 95% interval [-0.05, +24.91]"
+    )

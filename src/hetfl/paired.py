@@ -1,4 +1,4 @@
-"""The paired comparison of two methods over their shared seeds (`hetfl compare --paired`),
+"""One job: the paired comparison of two methods over their shared seeds (`hetfl compare --paired`),
 judged by a rule declared before the runs.
 
 A and B each name an algorithm, or a point name without its seed (or its leading part:
@@ -6,7 +6,9 @@ A and B each name an algorithm, or a point name without its seed (or its leading
 a setting (the rest of the point name: `kind=iid` in `flanc-s0-kind=iid` and
 `heterofl-s0-kind=iid`) and a seed. For each accuracy metric (`global_acc`, `pooled_acc`,
 `local_acc`, `local_acc_stats`, `local_acc_trained` and every sub-model's `groups` entry) at
-the final round, and at each run's round of best validation accuracy where it has one
+the final round, and at each run's round of best validation accuracy where it has one;
+for a language model each perplexity (`global_ppl`, `local_ppl`, `local_ppl_trained`) as
+ln(B's / A's), in log points (x 100)
 (`pooled_acc` pairs only with `pooled_acc`: clients' own splits are not the global test
 set), the seed-by-seed differences d = A - B give a mean and its 95 % confidence interval (Student's
 t, n - 1 degrees of freedom). The verdict reads the interval against the claim (`Rule`):
@@ -55,6 +57,12 @@ from hetfl.report import RunRecord, algorithm_of
 ROUNDING = 1e-12
 #: The accuracies a paired comparison reads from a metrics row (beside its `groups`).
 METRICS = ("global_acc", "pooled_acc", "local_acc", "local_acc_stats", "local_acc_trained")
+#: The perplexities it reads (language models), each as its negative natural log, so that
+#: A - B is ln(B's perplexity / A's) and positive when A is better, as for accuracies; x 100
+#: it is in "log points" (about a per-cent difference for small ones), and exp of a mean
+#: difference is the geometric mean of the ratios a paper's perplexity table reports.
+PERPLEXITIES = ("global_ppl", "local_ppl", "local_ppl_trained")
+READ = METRICS + PERPLEXITIES
 #: Fewer shared seeds than this give no verdict.
 MIN_SEEDS = 3
 #: The confidence level of the interval, and the power the detectable effect is stated at.
@@ -229,6 +237,10 @@ def _size_name(group: str) -> str:
 def _scores(row: Mapping[str, Any]) -> dict[str, float]:
     """The accuracies of one metrics row, by metric name (missing ones left out)."""
     out = {m: float(row[m]) for m in METRICS if isinstance(row.get(m), int | float)}
+    for m in PERPLEXITIES:
+        value = row.get(m)
+        if isinstance(value, int | float) and math.isfinite(value) and value > 0:
+            out[m] = -math.log(value)
     for group, entry in (row.get("groups") or {}).items():
         if isinstance(entry, Mapping) and isinstance(entry.get("acc"), int | float):
             out[_size_name(group)] = float(entry["acc"])
@@ -303,8 +315,8 @@ def paired_differences(
             if not all(at in r for r in a_rows + b_rows):
                 continue
             shared = set.intersection(*(set(r[at]) for r in a_rows + b_rows))
-            groups = sorted(shared - set(METRICS), reverse=True)  # widest first
-            for metric in [m for m in METRICS if m in shared] + groups:
+            groups = sorted(shared - set(READ), reverse=True)  # widest first
+            for metric in [m for m in READ if m in shared] + groups:
                 out.append(
                     paired_difference(
                         setting,
@@ -374,6 +386,11 @@ def relative_differences(
 def _mean_score(runs: Sequence[RunRecord], name: str, metric: str, at: str) -> float:
     scores = [dict(_rows_of(r)).get(at, {}).get(metric) for r in runs if _setting(r, name)]
     return statistics.fmean(x for x in scores if x is not None)
+
+
+def unit_of(metric: str) -> str:
+    """The unit a difference of `metric` is printed in (x 100)."""
+    return "log points" if metric in PERPLEXITIES else "points"
 
 
 def paired_rows(differences: Sequence[PairedDifference]) -> list[dict[str, str]]:

@@ -15,6 +15,7 @@ method; a finished point is skipped and an interrupted one resumed from its chec
 from __future__ import annotations
 
 import json
+import math
 import resource
 import shutil
 import sys
@@ -34,6 +35,7 @@ from hetfl.paired import (
     paired_differences,
     paired_rows,
     relative_differences,
+    unit_of,
 )
 from hetfl.report import RunRecord, find_runs, format_table
 
@@ -263,10 +265,12 @@ def _verdict_lines(
             lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
             continue
         timed = cfg.primary.target is not None
-        scale, unit = (1.0, CLOCKS[cfg.primary.clock]) if timed else (100.0, "points")
-        claim = "A reaches it sooner than B" if timed else d.rule.describe()
+        scale, unit = (1.0, CLOCKS[cfg.primary.clock]) if timed else (100.0, unit_of(d.metric))
+        claim = "A reaches it sooner than B" if timed else d.rule.describe(unit=unit)
         low, high = (scale * x for x in d.interval)
         censored = f", censored A {d.censored[0]}, B {d.censored[1]}" if any(d.censored) else ""
+        if not timed and unit == "log points":  # the geometric mean of B's / A's perplexity
+            censored += f", perplexity ratio B/A {math.exp(d.mean):.3f}"
         lines.append(
             f"{cfg.name}, {label} ({claim}, {cfg.primary.describe()}, {d.n} seeds{censored}): "
             f"**{d.verdict}**, A - B {scale * d.mean:+.2f} {unit}, 95% interval "

@@ -283,7 +283,11 @@ def test_a_step_size_multiplies_the_residual_branch_only() -> None:
         assert torch.equal(block(x), x)  # a skipped block: the identity
         block.step.weight.fill_(2.5)
         assert torch.allclose(block(x), x + 2.5 * branch, atol=1e-6)
-    with pytest.raises(SpecError, match=r"step_size .* needs one of \['preresnet'\]"):
+    with pytest.raises(
+        SpecError,
+        match=r"step_size .* needs one of \['efficientnetv2-s', 'efficientnetv2-tiny', "
+        r"'preresnet'\]",
+    ):
         ScalableFamily(
             {"family": "resnet18", "input_shape": (1, 8, 8), "num_classes": 10, "step_size": True}
         )

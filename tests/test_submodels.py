@@ -48,6 +48,7 @@ FAMILIES = {
     "resnet18": (3, 8, 8),
     "preresnet": (3, 8, 8),
     "mobilenetv2": (3, 8, 8),
+    "efficientnetv2-tiny": (3, 8, 8),
 }
 TRAIN = LocalTraining(lr=0.05, epochs=1, batch_size=16)
 

@@ -70,6 +70,12 @@ ALGORITHMS: dict[str, str] = {
 MODELS: tuple[str, ...] = ("char-lstm", "lenet5", "linear", "mlp", "small-cnn", "vgg11")
 
 ARCHITECTURES: dict[str, str] = {
+    "efficientnetv2-s": (
+        "EfficientNetV2-S (Tan and Le 2021, Table 4): widths per stage, depth by repeats (FedFA)"
+    ),
+    "efficientnetv2-tiny": (
+        "EfficientNetV2-S's stages at 1/4 of the channels, at most 3 repeats (CPU-sized)"
+    ),
     "flanc-cnn": "FLANC's Fashion-MNIST CNN (64, 128, 128)",
     "mobilenetv2": "MobileNetV2 (Sandler et al. 2018): widths per stage, depth by repeats (FedFA)",
     "preresnet": "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",

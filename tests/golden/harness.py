@@ -255,6 +255,21 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "fedfa-efficientnet",
+        "FedFA on efficientnetv2-tiny's first four stages (three of Fused-MBConv, one of "
+        "MBConv with SE) on 8x8 digits, depths {2, 3} x widths {1/4, 1/2} drawn at random, "
+        "grafting into every stage, label split, l2 alpha, 2 local steps",
+        configured(
+            "fedfa",
+            {
+                **PRE_RESNET,
+                "model.name": "efficientnetv2-tiny",
+                "model.stages": 4,
+                "options.fedfa": {"depths": [2, 3], "widths": [0.25, 0.5], "choice": "random"},
+            },
+        ),
+    ),
+    Scenario(
         "fedgkt",
         "FedGKT, edge models around md1 of the 1-block resnet-cifar, server md2..md8, two "
         "local epochs (logits aligned by sample index), two server epochs with distillation "

@@ -52,9 +52,10 @@ from hetfl.core.types import ModelFamily
 class FedFAOptions(ArchitectureOptions):
     depths: list[int] = Field(
         [2, 3, 4],
-        description="candidate depths, blocks in every section (mobilenetv2: min(depth, n) in "
-        "a stage of n repeats, 4 its full depth; >= 2 where any is deeper: grafting copies a "
-        "section's last block, an identity block only from depth 2)",
+        description="candidate depths, blocks in every section (mobilenetv2, efficientnetv2-s "
+        "and -tiny: min(depth, n) in a stage of n repeats, full at 4, 15 and 3; >= 2 where "
+        "any is deeper: grafting copies a section's last block, an identity block only from "
+        "depth 2)",
     )
     norm: NormKind = Field(
         "l2",

@@ -34,7 +34,9 @@ Choices where the code differs or is silent:
   head row is averaged over the clients holding its class (`label_split`, on by default),
   as FedFA does: FedFA's paper applies it to every method it compares (§5.1);
   `label_split: false` trains without it;
-- only Pre-ResNet takes step sizes: NeFL refuses MobileNetV2 (FedFA and FlexiFed take it);
+- only Pre-ResNet and EfficientNetV2 take step sizes (on EfficientNetV2's blocks that add
+  their input, `hetfl.models.efficientnet`): NeFL refuses MobileNetV2 (FedFA and FlexiFed
+  take it);
 - when the chosen sub-models are not nested (d3-w0.25 and d2-w0.5, say), the global state
   spans their per-section maximum, which no client trains as a whole: its BatchNorm and
   step sizes, under plain names, are never trained nor evaluated.

@@ -299,7 +299,9 @@ class ModelConfig(_Strict):
         None,
         description="resnet18, preresnet: residual blocks per stage, one for all or one per "
         "stage (default 2); mobilenetv2: blocks (repeats) per stage, one per stage (default "
-        "Table 2's 1, 2, 3, 4, 3, 3, 1; stages 1 and 7 keep one)",
+        "Table 2's 1, 2, 3, 4, 3, 3, 1; stages 1 and 7 keep one); efficientnetv2-s, -tiny: "
+        "blocks (repeats) per stage, one per stage (default Table 4's 2, 4, 4, 6, 9, 15; "
+        "tiny 2, 3, 3, 3, 3, 3)",
     )
     bn: Literal["batch", "static", "per-width", "per-capacity", "none"] | None = Field(
         None,
@@ -311,7 +313,8 @@ class ModelConfig(_Strict):
         description="resnet18, preresnet: small, a 3x3 stride-1 convolution (CIFAR-size "
         "inputs; the default), or imagenet, a 7x7 stride-2 convolution and a max-pool; "
         "mobilenetv2: small, the stem and stage 2 at stride 1 (CIFAR-size inputs; the "
-        "default), or imagenet, Table 2's strides",
+        "default), or imagenet, Table 2's strides; efficientnetv2-s, -tiny: small, the stem "
+        "and stage 2 at stride 1 (the default), or imagenet, Table 4's strides",
     )
     compose: Literal["factorised", "explicit"] | None = Field(
         None, description="composed models: factorised (default) or explicit kernels"

@@ -7,14 +7,15 @@ A spec of a scalable family holds:
 - `widths`: one width ratio per *slot* (a stage, a section or a layer group, as the family
   defines them), relative to the family's base widths, so ratios may exceed 1;
 - `stages`: how many slots the model has (depth by stages or sections); `blocks`: residual
-  blocks per slot (depth within a section, for the ResNets and MobileNetV2, whose
-  architecture lives in `hetfl.models.mobilenet` and registers here);
+  blocks per slot (depth within a section, for the ResNets, MobileNetV2 and EfficientNetV2,
+  whose architectures live in `hetfl.models.mobilenet` and `hetfl.models.efficientnet` and
+  register here);
 - `bn`, the normalisation kind (`batch | static | per-width | per-capacity | none`, see
   `hetfl.models.norms`, which turns it into the factory the model is given), `scaler`
   (HeteroFL's), `levels` (the width levels of per-width statistics), `stem` (the ResNets'
   and MobileNetV2's input layout: `small` for CIFAR-size inputs, `imagenet`).
-- optionally `step_size: True` (Pre-ResNet only): a learnable scalar on every residual
-  branch (NeFL's, `hetfl.models.blocks.StepSize`); absent, the blocks have none.
+- optionally `step_size: True` (Pre-ResNet and EfficientNetV2): a learnable scalar on the
+  residual branches (NeFL's, `hetfl.models.blocks.StepSize`); absent, the blocks have none.
 
 Every tensor of a sub-model is a leading slice of the global tensor of the same name, so a
 family's index map is the prefix map of the sub-model's tensors (`W[:out, :in]`), and the
@@ -378,7 +379,8 @@ class ScalableFamily:
         if ARCHITECTURES.get(spec["family"]).default_blocks is None:
             raise SpecError(
                 f"{spec['family']} has no residual sections; a depth-flexible method needs a "
-                "model built in sections of blocks (resnet18, preresnet, mobilenetv2)"
+                "model built in sections of blocks (resnet18, preresnet, mobilenetv2, "
+                "efficientnetv2-s, efficientnetv2-tiny)"
             )
         return [list(section) for section in _sections(spec)]
 
@@ -456,7 +458,8 @@ def _sections(spec: Spec) -> tuple[tuple[SectionBlock, ...], ...]:
             if not isinstance(block, SectionMember):
                 raise SpecError(
                     f"{spec['family']}'s blocks do not say which are identity blocks; a "
-                    "depth-flexible method needs resnet18, preresnet or mobilenetv2"
+                    "depth-flexible method needs resnet18, preresnet, mobilenetv2 or an "
+                    "efficientnetv2"
                 )
             path = f"stages.{i}.{b}"
             names = tuple(f"{path}.{k}" for k in block.state_dict())
@@ -500,7 +503,7 @@ def check_spec(spec: Spec) -> None:
         with_steps = [n for n in ARCHITECTURES.names() if ARCHITECTURES.get(n).step_sizes]
         raise SpecError(
             f"{name}: step_size (NeFL's step size per residual block) needs one of "
-            f"{with_steps}, whose blocks take it; use model.name preresnet"
+            f"{with_steps}, whose blocks take it; use one of them as model.name"
         )
     try:
         norm_for(spec)

@@ -117,8 +117,8 @@ class ArchitectureOptions(AggregationOptions):
 
     depths: list[int] = Field(
         [2, 3, 4],
-        description="candidate depths, blocks in every section (mobilenetv2: min(depth, n) in "
-        "a stage of n repeats, 4 its full depth)",
+        description="candidate depths, blocks in every section (mobilenetv2, efficientnetv2-s "
+        "and -tiny: min(depth, n) in a stage of n repeats, full at 4, 15 and 3)",
     )
     widths: list[float] = Field(
         [0.25, 0.5, 0.75, 1.0], description="candidate width multipliers, in (0, 1]"
@@ -182,7 +182,8 @@ class ArchitectureChoice:
         if "blocks" not in base:
             raise ValueError(
                 f"{method} trains architectures of a depth per section: model.name must be a "
-                f"family of residual blocks (preresnet, resnet18, mobilenetv2), got "
+                f"family of residual blocks (preresnet, resnet18, mobilenetv2, efficientnetv2-s, "
+                f"efficientnetv2-tiny), got "
                 f"{base.get('family')!r}"
             )
         self.family, self.base, self.candidates = family, base, list(candidates)

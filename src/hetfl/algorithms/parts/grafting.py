@@ -48,7 +48,7 @@ def sectioned(family: ModelFamily, method: str) -> Sectioned:
             pass
     raise ValueError(
         f"{method} grafts residual blocks: it needs a model built in sections of blocks "
-        "(model.name preresnet, resnet18 or mobilenetv2)"
+        "(model.name preresnet, resnet18, mobilenetv2, efficientnetv2-s or efficientnetv2-tiny)"
     )
 
 

@@ -41,17 +41,9 @@ SRC = TESTS.parent / "src"
 
 #: Golden scenarios that must also hold on two Ray nodes (a subset of the process
 #: executor's `UNDER_PROCESSES`): plain training, widths with an evaluation per width,
-#: a client that raises, a stats pass, asynchronous aggregation (FedBuff on behaviour
-#: traces), and split learning (a client and its server session
+#: a client that raises, a stats pass, and split learning (a client and its server session
 #: in one actor).
-UNDER_RAY = [
-    "fedavg",
-    "heterofl-dynamic",
-    "heterofl-fedbuff",
-    "fedavg-failing-client",
-    "fedbn",
-    "splitfed",
-]
+UNDER_RAY = ["fedavg", "heterofl-dynamic", "fedavg-failing-client", "fedbn", "splitfed"]
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,8 @@ class AsyncSimulation(Simulation):
             self.dispatches += 1
             reachable = self._reachable(rnd, idle)
             if reachable:
-                self._dispatch(rnd, reachable)
+                if not self._dispatch(rnd, reachable):
+                    return  # the strategy planned for nobody: wait for the next event
             elif self.in_flight:
                 return  # the next event frees the clock
             else:
@@ -184,9 +185,9 @@ class AsyncSimulation(Simulation):
             behaviours[profiles[cid].name].next_available(now) for cid in idle
         )
 
-    def _dispatch(self, rnd: int, reachable: Sequence[ClientInfo]) -> None:
+    def _dispatch(self, rnd: int, reachable: Sequence[ClientInfo]) -> int:
         """Plan for the reachable clients, keep as many tasks as slots are free (a seeded
-        choice), train them and settle each into the clients in flight."""
+        choice), train them and settle each into the clients in flight; how many."""
         key = self.dispatches
         tasks = self.strategy.plan(rnd, self.state, reachable, self._rng(key, "async-sample"))
         free = self.rule.concurrency - len(self.in_flight)
@@ -195,7 +196,7 @@ class AsyncSimulation(Simulation):
             tasks = [tasks[int(i)] for i in order[:free]]
         tasks = self._deliver(sorted(tasks, key=lambda t: t.cid))
         if not tasks:
-            return
+            return 0
         jobs = [self._job(key, task) for task in tasks]
         done = self.executor.run(self.programs, jobs, self.clients, None)
         profiles = self.schedule.at(rnd) if self.schedule is not None else {}
@@ -208,6 +209,7 @@ class AsyncSimulation(Simulation):
             heard_at = self._heard_at(now, output, times)
             charge = settled.charges[cid]
             self.in_flight.append(InFlight(ran.task, rnd, now, heard_at, output, charge, times))
+        return len(done)
 
     def _heard_at(
         self, now: float, output: ClientOutput | Problem, times: ClientTimes | None

@@ -40,6 +40,7 @@ UNDER_PROCESSES = [
     "fedavg",
     "fednova-momentum",
     "heterofl-dynamic",
+    "heterofl-fedbuff",
     "fjord-distill",
     "fedalrc-deep",
     "fedavg-failing-client",

@@ -18,6 +18,7 @@ from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.device import resolve_device
 from hetfl.engine.tracking import make_sinks
 from hetfl.sim import Simulation, make_executor
+from hetfl.sim.asynchronous import AsyncSimulation
 from hetfl.sim.factory import ExecutorName
 from hetfl.sim.vectorised import VectorisedExecutor, run_fallback
 
@@ -60,7 +61,9 @@ def build_simulation(
     if isinstance(chosen, VectorisedExecutor):
         described = chosen.describe(run_fallback(p.programs, p.strategy.capabilities.train))
     info = {**p.info, "executor": described}
-    return Simulation(
+    system = p.settings.system
+    engine = Simulation if system is None or system.asynchronous is None else AsyncSimulation
+    return engine(
         p.strategy,
         p.programs,
         p.clients,

@@ -393,6 +393,27 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "heterofl-fedbuff",
+        "HeteroFL fixed levels under FedBuff (4 in flight, buffer 2, server lr 0.8) on the "
+        "shipped trace fixture with its behaviour traces",
+        configured(
+            "heterofl",
+            {
+                **WIDTHS,
+                "options.heterofl": {"levels": [1.0, 0.5, 0.25], "assignment": "fixed"},
+                "system": {
+                    "trace": {"capacity": "fixture", "behaviour": "fixture"},
+                    "asynchronous": {
+                        "mode": "fedbuff",
+                        "concurrency": 4,
+                        "buffer_size": 2,
+                        "server_lr": 0.8,
+                    },
+                },
+            },
+        ),
+    ),
+    Scenario(
         "fjord-distill",
         "FjORD with self-distillation",
         configured(

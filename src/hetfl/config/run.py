@@ -31,6 +31,16 @@ from hetfl.models import ARCHITECTURES, SPLIT, is_composed, is_scalable, is_spli
 from hetfl.models.flanc import COMPOSED
 from hetfl.systems.profiles import SystemConfig
 
+#: The methods asynchronous aggregation (`system.asynchronous`) runs: their aggregation is
+#: an elementwise, coverage-weighted mean of sub-model tensors, which a stale update can
+#: enter alone (`hetfl.core.server.asynchronous`).
+ASYNC_METHODS = ("heterofl", "fjord", "nefl")
+#: Why the nearest others are refused.
+ASYNC_REFUSED = {
+    "fedfa": "its scalable aggregation rescales each layer by norms taken across the "
+    "round's clients, and how staleness should compose with that rescaling is not defined",
+}
+
 
 class RunConfig(_Strict):
     """The whole run: every section, and the keys that belong to no section."""
@@ -238,6 +248,7 @@ class RunConfig(_Strict):
                 f"data.num_clients = {self.data.num_clients}"
             )
         self._plateau_is_observed()
+        self._asynchronous_fits()
         if self.workers is not None and self.executor == "sequential":
             raise ValueError(
                 f"workers = {self.workers} is for executor 'processes', 'ray' (or 'auto'), "
@@ -273,6 +284,28 @@ class RunConfig(_Strict):
                 raise ValueError(
                     f"options.{algo}.reducer: {exc} (train.clients_per_round)"
                 ) from None
+
+    def _asynchronous_fits(self) -> None:
+        """Asynchronous aggregation moves the global model by one method's elementwise
+        aggregate of stale updates; only methods for which that is defined may use it."""
+        rule = self.system.asynchronous
+        if rule is None:
+            return
+        if self.algorithm not in ASYNC_METHODS:
+            why = ASYNC_REFUSED.get(
+                self.algorithm,
+                "its aggregation is not an elementwise mean of sub-model updates (or needs "
+                "every client of a round at once)",
+            )
+            raise ValueError(
+                f"system.asynchronous is not defined for algorithm {self.algorithm!r}: {why}; "
+                f"it runs {', '.join(ASYNC_METHODS)}"
+            )
+        if rule.concurrency > self.data.num_clients:
+            raise ValueError(
+                f"system.asynchronous.concurrency = {rule.concurrency} is more than "
+                f"data.num_clients = {self.data.num_clients}"
+            )
 
     def _plateau_is_observed(self) -> None:
         """The lr's plateau rule counts evaluated rounds as rounds, and watches a metric

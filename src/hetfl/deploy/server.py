@@ -164,6 +164,12 @@ class FlowerServer(RoundLoop):
                 f"warning: availability = {self.settings.availability} is a simulator setting; "
                 "under Flower the available clients are the connected ones"
             )
+        system = self.settings.system
+        if system is not None and system.asynchronous is not None:
+            raise ValueError(
+                "system.asynchronous runs on the simulator's clock only; under Flower, "
+                "remove it (rounds are synchronous)"
+            )
         if deployment.device_profiles:
             self.progress.message(
                 "warning: device profiles (system:) drive the simulator's clock; under Flower "

@@ -6,6 +6,9 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 `hetfl.deploy.server.FlowerServer`) subclasses it and supplies only what is really its own:
 
 - `known_clients()`: the clients the strategy is set up with;
+- `collect(rnd)` / `combine(rnd, trained)`: a round's tasks and outcome, and its
+  aggregation (by default `available`, `plan`, `train`, and the strategy's `aggregate`;
+  the asynchronous simulator, `hetfl.sim.asynchronous`, replaces both);
 - `available(rnd)`: whom the strategy may plan for this round;
 - `train(rnd, tasks)`: send the tasks, collect checked results and failures, charge each
   client its costs;
@@ -52,7 +55,7 @@ from hetfl.core.client.scoring import evaluate_model
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm
 from hetfl.core.rng import SERVER, torch_generator
-from hetfl.core.server.strategy import Strategy
+from hetfl.core.server.strategy import Aggregated, Strategy
 from hetfl.core.types import (
     ClientInfo,
     ClientTask,
@@ -182,13 +185,8 @@ class RoundLoop(ABC):
             first = self._restore() + 1 if resume else self._fresh_start()
             for rnd in range(first, self.settings.rounds + 1):
                 started = time.perf_counter()
-                # Step 1: plan -- whom to ask and what to send.
-                available = self.available(rnd)
-                tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
-                tasks = self._deliver(tasks)
-                # Step 2: local work -- results validated, in client id order.
-                with self.progress.phase("train", rnd):
-                    outcome = self.train(rnd, tasks)
+                # Steps 1-2: plan, then local work -- results validated, in client id order.
+                tasks, outcome = self.collect(rnd)
                 self.counters.count_round(outcome)
                 if outcome.failures and not outcome.results:
                     self.progress.message(every_client_failed(rnd, outcome))
@@ -199,7 +197,7 @@ class RoundLoop(ABC):
                     with self.progress.phase("eval", rnd):
                         before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
-                self.state, outcome.defence = self.strategy.aggregate(rnd, self.state, trained)
+                self.state, outcome.defence = self.combine(rnd, trained)
                 add_round(self.counters.defence, outcome.defence, self.settings.malicious)
                 # Step 3b: the strategy's server phase, on every valid upload of the round.
                 with self.progress.phase("server_phase", rnd):
@@ -293,6 +291,22 @@ class RoundLoop(ABC):
         return fields_of
 
     # -- the engine's hooks -------------------------------------------------------------
+    def collect(self, rnd: int) -> tuple[list[ClientTask], RoundOutcome]:
+        """A round's tasks and their outcome: whom to ask and what to send (`available`,
+        the strategy's `plan`, pending downloads), then the local work (`train`). An
+        engine that aggregates asynchronously (`hetfl.sim.asynchronous`) answers with the
+        updates that arrived for this server step instead."""
+        available = self.available(rnd)
+        tasks = self.strategy.plan(rnd, self.state, available, self._rng(rnd, "sample"))
+        tasks = self._deliver(tasks)
+        with self.progress.phase("train", rnd):
+            return tasks, self.train(rnd, tasks)
+
+    def combine(self, rnd: int, trained: TrainedRound) -> Aggregated:
+        """The new global state from the round's valid results: the strategy's
+        `aggregate` (an asynchronous engine applies its server step through it)."""
+        return self.strategy.aggregate(rnd, self.state, trained)
+
     @abstractmethod
     def known_clients(self) -> list[ClientInfo]:
         """The clients the strategy is set up with."""

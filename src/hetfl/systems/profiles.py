@@ -31,6 +31,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetfl.core.rng import SERVER, torch_generator
+from hetfl.systems.asynchrony import AsyncConfig, AsyncSettings
 from hetfl.systems.traces import (
     FIXTURE,
     REFERENCE_MACS,
@@ -143,7 +144,8 @@ class SystemSettings:
     `behaviours` (profile name -> `hetfl.systems.traces.Behaviour`) says when each device
     is reachable on the simulated clock. `overcommit` (FedScale's over-commitment, 1.3 in
     its paper) samples `committed(K)` clients; the engine keeps the first `keep_first` (K)
-    to finish.
+    to finish. `asynchronous` switches synchronous rounds for asynchronous aggregation
+    (`hetfl.systems.asynchrony`).
     """
 
     profiles: tuple[DeviceProfile, ...]
@@ -159,6 +161,7 @@ class SystemSettings:
     behaviours: Mapping[str, Behaviour] | None = None
     overcommit: float | None = None
     keep_first: int | None = None
+    asynchronous: AsyncSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -206,6 +209,11 @@ class SystemSettings:
             math.isfinite(self.overcommit) and self.overcommit >= 1
         ):
             raise ValueError(f"system.overcommit must be >= 1, got {self.overcommit!r}")
+        if self.asynchronous is not None and self.overcommit is not None:
+            raise ValueError(
+                "system.overcommit keeps the first of a synchronous round's clients; "
+                "system.asynchronous has no rounds to over-commit: drop one of them"
+            )
         if self.keep_first is not None and self.keep_first < 1:
             raise ValueError(f"keep_first must be >= 1, got {self.keep_first}")
         _positive("system.server_rate", self.server_rate)
@@ -243,6 +251,8 @@ class SystemSettings:
             parts.append(f"deadline {self.deadline_s:g} s")
         if self.overcommit is not None:
             parts.append(f"over-commit x{self.overcommit:g}")
+        if self.asynchronous is not None:
+            parts.append(self.asynchronous.describe())
         parts.append(
             "clock simulated" if self.reproducible else "clock measured (not reproducible)"
         )
@@ -448,6 +458,11 @@ class SystemConfig(_Strict):
         description="sample ceil(overcommit x clients_per_round) clients and keep the first "
         "clients_per_round to finish (FedScale's over-commitment, 1.3; default: off)",
     )
+    asynchronous: AsyncConfig | None = Field(
+        None,
+        description="aggregate as updates arrive (FedAsync or FedBuff) instead of in "
+        "synchronous rounds (default: off)",
+    )
     clock: Clock = Field(
         "simulated",
         description="simulated: MACs / rate + bytes / bandwidth (reproducible); measured: "
@@ -512,4 +527,5 @@ class SystemConfig(_Strict):
             by_device=self.trace is not None,
             behaviours=behaviours,
             overcommit=self.overcommit,
+            asynchronous=None if self.asynchronous is None else self.asynchronous.settings(),
         )

@@ -8,8 +8,8 @@ targets are one float32 row per object, padded to a fixed count so that a split 
     [label, x1, y1, x2, y2, difficult]    label -1 marks a padding row
 
 `difficult` (0 or 1) is PASCAL VOC's flag (Everingham et al., "The PASCAL Visual Object
-Classes (VOC) Challenge", IJCV 2010, §4.1): such objects are kept, trained on as SSD's
-reference code does, and neither rewarded nor penalised in scoring
+Classes (VOC) Challenge", IJCV 2010, §4.1): such objects are kept, trained on (HetFL's
+choice: SSD's paper does not say), and neither rewarded nor penalised in scoring
 (`hetfl.core.client.average_precision`).
 
 Overlap is continuous intersection over union; the VOC development kit's "+1 pixel"
@@ -27,14 +27,15 @@ PAD_LABEL = -1
 
 
 def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pairwise intersection over union of boxes a (P, 4) and b (Q, 4): (P, Q); boxes of
-    zero area overlap nothing (IoU 0, never NaN)."""
-    lo = torch.maximum(a[:, None, :2], b[None, :, :2])  # (P, Q, 2)
-    hi = torch.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = (hi - lo).clamp(min=0).prod(dim=2)  # (P, Q)
-    area_a = (a[:, 2:] - a[:, :2]).clamp(min=0).prod(dim=1)  # (P,)
-    area_b = (b[:, 2:] - b[:, :2]).clamp(min=0).prod(dim=1)  # (Q,)
-    union = area_a[:, None] + area_b[None, :] - inter
+    """Pairwise intersection over union of boxes a (..., P, 4) and b (..., Q, 4), leading
+    dimensions broadcast: (..., P, Q); boxes of zero area overlap nothing (IoU 0, never
+    NaN)."""
+    lo = torch.maximum(a[..., :, None, :2], b[..., None, :, :2])  # (..., P, Q, 2)
+    hi = torch.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
+    inter = (hi - lo).clamp(min=0).prod(dim=-1)  # (..., P, Q)
+    area_a = (a[..., 2:] - a[..., :2]).clamp(min=0).prod(dim=-1)  # (..., P)
+    area_b = (b[..., 2:] - b[..., :2]).clamp(min=0).prod(dim=-1)  # (..., Q)
+    union = area_a[..., :, None] + area_b[..., None, :] - inter
     return torch.where(union > 0, inter / union.clamp(min=1e-12), torch.zeros_like(inter))
 
 
@@ -42,7 +43,7 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> torch.Te
     """Greedy non-maximum suppression: indices into boxes (D, 4) of the kept boxes, by
     descending score (ties by index); a box overlapping a kept one by IoU > `threshold`
     is dropped (SSD's evaluation: Liu et al., "SSD: Single Shot MultiBox Detector", ECCV
-    2016, §3, NMS at 0.45)."""
+    2016, §3.7: NMS at IoU 0.45)."""
     order = torch.argsort(scores, descending=True, stable=True)
     iou = box_iou(boxes[order], boxes[order])  # (D, D), in score order
     removed = torch.zeros(order.numel(), dtype=torch.bool)

@@ -1,0 +1,174 @@
+"""The SSD-style detector on ScalableFL's stage backbone: default boxes, SSD's loss against a
+hand computation (Liu et al., ECCV 2016, §2.2), MACs and bytes by hand, and local training
+through HetFL's loop that learns the synthetic shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hetfl.core.client.detection_scoring import evaluate_detector
+from hetfl.core.client.loop import train_local
+from hetfl.core.client.multibox import MultiBoxLoss, encode, match
+from hetfl.core.client.recipe import LocalRecipe, TrainContext
+from hetfl.core.rng import torch_generator
+from hetfl.core.spec import Spec
+from hetfl.core.training import LocalTraining
+from hetfl.core.types import ClientData, ClientTask, PassRecord
+from hetfl.data.synthetic_detection import synthetic_detection
+from hetfl.models import ScalableFamily, SpecError
+from hetfl.models.ssd import default_boxes, feature_sides
+from hetfl.systems.costs import MacCounter
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _spec(side: int, stages: int, classes: int = 2, width: float = 0.25, heads: int = 1) -> Spec:
+    return _family().checked(
+        {
+            "family": "ssd-stage-cnn",
+            "input_shape": (3, side, side),
+            "num_classes": classes,
+            "stages": stages,
+            "width": width,
+            "heads": heads,
+        }
+    )
+
+
+def _family() -> ScalableFamily:
+    return ScalableFamily({"family": "ssd-stage-cnn", "input_shape": (3, 64, 64), "num_classes": 6})
+
+
+def test_default_boxes_by_hand_and_the_same_for_clients_of_one_last_side():
+    spec = _spec(16, 2)  # 16 -> 8 -> 4: one head on the 4x4 map
+    boxes = default_boxes(spec)
+    assert feature_sides(spec) == [(4, 4)] and boxes.shape == (4 * 4 * 4, 4)
+    # place (0, 0): centre (1/8, 1/8); s = 0.2, ratio 2: w = 0.2 sqrt 2, h = 0.2 / sqrt 2;
+    # the extra box sqrt(0.2 * 1); boxes clipped to the image
+    r = math.sqrt(2)
+    want = [
+        [0.125 - 0.1, 0.125 - 0.1, 0.125 + 0.1, 0.125 + 0.1],
+        [0, 0.125 - 0.1 / r, 0.125 + 0.1 * r, 0.125 + 0.1 / r],
+        [0.125 - 0.1 / r, 0, 0.125 + 0.1 / r, 0.125 + 0.1 * r],
+        [0, 0, 0.125 + math.sqrt(0.2) / 2, 0.125 + math.sqrt(0.2) / 2],
+    ]
+    torch.testing.assert_close(boxes[:4], torch.tensor(want), atol=1e-6, rtol=0)
+    # ScalableFL's depth rule puts 16 px and 32 px clients on the same head maps
+    small, large = _spec(16, 2, heads=2), _spec(32, 3, heads=2)
+    assert feature_sides(small) == feature_sides(large) == [(8, 8), (4, 4)]
+    torch.testing.assert_close(default_boxes(small), default_boxes(large))
+
+
+def test_outputs_heads_and_the_index_map():
+    family = _family()
+    spec = _spec(32, 3, classes=3, heads=2)
+    model = family.build(spec)
+    out = model(torch.zeros(2, 3, 32, 32))
+    assert out.shape == (2, default_boxes(spec).shape[0], 4 + 3 + 1)
+    head = {f"head.{k}" for k in model.head.state_dict()}
+    # the heads see the last two stages' channels: ceil(0.25 * 64), ceil(0.25 * 128)
+    assert model.head.classes[0].weight.shape == (4 * 4, 16, 3, 3)
+    assert model.head.boxes[1].weight.shape == (4 * 4, 32, 3, 3)
+    imap = {e.local: e for e in family.index_map(spec)}
+    assert head <= set(imap) and set(imap) == set(model.state_dict())
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(SpecError, match=r"heads must be an integer in 1\.\.stages"):
+        _spec(32, 2, heads=3)
+    with pytest.raises(SpecError, match="too small for 3 stage"):
+        _spec(4, 3)
+    with pytest.raises(ValueError, match="matching threshold"):
+        MultiBoxLoss(default_boxes, threshold=1.0)
+
+
+# priors P0..P3 the image's quarters; one object, class 0, at [0, 0, .5, .4]: IoU 0.8 with P0
+PRIORS = torch.tensor([[0, 0, 0.5, 0.5], [0.5, 0.5, 1, 1], [0, 0.5, 0.5, 1], [0.5, 0, 1, 0.5]])
+TARGET = torch.tensor([[[0, 0, 0, 0.5, 0.4, 0], [-1, 0, 0, 0, 0, 0]]])
+
+
+def test_ssd_loss_by_hand():
+    # offsets 0; logits (background, class 0): P0 (0, 0), P1 (0, 2), P2 (0, 1), P3 (0, 0)
+    outputs = torch.zeros(1, 4, 6)
+    outputs[0, 1, 5], outputs[0, 2, 5] = 2.0, 1.0
+    loss = MultiBoxLoss(lambda s: PRIORS, negatives_per_positive=1, variances=(1.0, 1.0))
+    got = loss.per_sample(outputs, TARGET, PRIORS)
+    # one positive (P0): its class loss log 2; one hard negative, P1's log(1 + e^2)
+    conf = math.log(2) + math.log(1 + math.e**2)
+    # P0's offsets to the object: (0, (0.2 - 0.25) / 0.5, log 1, log 0.8); smooth L1 of each
+    t = [0.0, -0.1, 0.0, math.log(0.8)]
+    loc = sum(0.5 * v * v if abs(v) < 1 else abs(v) - 0.5 for v in t)
+    assert float(got[0]) == pytest.approx(conf + loc, rel=1e-6)
+    # 3 negatives per positive: P2's log(1 + e) and P3's log 2 join
+    three = MultiBoxLoss(lambda s: PRIORS, variances=(1.0, 1.0)).per_sample(outputs, TARGET, PRIORS)
+    assert float(three[0]) == pytest.approx(conf + loc + math.log(1 + math.e) + math.log(2))
+    torch.testing.assert_close(
+        encode(TARGET[:, :1, 1:5], PRIORS[:1], (1.0, 1.0))[0, 0], torch.tensor(t)
+    )
+
+
+def test_an_object_without_a_good_prior_keeps_its_best_one():
+    tiny = torch.tensor([[[1, 0.0, 0.0, 0.1, 0.1, 0]]])  # IoU 0.04 with P0, 0 elsewhere
+    classes, boxes = match(PRIORS, tiny, 0.5)
+    assert classes.tolist() == [[2, 0, 0, 0]]
+    torch.testing.assert_close(boxes[0, 0], tiny[0, 0, 1:5])
+    no_objects = torch.tensor([[[-1, 0, 0, 0, 0, 0.0]]])
+    loss = MultiBoxLoss(lambda s: PRIORS).per_sample(torch.randn(1, 4, 7), no_objects, PRIORS)
+    assert float(loss[0]) == 0.0  # N = 0: L = 0 (SSD eq. 1)
+
+
+def test_macs_and_bytes_by_hand():
+    # 8 px, 1 stage at width 1/8: conv 3 -> 4 channels (ceil(32 / 8)), 4x4 output; one head
+    # on it: class conv 4 -> 4 (2 + 1) = 12, box conv 4 -> 16, both 3x3 on 4x4
+    spec = _spec(8, 1, classes=2, width=1 / 8)
+    family = _family()
+    forward = MacCounter(family).pass_macs(PassRecord(spec, "forward", 1, 1), (3, 8, 8))
+    stage = 16 * 4 * 3 * 9
+    heads = 16 * (12 + 16) * 4 * 9
+    assert forward == stage + heads
+    # bytes: conv weight 4x3x3x3 (no bias: BN follows), BN weight, bias, running mean, var
+    # and the batch counter, class conv 12x4x3x3 + 12, box conv 16x4x3x3 + 16; float32
+    model = family.build(spec)
+    sizes = {k: v.numel() for k, v in model.state_dict().items()}
+    assert sum(sizes.values()) == 108 + 4 * 4 + 1 + 12 * 36 + 12 + 16 * 36 + 16
+    nbytes = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    assert nbytes == 4 * (108 + 16 + 432 + 12 + 576 + 16) + 8  # the counter is int64
+
+
+def test_local_training_through_the_loop_learns_the_shapes():
+    data = synthetic_detection(
+        n_train=256, n_test=64, num_classes=2, side=16, max_objects=1, min_size=0.3, max_size=0.6
+    )
+    spec = _spec(16, 2, classes=2, width=0.5, heads=2)
+    family = _family()
+    torch.manual_seed(0)
+    model = family.build(spec)
+    loss = MultiBoxLoss(default_boxes)
+    x_train = torch.from_numpy(data.x_train.copy())
+    x_test = torch.from_numpy(data.x_test.copy())
+    t_train = torch.from_numpy(data.targets_train.copy())
+    t_test = torch.from_numpy(data.targets_test.copy())
+    client = ClientData(0, x_train, t_train, x_test, t_test, 2, pixels=data.pixels)
+    priors = default_boxes(spec)
+    before = evaluate_detector(model, x_test, t_test, loss, priors, 2, pixels=data.pixels)
+    settings = LocalTraining(lr=0.02, steps=100, batch_size=16, momentum=0.9)
+    task = ClientTask(0, spec, {}, family.index_map(spec))
+    params = {k: v for k, v in model.named_parameters()}
+    buffers = {k: v for k, v in model.named_buffers()}
+    ctx = TrainContext(
+        task=task,
+        received={},
+        generator=torch_generator(0, 1, 0, "train"),
+        settings=settings,
+        params=params,
+        buffers=buffers,
+    )
+    stats = train_local(model, client, LocalRecipe(forward=loss), ctx)
+    after = evaluate_detector(model, x_test, t_test, loss, priors, 2, pixels=data.pixels)
+    # test loss and mAP@0.5 of the untrained and trained detector (0.01 and 0.46 here)
+    assert stats.num_steps == 100 and after[1] < before[1]
+    assert before[0] is not None and before[0] < 0.05
+    assert after[0] is not None and after[0] > 0.3

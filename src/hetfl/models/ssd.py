@@ -171,5 +171,6 @@ ARCHITECTURES.register(
         lambda s: 2 ** s["stages"],
         "SSD heads on ScalableFL's stage CNN (object detection)",
         check=_check,
+        detector=True,
     ),
 )

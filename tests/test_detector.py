@@ -15,11 +15,13 @@ from hetfl.core.client.loop import train_local
 from hetfl.core.client.multibox import MultiBoxLoss, encode, match
 from hetfl.core.client.recipe import LocalRecipe, TrainContext
 from hetfl.core.rng import torch_generator
+from hetfl.core.server.maps import private_layers
 from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientTask, PassRecord
 from hetfl.data.synthetic_detection import synthetic_detection
 from hetfl.models import ScalableFamily, SpecError
+from hetfl.models.scaling import ScalingRule
 from hetfl.models.ssd import default_boxes, feature_sides
 from hetfl.systems.costs import MacCounter
 
@@ -175,3 +177,27 @@ def test_local_training_through_the_loop_learns_the_shapes():
     assert stats.num_steps == 100 and after[1] < before[1]
     assert before[0] is not None and before[0] < 0.05
     assert after[0] is not None and after[0] > 0.3
+
+
+def test_scalablefl_sizes_the_detector_and_keeps_its_heads_and_norms_private():
+    """ScalableFL's rule (§III-A, H0 = 4 for detection): a 16 px, 2-class client trains 2
+    stages at kappa = log10 2 / log10 6; a 64 px, 6-class client 4 stages at 1. Only the
+    backbone's convolutions are shared, as nested slices of the global model's."""
+    family = _family()
+    base = family.global_spec([]).replace(heads=2)
+    rule = ScalingRule(family, base, 4, 6)
+    small, large = rule.model((3, 16, 16), 2), rule.model((3, 64, 64), 6)
+    kappa = math.log10(2) / math.log10(6)
+    assert (small.depth, small.spec["stages"], large.spec["stages"]) == (2, 2, 4)
+    assert small.spec["widths"][0] == pytest.approx(kappa) and large.spec["widths"][0] == 1
+    (private,) = private_layers(family, norm=True, head=True)
+    shared = {e.local: e for e in private.shared(family.index_map(small.spec), small.spec)}
+    assert set(shared) == {"stages.0.conv.weight", "stages.1.conv.weight"}
+    # ceil(kappa * 32) = 13 and ceil(kappa * 64) = 25 channels, slices of the global 32, 64
+    model = family.build(small.spec)
+    assert model.stages[0].conv.weight.shape == (13, 3, 3, 3)
+    assert model.stages[1].conv.weight.shape == (25, 13, 3, 3)
+    glob = family.global_spec([small.spec, large.spec])
+    assert glob["stages"] == 4 and glob["widths"][:4] == (1.0, 1.0, 1.0, 1.0)
+    # the heads see the same 8x8 and 4x4 maps in both clients: equal default boxes
+    torch.testing.assert_close(default_boxes(small.spec), default_boxes(large.spec))

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from hetfl.data import voc
 from hetfl.data.archives import ARCHIVE_MD5
 from hetfl.data.detection import DetectionSet, pad_targets
+from hetfl.data.detection_views import DetectionGroup, detection_clients, restrict_targets
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.fetch import DownloadError, md5_of
 from hetfl.data.synthetic_detection import synthetic_detection
@@ -188,3 +190,32 @@ def test_bad_detection_data_is_refused():
         synthetic_detection(num_classes=7)
     with pytest.raises(ValueError, match="min_size <= max_size"):
         synthetic_detection(min_size=0.6, max_size=0.5)
+
+
+def test_detection_clients_see_their_group_side_and_classes():
+    ds = synthetic_detection(n_train=60, n_test=30, num_classes=4, side=32, seed=2)
+    groups = [DetectionGroup(16, 2, 2), DetectionGroup(32, 4, 1)]
+    clients = detection_clients(ds, groups, seed=0)
+    assert [c.cid for c in clients] == [0, 1, 2]
+    assert [tuple(c.x_train.shape[2:]) for c in clients] == [(16, 16), (16, 16), (32, 32)]
+    for c, k in zip(clients, (2, 2, 4), strict=True):
+        labels = c.y_train[..., 0]
+        assert set(c.labels) <= set(range(k)) and c.num_classes == k
+        assert ((labels == -1) | (labels < k)).all() and (labels >= 0).any(dim=1).all()
+    # the full-class client keeps its whole share: 60 images over 3 clients
+    assert clients[2].n_train == 20 and clients[0].n_train <= 20
+    # a class-0/1 client's images are its share's images holding class 0 or 1, boxes kept
+    kept, rows = restrict_targets(ds.targets_train[:5], 2)
+    for i, row in zip(kept, rows, strict=True):
+        mine = ds.targets_train[i][
+            (ds.targets_train[i, :, 0] >= 0) & (ds.targets_train[i, :, 0] < 2)
+        ]
+        np.testing.assert_array_equal(row[row[:, 0] >= 0], mine)
+    again = detection_clients(ds, groups, seed=0)
+    assert torch.equal(again[1].y_train, clients[1].y_train)
+    with pytest.raises(ValueError, match="a group detects 5 classes"):
+        detection_clients(ds, [DetectionGroup(16, 5, 1)], seed=0)
+    with pytest.raises(ValueError, match="31 clients but 60 training and 30 test"):
+        detection_clients(ds, [DetectionGroup(16, 2, 31)], seed=0)
+    with pytest.raises(ValueError, match="clients >= 1"):
+        DetectionGroup(16, 2, 0)

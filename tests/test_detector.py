@@ -9,21 +9,25 @@ import math
 import pytest
 import torch
 
+from hetfl.algorithms import ALGORITHMS
 from hetfl.config.sections import ModelConfig
 from hetfl.core.client.detection_scoring import evaluate_detector
 from hetfl.core.client.loop import train_local
 from hetfl.core.client.multibox import MultiBoxLoss, encode, match
+from hetfl.core.client.program import Programs
 from hetfl.core.client.recipe import LocalRecipe, TrainContext
 from hetfl.core.rng import torch_generator
 from hetfl.core.server.maps import private_layers
 from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientTask, PassRecord
+from hetfl.data.detection_views import DetectionGroup, detection_clients
 from hetfl.data.synthetic_detection import synthetic_detection
 from hetfl.models import ScalableFamily, SpecError
 from hetfl.models.scaling import ScalingRule
 from hetfl.models.ssd import default_boxes, feature_sides
 from hetfl.systems.costs import MacCounter
+from strategies import trained
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -201,3 +205,43 @@ def test_scalablefl_sizes_the_detector_and_keeps_its_heads_and_norms_private():
     assert glob["stages"] == 4 and glob["widths"][:4] == (1.0, 1.0, 1.0, 1.0)
     # the heads see the same 8x8 and 4x4 maps in both clients: equal default boxes
     torch.testing.assert_close(default_boxes(small.spec), default_boxes(large.spec))
+
+
+def test_a_scalablefl_round_trains_detection_clients_of_two_groups():
+    """ScalableFL built on the detector trains with SSD's loss (§V-B); one round over a
+    16 px, 2-class and a 32 px, 4-class client: each sends only its backbone slices, keeps
+    its heads and BN, and the global backbone moves where a client covered it."""
+    data = synthetic_detection(n_train=40, n_test=8, num_classes=4, side=32, seed=5)
+    groups = [DetectionGroup(16, 2, 1), DetectionGroup(32, 4, 1)]
+    clients = detection_clients(data, groups, seed=0)
+    family = ScalableFamily(
+        {
+            "family": "ssd-stage-cnn",
+            "input_shape": (3, 32, 32),
+            "num_classes": 4,
+            "stages": 3,
+            "heads": 2,
+        }
+    )
+    train = LocalTraining(lr=0.02, steps=3, batch_size=8, momentum=0.9)
+    options = {"base_size": 4, "base_classes": 4, "participation": 1.0}
+    strategy, recipe = ALGORITHMS.get("scalablefl").build(
+        family, options, clients_per_round=2, train=train
+    )
+    assert isinstance(recipe.forward, MultiBoxLoss)
+    infos = [c.info() for c in clients]
+    assert [(i.input_shape[1], i.labels) for i in infos] == [(16, (0, 1)), (32, (0, 1, 2, 3))]
+    state = strategy.setup(infos, torch_generator(0, 0, -1, "init"), rounds=1)
+    assert set(state) == {f"stages.{i}.conv.weight" for i in range(3)}
+    tasks = strategy.plan(1, state, infos, torch_generator(0, 1, -1, "sample"))
+    assert [t.spec["stages"] for t in tasks] == [2, 3]
+    programs = Programs(family, recipe, seed=0)
+    results = []
+    for task, client, info in zip(tasks, clients, infos, strict=True):
+        gen = torch_generator(0, 1, info.cid, "train")
+        out = programs.program_for(info.cid).fit(task, client, {}, gen, info=info)
+        assert set(out.result.tensors) == set(task.payload) and math.isfinite(out.result.loss)
+        assert any(k.startswith("head.") for k in out.private)
+        results.append(out.result)
+    new = strategy.aggregate(1, state, trained(tasks, results)).state
+    assert not torch.equal(new["stages.2.conv.weight"], state["stages.2.conv.weight"])

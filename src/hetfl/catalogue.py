@@ -80,6 +80,7 @@ ARCHITECTURES: dict[str, str] = {
     "mobilenetv2": "MobileNetV2 (Sandler et al. 2018): widths per stage, depth by repeats (FedFA)",
     "preresnet": "Pre-activation ResNet with sections of blocks (HeteroFL, FedFA, NeFL)",
     "resnet18": "ResNet-18, post-activation, stages x blocks (ScalableFL Table IV)",
+    "ssd-stage-cnn": "SSD heads on ScalableFL's stage CNN (object detection)",
     "stage-cnn": "ScalableFL's stage CNN (32-256 ch)",
     "transformer": (
         "Transformer LM, 8 heads x 32, MLP 2x, 4 layers: width by heads, depth by layers "

@@ -41,6 +41,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from hetfl.algorithms.parts.method_registry import ReducerOptions, register_algorithm
+from hetfl.algorithms.parts.task_recipe import plain_recipe
 from hetfl.algorithms.parts.widths import scalable_base
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.server.assign import GroupKey, GroupPlanner, GroupQuotas, PerGroup
@@ -142,7 +143,7 @@ def _make(
     """Per-group quotas, per-group models, private BN and heads (nothing shared for
     individual training), weight 1 per client; clients judged under their group. Weight
     decay applies to convolution and linear weights only (Table VIII), whatever `train`
-    says; local training is plain."""
+    says; local training is plain: cross-entropy, or SSD's loss for a detector (§V-B)."""
     groups = PerGroup(group_key, group_models(family, opts))
     alone = opts.variant == "individual"
     transforms: list[MapTransform] = (
@@ -157,4 +158,4 @@ def _make(
         evaluation=Evaluation(local_eval=LocalModel(own_spec(group=judged_group))),
         extras=Extras(describe=lambda: describe(opts.variant, groups)),
     )
-    return strategy, LocalRecipe()
+    return strategy, plain_recipe(family, "scalablefl")

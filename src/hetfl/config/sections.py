@@ -32,6 +32,7 @@ from hetfl.models.factory import (
     unknown_model_message,
 )
 from hetfl.models.flanc import COMPOSED
+from hetfl.models.scalable import ARCHITECTURES
 from hetfl.sim.ray_executor import RaySettings
 from hetfl.sim.ray_session import CONNECT_TIMEOUT_S
 
@@ -331,6 +332,12 @@ class ModelConfig(_Strict):
     def _known(cls, v: str) -> str:
         if v not in model_names():
             raise ValueError(unknown_model_message(v))
+        if v in ARCHITECTURES and ARCHITECTURES.get(v).detector:
+            raise ValueError(
+                f"{v!r} is an object detector, and a run's task is classification: detection "
+                "runs are not wired yet (issue 53); use it through the library "
+                "(hetfl.models.ssd, hetfl.core.client.multibox)"
+            )
         return v
 
     @model_validator(mode="after")

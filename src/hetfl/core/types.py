@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from hetfl.core.augment import Augmentation
+from hetfl.core.boxes import PAD_LABEL
 from hetfl.core.pixels import PixelNorm, model_inputs
 from hetfl.core.spec import IndexMap, Spec
 from hetfl.core.state import State
@@ -414,7 +415,12 @@ class ClientData:
 
     @cached_property
     def labels(self) -> tuple[int, ...]:
-        return tuple(int(c) for c in torch.unique(self.y_train).tolist())
+        """The classes present: of the labels (N,), or of detection targets (N, M, 6), the
+        objects' labels (`hetfl.core.boxes`: column 0, -1 for padding)."""
+        y = self.y_train
+        if y.dim() == 3:
+            y = y[..., 0][y[..., 0] != PAD_LABEL].long()
+        return tuple(int(c) for c in torch.unique(y).tolist())
 
     def info(self, attrs: Mapping[str, Any] | None = None) -> ClientInfo:
         return ClientInfo(

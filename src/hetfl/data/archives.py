@@ -26,7 +26,9 @@ import tarfile
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
 
 from hetfl.data.fetch import (
@@ -159,23 +161,45 @@ def download_archive(
     `dest/folder` exists (it is only ever placed whole), and a verified archive already in
     `dest` is extracted without a download.
     """
-    dest = dataset_cache_dir(archive.dataset) if dest is None else Path(dest)
-    if (dest / archive.folder).is_dir():
+    return download_archives((archive,), dest, mirror, timeout=timeout, progress=progress)
+
+
+def download_archives(
+    archives: Sequence[Archive],
+    dest: str | Path | None = None,
+    mirror: str | None = None,
+    *,
+    timeout: float = 60,
+    progress: ProgressCallback | None = None,
+) -> Path:
+    """`download_archive` for a dataset released as several archives of one top-level
+    folder (PASCAL VOC's trainval and test): each is fetched and verified, then all are
+    extracted together and their merged folder placed whole. The first names the dataset,
+    the folder and the default `dest`."""
+    first = archives[0]
+    if any(a.folder != first.folder or a.dataset != first.dataset for a in archives):
+        raise ValueError("archives merged into one folder must share dataset and folder")
+    dest = dataset_cache_dir(first.dataset) if dest is None else Path(dest)
+    if (dest / first.folder).is_dir():
         return dest
-    path = fetch_verified(
-        file_url(mirror or archive.mirror, archive.file),
-        dest / archive.file,
-        f"the {archive.dataset} archive {archive.file}",
-        lambda p: _md5_problem(archive, p),
-        timeout=timeout,
-        progress=progress,
-    )
-    extract_archive(path, archive.folder, dest)
+    paths = [
+        fetch_verified(
+            file_url(mirror or a.mirror, a.file),
+            dest / a.file,
+            f"the {a.dataset} archive {a.file}",
+            partial(_md5_problem, a),
+            timeout=timeout,
+            progress=progress,
+        )
+        for a in archives
+    ]
+    extract_archive(paths[0], first.folder, dest, *paths[1:])
     return dest
 
 
-def extract_archive(path: Path, folder: str, dest: Path) -> Path:
-    """Extract the archive `path` and place its top-level `folder` at `dest/folder`, whole.
+def extract_archive(path: Path, folder: str, dest: Path, *more: Path) -> Path:
+    """Extract the archive `path` (and the archives `more`, into the same place: their
+    members merge) and place their top-level `folder` at `dest/folder`, whole.
 
     Raises `DownloadError` naming the archive when it is damaged or truncated (the archive
     is deleted), holds an unsafe member, or has no `folder`; no extracted file is left
@@ -189,7 +213,8 @@ def extract_archive(path: Path, folder: str, dest: Path) -> Path:
     except OSError as exc:
         raise DownloadError(f"cannot extract {path.name} into {dest}: {exc}") from exc
     try:
-        _unpack(path, tmp)
+        for each in (path, *more):
+            _unpack(each, tmp)
         if not (tmp / folder).is_dir():
             raise DownloadError(
                 f"{path} holds no folder {folder}/ (it holds {_listing(tmp)}); it is not "

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from hetfl.data import cinic10, ham10000
+from hetfl.data import cinic10, ham10000, voc
 from hetfl.data.archives import ARCHIVES, download_archive
 from hetfl.data.fetch import (
     ProgressCallback,
@@ -208,6 +208,7 @@ def download_fashion_mnist(
 DOWNLOADERS: dict[str, Callable[..., Path]] = {
     "fashion-mnist": download_fashion_mnist,
     **{name: partial(download_archive, archive) for name, archive in ARCHIVES.items()},
+    "voc2007": voc.download_voc2007,
 }
 
 #: Datasets whose files are fetched by hand (no name-addressed mirror or no known checksum):

@@ -199,6 +199,9 @@ class Architecture:
     #: The rank of its inputs: 3 for images (C, H, W), 1 for token sequences (T,) (the
     #: Transformer's, `hetfl.models.transformer`), whose length `min_side` bounds.
     input_rank: int = 3
+    #: Whether its outputs are detections (B, A, 4 + K + 1: `hetfl.models.ssd`) rather
+    #: than class logits; a run's task is classification, so a config refuses it.
+    detector: bool = False
 
     @property
     def slots(self) -> int:

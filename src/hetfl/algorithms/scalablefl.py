@@ -140,10 +140,9 @@ def describe(variant: Variant, groups: PerGroup[ScaledModel]) -> dict[str, Any]:
 def _make(
     family: ModelFamily, opts: ScalableFLOptions, *, clients_per_round: int, train: LocalTraining
 ) -> tuple[Strategy, LocalRecipe]:
-    """Per-group quotas, per-group models, private BN and heads (nothing shared for
-    individual training), weight 1 per client; clients judged under their group. Weight
-    decay applies to convolution and linear weights only (Table VIII), whatever `train`
-    says; local training is plain: cross-entropy, or SSD's loss for a detector (§V-B)."""
+    """Per-group quotas and models, private BN and heads (none shared when individual),
+    weight 1 per client, judged by group; weight decay on convolution and linear weights
+    only (Table VIII); plain local training: cross-entropy, or SSD's loss (§V-B)."""
     groups = PerGroup(group_key, group_models(family, opts))
     alone = opts.variant == "individual"
     transforms: list[MapTransform] = (

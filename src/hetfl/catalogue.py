@@ -55,6 +55,10 @@ ALGORITHMS: dict[str, str] = {
         "FlexLoRA (Bai et al. 2024): LoRA of several ranks, Σ w_k B_k A_k by SVD, each "
         "client its rank's truncation"
     ),
+    "flora": (
+        "FLoRA (Wang et al. 2024): LoRA of several ranks, factors stacked into the exact "
+        "sum, merged into every client's base"
+    ),
     "heterofl": "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
     "hetlora": (
         "HetLoRA (Cho et al. 2024): LoRA of several ranks, zero-padded sparsity-weighted "

@@ -51,11 +51,19 @@ BASE_SEED = 0
 
 
 class LoRALinear(nn.Module):
-    """`W0 x + b + scale * B (A x)` on the last axis: the frozen `weight` and `bias` are
-    buffers (not in the state dict), `lora_A` (rank x in) and `lora_B` (out x rank) train."""
+    """`(W0 + M) x + b + scale * B (A x)` on the last axis: the frozen `weight` W0 and
+    `bias` are buffers (not in the state dict); `lora_A` (rank x in) and `lora_B`
+    (out x rank) train. With `mergeable`, M (`merged`, out x in, zero at first) is a
+    persistent buffer, a client's own merged updates (FLoRA); without, M is absent."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, rank: int, scale: float
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        rank: int,
+        scale: float,
+        *,
+        mergeable: bool = False,
     ) -> None:
         super().__init__()
         out_features, in_features = weight.shape
@@ -63,24 +71,34 @@ class LoRALinear(nn.Module):
         self.register_buffer(
             "bias", None if bias is None else bias.detach().clone(), persistent=False
         )
+        self.merged: torch.Tensor | None
+        self.register_buffer("merged", torch.zeros_like(weight) if mergeable else None)
         self.lora_A = nn.Parameter(torch.zeros(rank, in_features))
         self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
         self.scale = scale
 
     def reset_parameters_with(self, generator: torch.Generator) -> None:
         """A as PyTorch's Linear default (the LoRA code's kaiming_uniform, a = sqrt(5)):
-        U(±1/sqrt(in)); B zero, so the adapted model starts as the base."""
-        bound = 1.0 / math.sqrt(self.lora_A.shape[1])
-        self.lora_A.uniform_(-bound, bound, generator=generator)
+        U(±1/sqrt(in)); B zero, so the adapted model starts as the base; M zero."""
+        draw_adapter(self.lora_A, generator)
         self.lora_B.zero_()
+        if self.merged is not None:
+            self.merged.zero_()
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
         if width is not None and width != 1.0:
             raise ValueError(
                 f"a LoRA layer runs its base at full width; it was asked for width {width}"
             )
-        base = F.linear(x, self.weight, self.bias)
+        weight = self.weight if self.merged is None else self.weight + self.merged
+        base = F.linear(x, weight, self.bias)
         return base + self.scale * F.linear(F.linear(x, self.lora_A), self.lora_B)
+
+
+def draw_adapter(a: torch.Tensor, generator: torch.Generator) -> None:
+    """A fresh A (rank x in), in place: U(±1/sqrt(in)), PyTorch's Linear default."""
+    bound = 1.0 / math.sqrt(a.shape[1])
+    a.uniform_(-bound, bound, generator=generator)
 
 
 def _freeze_into_buffers(module: nn.Module) -> None:
@@ -126,7 +144,8 @@ def load_base_state(path: str | Path) -> State:
 class LoRAFamily:
     """`base`'s global model, frozen, with rank-`lora_rank` adapters on its linear layers
     (module docstring). `max_rank` is R, the global adapters' rank; `alpha` the scale's α
-    (s = α / R for every client); `pretrained` the base's state dict (None: seed 0)."""
+    (s = α / R for every client); `pretrained` the base's state dict (None: seed 0);
+    `mergeable` gives every adapted layer a client's own merged updates (FLoRA)."""
 
     def __init__(
         self,
@@ -135,12 +154,14 @@ class LoRAFamily:
         max_rank: int,
         alpha: float,
         pretrained: Mapping[str, torch.Tensor] | None = None,
+        mergeable: bool = False,
     ) -> None:
         if max_rank < 1:
             raise ValueError(f"the LoRA rank must be at least 1, got {max_rank}")
         if not (math.isfinite(alpha) and alpha > 0):
             raise ValueError(f"the LoRA alpha must be a positive number, got {alpha}")
         self.base, self.max_rank, self.alpha = base, max_rank, float(alpha)
+        self.mergeable = mergeable
         self.scale = self.alpha / max_rank
         self.base_spec = base.global_spec([])
         model = build_model(base, self.base_spec)
@@ -151,7 +172,12 @@ class LoRAFamily:
         self._base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.layers = lora_layers(model)
         if not self.layers:
-            raise ValueError(f"LoRA needs linear layers; {self.base_spec['family']} has none")
+            raise ValueError(f"LoRA needs linear layers; {self.base_spec} has none")
+        #: (out, in) of every adapted layer, by module path.
+        self.shapes: dict[str, tuple[int, int]] = {}
+        for path in self.layers:
+            out_features, in_features = model.get_submodule(path).weight.shape
+            self.shapes[path] = (int(out_features), int(in_features))
 
     def spec_at(self, rank: int) -> Spec:
         """The spec of a rank-`rank` client."""
@@ -167,7 +193,10 @@ class LoRAFamily:
             parent_path, _, name = path.rpartition(".")
             parent = model.get_submodule(parent_path)
             linear = getattr(parent, name)
-            setattr(parent, name, LoRALinear(linear.weight, linear.bias, rank, self.scale))
+            adapted = LoRALinear(
+                linear.weight, linear.bias, rank, self.scale, mergeable=self.mergeable
+            )
+            setattr(parent, name, adapted)
         _freeze_into_buffers(model)
         return model
 

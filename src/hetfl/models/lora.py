@@ -103,21 +103,25 @@ def draw_adapter(a: torch.Tensor, generator: torch.Generator) -> None:
 
 def _freeze_into_buffers(module: nn.Module) -> None:
     """Every parameter of `module` (recursively) becomes a non-persistent buffer of the same
-    name and value, and every persistent buffer is refused (running statistics); the
-    adapters of `LoRALinear` layers stay parameters."""
-    for path, sub in module.named_modules():
+    name and value; the adapters of `LoRALinear` layers stay parameters."""
+    for sub in module.modules():
         if isinstance(sub, LoRALinear):
             continue
         for name, param in list(sub.named_parameters(recurse=False)):
             delattr(sub, name)
             sub.register_buffer(name, param.detach(), persistent=False)
-        kept = [n for n in sub._buffers if n not in sub._non_persistent_buffers_set]
-        if kept:
-            raise ValueError(
-                f"LoRA freezes the base model, but {path or 'the model'} keeps buffers "
-                f"{kept} (BatchNorm running statistics) that training would still update; "
-                "use a base without them (model.bn: none, or a Transformer)"
-            )
+
+
+def _refuse_running_statistics(model: nn.Module) -> None:
+    """A frozen base cannot keep buffers that training updates (BatchNorm's statistics)."""
+    params = {n for n, _ in model.named_parameters()}
+    kept = [n for n in model.state_dict() if n not in params]
+    if kept:
+        raise ValueError(
+            f"LoRA freezes the base model, but it keeps buffers {kept[:3]} (BatchNorm running "
+            "statistics) that training would still update; use a base without them "
+            "(model.bn: none, or a Transformer)"
+        )
 
 
 def lora_layers(model: nn.Module) -> list[str]:
@@ -169,6 +173,7 @@ class LoRAFamily:
             initialize(model, torch.Generator().manual_seed(BASE_SEED))
         else:
             _load_checked(model, pretrained)
+        _refuse_running_statistics(model)
         self._base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.layers = lora_layers(model)
         if not self.layers:

@@ -170,7 +170,9 @@ def test_flora_stacks_into_the_exact_weighted_sum_of_products() -> None:
     factors = [(torch.randn(r, 6, generator=gen), torch.randn(5, r, generator=gen)) for r in RANKS]
     a, b = stack_factors(factors, [float(n) for n in N])
     assert a.shape == (sum(RANKS), 6) and b.shape == (5, sum(RANKS))  # grows with the cohort
-    want = sum(n / sum(N) * (bk.double() @ ak.double()) for n, (ak, bk) in zip(N, factors))
+    want = sum(
+        n / sum(N) * (bk.double() @ ak.double()) for n, (ak, bk) in zip(N, factors, strict=True)
+    )
     np.testing.assert_allclose((b @ a).numpy(), want.numpy(), rtol=1e-5, atol=ATOL)
 
 

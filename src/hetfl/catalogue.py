@@ -61,8 +61,7 @@ ALGORITHMS: dict[str, str] = {
     ),
     "heterofl": "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
     "hetlora": (
-        "HetLoRA (Cho et al. 2024): LoRA of several ranks, zero-padded sparsity-weighted "
-        "averaging"
+        "HetLoRA (Cho et al. 2024): LoRA of several ranks, zero-padded sparsity-weighted averaging"
     ),
     "local-only": "each client trains alone; nothing is shared",
     "nefl": (

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,8 @@ class LoRALinear(nn.Module):
     ) -> None:
         super().__init__()
         out_features, in_features = weight.shape
+        self.weight: torch.Tensor
+        self.bias: torch.Tensor | None
         self.register_buffer("weight", weight.detach().clone(), persistent=False)
         self.register_buffer(
             "bias", None if bias is None else bias.detach().clone(), persistent=False
@@ -181,7 +184,8 @@ class LoRAFamily:
         #: (out, in) of every adapted layer, by module path.
         self.shapes: dict[str, tuple[int, int]] = {}
         for path in self.layers:
-            out_features, in_features = model.get_submodule(path).weight.shape
+            weight = cast(torch.Tensor, model.get_submodule(path).weight)
+            out_features, in_features = weight.shape
             self.shapes[path] = (int(out_features), int(in_features))
 
     def spec_at(self, rank: int) -> Spec:

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
+from hetfl.core.server.update import RoundResults
 from hetfl.core.spec import IndexMap
 from hetfl.core.state import Accumulator, Fill, State, check_fill, merge_estimate, untouched
-from hetfl.core.server.update import RoundResults
 from hetfl.core.types import ClientResult
 
 #: (A's global name, B's global name) of each adapted layer; a client's local names are

@@ -72,17 +72,13 @@ class RankSetup:
     assignment: WidthAssignment
 
 
-def rank_setup(
-    family: ModelFamily, opts: LoRARankOptions, *, mergeable: bool = False
-) -> RankSetup:
+def rank_setup(family: ModelFamily, opts: LoRARankOptions, *, mergeable: bool = False) -> RankSetup:
     """The configured model under rank-R adapters (R = max rank) from the pretrained base
     (`mergeable`: with each client's own merged updates, FLoRA's), and the assignment of
     ranks r as the levels r / R."""
     top = max(opts.ranks)
     base = None if opts.pretrained is None else load_base_state(opts.pretrained)
-    lora = LoRAFamily(
-        family, max_rank=top, alpha=opts.alpha, pretrained=base, mergeable=mergeable
-    )
+    lora = LoRAFamily(family, max_rank=top, alpha=opts.alpha, pretrained=base, mergeable=mergeable)
     levels, proportions = check_levels([r / top for r in opts.ranks], opts.proportions)
 
     assignment = WidthAssignment(

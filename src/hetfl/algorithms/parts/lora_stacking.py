@@ -143,7 +143,9 @@ class MergeThenTrain:
         return outputs, F.cross_entropy(outputs, y, reduction="none")
 
     def _start(self, ctx: TrainContext) -> None:
-        draws = sibling_generator(ctx.generator, "flora-adapters", ctx.params[f"{self.layers[0]}.lora_A"].device)
+        draws = sibling_generator(
+            ctx.generator, "flora-adapters", ctx.params[f"{self.layers[0]}.lora_A"].device
+        )
         with torch.no_grad():
             for path in self.layers:
                 stack_a, stack_b = stack_names(path)

@@ -258,3 +258,33 @@ def test_bad_settings_are_refused_naming_them(synthetic_federation) -> None:
         strategy.setup([c.info() for c in clients], torch.Generator())
     with pytest.raises(SimulatorOnlyError, match="server phase's download"):
         refuse_simulator_only("flora", ALGORITHMS.get("flora").simulator_only)
+
+
+def test_pretraining_uses_only_the_documents_no_client_holds(tmp_path: Path) -> None:
+    """pydoc-topics dealt by document to 4 clients: the pretraining samples are the other
+    documents' training samples, and the saved base loads as a LoRA base."""
+    from hetfl.assembly import load_dataset, partition
+    from hetfl.config import validate
+    from hetfl.models import make_family
+    from hetfl.pretrain import pretrain_base, unused_samples
+
+    raw = {
+        "data": {"dataset": "pydoc-topics", "num_clients": 4, "partition": {"kind": "natural"}},
+        "model": {"name": "transformer-tiny"},
+        "train": {"batch_size": 8, "lr": 0.05, "clients_per_round": 4},
+    }
+    cfg = validate(raw)
+    dataset = load_dataset(cfg)
+    dealt = np.concatenate(partition(cfg, dataset))
+    x, y, classes = unused_samples(cfg)
+    assert len(y) == len(dataset.y_train) - len(dealt) > 0
+    held = {tuple(row) for row in dataset.x_train[dealt].tolist()}
+    assert not any(tuple(row) in held for row in x[:200].tolist())  # other documents' contexts
+    path = pretrain_base(cfg, 2, tmp_path / "base.pt")
+    base = make_family("transformer-tiny", (32,), classes)
+    lora = LoRAFamily(base, max_rank=2, alpha=2.0, pretrained=load_base_state(path))
+    model = build_model(lora, lora.spec_at(1))
+    saved = torch.load(path, weights_only=True)
+    assert torch.equal(model.embed.tokens.weight, saved["embed.tokens.weight"])
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        pretrain_base(cfg, 0, tmp_path / "none.pt")

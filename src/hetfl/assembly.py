@@ -217,7 +217,8 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
             classes = [fed.dataset.num_classes, *(c.num_classes for c in fed.clients)]
             check_named_classes(attack, classes, dataset=fed.dataset.name)
         wrappers.append(OnlyMalicious(attack, malicious))
-    programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
+    # The strategy's family: a method may wrap the configured one (LoRA's adapters).
+    programs = Programs(strategy.family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
         seed=cfg.seed,

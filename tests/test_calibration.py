@@ -16,7 +16,7 @@ import pytest
 from hetfl.config import validate
 from hetfl.runner import run_one
 from hetfl.systems.calibration import RoundCost, client_seconds, solve_scale, time_to
-from hetfl.systems.profiles import DeviceProfile
+from hetfl.systems.profiles import DeviceProfile, SystemConfig
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "calibrate_profiles.py"
 SLOW = DeviceProfile("slow", 1.0, 0.008, 0.004)  # 1 MAC/s; 1000 B/s down, 500 B/s up
@@ -125,3 +125,24 @@ def test_the_tools_scale_meets_its_target(tool):
     assert record["ratio_at_link_factor"] < 0.8
     with pytest.raises(ValueError, match=r"never reaches 2\.73"):
         tool.calibrate(validate(CONFIG), 2.73, 2, tool.MBYTES)
+
+
+def test_link_scale_multiplies_every_link_and_is_what_the_tool_prices(tool):
+    plain = SystemConfig(preset="dtfl").settings()
+    scaled = SystemConfig(preset="dtfl", link_scale=tool.MBYTES).settings()
+    assert plain is not None and scaled is not None
+    assert [p.up_mbps for p in scaled.profiles] == pytest.approx(
+        [m * 1024**2 * 8 / 1e6 for m in (100, 30, 30, 30, 10)]
+    )
+    assert [p.rate for p in scaled.profiles] == [p.rate for p in plain.profiles]
+    with pytest.raises(ValueError, match="link_scale set without device profiles"):
+        SystemConfig(link_scale=2.0)
+    # the tool's ratio with its link factor is the ratio of the config with that link scale
+    record = tool.calibrate(validate(CONFIG), 0.8, 2, tool.MBYTES)
+    system = CONFIG["system"] | {
+        "link_scale": tool.MBYTES,
+        "fastest_rate": record["fastest_rate"],
+        "server_rate": record["server_rate"],
+    }
+    again = tool.calibrate(validate(CONFIG | {"system": system}), 0.5, 2, 1.0)
+    assert again["ratio_at_scale_1"] == pytest.approx(record["ratio_at_link_factor"], rel=1e-9)

@@ -79,16 +79,27 @@ class Federation:
 
 def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     """Each client's training indices, drawn from the run's own partition generator; the
-    dataset's owners (`train_groups`) go to every partitioner, for `natural`."""
+    dataset's owners (`train_groups`) go to every partitioner, for `natural`. With
+    `data.train_samples`, the partitioner deals a uniform subset of that size, drawn first
+    from its own generator, so a Dirichlet split keeps its unequal client sizes at a reduced
+    scale (a per-client `samples` view would cut every client to one size)."""
     partitioner = PARTITIONERS.get(cfg.data.partition.kind)
+    labels, groups, pool = dataset.y_train, dataset.train_groups, None
+    wanted, available = cfg.data.train_samples, dataset.y_train.shape[0]
+    if wanted is not None:
+        if wanted > available:
+            raise ConfigError(
+                f"data.train_samples = {wanted} but {dataset.name} has {available} training "
+                "samples; lower it or leave it out"
+            )
+        draw = numpy_generator(cfg.seed, 0, SERVER, "train-samples")
+        pool = np.sort(draw.choice(available, size=wanted, replace=False))
+        labels, groups = labels[pool], None if groups is None else groups[pool]
     rng = numpy_generator(cfg.seed, 0, SERVER, "partition")
-    return partitioner(
-        dataset.y_train,
-        cfg.data.num_clients,
-        rng,
-        groups=dataset.train_groups,
-        **cfg.data.partition.arguments(),
+    parts = partitioner(
+        labels, cfg.data.num_clients, rng, groups=groups, **cfg.data.partition.arguments()
     )
+    return parts if pool is None else [pool[p] for p in parts]
 
 
 def build_federation(cfg: RunConfig, device: torch.device) -> Federation:

@@ -35,7 +35,13 @@ from pydantic import Field, field_validator, model_validator
 from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
 from hetfl.algorithms.parts.method_registry import Options, register_algorithm
 from hetfl.algorithms.parts.server_copies import CopiesSide, FreshOptimiser
-from hetfl.algorithms.parts.tier_scheduler import Observed, OnSwitch, PricedCuts, TierScheduler
+from hetfl.algorithms.parts.tier_scheduler import (
+    NoHistory,
+    Observed,
+    OnSwitch,
+    PricedCuts,
+    TierScheduler,
+)
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
@@ -47,7 +53,15 @@ from hetfl.models.resnet_cifar import TIERS, split_family
 
 class DTFLOptions(Options):
     tiers: tuple[int, ...] = Field(TIERS, description="the tiers the scheduler may assign")
-    default_tier: int = Field(2, description="the tier of a client without a history")
+    default_tier: int = Field(
+        2, description="the tier of a client without a history under no_history: default-tier"
+    )
+    no_history: NoHistory = Field(
+        "default-tier",
+        description="a client without a history (every client in round 1): default_tier, or "
+        "the tier the scheduler's rule gives from its device profile (the paper's tier "
+        "profiling before training)",
+    )
     observed: Observed = Field(
         "elapsed-minus-comm",
         description="a client's observed compute: its side's elapsed time (compute and "
@@ -78,8 +92,9 @@ class DTFLOptions(Options):
             )
         return tuple(sorted(v))
 
-    def paper_rule(self) -> set[str]:  # described as before the option (the golden runs)
-        return {"on_profile_change"} if self.on_profile_change == "keep" else set()
+    def paper_rule(self) -> set[str]:  # described as before the options (the golden runs)
+        unchanged = {"on_profile_change": "keep", "no_history": "default-tier"}
+        return {k for k, v in unchanged.items() if getattr(self, k) == v}
 
     @model_validator(mode="after")
     def _default_is_a_tier(self) -> DTFLOptions:
@@ -136,6 +151,7 @@ def _make(
             default_tier=opts.default_tier,
             observed=opts.observed,
             on_profile_change=opts.on_profile_change,
+            no_history=opts.no_history,
         ),
         aggregation=Aggregation(weighting=weights),
         extras=Extras(

@@ -176,6 +176,13 @@ class DataConfig(_Strict):
     partition: PartitionConfig = Field(
         PartitionConfig(), description="how the training set is dealt to the clients"
     )
+    train_samples: int | None = Field(
+        None,
+        ge=1,
+        description="deal only this many training samples, a seeded uniform subset drawn "
+        "before partitioning, so the partition's own client sizes survive the reduced scale "
+        "(default: the whole training set)",
+    )
     test_per_client: int = Field(
         100,
         ge=0,

@@ -29,12 +29,26 @@ from hetfl.core.training import LocalTraining
 
 
 @dataclass(frozen=True)
+class DeviceRates:
+    """A client's device in a round, as the engine's device profiles rate it: `rate` in
+    MAC/s, links in Mbit/s (10^6 bits per second). A scheduler that plans from a device's
+    capacity before it has observed the client (DTFL's tier profiling) reads it."""
+
+    name: str
+    rate: float
+    down_mbps: float
+    up_mbps: float
+
+
+@dataclass(frozen=True)
 class ClientInfo:
     """What the server may know about a client before asking it to train.
 
     `attrs` holds what the client declared (a chosen architecture, a device capacity).
     `history` is what the engine measured: under device profiles, the client's simulated
     times in the last round it trained (None before it has trained, and without profiles).
+    `device` is the client's device profile in the round being planned (None without
+    profiles, and in engines that have none).
     """
 
     cid: int
@@ -43,6 +57,7 @@ class ClientInfo:
     labels: tuple[int, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
     history: ClientTimes | None = None
+    device: DeviceRates | None = None
 
 
 @dataclass

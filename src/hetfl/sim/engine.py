@@ -42,6 +42,7 @@ from hetfl.core.types import (
     ClientOutput,
     ClientTask,
     ClientTimes,
+    DeviceRates,
     EvalModel,
     EvalSplit,
     EvalTask,
@@ -186,7 +187,8 @@ class Simulation(RoundLoop):
         """Each client is reachable with probability `availability` times its device
         profile's availability (one draw per client and round), and, with behaviour traces,
         only while its device's trace says so at the round's start on the simulated clock
-        (when no device is reachable then, the clock moves on to the first that is)."""
+        (when no device is reachable then, the clock moves on to the first that is). Under
+        device profiles each reachable client's info carries its device this round."""
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
         behaviours = None if self.settings.system is None else self.settings.system.behaviours
         now = self.counters.sim_time_s
@@ -199,7 +201,8 @@ class Simulation(RoundLoop):
                 continue
             p = self.settings.availability * (profiles[cid].availability if profiles else 1.0)
             if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, "availability", cid))) < p:
-                out.append(self.infos[cid])
+                info = self.infos[cid]
+                out.append(info if not profiles else replace(info, device=_rates(profiles[cid])))
         return out
 
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
@@ -435,6 +438,11 @@ class Simulation(RoundLoop):
         self.downloads.load_entries(ckpt.get("downloads", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_history(cid, times)
+
+
+def _rates(profile: DeviceProfile) -> DeviceRates:
+    """A device profile as the strategy sees it in `ClientInfo.device`."""
+    return DeviceRates(profile.name, profile.rate, profile.down_mbps, profile.up_mbps)
 
 
 def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:

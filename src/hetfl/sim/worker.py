@@ -12,12 +12,23 @@ outlives the run.
 Messages (wire format: `hetfl.sim.wire`), parent to worker:
 ("block",) then the shared block itself by `multiprocessing`'s pickler; ("programs",
 programs); ("exchange",): a new exchange starts (forget tensors of the last); ("unit",
-index, unit, item); ("stop",). Worker to parent: ("done", index, result) or ("error",
+index, unit, item); ("stop",). Worker to parent: "ready" once, by `multiprocessing`'s
+pickler, when its set-up is done (the parent waits for it before the run's first exchange,
+so a worker's start is not charged to round 1); then ("done", index, result) or ("error",
 index, traceback text) when a unit raised.
+
+Memory: a worker is forked from the fork server, which holds torch and HetFL imported
+(about 150 MiB, shared page by page until written). CPython's cyclic collector writes to
+the header of every object it examines, so a worker's first full collection would copy
+every inherited page that holds a tracked object; `gc.freeze()` first thing moves the
+inherited objects out of the collector's reach (the Python documentation of `gc.freeze`
+names this use), and the worker's heap is handed back to the system at each exchange
+(`hetfl.engine.heap.trim_heap`), as the engine does after each round.
 """
 
 from __future__ import annotations
 
+import gc
 import signal
 import traceback
 from collections.abc import Sequence
@@ -27,6 +38,7 @@ import torch
 
 from hetfl.core.plugins import load_plugins
 from hetfl.engine.device import make_deterministic
+from hetfl.engine.heap import trim_heap
 from hetfl.sim.tasks import WorkerContext
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 
@@ -39,12 +51,13 @@ def serve(
     plugins: Sequence[str] = (),
 ) -> None:
     """The worker's loop (the target of its process)."""
-
+    gc.freeze()  # before any collection can touch the fork server's objects
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     make_deterministic(torch.device(device), deterministic)
     load_plugins(plugins)
     receiver, sender = Receiver(conn), Sender(conn)
+    conn.send("ready")
     ctx: WorkerContext | None = None
     while True:
         try:
@@ -60,6 +73,7 @@ def serve(
             ctx = WorkerContext(msg[1])
         elif kind == "exchange":
             receiver.reset()
+            trim_heap()
         elif kind == "unit":
             _, index, unit, item = msg
             sender.reset()

@@ -556,7 +556,8 @@ class EvalConfig(_Strict):
     global_stats_pass: Literal["auto", "on", "off"] = Field(
         "auto",
         description="the BatchNorm statistics pass of the models scored as global_acc (and "
-        "FedGKT's pooled_acc) before they are tested: auto, as each method does (HeteroFL, "
+        "FedGKT's joined models, pooled_acc and with pooled_global global_acc) before they are "
+        "tested: auto, as each method does (HeteroFL, "
         "FedFA and FedGKT pass, the others score averaged running statistics); on or off, "
         "the same for every method (one protocol for a comparison; a method whose models "
         "keep no running statistics is refused with off)",

@@ -169,13 +169,20 @@ def checked_trigger(trigger: Trigger, fed: Federation) -> Trigger:
 
 def _check_scored_targets(cfg: RunConfig, pooled: bool) -> None:
     """A target on the global test set for a method that never scores it (no global model:
-    its clients are scored on their own splits, `pooled_acc`) would silently never be met."""
-    never = [t.metric for t in cfg.targets if pooled and t.metric in ("global_acc", "test_loss")]
+    its clients are scored on their own splits, `pooled_acc`, unless `eval.pooled_global`
+    scores them on the global test set too) would silently never be met."""
+    scored = cfg.eval.pooled_global or cfg.eval.require_global_test
+    never = [
+        t.metric
+        for t in cfg.targets
+        if pooled and not scored and t.metric in ("global_acc", "test_loss")
+    ]
     if never:
         raise ConfigError(
             f"targets: {', '.join(never)} is never reported by {cfg.algorithm}, which has no "
             "global model to score on the global test set; watch pooled_acc (its clients' "
-            "own test splits, pooled) instead"
+            "own test splits, pooled) instead, or set eval.pooled_global: true (each "
+            "client's joined model on the global test set)"
         )
 
 
@@ -246,6 +253,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         probes=probes,
         global_stats_pass=cfg.eval.global_stats_pass,
         require_global_test=cfg.eval.require_global_test,
+        pooled_global=cfg.eval.pooled_global,
         config=cfg.to_yaml(),
     )
     info = {

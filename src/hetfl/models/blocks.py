@@ -29,6 +29,7 @@ or its outputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 import torch
@@ -50,6 +51,30 @@ def slim_conv(cin: int, base_out: int, ratio: float, kernel: int, stride: int) -
         padding=kernel // 2,
         bias=False,
     )
+
+
+class ConvNormAct(nn.Module):
+    """conv (k x k, bias-free) -> norm -> `activation`, width-aware: the stems, last 1x1
+    convolutions and expansions of the mobile families (MobileNetV2's ReLU6,
+    EfficientNetV2's SiLU)."""
+
+    def __init__(
+        self,
+        cin: int,
+        base_out: int,
+        ratio: float,
+        norm: NormFactory,
+        kernel: int,
+        stride: int,
+        activation: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.conv = slim_conv(cin, base_out, ratio, kernel, stride)
+        self.norm = norm(base_out, ratio)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
+        return self.activation(self.norm(self.conv(x, width), width))
 
 
 class ConvUnit(nn.Module):

@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetfl.core.spec import Spec
-from hetfl.models.blocks import StepSize, slim_conv
+from hetfl.models.blocks import ConvNormAct, StepSize, slim_conv
 from hetfl.models.norms import NormFactory
 from hetfl.models.scalable import ARCHITECTURES, Architecture
 from hetfl.models.slim import SlimConv2d, SlimDepthwiseConv2d, SlimLinear, channels
@@ -135,21 +135,6 @@ STRIDES = {
 }
 
 
-class ConvNormSiLU(nn.Module):
-    """conv (k x k, bias-free) -> norm -> SiLU, width-aware: the stem, the last 1x1
-    convolution, MBConv's expansion and Fused-MBConv's 3x3 convolution."""
-
-    def __init__(
-        self, cin: int, base_out: int, ratio: float, norm: NormFactory, kernel: int, stride: int
-    ) -> None:
-        super().__init__()
-        self.conv = slim_conv(cin, base_out, ratio, kernel, stride)
-        self.norm = norm(base_out, ratio)
-
-    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        return F.silu(self.norm(self.conv(x, width), width))
-
-
 class SqueezeExcite(nn.Module):
     """Squeeze-and-excitation on `base` hidden channels through a bottleneck of
     `base_squeeze` (at the block's ratio): pool, 1x1 conv, SiLU, 1x1 conv, sigmoid, scale."""
@@ -199,7 +184,7 @@ class FusedMBConv(nn.Module):
     ) -> None:
         super().__init__()
         base_hidden = base_out if expansion == 1 else base_in * expansion
-        self.fused = ConvNormSiLU(cin, base_hidden, ratio, norm, 3, stride)
+        self.fused = ConvNormAct(cin, base_hidden, ratio, norm, 3, stride, F.silu)
         self.project: SlimConv2d | None = None
         self.norm: nn.Module | None = None
         if expansion != 1:
@@ -234,7 +219,7 @@ class MBConv(nn.Module):
         super().__init__()
         base_hidden = base_in * expansion
         hidden = channels(ratio, base_hidden)
-        self.expand = ConvNormSiLU(cin, base_hidden, ratio, norm, 1, 1)
+        self.expand = ConvNormAct(cin, base_hidden, ratio, norm, 1, 1, F.silu)
         self.depthwise = SlimDepthwiseConv2d(hidden, 3, base=base_hidden, stride=stride, padding=1)
         self.norm1 = norm(base_hidden, ratio)
         self.se = SqueezeExcite(base_hidden, max(1, int(base_in * SE_RATIO)), ratio)
@@ -260,8 +245,8 @@ class EfficientNetV2(nn.Module):
         widths = spec["widths"]
         stem_stride, strides = STRIDES[spec["stem"]]
         step_size = bool(spec.get("step_size"))
-        self.stem = ConvNormSiLU(
-            spec["input_shape"][0], layout.stem, widths[0], norm, 3, stem_stride
+        self.stem = ConvNormAct(
+            spec["input_shape"][0], layout.stem, widths[0], norm, 3, stem_stride, F.silu
         )
         self.stages = nn.ModuleList()
         c, base_in = channels(widths[0], layout.stem), layout.stem
@@ -278,7 +263,7 @@ class EfficientNetV2(nn.Module):
                 c, base_in = channels(widths[i], stage.channels), stage.channels
             self.stages.append(blocks)
         last = spec["stages"] - 1
-        self.last = ConvNormSiLU(c, layout.last, widths[last], norm, 1, 1)
+        self.last = ConvNormAct(c, layout.last, widths[last], norm, 1, 1, F.silu)
         self.head = SlimLinear(
             channels(widths[last], layout.last), spec["num_classes"], base_out=None
         )

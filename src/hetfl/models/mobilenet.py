@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetfl.core.spec import Spec
-from hetfl.models.blocks import slim_conv
+from hetfl.models.blocks import ConvNormAct, slim_conv
 from hetfl.models.norms import NormFactory
 from hetfl.models.scalable import ARCHITECTURES, Architecture, SpecError
 from hetfl.models.slim import SlimDepthwiseConv2d, SlimLinear, channels
@@ -63,21 +63,6 @@ STRIDES = {
     "imagenet": (2, tuple(s for *_, s in STAGES)),
     "small": (1, (1, 1, 2, 2, 1, 2, 1)),
 }
-
-
-class ConvNormReLU6(nn.Module):
-    """conv (k x k, bias-free) -> norm -> ReLU6, width-aware: the stem and the last 1x1
-    convolution."""
-
-    def __init__(
-        self, cin: int, base_out: int, ratio: float, norm: NormFactory, kernel: int, stride: int
-    ) -> None:
-        super().__init__()
-        self.conv = slim_conv(cin, base_out, ratio, kernel, stride)
-        self.norm = norm(base_out, ratio)
-
-    def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        return F.relu6(self.norm(self.conv(x, width), width))
 
 
 class InvertedResidual(nn.Module):
@@ -101,9 +86,9 @@ class InvertedResidual(nn.Module):
         super().__init__()
         base_hidden = base_in * expansion
         hidden = channels(ratio, base_hidden)
-        self.expand: ConvNormReLU6 | None = None
+        self.expand: ConvNormAct | None = None
         if expansion != 1:
-            self.expand = ConvNormReLU6(cin, base_hidden, ratio, norm, 1, 1)
+            self.expand = ConvNormAct(cin, base_hidden, ratio, norm, 1, 1, F.relu6)
         self.depthwise = SlimDepthwiseConv2d(hidden, 3, base=base_hidden, stride=stride, padding=1)
         self.norm1 = norm(base_hidden, ratio)
         self.project = slim_conv(hidden, base_out, ratio, 1, 1)
@@ -130,7 +115,9 @@ class MobileNetV2(nn.Module):
         super().__init__()
         widths = spec["widths"]
         stem_stride, strides = STRIDES[spec["stem"]]
-        self.stem = ConvNormReLU6(spec["input_shape"][0], STEM, widths[0], norm, 3, stem_stride)
+        self.stem = ConvNormAct(
+            spec["input_shape"][0], STEM, widths[0], norm, 3, stem_stride, F.relu6
+        )
         self.stages = nn.ModuleList()
         c, base_in = channels(widths[0], STEM), STEM
         for i in range(spec["stages"]):
@@ -142,7 +129,7 @@ class MobileNetV2(nn.Module):
                 c, base_in = channels(widths[i], base_out), base_out
             self.stages.append(blocks)
         last = spec["stages"] - 1
-        self.last = ConvNormReLU6(c, LAST, widths[last], norm, 1, 1)
+        self.last = ConvNormAct(c, LAST, widths[last], norm, 1, 1, F.relu6)
         self.head = SlimLinear(channels(widths[last], LAST), spec["num_classes"], base_out=None)
         self.pipeline = (
             ["stem"]

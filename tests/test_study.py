@@ -244,10 +244,11 @@ RELATIVE = STUDY.replace(
 )
 
 
-def _final_records(study, finals: dict[str, list[float]]) -> None:
-    for name, accs in finals.items():
-        for seed, acc in enumerate(accs):
-            row = {"round": 1, "global_acc": acc, "bytes_down": 0, "bytes_up": 0, "macs": 0}
+def _final_records(study, finals: dict[str, list[float]], metric: str = "global_acc") -> None:
+    """One-round records of `metric` (by method, one value per seed) in the study's folder."""
+    for name, values in finals.items():
+        for seed, value in enumerate(values):
+            row = {"round": 1, metric: value, "bytes_down": 0, "bytes_up": 0, "macs": 0}
             point = study.records_dir / f"{name}-s{seed}"
             point.mkdir(parents=True)
             (point / "metrics.jsonl").write_text(json.dumps(row) + "\n")
@@ -303,13 +304,8 @@ def test_a_perplexity_claim_reads_the_log_ratio_lower_being_better(tmp_path):
     text = STUDY.replace("primary: {metric: global_acc, at: final}",
                          "primary: {metric: local_ppl, at: final}")  # fmt: skip
     study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
-    for name, ppls in {"fedprox": [10.0, 20.0, 40.0], "fedavg": [12.0, 22.0, 44.0]}.items():
-        for seed, ppl in enumerate(ppls):
-            row = {"round": 1, "local_ppl": ppl, "bytes_down": 0, "bytes_up": 0, "macs": 0}
-            point = study.records_dir / f"{name}-s{seed}"
-            point.mkdir(parents=True)
-            (point / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-            (point / "summary.json").write_text(json.dumps({"seed": seed, "final": row}))
+    ppls = {"fedprox": [10.0, 20.0, 40.0], "fedavg": [12.0, 22.0, 44.0]}
+    _final_records(study, ppls, metric="local_ppl")
     (line,) = verdict_lines(study)
     assert line == (
         "tiny, fedprox vs fedavg (A no worse than B by more than 5 log points "

@@ -25,6 +25,7 @@ from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_maliciou
 from hetfl.attacks.poisoning import NamesClasses, check_named_classes
 from hetfl.attacks.trigger import AttackSuccess, PlantsTrigger, Trigger
 from hetfl.config import ConfigError, RunConfig
+from hetfl.core.client.detection_scoring import scored_with
 from hetfl.core.client.program import Programs, Wrapper
 from hetfl.core.kinds import Chosen
 from hetfl.core.probe import Probe
@@ -217,6 +218,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
             classes = [fed.dataset.num_classes, *(c.num_classes for c in fed.clients)]
             check_named_classes(attack, classes, dataset=fed.dataset.name)
         wrappers.append(OnlyMalicious(attack, malicious))
+    recipe = scored_with(recipe, cfg.eval.map_interpolation)
     programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
         rounds=cfg.train.rounds,

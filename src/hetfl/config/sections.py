@@ -576,6 +576,12 @@ class EvalConfig(_Strict):
         description="refuse, at set-up, a method that scores no global model on the global "
         "test set (private layers only, or FedGKT's scoring on its clients' own splits)",
     )
+    map_interpolation: Literal["all-point", "11-point"] = Field(
+        "all-point",
+        description="a detector's AP@0.5 (local_map, global_map): all-point, the area under "
+        "the precision envelope (PASCAL VOC 2010 onward), or 11-point, its mean at recall "
+        "0, 0.1, ..., 1 (VOC 2007)",
+    )
 
     @model_validator(mode="after")
     def _stats_pass_needs_local_evaluation(self) -> EvalConfig:
@@ -603,9 +609,12 @@ class TargetConfig(_Strict):
         "global_ppl",
         "local_ppl",
         "local_ppl_trained",
+        "global_map",
+        "local_map",
     ] = Field(description="the metrics.jsonl key watched")
     value: float = Field(
-        description="reached when accuracy is at least, or a loss or perplexity at most, this"
+        description="reached when an accuracy or mAP is at least, or a loss or perplexity at "
+        "most, this"
     )
 
 

@@ -1,0 +1,94 @@
+"""Detection runs end to end: a detector's clients scored by mAP on their local splits,
+reported as `local_map` and per group (issue 53)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetfl.algorithms import ALGORITHMS
+from hetfl.core.client.detection_scoring import DetectionScoring, evaluate_detector, scored_with
+from hetfl.core.client.program import Programs
+from hetfl.core.model_cache import ModelCache
+from hetfl.core.rng import torch_generator
+from hetfl.core.training import LocalTraining
+from hetfl.core.types import EvalTask
+from hetfl.data.detection_views import DetectionGroup, detection_clients
+from hetfl.data.synthetic_detection import synthetic_detection
+from hetfl.engine.steps import Counters, GlobalScores, RoundOutcome, metrics_row
+from hetfl.models import ScalableFamily
+from hetfl.models.ssd import default_boxes
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _family() -> ScalableFamily:
+    return ScalableFamily(
+        {
+            "family": "ssd-stage-cnn",
+            "input_shape": (3, 32, 32),
+            "num_classes": 4,
+            "stages": 3,
+            "heads": 2,
+        }
+    )
+
+
+def test_a_detector_client_is_scored_by_map_on_its_whole_split():
+    """`ClientProgram.evaluate` with ScalableFL's detector recipe answers (mAP x count,
+    summed SSD loss, count), the mAP over the client's whole local test split, each
+    interpolation as `eval.map_interpolation` sets it."""
+    data = synthetic_detection(n_train=16, n_test=24, num_classes=4, side=32, seed=3)
+    (client,) = detection_clients(data, [DetectionGroup(32, 4, 1)], seed=0)
+    family = _family()
+    train = LocalTraining(lr=0.02, steps=1, batch_size=8)
+    strategy, recipe = ALGORITHMS.get("scalablefl").build(
+        family, {"base_size": 4, "base_classes": 4}, clients_per_round=1, train=train
+    )
+    assert isinstance(recipe.scoring, DetectionScoring)
+    info = client.info()
+    state = strategy.setup([info], torch_generator(0, 0, -1, "init"), rounds=1)
+    (task,) = strategy.plan(1, state, [info], torch_generator(0, 1, -1, "sample"))
+    evaluation = EvalTask(0, task.spec, task.payload, task.index_map)
+    cache = ModelCache(family)
+    for interpolation in ("all-point", "11-point"):
+        programs = Programs(family, scored_with(recipe, interpolation), seed=0)
+        score, loss_sum, n = programs.program_for(0).evaluate(evaluation, client, {}, cache)
+        model = cache.model_for(task.spec)  # as loaded by the evaluation
+        expected = evaluate_detector(
+            model,
+            client.x_test,
+            client.y_test,
+            recipe.forward,
+            default_boxes(task.spec),
+            4,
+            pixels=client.pixels,
+            interpolation=interpolation,
+        )
+        assert expected[0] is not None and n == expected[2] == client.x_test.shape[0]
+        assert score / n == pytest.approx(expected[0]) and loss_sum == pytest.approx(expected[1])
+
+
+def test_a_detection_row_names_its_maps_and_leaves_the_accuracies_null():
+    """The scores a detection round gives in accuracy's place: the mean over clients is
+    `local_map`, a group's entry is its `map`."""
+    groups = {"group=16px-2cls": {"acc": 0.25, "n": 2}, "group=32px-4cls": {"acc": 0.5, "n": 1}}
+    scores = GlobalScores(groups=groups)
+    row = metrics_row(1, RoundOutcome(), scores, 1 / 3, Counters(), detection=True)
+    assert row["local_map"] == pytest.approx(1 / 3) and row["global_map"] is None
+    assert row["local_acc"] is None and row["global_acc"] is None
+    assert row["groups"] == {
+        "group=16px-2cls": {"map": 0.25, "n": 2},
+        "group=32px-4cls": {"map": 0.5, "n": 1},
+    }
+    plain = metrics_row(1, RoundOutcome(), GlobalScores(groups=groups), 0.5, Counters())
+    assert plain["local_acc"] == 0.5 and plain["local_map"] is None
+
+
+def test_a_recipe_scored_otherwise_keeps_its_scoring():
+    recipe = ALGORITHMS.get("fedavg").build(
+        ScalableFamily({"family": "stage-cnn", "input_shape": (3, 16, 16), "num_classes": 2}),
+        {},
+        clients_per_round=1,
+        train=LocalTraining(),
+    )[1]
+    assert scored_with(recipe, "11-point") is recipe and recipe.scoring is None

@@ -3,15 +3,23 @@ reported as `local_map` and per group (issue 53)."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 
+from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
+from hetfl.assembly import build_parts
+from hetfl.config import ConfigError, set_dotted, validate
 from hetfl.core.client.detection_scoring import DetectionScoring, evaluate_detector, scored_with
 from hetfl.core.client.program import Programs
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import EvalTask
+from hetfl.data.detection_sources import DETECTION_DATASETS
 from hetfl.data.detection_views import DetectionGroup, detection_clients
 from hetfl.data.synthetic_detection import synthetic_detection
 from hetfl.engine.steps import Counters, GlobalScores, RoundOutcome, metrics_row
@@ -37,7 +45,7 @@ def test_a_detector_client_is_scored_by_map_on_its_whole_split():
     """`ClientProgram.evaluate` with ScalableFL's detector recipe answers (mAP x count,
     summed SSD loss, count), the mAP over the client's whole local test split, each
     interpolation as `eval.map_interpolation` sets it."""
-    data = synthetic_detection(n_train=16, n_test=24, num_classes=4, side=32, seed=3)
+    data = synthetic_detection(n_train=16, n_test=8, num_classes=4, side=32, seed=3)
     (client,) = detection_clients(data, [DetectionGroup(32, 4, 1)], seed=0)
     family = _family()
     train = LocalTraining(lr=0.02, steps=1, batch_size=8)
@@ -92,3 +100,76 @@ def test_a_recipe_scored_otherwise_keeps_its_scoring():
         train=LocalTraining(),
     )[1]
     assert scored_with(recipe, "11-point") is recipe and recipe.scoring is None
+
+
+# -- the config path ------------------------------------------------------------------------
+#: A short ScalableFL detection run: two 16 px, 2-class clients and one 32 px, 3-class one.
+DETECTION: dict[str, Any] = {
+    "seed": 0,
+    "device": "cpu",
+    "threads": 1,
+    "checkpoint_every": 1,
+    "algorithm": "scalablefl",
+    "options": {"scalablefl": {"base_size": 4, "base_classes": 3}},
+    "data": {
+        "dataset": "synthetic-detection",
+        "groups": [
+            {"size": 16, "classes": 2, "clients": 2, "samples": 24},
+            {"size": 32, "classes": 3, "clients": 1, "samples": 24},
+        ],
+        "test_per_client": 12,
+    },
+    "model": {"name": "ssd-stage-cnn", "stages": 3},
+    "train": {"rounds": 2, "clients_per_round": 3, "local_steps": 4, "batch_size": 8, "lr": 0.02},
+    "eval": {"local_eval": "all"},
+}
+
+
+def _with(dotted: Mapping[str, Any]) -> dict[str, Any]:
+    raw = copy.deepcopy(DETECTION)
+    for key, value in dotted.items():
+        set_dotted(raw, key, value)
+    return raw
+
+
+def test_a_detection_config_builds_its_groups_of_clients(tmp_path):
+    """`data.dataset: synthetic-detection` with `data.groups` gives each group's clients
+    images at its side, objects of its first K classes only, from IID shares of
+    `samples` x clients training and `test_per_client` x clients test scenes."""
+    parts = build_parts(validate(DETECTION), show_progress=False)
+    clients = sorted(parts.clients, key=lambda c: c.cid)
+    assert [tuple(c.x_train.shape[1:]) for c in clients] == [(3, 16, 16)] * 2 + [(3, 32, 32)]
+    assert [c.num_classes for c in clients] == [2, 2, 3]
+    for c in clients:
+        labels = c.y_train[..., 0]
+        assert int(labels.max()) == c.num_classes - 1 and bool((labels >= -1).all())
+        # scenes without an object of the group's classes are left out
+        assert c.y_train.shape[0] <= 24 and c.y_test.shape[0] <= 12
+    scoring = parts.programs.recipe.scoring
+    assert isinstance(scoring, DetectionScoring) and scoring.interpolation == "all-point"
+    voc2007 = build_parts(
+        validate(_with({"eval.map_interpolation": "11-point"})), show_progress=False
+    )
+    assert voc2007.programs.recipe.scoring.interpolation == "11-point"
+
+
+def test_the_catalogue_names_the_detection_sets():
+    assert sorted(catalogue.DETECTION_DATASETS) == DETECTION_DATASETS.names()
+
+
+@pytest.mark.parametrize(
+    ("dotted", "message"),
+    [
+        ({"data.dataset": "digits", "data.groups": None}, "is an object detector"),
+        ({"model.name": "stage-cnn"}, "is not a detector"),
+        ({"algorithm": "fedavg", "options": {}}, "does not train a detector"),
+        ({"data.groups": [{"clients": 2, "size": 16}]}, "image side and class count"),
+        ({"data.validation": 0.2}, "leave validation out"),
+        ({"data.partition": {"kind": "dirichlet", "alpha": 0.5}}, "leave partition out"),
+        ({"eval.local_trained": True}, "local test splits only"),
+        ({"eval.map_interpolation": "10-point"}, "map_interpolation"),
+    ],
+)
+def test_bad_detection_settings_are_refused(dotted, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(_with(dotted))

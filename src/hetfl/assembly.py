@@ -33,6 +33,9 @@ from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.server.assign import LargestClaims
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
+from hetfl.data.detection import DetectionSet
+from hetfl.data.detection_sources import DETECTION_DATASETS, DetectionNeeds
+from hetfl.data.detection_views import DetectionGroup, detection_clients
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import draw_views
 from hetfl.engine.device import make_deterministic, resolve_device
@@ -67,7 +70,7 @@ def load_dataset(cfg: RunConfig) -> Dataset:
 
 @dataclass
 class Federation:
-    dataset: Dataset
+    dataset: Dataset | DetectionSet
     clients: list[ClientData]
     test: tuple[torch.Tensor, torch.Tensor]
 
@@ -92,7 +95,34 @@ def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     )
 
 
+def detection_federation(cfg: RunConfig, device: torch.device) -> Federation:
+    """A detection set's clients in their declared groups (`data.groups`: side, classes,
+    clients; `hetfl.data.detection_views`); the global test pair is the set's own test
+    images and targets (ScalableFL, the one method that trains a detector here, scores no
+    global model)."""
+    groups = tuple(
+        DetectionGroup(int(g.size or 0), int(g.classes or 0), g.clients)
+        for g in cfg.data.groups or []
+    )
+    needs = DetectionNeeds(
+        groups,
+        cfg.data.groups[0].samples if cfg.data.groups else None,
+        cfg.data.test_per_client,
+        cfg.data.path,
+        cfg.seed,
+    )
+    dataset = DETECTION_DATASETS.get(cfg.data.dataset)(needs)
+    clients = detection_clients(dataset, groups, cfg.seed, device)
+    test = (
+        torch.from_numpy(dataset.x_test).to(device),
+        torch.from_numpy(dataset.targets_test).to(device),
+    )
+    return Federation(dataset, clients, test)
+
+
 def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
+    if cfg.data.detection:
+        return detection_federation(cfg, device)
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
     groups = cfg.data.view_groups()

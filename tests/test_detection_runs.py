@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from golden.harness import BY_NAME
 from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import build_parts
@@ -107,26 +108,9 @@ def test_a_recipe_scored_otherwise_keeps_its_scoring():
 
 
 # -- the config path ------------------------------------------------------------------------
-#: A short ScalableFL detection run: two 16 px, 2-class clients and one 32 px, 3-class one.
-DETECTION: dict[str, Any] = {
-    "seed": 0,
-    "device": "cpu",
-    "threads": 1,
-    "checkpoint_every": 1,
-    "algorithm": "scalablefl",
-    "options": {"scalablefl": {"base_size": 4, "base_classes": 3}},
-    "data": {
-        "dataset": "synthetic-detection",
-        "groups": [
-            {"size": 16, "classes": 2, "clients": 2, "samples": 24},
-            {"size": 32, "classes": 3, "clients": 1, "samples": 24},
-        ],
-        "test_per_client": 12,
-    },
-    "model": {"name": "ssd-stage-cnn", "stages": 3},
-    "train": {"rounds": 2, "clients_per_round": 3, "local_steps": 4, "batch_size": 8, "lr": 0.02},
-    "eval": {"local_eval": "all"},
-}
+#: The golden scenario's short ScalableFL detection run: two 16 px, 2-class clients and
+#: one 32 px, 3-class one.
+DETECTION = BY_NAME["scalablefl-detection"].config
 
 
 def _with(dotted: Mapping[str, Any]) -> dict[str, Any]:

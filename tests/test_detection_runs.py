@@ -4,6 +4,7 @@ reported as `local_map` and per group (issue 53)."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,12 @@ from hetfl.core.types import EvalTask
 from hetfl.data.detection_sources import DETECTION_DATASETS
 from hetfl.data.detection_views import DetectionGroup, detection_clients
 from hetfl.data.synthetic_detection import synthetic_detection
-from hetfl.engine.outputs import read_metrics
+from hetfl.engine.outputs import ROW_KEYS, read_metrics
 from hetfl.engine.steps import Counters, GlobalScores, RoundOutcome, metrics_row
 from hetfl.models import ScalableFamily
 from hetfl.models.ssd import default_boxes
+from hetfl.paired import paired_differences
+from hetfl.report import comparison_rows, find_runs
 from hetfl.runner import build_simulation
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -182,6 +185,11 @@ def test_a_short_detection_run_learns_and_resumes_as_it_ran(tmp_path):
     assert set(last["groups"]) == {"group=16px-2cls", "group=32px-3cls"}
     for group, entry in last["groups"].items():
         assert entry["map"] > first["groups"][group]["map"], group
+    shown = comparison_rows(find_runs([tmp_path / "whole"]))[0]  # `hetfl compare`'s row
+    assert shown["final local_map"].startswith(f"{last['local_map']:.4f}")
+    assert shown["final group=32px-3cls"].startswith(
+        f"{last['groups']['group=32px-3cls']['map']:.4f}"
+    )
     part = _with({**longer, "train.rounds": 2})
     build_simulation(validate(part), tmp_path / "part", show_progress=False).run()
     resumed = build_simulation(validate(_with(longer)), tmp_path / "part", show_progress=False)
@@ -190,3 +198,24 @@ def test_a_short_detection_run_learns_and_resumes_as_it_ran(tmp_path):
         assert torch.equal(v, resumed.state[k]), k
     for name in ("metrics.jsonl", "clients.jsonl"):
         assert _rows(tmp_path / "whole", name) == _rows(tmp_path / "part", name)
+
+
+def test_a_paired_comparison_reads_local_map_and_each_groups_map(tmp_path):
+    """ScalableFL - individual over seeds 0-2 on local_map: d = 0.02, 0.04, 0.03, mean 3
+    points; on the 16 px group's map (ScalableFL's 0.1 higher still): d = 0.12, 0.14, 0.13,
+    mean 13 points."""
+    for method, maps in (("scalablefl", (0.30, 0.32, 0.31)), ("individual", (0.28, 0.28, 0.28))):
+        for seed, value in enumerate(maps):
+            row = dict.fromkeys(ROW_KEYS)
+            group = value + (0.1 if method == "scalablefl" else 0.0)
+            row.update(round=1, local_map=value, groups={"group=16px-2cls": {"map": group}})
+            path = tmp_path / f"{method}-s{seed}"
+            path.mkdir()
+            (path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+            (path / "summary.json").write_text(json.dumps({"seed": seed, "final": row}))
+    found = {
+        d.metric: d for d in paired_differences(find_runs([tmp_path]), "scalablefl", "individual")
+    }
+    assert set(found) == {"local_map", "group=16px-2cls"}
+    assert found["local_map"].mean == pytest.approx(0.03) and found["local_map"].n == 3
+    assert found["group=16px-2cls"].mean == pytest.approx(0.13)

@@ -158,6 +158,7 @@ def test_the_catalogue_names_the_detection_sets():
         ({"data.validation": 0.2}, "leave validation out"),
         ({"data.partition": {"kind": "dirichlet", "alpha": 0.5}}, "leave partition out"),
         ({"eval.local_trained": True}, "local test splits only"),
+        ({"data.groups": [{"clients": 3, "size": 16, "classes": 2}]}, "draws its scenes"),
         ({"eval.map_interpolation": "10-point"}, "map_interpolation"),
     ],
 )

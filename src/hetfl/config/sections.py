@@ -19,7 +19,7 @@ from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASET_SPLITS, DATASETS, OWNED_DATASETS, PARTITIONERS
-from hetfl.data.detection_sources import DETECTION_DATASETS
+from hetfl.data.detection_sources import DETECTION_DATASETS, check_samples
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.partition import Deal
 from hetfl.data.views import ViewGroup
@@ -247,6 +247,7 @@ class DataConfig(_Strict):
             )
         if len({g.samples for g in self.groups}) > 1:
             raise ValueError(f"{where}: give every group the same samples (or none)")
+        check_samples(self.dataset, self.groups[0].samples)
         return self
 
     @model_validator(mode="after")

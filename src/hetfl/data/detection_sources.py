@@ -42,17 +42,29 @@ class DetectionNeeds:
 
 
 DETECTION_DATASETS = Registry[Callable[[DetectionNeeds], DetectionSet]]("detection dataset")
+#: The sets drawn to size, which need `samples`; the others are dealt whole and refuse it.
+DRAWN = ("synthetic-detection",)
+
+
+def check_samples(name: str, samples: int | None) -> None:
+    """ValueError unless `samples` is given exactly for a set drawn to size (`DRAWN`)."""
+    if name in DRAWN and samples is None:
+        raise ValueError(
+            f"{name} draws its scenes: give each group its training scenes per client, "
+            "data.groups[].samples"
+        )
+    if name not in DRAWN and samples is not None:
+        raise ValueError(
+            f"{name} deals its whole training set to the clients: leave data.groups[].samples out"
+        )
 
 
 @DETECTION_DATASETS.decorator("synthetic-detection")
 def _synthetic(needs: DetectionNeeds) -> DetectionSet:
     """Scenes at the largest group side, of as many classes as the widest group detects,
     `samples` training and `test_per_client` test scenes per client (the run's seed)."""
-    if needs.samples is None:
-        raise ValueError(
-            "synthetic-detection draws its scenes: give each group its training scenes per "
-            "client, data.groups[].samples"
-        )
+    check_samples("synthetic-detection", needs.samples)
+    assert needs.samples is not None
     return synthetic_detection(
         n_train=needs.samples * needs.clients,
         n_test=needs.test_per_client * needs.clients,
@@ -65,8 +77,5 @@ def _synthetic(needs: DetectionNeeds) -> DetectionSet:
 @DETECTION_DATASETS.decorator("voc2007")
 def _voc2007(needs: DetectionNeeds) -> DetectionSet:
     """VOC 2007 trainval/test at the largest group side, dealt whole to the clients."""
-    if needs.samples is not None:
-        raise ValueError(
-            "voc2007 deals its whole trainval set to the clients: leave data.groups[].samples out"
-        )
+    check_samples("voc2007", needs.samples)
     return load_voc(needs.path, "2007", side=needs.side)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from golden.harness import BY_NAME
-from hetfl import catalogue
 from hetfl.algorithms import ALGORITHMS
 from hetfl.assembly import build_parts
 from hetfl.config import ConfigError, set_dotted, validate
@@ -23,7 +22,6 @@ from hetfl.core.model_cache import ModelCache
 from hetfl.core.rng import torch_generator
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import EvalTask
-from hetfl.data.detection_sources import DETECTION_DATASETS
 from hetfl.data.detection_views import DetectionGroup, detection_clients
 from hetfl.data.synthetic_detection import synthetic_detection
 from hetfl.engine.outputs import ROW_KEYS, read_metrics
@@ -142,10 +140,6 @@ def test_a_detection_config_builds_its_groups_of_clients(tmp_path):
         validate(_with({"eval.map_interpolation": "11-point"})), show_progress=False
     )
     assert voc2007.programs.recipe.scoring.interpolation == "11-point"
-
-
-def test_the_catalogue_names_the_detection_sets():
-    assert sorted(catalogue.DETECTION_DATASETS) == DETECTION_DATASETS.names()
 
 
 @pytest.mark.parametrize(

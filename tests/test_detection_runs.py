@@ -181,6 +181,7 @@ def test_a_short_detection_run_learns_and_resumes_as_it_ran(tmp_path):
     for group, entry in last["groups"].items():
         assert entry["map"] > first["groups"][group]["map"], group
     shown = comparison_rows(find_runs([tmp_path / "whole"]))[0]  # `hetfl compare`'s row
+    assert "local_map client sd group=32px-3cls" in shown and "local_acc client sd" not in shown
     assert shown["final local_map"].startswith(f"{last['local_map']:.4f}")
     assert shown["final group=32px-3cls"].startswith(
         f"{last['groups']['group=32px-3cls']['map']:.4f}"

@@ -113,7 +113,10 @@ def final_spreads(clients: Sequence[Mapping[str, Any]]) -> dict[str | None, Spre
 
 def _spread_columns(members: Sequence[RunRecord]) -> dict[str, str]:
     """`local_acc worst 10%` and `local_acc client sd` of each run's final evaluated round
-    (mean ± sd over seeds), for all clients, then per local-evaluation group."""
+    (mean ± sd over seeds), for all clients, then per local-evaluation group; named
+    `local_map` for detection runs, whose trace holds each client's mAP there."""
+    finals = [m.summary.get("final") or {} for m in members]
+    score = "local_map" if all(f.get("local_map") is not None for f in finals) else "local_acc"
     spreads = [final_spreads(m.clients) for m in members]
     groups = sorted({g for s in spreads for g in s if g is not None}, reverse=True)
     columns = {}
@@ -122,8 +125,8 @@ def _spread_columns(members: Sequence[RunRecord]) -> dict[str, str]:
         picked = [s.get(g) for s in spreads]
         worst = [None if p is None else p.worst_decile for p in picked]
         sds = [None if p is None else p.sd for p in picked]
-        columns[f"local_acc worst 10%{suffix}"] = _fmt(worst)
-        columns[f"local_acc client sd{suffix}"] = _fmt(sds)
+        columns[f"{score} worst 10%{suffix}"] = _fmt(worst)
+        columns[f"{score} client sd{suffix}"] = _fmt(sds)
     return columns
 
 

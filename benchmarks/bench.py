@@ -11,7 +11,11 @@ cores give when the work is split by hand). On A, HetFL also runs with its Ray e
 where Ray is not installed). Also on A, with Ray: side `flower`, the floor written as a
 Flower app and run on Flower's simulation engine (`bench_flower_sim`, Ray backend, one
 actor of one CPU per core), what researchers use today: `A ratio flower/processes: X.XX`
-beside the Ray line (no target: it is the reference, not ours).
+beside the Ray line (no target: it is the reference, not ours). Also on A, where an
+interpreter with pfl-research is given (`--pfl-python`, or `$HETFL_PFL_PYTHON`): side `pfl`,
+the floor written for pfl-research's simulator and run as pfl runs on several cores
+(`bench_pfl_sim`: `torchrun`, `--workers` processes of one thread): `A ratio pfl/processes:
+X.XX` (the reference, no target). pfl-research cannot express H (benchmarks/README.md).
 
 Measured per side (`bench_side`, `bench_proc`): per-round times (metrics row to metrics row),
 the total from before the data is loaded, the peak summed PSS of its process tree (sampled
@@ -24,7 +28,9 @@ Then start-up times of the `hetfl` command (`bench_startup`).
 Output, two lines per workload: `A ratio hetfl/floor: X.XX  target <= 0.60: met` and
 `A ratio hetfl/floor2: X.XX  target <= 1.03: met`, the median over repetitions of the
 median per-round time ratio; with the total-time ratios on A (against floor and floor2)
-and the peak-memory ratios, each next to its target.
+and the peak-memory ratios, each next to its target; per workload also `X round-1 ratio
+hetfl/floor2: X.XX  target <= 1.10` (round 1 alone: a start-up that leaks into it shows
+there) and `X peak PSS hetfl/floor: X.XX  target <= 1.50`.
 
 `--baseline DIR` adds a side `base`: HetFL of another checkout (DIR, e.g. a `git worktree`
 of an older commit) through that checkout's own `bench.py --side hetfl`, interleaved with
@@ -37,7 +43,7 @@ lines: the test suite runs it so the benchmark cannot rot; its times mean nothin
 
 Usage: python benchmarks/bench.py [--workload A,B,H] [--reps 3] [--rounds N] [--quick]
        [--smoke] [--baseline DIR] [--executor processes|sequential] [--workers 2]
-       [--no-startup] [--no-ray]
+       [--no-startup] [--no-ray] [--pfl-python PATH]
        python benchmarks/bench.py --workload A --side hetfl --profile /tmp/h.prof
 """
 
@@ -61,6 +67,7 @@ from bench_workloads import (
     FLOOR2_TARGET,
     MEMORY_TARGET,
     RAY_TARGET,
+    ROUND1_TARGET,
     THREADS,
     TOTAL_TARGET_A,
     TOTAL_TARGET_A_FLOOR2,
@@ -83,6 +90,8 @@ SIDES = ("hetfl", "floor", "floor2")
 RAY = "ray"
 #: The side that runs the floor as a Flower app on Flower's simulation engine, on A.
 FLOWER = "flower"
+#: The side that runs the floor on pfl-research's simulator (`--pfl-python`), on A.
+PFL = "pfl"
 #: The side that runs HetFL from another checkout (`--baseline DIR`).
 BASE = "base"
 
@@ -127,13 +136,24 @@ def run_side(
         tree = Path(args.baseline).resolve()
         script = tree / "benchmarks" / "bench.py"
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    files = ["--out", str(out), "--weights", str(weights), "--workdir", str(workdir)]
+    smoke = ["--smoke"] if args.smoke else []
     cmd = [
         sys.executable, str(script),
         "--side", "hetfl" if side == BASE else side, "--workload", w.name, "--rounds", str(rounds),
-        "--executor", args.executor, "--workers", str(args.workers),
-        "--out", str(out), "--weights", str(weights), "--workdir", str(workdir),
-        *(["--smoke"] if args.smoke else []),
+        "--executor", args.executor, "--workers", str(args.workers), *files, *smoke,
     ]  # fmt: skip
+    if side == PFL:  # pfl's own launch: torchrun, one process per worker, in pfl's interpreter
+        src = str(script.parents[1] / "src")
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH")))),
+        }
+        cmd = [
+            args.pfl_python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(args.workers), str(script.with_name("bench_pfl_sim.py")),
+            "--workload", w.name, "--rounds", str(rounds), *files, *smoke,
+        ]  # fmt: skip
     window = CpuWindow()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -169,6 +189,7 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
     rounds = args.rounds or (w.quick_rounds if args.quick else w.rounds)
     sides = (*SIDES, BASE) if args.baseline else SIDES
     sides = (*sides, RAY, FLOWER) if ray_side(w, args) else sides
+    sides = (*sides, PFL) if pfl_side(w, args) else sides
     print(f"\n== {w.describe(rounds)}", flush=True)
     reps: list[dict[str, Any]] = []
     for rep in range(args.reps):
@@ -180,6 +201,7 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
             "order": "/".join(order),
             "round_ratio": round_ratio(h["round_s"], f["round_s"]),
             "round_ratio_floor2": round_ratio(h["round_s"], res["floor2"]["round_s"]),
+            "round1_ratio_floor2": h["round_s"][0] / res["floor2"]["round_s"][0],
             "total_ratio": h["total_s"] / f["total_s"],
             "delta": {s: max_abs_delta(h["weights"], res[s]["weights"]) for s in sides[1:]},
             **(
@@ -188,6 +210,11 @@ def run_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict[str, 
                     "flower_ratio": round_ratio(res[FLOWER]["round_s"], h["round_s"]),
                 }
                 if RAY in sides
+                else {}
+            ),
+            **(
+                {"pfl_ratio": round_ratio(res[PFL]["round_s"], h["round_s"])}
+                if PFL in sides
                 else {}
             ),
         }
@@ -226,9 +253,21 @@ def ray_side(w: Workload, args: argparse.Namespace) -> bool:
     return True
 
 
+def pfl_side(w: Workload, args: argparse.Namespace) -> bool:
+    """Whether workload `w` gets the pfl side: on A, against the process executor, where an
+    interpreter with pfl-research is given (it lives in its own environment: its pins are
+    not HetFL's, benchmarks/README.md)."""
+    if w.name != "A" or args.executor != "processes":
+        return False
+    if not args.pfl_python:
+        print("(no pfl side: give --pfl-python or set HETFL_PFL_PYTHON, see benchmarks/README.md)")
+        return False
+    return True
+
+
 def side_threads(side: str, executor: str) -> int:
     """The intra-op threads a side trains with."""
-    if side in (RAY, FLOWER):
+    if side in (RAY, FLOWER, PFL):
         return 1
     if side in ("hetfl", BASE):
         return 1 if executor == "processes" else THREADS
@@ -239,7 +278,7 @@ def tolerance(side: str, executor: str) -> float:
     """How far a side's final weights may be from HetFL's. Flower's FedAvg averages in
     float32 (HetFL and the floors sum in float64): rounding of the same order as another
     thread count's, which the next round's 94 steps per client amplify (1.6e-4 on A)."""
-    if side == FLOWER:
+    if side in (FLOWER, PFL):  # both average in float32
         return ACROSS_THREADS
     same = side_threads(side, executor) == side_threads("hetfl", executor)
     return TOLERANCE if same else ACROSS_THREADS
@@ -279,6 +318,14 @@ def summarise(
             print(f"{s} accuracy by width (last rep): {reps[-1][s]['widths']}")
     mem = {s: statistics.median(r[s]["peak_pss_mib"] for r in reps) for s in sides}
     memory_ratio = mem["hetfl"] / mem["floor"]
+    round1 = statistics.median(r["round1_ratio_floor2"] for r in reps)
+    print(
+        f"{w.name} round 1 (median over reps): "
+        + ", ".join(
+            f"{s} {statistics.median(r[s]['round_s'][0] for r in reps):.2f} s" for s in sides
+        )
+        + f"; hetfl/floor2 {round1:.2f}  {verdict(round1, ROUND1_TARGET)}"
+    )
     print(
         f"{w.name} peak PSS of the process tree (median over reps): "
         + ", ".join(f"{s} {m:.0f} MiB" for s, m in mem.items())
@@ -316,6 +363,9 @@ def summarise(
     return {
         "ratio": ratio,
         "ratio_floor2": ratio2,
+        "round1_floor2": round1,
+        "memory": memory_ratio,
+        "pfl_ratio": statistics.median(r["pfl_ratio"] for r in reps) if PFL in sides else None,
         "ray_ratio": ray,
         "flower_ratio": flower,
         "differ": differ,
@@ -348,9 +398,16 @@ def driver(args: argparse.Namespace) -> None:
     for name, r in results.items():
         print(ratio_line(name, r["ratio"], WORKLOADS[name].target))
         print(ratio_line(name, r["ratio_floor2"], FLOOR2_TARGET, versus="floor2"))
+        print(f"{name} round-1 ratio hetfl/floor2: {r['round1_floor2']:.2f}  "
+              + verdict(r["round1_floor2"], ROUND1_TARGET))  # fmt: skip
+        print(
+            f"{name} peak PSS hetfl/floor: {r['memory']:.2f}  {verdict(r['memory'], MEMORY_TARGET)}"
+        )
         if r["ray_ratio"] is not None:
             print(ratio_line(name, r["ray_ratio"], RAY_TARGET, versus="processes", side=RAY))
             print(f"{name} ratio {FLOWER}/processes: {r['flower_ratio']:.2f}  (the reference)")
+        if r["pfl_ratio"] is not None:
+            print(f"{name} ratio {PFL}/processes: {r['pfl_ratio']:.2f}  (the reference)")
     if args.smoke:
         print("(--smoke: tiny shapes, one repetition; the times and ratios mean nothing)")
     failed = [side for r in results.values() for side in r["differ"]]
@@ -398,6 +455,12 @@ def main(argv: list[str] | None = None) -> None:
         "--no-ray",
         action="store_true",
         help="skip the Ray sides: HetFL's Ray executor and Flower's simulation (on A by default)",
+    )
+    p.add_argument(
+        "--pfl-python",
+        metavar="PATH",
+        default=os.environ.get("HETFL_PFL_PYTHON"),
+        help="an interpreter with pfl-research installed: adds the pfl side on A",
     )
     p.add_argument(
         "--baseline", metavar="DIR", help="also time HetFL of this other checkout (side 'base')"

@@ -6,6 +6,7 @@ asserts a time: speed is the benchmark's business."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -174,13 +175,26 @@ def test_executor_settings() -> None:
         executor_overrides("processes", 0)
 
 
+def test_the_pfl_side_runs_on_a_only_and_only_with_an_interpreter_that_has_pfl() -> None:
+    from bench import pfl_side
+    from bench_workloads import WORKLOADS
+
+    given = argparse.Namespace(executor="processes", pfl_python="/opt/pfl/bin/python")
+    assert pfl_side(WORKLOADS["A"], given)
+    assert not pfl_side(WORKLOADS["H"], given)  # pfl-research cannot express HeteroFL
+    assert not pfl_side(WORKLOADS["A"], argparse.Namespace(**{**vars(given), "pfl_python": None}))
+    sequential = argparse.Namespace(**{**vars(given), "executor": "sequential"})
+    assert not pfl_side(WORKLOADS["A"], sequential)
+
+
 @pytest.mark.skipif(not fmnist_available(), reason="Fashion-MNIST is not installed")
 def test_the_benchmark_runs_every_workload_and_side_on_a_tiny_shape() -> None:
     """`bench.py --smoke`: each workload's sides run, end with HetFL's weights (the
     benchmark exits non-zero otherwise) and print their ratio lines."""
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
+    env = {k: v for k, v in os.environ.items() if k != "HETFL_PFL_PYTHON"}  # no pfl side
     done = subprocess.run(
-        [sys.executable, str(bench), "--smoke"], capture_output=True, text=True, timeout=None
+        [sys.executable, str(bench), "--smoke"], capture_output=True, text=True, env=env
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
@@ -189,6 +203,8 @@ def test_the_benchmark_runs_every_workload_and_side_on_a_tiny_shape() -> None:
         sides = ["floor", "floor2"]
         for versus in sides:
             assert any(line.startswith(f"{name} ratio hetfl/{versus}: ") for line in lines), name
+        for start in (f"{name} round-1 ratio hetfl/floor2: ", f"{name} peak PSS hetfl/floor: "):
+            assert any(line.startswith(start) for line in lines), start
         (weights,) = [line for line in lines if line.startswith(f"{name} final weights")]
         checked = [part.split()[0] for part in weights.split(": ", 1)[1].split("), ")]
         assert checked == sides, weights

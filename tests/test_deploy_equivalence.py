@@ -30,6 +30,8 @@ pytestmark = pytest.mark.flower
         ("fjord", {"levels": [0.25, 0.5, 1.0]}, {"name": "stage-cnn", "stages": 2}),
         # Bases shared across capacities, every other tensor per capacity (declared tensors).
         ("flanc", {"levels": [0.5, 1.0], "lambda_orth": 0.1}, {"name": "composed-cnn"}),
+        # LoRA adapters of two ranks on a frozen base, the product-space SVD on the server.
+        ("flexlora", {"ranks": [2, 4]}, {"name": "mlp"}),
     ],
 )
 def test_one_round_through_ray_equals_the_simulator(tmp_path: Path, algorithm, options, model):

@@ -65,7 +65,7 @@ def _sim(
         costs=settings.pop("costs", None),
         macs=MacCounter(family),
     )
-    program = program or Programs(family, recipe, seed=0)
+    program = program or Programs(strat.family, recipe, seed=0)  # LoRA wraps the family
     return Simulation(
         strategy or strat,
         program,
@@ -541,6 +541,10 @@ def test_every_algorithm_runs_and_resumes(name, synthetic_federation, tmp_path):
         family, cpr = make_family("resnet-cifar", (1, 8, 8), 10, blocks=1), 2
     if name == "fedgkt":  # FedML's 20 server epochs a round are a run's cost, not a resume's
         opts = {"server_epochs": 1}
+    if name in ("hetlora", "flexlora", "flora"):  # LoRA adapters of two ranks on the MLP
+        opts = {"ranks": [2, 4]}
+    if name == "flora":  # every client merges every round's stack: every client every round
+        cpr = len(clients)
     timed = {}
     if ALGORITHMS.get(name).needs_costs:  # DTFL plans from simulated times and cut costs
         system = SystemSettings(dtfl_profiles())

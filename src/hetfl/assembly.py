@@ -83,16 +83,27 @@ class Federation:
 
 def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     """Each client's training indices, drawn from the run's own partition generator; the
-    dataset's owners (`train_groups`) go to every partitioner, for `natural`."""
+    dataset's owners (`train_groups`) go to every partitioner, for `natural`. With
+    `data.train_samples`, the partitioner deals a uniform subset of that size, drawn first
+    from its own generator, so a Dirichlet split keeps its unequal client sizes at a reduced
+    scale (a per-client `samples` view would cut every client to one size)."""
     partitioner = PARTITIONERS.get(cfg.data.partition.kind)
+    labels, groups, pool = dataset.y_train, dataset.train_groups, None
+    wanted, available = cfg.data.train_samples, dataset.y_train.shape[0]
+    if wanted is not None:
+        if wanted > available:
+            raise ConfigError(
+                f"data.train_samples = {wanted} but {dataset.name} has {available} training "
+                "samples; lower it or leave it out"
+            )
+        draw = numpy_generator(cfg.seed, 0, SERVER, "train-samples")
+        pool = np.sort(draw.choice(available, size=wanted, replace=False))
+        labels, groups = labels[pool], None if groups is None else groups[pool]
     rng = numpy_generator(cfg.seed, 0, SERVER, "partition")
-    return partitioner(
-        dataset.y_train,
-        cfg.data.num_clients,
-        rng,
-        groups=dataset.train_groups,
-        **cfg.data.partition.arguments(),
+    parts = partitioner(
+        labels, cfg.data.num_clients, rng, groups=groups, **cfg.data.partition.arguments()
     )
+    return parts if pool is None else [pool[p] for p in parts]
 
 
 def detection_federation(cfg: RunConfig, device: torch.device) -> Federation:
@@ -189,13 +200,20 @@ def checked_trigger(trigger: Trigger, fed: Federation) -> Trigger:
 
 def _check_scored_targets(cfg: RunConfig, pooled: bool) -> None:
     """A target on the global test set for a method that never scores it (no global model:
-    its clients are scored on their own splits, `pooled_acc`) would silently never be met."""
-    never = [t.metric for t in cfg.targets if pooled and t.metric in ("global_acc", "test_loss")]
+    its clients are scored on their own splits, `pooled_acc`, unless `eval.pooled_global`
+    scores them on the global test set too) would silently never be met."""
+    scored = cfg.eval.pooled_global or cfg.eval.require_global_test
+    never = [
+        t.metric
+        for t in cfg.targets
+        if pooled and not scored and t.metric in ("global_acc", "test_loss")
+    ]
     if never:
         raise ConfigError(
             f"targets: {', '.join(never)} is never reported by {cfg.algorithm}, which has no "
             "global model to score on the global test set; watch pooled_acc (its clients' "
-            "own test splits, pooled) instead"
+            "own test splits, pooled) instead, or set eval.pooled_global: true (each "
+            "client's joined model on the global test set)"
         )
 
 
@@ -249,7 +267,8 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
             check_named_classes(attack, classes, dataset=fed.dataset.name)
         wrappers.append(OnlyMalicious(attack, malicious))
     recipe = scored_with(recipe, cfg.eval.map_interpolation)
-    programs = Programs(family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
+    # The strategy's family: a method may wrap the configured one (LoRA's adapters).
+    programs = Programs(strategy.family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(
         rounds=cfg.train.rounds,
         seed=cfg.seed,
@@ -266,6 +285,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         probes=probes,
         global_stats_pass=cfg.eval.global_stats_pass,
         require_global_test=cfg.eval.require_global_test,
+        pooled_global=cfg.eval.pooled_global,
         config=cfg.to_yaml(),
     )
     info = {

@@ -51,7 +51,18 @@ ALGORITHMS: dict[str, str] = {
         "FlexiFed (Wang et al. 2023): depth-only architectures, Max-Common layers averaged "
         "per shared prefix"
     ),
+    "flexlora": (
+        "FlexLoRA (Bai et al. 2024): LoRA of several ranks, Σ w_k B_k A_k by SVD, each "
+        "client its rank's truncation"
+    ),
+    "flora": (
+        "FLoRA (Wang et al. 2024): LoRA of several ranks, factors stacked into the exact "
+        "sum, merged into every client's base"
+    ),
     "heterofl": "HeteroFL (Diao et al. 2021): width levels of one model, static BN, label split",
+    "hetlora": (
+        "HetLoRA (Cho et al. 2024): LoRA of several ranks, zero-padded sparsity-weighted averaging"
+    ),
     "local-only": "each client trains alone; nothing is shared",
     "nefl": (
         "NeFL (Kang et al. 2023): nested width and depth sub-models with step sizes, "

@@ -345,6 +345,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "flexlora",
+        "FlexLoRA on the MLP's linear layers, ranks {2, 4, 8} in proportion, the seed-0 base: "
+        "each layer's SVD of the weighted products, truncated per rank",
+        configured("flexlora", {"options.flexlora": {"ranks": [2, 4, 8]}}),
+    ),
+    Scenario(
+        "flora",
+        "FLoRA on the MLP's linear layers, ranks {2, 4, 8}, every client every round: the "
+        "stack downloaded and merged into each client's own base",
+        configured("flora", {"options.flora": {"ranks": [2, 4, 8]}, "train.clients_per_round": 6}),
+    ),
+    Scenario(
         "heterofl",
         "HeteroFL fixed levels, label-split masks, clipping at 0.5, stats pass on all data",
         configured(
@@ -355,6 +367,12 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "train.clip_grad_norm": 0.5,
             },
         ),
+    ),
+    Scenario(
+        "hetlora",
+        "HetLoRA on the MLP's linear layers, ranks {2, 4, 8} in proportion, the seed-0 base: "
+        "zero-padded, sparsity-weighted",
+        configured("hetlora", {"options.hetlora": {"ranks": [2, 4, 8]}}),
     ),
     Scenario("local-only", "each client alone", configured("local-only")),
     Scenario(

@@ -11,7 +11,10 @@ from hetfl.algorithms import fedprox as _fedprox  # noqa: F401
 from hetfl.algorithms import fjord as _fjord  # noqa: F401
 from hetfl.algorithms import flanc as _flanc  # noqa: F401
 from hetfl.algorithms import flexifed as _flexifed  # noqa: F401
+from hetfl.algorithms import flexlora as _flexlora  # noqa: F401
+from hetfl.algorithms import flora as _flora  # noqa: F401
 from hetfl.algorithms import heterofl as _heterofl  # noqa: F401
+from hetfl.algorithms import hetlora as _hetlora  # noqa: F401
 from hetfl.algorithms import local_only as _local_only  # noqa: F401
 from hetfl.algorithms import nefl as _nefl  # noqa: F401
 from hetfl.algorithms import scalablefl as _scalablefl  # noqa: F401

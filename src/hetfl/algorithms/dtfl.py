@@ -30,33 +30,23 @@ from __future__ import annotations
 
 from functools import partial
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
 from hetfl.algorithms.parts.dtfl_local_loss import LocalLoss
-from hetfl.algorithms.parts.method_registry import Options, register_algorithm
+from hetfl.algorithms.parts.method_registry import register_algorithm
+from hetfl.algorithms.parts.option_records import TierSchedulerOptions
 from hetfl.algorithms.parts.server_copies import CopiesSide, FreshOptimiser
-from hetfl.algorithms.parts.tier_scheduler import Observed, OnSwitch, PricedCuts, TierScheduler
+from hetfl.algorithms.parts.tier_scheduler import PricedCuts, TierScheduler
 from hetfl.core.client.recipe import LocalRecipe
 from hetfl.core.pricing import SplitPricing
 from hetfl.core.server.assign import UniformSampling
 from hetfl.core.server.strategy import Aggregation, Extras, Strategy
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientResult, ModelFamily
-from hetfl.models.resnet_cifar import TIERS, split_family
+from hetfl.models.resnet_cifar import split_family
 
 
-class DTFLOptions(Options):
-    tiers: tuple[int, ...] = Field(TIERS, description="the tiers the scheduler may assign")
-    default_tier: int = Field(2, description="the tier of a client without a history")
-    observed: Observed = Field(
-        "elapsed-minus-comm",
-        description="a client's observed compute: its side's elapsed time (compute and "
-        "transfers, never waiting for the server) minus the estimated communication, or "
-        "its exact simulated compute",
-    )
-    on_profile_change: OnSwitch = Field(
-        "keep", description="keep (the paper's EMA) or reset a client's estimates on a new device"
-    )
+class DTFLOptions(TierSchedulerOptions):
     server_optimiser: FreshOptimiser = Field(
         "round", description="a server copy's optimiser is fresh each round, or each batch"
     )
@@ -67,28 +57,9 @@ class DTFLOptions(Options):
         None, ge=1, description="shuffle the sent activations in patches of this size (off)"
     )
 
-    @field_validator("tiers")
-    @classmethod
-    def _tiers_of_the_model(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        wrong = [m for m in v if m not in TIERS]
-        if not v or wrong or len(set(v)) != len(v):
-            raise ValueError(
-                f"tiers must be distinct tiers of 1..7 (tier m: the client trains md1..md_m), "
-                f"got {list(v)}"
-            )
-        return tuple(sorted(v))
-
-    def paper_rule(self) -> set[str]:  # described as before the option (the golden runs)
-        return {"on_profile_change"} if self.on_profile_change == "keep" else set()
-
-    @model_validator(mode="after")
-    def _default_is_a_tier(self) -> DTFLOptions:
-        if self.default_tier not in self.tiers:
-            raise ValueError(
-                f"default_tier {self.default_tier} is not one of tiers {list(self.tiers)}; "
-                "choose one of them"
-            )
-        return self
+    def paper_rule(self) -> set[str]:  # described as before the options (the golden runs)
+        unchanged = {"on_profile_change": "keep", "no_history": "default-tier"}
+        return {k for k, v in unchanged.items() if getattr(self, k) == v}
 
 
 @register_algorithm(
@@ -136,6 +107,7 @@ def _make(
             default_tier=opts.default_tier,
             observed=opts.observed,
             on_profile_change=opts.on_profile_change,
+            no_history=opts.no_history,
         ),
         aggregation=Aggregation(weighting=weights),
         extras=Extras(

@@ -18,11 +18,21 @@ FedML's published commands: T = 3, alpha = 1, no distillation on the server, 20 
 epochs, Adam with amsgrad (lr 1e-3, weight decay 1e-4) on both sides (the client's from
 the run's `train`, which the shipped configs set so).
 
-Evaluation: there is no single global model, so `global_acc` (the global test set, for
-every method) is null. `pooled_acc` is each trained client's extractor joined to the
-server model (md1 private, md2..md8 global) on that client's own local test split, pooled
-over clients by test samples, and `val_acc` the same on their validation splits. `local_acc` is each
-client's own classifier on its local test split. A HetFL choice where the paper is silent:
+Evaluation: there is no single global model. `pooled_acc` is each trained client's
+extractor joined to the server model (md1 private, md2..md8 global) on that client's own
+local test split, pooled over clients by test samples, and `val_acc` the same on their
+validation splits. With `eval.pooled_global` (or `eval.require_global_test`), `global_acc`
+and `test_loss` are each such joined model on the run's global test set (the seeded
+`eval.test_samples` subsample every method's global model is scored on), the unweighted
+mean over the trained clients; otherwise `global_acc` is null. This follows FedML's
+evaluation of the paper's model (Algorithm 1: the server model runs on the features each
+edge extractor computes, so a test image is classified by an extractor joined to the
+server model): FedML's `GKTServerTrainer.eval_large_model_on_the_server` scores the
+server model on every client's features of its test loader, and FedML's CIFAR-10 loader
+gives every client the whole test set, so every client counts equally. Here each client's
+extractor and the server model run as one joined model in the client's evaluation unit,
+the same forward pass without uploading test features. `local_acc`
+is each client's own classifier on its local test split. A HetFL choice where the paper is silent:
 the joined model is judged after a statistics pass over the client's own training data
 (its BatchNorm statistics re-estimated for that evaluation only). The server trains client
 after client, as FedML's does, and every client's md1 is its own, so the server model's
@@ -54,7 +64,8 @@ from hetfl.core.training import LocalTraining
 from hetfl.core.types import ModelFamily
 from hetfl.models.resnet_cifar import OUT_CHANNELS, split_family
 
-#: What the run outputs' `pooled_acc` is for FedGKT (the banner and summary.json say it).
+#: What the run outputs' `pooled_acc` is for FedGKT (the banner and summary.json say it;
+#: `global_acc`, with `eval.pooled_global`, is named by the plan's "pooled global test").
 POOLED = (
     "pooled over the trained clients' local test splits (each client's extractor joined to "
     "the server model, BatchNorm statistics from the client's training data), not the "

@@ -178,6 +178,13 @@ class DataConfig(_Strict):
     partition: PartitionConfig = Field(
         PartitionConfig(), description="how the training set is dealt to the clients"
     )
+    train_samples: int | None = Field(
+        None,
+        ge=1,
+        description="deal only this many training samples, a seeded uniform subset drawn "
+        "before partitioning, so the partition's own client sizes survive the reduced scale "
+        "(default: the whole training set)",
+    )
     test_per_client: int = Field(
         100,
         ge=0,
@@ -238,6 +245,7 @@ class DataConfig(_Strict):
             "validation": self.validation is not None,
             "augment": self.augment is not None,
             "split": self.split is not None,
+            "train_samples": self.train_samples is not None,
         }
         given = [k for k, v in unsupported.items() if v]
         if given:
@@ -604,15 +612,24 @@ class EvalConfig(_Strict):
     global_stats_pass: Literal["auto", "on", "off"] = Field(
         "auto",
         description="the BatchNorm statistics pass of the models scored as global_acc (and "
-        "FedGKT's pooled_acc) before they are tested: auto, as each method does (HeteroFL, "
+        "FedGKT's joined models, pooled_acc and with pooled_global global_acc) before they are "
+        "tested: auto, as each method does (HeteroFL, "
         "FedFA and FedGKT pass, the others score averaged running statistics); on or off, "
         "the same for every method (one protocol for a comparison; a method whose models "
         "keep no running statistics is refused with off)",
     )
     require_global_test: bool = Field(
         False,
-        description="refuse, at set-up, a method that scores no global model on the global "
-        "test set (private layers only, or FedGKT's scoring on its clients' own splits)",
+        description="refuse, at set-up, a method that scores nothing on the global test set "
+        "(private layers only); FedGKT is scored there as pooled_global says",
+    )
+    pooled_global: bool = Field(
+        False,
+        description="score a method without one global model whose clients share one "
+        "(FedGKT: each client's extractor joined to the server model) on the global test "
+        "set as global_acc / test_loss, the unweighted mean over the clients that have "
+        "trained, each joined model after its client's statistics pass as "
+        "global_stats_pass rules; on whenever require_global_test is",
     )
     map_interpolation: Literal["all-point", "11-point"] = Field(
         "all-point",

@@ -29,12 +29,26 @@ from hetfl.core.training import LocalTraining
 
 
 @dataclass(frozen=True)
+class DeviceRates:
+    """A client's device in a round, as the engine's device profiles rate it: `rate` in
+    MAC/s, links in Mbit/s (10^6 bits per second). A scheduler that plans from a device's
+    capacity before it has observed the client (DTFL's tier profiling) reads it."""
+
+    name: str
+    rate: float
+    down_mbps: float
+    up_mbps: float
+
+
+@dataclass(frozen=True)
 class ClientInfo:
     """What the server may know about a client before asking it to train.
 
     `attrs` holds what the client declared (a chosen architecture, a device capacity).
     `history` is what the engine measured: under device profiles, the client's simulated
     times in the last round it trained (None before it has trained, and without profiles).
+    `device` is the client's device profile in the round being planned (None without
+    profiles, and in engines that have none).
     """
 
     cid: int
@@ -43,6 +57,7 @@ class ClientInfo:
     labels: tuple[int, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
     history: ClientTimes | None = None
+    device: DeviceRates | None = None
 
 
 @dataclass
@@ -292,17 +307,20 @@ class EvalModel:
     mean_group: str | None = None
 
 
-#: Which of a client's held-out splits an evaluation uses (`ClientData.split`).
-EvalSplit = Literal["test", "validation"]
+#: What an evaluation scores a client's model on (`ClientData.split`): one of the client's
+#: held-out splits, or the run's global test set (`"global"`: a method without one global
+#: model whose clients share one, FedGKT's joined models, scored like a global model).
+EvalSplit = Literal["test", "validation", "global"]
 
 
 @dataclass
 class EvalTask:
     """Client-side evaluation of one client's model (with its private layers) on its local
-    test split, or on its validation split with `split="validation"` (engines set it; a
-    strategy describes the model only). `payload` and `index_map` are as in `ClientTask`;
-    `payload` may also be a complete model with its BatchNorm statistics (HeteroFL's
-    full-rate model as the global evaluation tested it).
+    test split, on its validation split with `split="validation"`, or on the run's global
+    test set with `split="global"` (engines set it; a strategy describes the model only).
+    `payload` and `index_map` are as in `ClientTask`; `payload` may also be a complete
+    model with its BatchNorm statistics (HeteroFL's full-rate model as the global
+    evaluation tested it).
 
     With `stats_pass`, the client first re-estimates BatchNorm statistics on its own
     training data (static BN evaluated locally); with `label_mask`, logits of the classes
@@ -367,6 +385,11 @@ class ClientData:
     given, is applied to training batches only (`train_batch`). `poison`, when given, changes
     each training batch (a malicious client's data, `hetfl.attacks.backdoor`); an honest
     client's data has none.
+
+    `global_test` is never the client's own: it is the run's global test set (x, y), which
+    the engine attaches to the data of a unit that scores the client's model on it
+    (`EvalTask.split == "global"`; views of the data every worker already maps, so no
+    sample is copied), and None everywhere else.
     """
 
     cid: int
@@ -380,6 +403,7 @@ class ClientData:
     pixels: PixelNorm | None = None
     augment: Augmentation | None = None
     poison: BatchPoison | None = None
+    global_test: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def train_batch(
         self, idx: torch.Tensor, generator: torch.Generator
@@ -404,11 +428,22 @@ class ClientData:
         return int(self.y_train.shape[0])
 
     def split(self, name: EvalSplit) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) of the local test split or of the validation split (empty without one)."""
+        """(x, y) of the local test split, of the validation split (empty without one) or
+        of the global test set the engine attached (`global_test`)."""
         if name == "test":
             return self.x_test, self.y_test
+        if name == "global":
+            if self.global_test is None:
+                raise ValueError(
+                    f"client {self.cid}'s data holds no global test set: the engine attaches "
+                    "the run's to the unit that scores a model on it (the simulator does; "
+                    "an engine that cannot must refuse eval.pooled_global)"
+                )
+            return self.global_test
         if name != "validation":
-            raise ValueError(f"no split {name!r}: a client holds 'test' and 'validation'")
+            raise ValueError(
+                f"no split {name!r}: a client is scored on 'test', 'validation' or 'global'"
+            )
         if self.x_val is None or self.y_val is None:
             return self.x_train[:0], self.y_train[:0]
         return self.x_val, self.y_val

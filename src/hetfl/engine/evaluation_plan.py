@@ -3,9 +3,10 @@ built once at set-up from what the method declares and the config, and the one f
 that carries a round's plan out (`run_plan`).
 
 Every method special case of the evaluation (a statistics pass, FedGKT's scoring on its
-clients' own splits, FedFA's trained-before-aggregation scores, validation, a backdoor's
-attack success) is an ask here, decided before round 1 rather than by branches of the
-round loop, so that the whole of what a run measures can be read (and imposed) at once.
+clients' own splits or of its joined models on the global test set, FedFA's
+trained-before-aggregation scores, validation, a backdoor's attack success) is an ask
+here, decided before round 1 rather than by branches of the round loop, so that the whole
+of what a run measures can be read (and imposed) at once.
 The asks are scored together, in the plan's order, by one exchange of the engine
 (`RoundLoop.score_round`); each fills the metrics it names.
 """
@@ -77,6 +78,19 @@ class PooledOwnSplits:
 
 
 @dataclass(frozen=True)
+class PooledGlobalTest:
+    """Every trained client's model by the method's pooled task (`Strategy.pooled_task`:
+    FedGKT's extractor joined to the server model) on the run's global test set, the same
+    seeded `eval.test_samples` subsample every global model is scored on, each joined model
+    after its client's statistics pass as `stats_pass` rules: `global_acc`, `test_loss`,
+    the unweighted means over the clients (each client's model is a model of the method;
+    FedML's FedGKT server likewise averages over its clients' test features)."""
+
+    stats_pass: StatsPassRule = "auto"
+    name = "pooled global test"
+
+
+@dataclass(frozen=True)
 class LocalSplits:
     """Each locally evaluated client (`eval.local_eval`) on its own `split` by the method's
     local task, unweighted over clients: `local_acc` (and its groups) on the test split,
@@ -106,9 +120,12 @@ Ask = (
     | GlobalValidation
     | ProbeScore
     | PooledOwnSplits
+    | PooledGlobalTest
     | LocalSplits
     | TrainedBeforeAggregation
 )
+#: The asks scored by client tasks in the round's one exchange (`run_plan`).
+ClientAsk = PooledOwnSplits | PooledGlobalTest | LocalSplits
 
 
 @dataclass(frozen=True)
@@ -138,23 +155,24 @@ def build_plan(
 ) -> EvaluationPlan:
     """The plan of a method that scores global models (`has_global`) or its clients' own
     splits (`pooled`), or neither (private layers: judged by local accuracy alone), under
-    the run's settings; `validation` when clients hold validation splits. Refused, naming
-    `method`, where the protocol cannot score it: a split model (whose client side
-    classifies nothing) as trained, no global model with `require_global_test`, global
-    models that keep no running statistics (`static_bn`, HeteroFL's and FedFA's static
-    BatchNorm) with the statistics pass forced off."""
+    the run's settings; `validation` when clients hold validation splits. A pooled method
+    is also scored on the global test set (`PooledGlobalTest`) with `pooled_global` or
+    `require_global_test`. Refused, naming `method`, where the protocol cannot score it: a
+    split model (whose client side classifies nothing) as trained, neither a global model
+    nor a pooled task with `require_global_test`, global models that keep no running
+    statistics (`static_bn`, HeteroFL's and FedFA's static BatchNorm) with the statistics
+    pass forced off."""
     rule = settings.global_stats_pass
     if settings.local_trained and split_model:
         raise ValueError(
             "local_trained scores each client's trained model, but this method trains a "
             "split model whose client side ends before the classifier; turn it off"
         )
-    if settings.require_global_test and not has_global:
-        scored = "its clients' own test splits (pooled_acc)" if pooled else "local_acc alone"
+    if settings.require_global_test and not has_global and not pooled:
         raise ValueError(
             f"{method} cannot be scored by this evaluation protocol: eval.require_global_test "
-            f"asks for a global model on the global test set, but {method} has none (it is "
-            f"scored by {scored}); leave it out of the comparison or drop the requirement"
+            f"asks for a model on the global test set, but {method} has none (it is scored "
+            "by local_acc alone); leave it out of the comparison or drop the requirement"
         )
     if rule == "off" and has_global and static_bn:
         raise ValueError(
@@ -168,7 +186,9 @@ def build_plan(
         if validation:
             asks.append(GlobalValidation())
         asks += [ProbeScore(p.metric) for p in settings.probes]
-    if pooled:  # not the global test set: the clients' own
+    if pooled and (settings.pooled_global or settings.require_global_test):
+        asks.append(PooledGlobalTest(rule))
+    if pooled:  # the clients' own splits
         asks.append(PooledOwnSplits("test", rule))
         if validation:
             asks.append(PooledOwnSplits("validation", rule))
@@ -237,10 +257,11 @@ def run_plan(plan: EvaluationPlan, loop: Evaluates, rnd: int, outcome: RoundOutc
     probes = {a.metric: loop.probe_samples[a.metric] for a in asks if isinstance(a, ProbeScore)}
     scorings = plan_global(tested, (loop.x_test, loop.y_test), validation, probes)
     evaluated = {em.name: em.tensors for em in tested}
-    clients = [
+    clients: list[ClientAsk] = [
         a
         for a in asks
-        if isinstance(a, PooledOwnSplits) or (isinstance(a, LocalSplits) and not a.unless_scored)
+        if isinstance(a, PooledOwnSplits | PooledGlobalTest)
+        or (isinstance(a, LocalSplits) and not a.unless_scored)
     ]
     task_lists = [_tasks(loop, a, rnd, outcome, evaluated) for a in clients]
     answers, answered = loop.score_round(rnd, scorings.scorings, task_lists)
@@ -258,25 +279,26 @@ def run_plan(plan: EvaluationPlan, loop: Evaluates, rnd: int, outcome: RoundOutc
 
 def _tasks(
     loop: Evaluates,
-    ask: PooledOwnSplits | LocalSplits,
+    ask: ClientAsk,
     rnd: int,
     outcome: RoundOutcome,
     evaluated: Mapping[str, State],
 ) -> list[EvalTask]:
-    if isinstance(ask, PooledOwnSplits):
-        tasks = loop.pooled_tasks(rnd, ask.split)
+    if isinstance(ask, PooledOwnSplits | PooledGlobalTest):
+        split: EvalSplit = "global" if isinstance(ask, PooledGlobalTest) else ask.split
+        tasks = loop.pooled_tasks(rnd, split)
         if ask.stats_pass == "auto":
             return tasks
         return [replace(t, stats_pass=ask.stats_pass == "on") for t in tasks]
     return loop.local_tasks(rnd, outcome, evaluated, ask.split, ask.stats_pass)
 
 
-def _read(
-    ask: PooledOwnSplits | LocalSplits, scored: list[LocalScore], done: Evaluated
-) -> Evaluated:
+def _read(ask: ClientAsk, scored: list[LocalScore], done: Evaluated) -> Evaluated:
     """`done` with the metrics `ask` fills from its clients' scores."""
     scores = done.scores
-    if isinstance(ask, PooledOwnSplits):
+    if isinstance(ask, PooledGlobalTest):
+        scores.global_acc, scores.test_loss = mean_local_scores(scored)
+    elif isinstance(ask, PooledOwnSplits):
         if ask.split == "test":
             scores.pooled_acc, scores.pooled_loss = pooled_accuracy(scored)
         else:

@@ -31,8 +31,11 @@ class RoundSettings:
     registered to be scored with the global test set (`hetfl.core.probe`: a backdoor's
     `attack_success`), each under its own metric. `global_stats_pass` is the evaluation
     protocol's rule for the statistics pass of the scored global models (`StatsPassRule`);
-    `require_global_test` refuses, at set-up, a method that scores no global model on the
-    global test set. `config`
+    `require_global_test` refuses, at set-up, a method that scores nothing on the global
+    test set. `pooled_global` scores a method without one global model whose clients share
+    one (FedGKT: `Strategy.pooled_task`) on the global test set as `global_acc`, each
+    client's joined model, unweighted over clients; `require_global_test` asks it too.
+    `config`
     is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
     refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 
@@ -51,6 +54,7 @@ class RoundSettings:
     probes: tuple[Probe, ...] = ()
     global_stats_pass: StatsPassRule = "auto"
     require_global_test: bool = False
+    pooled_global: bool = False
     config: str = ""
 
     def __post_init__(self) -> None:

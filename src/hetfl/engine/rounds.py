@@ -25,9 +25,10 @@ once. An engine (the simulator `hetfl.sim.Simulation`, the Flower adapter
 - `score_round(rnd, scorings, task_lists)`: a round's evaluation at once, the global
   models' scorings (`hetfl.engine.global_eval`) and the clients' evaluation tasks (the
   simulator in one exchange of its executor; by default one after the other);
-- `pooled_tasks(rnd, split)`: every trained client's task on its own split by the
-  strategy's pooled task, for methods without a single global model whose clients share
-  one (FedGKT's `pooled_acc`; only the simulator has it);
+- `pooled_tasks(rnd, split)`: every trained client's task on its own split (or, split
+  "global", on the global test set) by the strategy's pooled task, for methods without a
+  single global model whose clients share one (FedGKT's `pooled_acc`, and its `global_acc`
+  with `eval.pooled_global`; only the simulator has it);
 - `sim_time_s()`: the simulated time for the metrics row (None without a clock);
 - `checkpoint_extras()` / `restore_extras(ckpt)` / `check_checkpoint(ckpt)`: the engine's
   own checkpoint entries, and whether it can continue a given checkpoint.
@@ -393,8 +394,10 @@ class RoundLoop(ABC):
         """The task of each client that has trained, judged on its own `split` by the
         strategy's pooled task (`Strategy.pooled_task`); an engine that cannot says so."""
         raise RuntimeError(
-            f"{type(self).__name__} cannot evaluate a method judged on its clients' own "
-            "splits (Capabilities.scores_pooled); run it in the simulator"
+            f"{type(self).__name__} cannot evaluate a method judged by its pooled task "
+            "(Capabilities.scores_pooled: on its clients' own splits, or with "
+            "eval.pooled_global on the global test set, which this engine's clients do not "
+            "hold); run it in the simulator"
         )
 
     def after_training(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)

@@ -42,6 +42,7 @@ from hetfl.core.types import (
     ClientOutput,
     ClientTask,
     ClientTimes,
+    DeviceRates,
     EvalModel,
     EvalSplit,
     EvalTask,
@@ -186,7 +187,8 @@ class Simulation(RoundLoop):
         """Each client is reachable with probability `availability` times its device
         profile's availability (one draw per client and round), and, with behaviour traces,
         only while its device's trace says so at the round's start on the simulated clock
-        (when no device is reachable then, the clock moves on to the first that is)."""
+        (when no device is reachable then, the clock moves on to the first that is). Under
+        device profiles each reachable client's info carries its device this round."""
         profiles = {} if self.schedule is None else self.schedule.at(rnd)
         behaviours = None if self.settings.system is None else self.settings.system.behaviours
         now = self.counters.sim_time_s
@@ -199,7 +201,8 @@ class Simulation(RoundLoop):
                 continue
             p = self.settings.availability * (profiles[cid].availability if profiles else 1.0)
             if p >= 1.0 or float(torch.rand(1, generator=self._rng(rnd, "availability", cid))) < p:
-                out.append(self.infos[cid])
+                info = self.infos[cid]
+                out.append(info if not profiles else replace(info, device=_rates(profiles[cid])))
         return out
 
     def train(self, rnd: int, tasks: list[ClientTask]) -> RoundOutcome:
@@ -361,7 +364,7 @@ class Simulation(RoundLoop):
 
     def pooled_tasks(self, rnd: int, split: EvalSplit) -> list[EvalTask]:
         """Every client that has trained (it holds private state), by the strategy's
-        pooled task, on its own `split`."""
+        pooled task, on its own `split` (or, "global", on the run's global test set)."""
         tasks = [self.strategy.pooled_task(self.infos[cid], self.state) for cid in self.store]
         return [replace(t, split=split) for t in tasks if t is not None]
 
@@ -381,12 +384,30 @@ class Simulation(RoundLoop):
         return scoring_exchange(self.executor, self.programs, scorings, asked, self.pixels)
 
     def _local_items(self, tasks: Sequence[EvalTask]) -> list[LocalScoreItem]:
-        """The units of `tasks` whose client's split is not empty."""
-        return [
-            LocalScoreItem(task, self.clients[task.cid], self.store.get(task.cid))
+        """The units of `tasks` whose client's split is not empty; a task on the global
+        test set carries it with its client's data (`_scored_data`)."""
+        items = [
+            LocalScoreItem(task, self._scored_data(task), self.store.get(task.cid))
             for task in tasks
-            if self.clients[task.cid].split(task.split)[1].numel()
         ]
+        return [item for item in items if item.data.split(item.task.split)[1].numel()]
+
+    def _scored_data(self, task: EvalTask) -> ClientData:
+        """`task`'s client's data, with the run's global test set attached when the task
+        scores it (`ClientData.global_test`): views of the data the executor shares
+        (`setup`), so a worker process receives references, not samples. A client whose
+        inputs a view resized cannot take the global test images, and is refused by name."""
+        data = self.clients[task.cid]
+        if task.split != "global":
+            return data
+        own, shared = tuple(data.x_test.shape[1:]), tuple(self.x_test.shape[1:])
+        if own != shared:
+            raise ValueError(
+                f"client {task.cid} takes inputs of shape {own}, but the global test set's "
+                f"are {shared}: its model cannot be scored on the global test set "
+                "(eval.pooled_global); drop the client view's resize or the option"
+            )
+        return replace(data, global_test=(self.x_test, self.y_test))
 
     def stats_passes(self, rnd: int, models: Sequence[EvalModel]) -> list[State]:
         """Every model's statistics pass in one exchange of the executor; see `stats_pass`."""
@@ -435,6 +456,11 @@ class Simulation(RoundLoop):
         self.downloads.load_entries(ckpt.get("downloads", {}))
         for cid, times in ckpt.get("sim_times", {}).items():
             self._set_history(cid, times)
+
+
+def _rates(profile: DeviceProfile) -> DeviceRates:
+    """A device profile as the strategy sees it in `ClientInfo.device`."""
+    return DeviceRates(profile.name, profile.rate, profile.down_mbps, profile.up_mbps)
 
 
 def _check_outcomes(jobs: Sequence[ClientJob], done: Sequence[TaskOutcome]) -> None:

@@ -10,7 +10,9 @@ This executor keeps `workers` processes (`hetfl.sim.worker`) for the run:
 - Started as soon as the executor is built, by a thread, so that the fork server's imports
   and the workers' start overlap the run's loading of its data: the first exchange (or
   `share`) waits for that start, and raises its error if it failed; `close` waits for it
-  too, so a run stopped while its data loads leaves no worker behind.
+  too, so a run stopped while its data loads leaves no worker behind. The start is done
+  when every worker has said it is ready (its set-up done, `hetfl.sim.worker`), so no
+  worker's start-up lands in round 1; a worker that ends before it is ready fails the start.
 - The run's data (clients' samples, the test and validation sets) is placed once in one
   shared-memory block (`share`); the engine keeps views of it and they travel by reference.
 - The programs go to each worker once; within one exchange (a round's trainings, one
@@ -130,8 +132,7 @@ class ProcessExecutor:
         worker; an error is kept for `_await_start` to raise in the caller's thread."""
         try:
             forkserver.ensure_running()
-            while len(self._pool) < self.workers:
-                self._pool.append(self._spawn())
+            self._fill()
         except BaseException as error:
             self._start_error = error
 
@@ -264,8 +265,7 @@ class ProcessExecutor:
             w.conn.close()
             self.restarts += 1
         self._pool = [w for w in self._pool if w.process.is_alive()]
-        while len(self._pool) < self.workers:
-            self._pool.append(self._spawn())
+        self._fill()
         self._programs = programs
         for w in self._pool:
             self._hand_programs(w)
@@ -274,6 +274,14 @@ class ProcessExecutor:
         if w.programs is not self._programs and self._programs is not None:
             w.sender.send(("programs", self._programs))
             w.programs = self._programs
+
+    def _fill(self) -> None:
+        """Workers started until the pool is full, all started before any is waited for,
+        so that they set up side by side."""
+        fresh = [self._spawn() for _ in range(self.workers - len(self._pool))]
+        self._pool += fresh
+        for w in fresh:
+            _await_ready(w)
 
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
@@ -301,6 +309,7 @@ class ProcessExecutor:
         old.process.join(STOP_GRACE_S)
         old.conn.close()
         fresh = self._spawn()
+        _await_ready(fresh)
         self._hand_programs(fresh)
         fresh.sender.send(("exchange",))
         self._pool[slot] = fresh
@@ -321,6 +330,17 @@ class ProcessExecutor:
         if kind == "error":
             raise RuntimeError(f"a unit failed in a worker process:\n{value}")
         return value
+
+
+def _await_ready(w: _Worker) -> None:
+    """Wait for a started worker's "ready" (`hetfl.sim.worker.serve`)."""
+    try:
+        said = w.conn.recv()
+    except (EOFError, OSError):
+        w.process.join(STOP_GRACE_S)
+        raise WorkerDied(_death(w.process.exitcode)) from None
+    if said != "ready":
+        raise RuntimeError(f"a worker process said {said!r} before it was ready")
 
 
 def _death(exitcode: int | None) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -434,6 +434,13 @@ class SystemConfig(_Strict):
         allow_inf_nan=False,
         description="MAC/s of the server (its side of split learning)",
     )
+    link_scale: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="multiplies every profile's downlink and uplink (8.388608: DTFL's code, "
+        "which reads its 100/30/30/30/10 as MB/s of 1024^2 bytes)",
+    )
     fractions: list[float] | None = Field(
         None, description="share of clients per profile, summing to 1 (default: equal shares)"
     )
@@ -514,6 +521,13 @@ class SystemConfig(_Strict):
             profiles, behaviours = self.trace.devices()
         else:
             return None
+        if self.link_scale != 1.0:
+            profiles = tuple(
+                replace(
+                    p, down_mbps=p.down_mbps * self.link_scale, up_mbps=p.up_mbps * self.link_scale
+                )
+                for p in profiles
+            )
         return SystemSettings(
             profiles=profiles,
             fractions=None if self.fractions is None else tuple(self.fractions),

@@ -25,8 +25,17 @@ client as m grows). Per round:
 3. T_max = max over this round's clients with a history of min_m T̂_k(m) (line 31), computed
    and used in the same round (the code uses the previous round's), and each such client
    gets the largest m with T̂_k(m) <= T_max (line 33): the most layers it can train
-   without becoming the straggler. A client without a history gets a default tier (the
-   code's: paper tier 2).
+   without becoming the straggler.
+
+A client without a history (every client in round 1) is placed by `no_history`:
+`default-tier` gives it a fixed tier (`default_tier`; the code's scheduler gives paper
+tier 2, its `SMALLEST_TIER = 6` in the code's reversed numbering, and the code's `main.py`
+starts every client of its 7-tier runs in paper tier 7, code tier 1); `profile` applies the
+scheduler's own rule to the client's device profile, the paper's tier profiling "before
+the training starts" (§3.3): its client-side time in tier m is T^cp(m) Ñ_k over its
+device's compute rate, its communication at its device's link rates, and it enters T_max
+and the choice with the clients that have a history. The paper is silent on round 1
+(Algorithm 1 line 2 calls the scheduler before any time is measured).
 
 When a client's device profile changes (DTFL §4.2 switches 30 % of them every 50 rounds),
 the paper's EMA keeps mixing times from its earlier device: a client moved to a fast device
@@ -61,6 +70,8 @@ from hetfl.core.types import ClientInfo, ClientTimes
 Observed = Literal["elapsed-minus-comm", "compute"]
 #: What becomes of a client's smoothed times when its device profile changes.
 OnSwitch = Literal["keep", "reset"]
+#: Where a client without a history goes: the default tier, or its device profile's tier.
+NoHistory = Literal["default-tier", "profile"]
 #: The EMA's span (the code's `ewm(span=2)`): weight 2 / (span + 1) on the newest value.
 SPAN = 2
 
@@ -150,13 +161,14 @@ class TierScheduler:
         default_tier: int,
         observed: Observed = "elapsed-minus-comm",
         on_profile_change: OnSwitch = "keep",
+        no_history: NoHistory = "default-tier",
     ) -> None:
         if default_tier not in costs:
             raise ValueError(f"default_tier {default_tier} is not one of the tiers {sorted(costs)}")
         self.costs, self.server_rate = costs, server_rate
         self.tier_spec, self.tier_of, self.eval_spec = tier_spec, tier_of, eval_spec
         self.train, self.default_tier, self.observed = train, default_tier, observed
-        self.on_profile_change = on_profile_change
+        self.on_profile_change, self.no_history = on_profile_change, no_history
         self.smoothed: dict[tuple[int, int], float] = {}
         self.absorbed: dict[int, int] = {}
         self.profiles: dict[int, str] = {}  # the profile of each client's last absorbed times
@@ -210,10 +222,11 @@ class TierScheduler:
         return max(elapsed - comm, 0.0)
 
     def estimates(self, info: ClientInfo) -> dict[int, float] | None:
-        """T̂_k(m) for every tier, or None for a client without a history."""
+        """T̂_k(m) for every tier, or None for a client the scheduler cannot place (no
+        history, and no device profile to read under `no_history="profile"`)."""
         times = info.history
         if times is None:
-            return None
+            return self.profiled(info)
         tier = self.tier_of(times.spec)
         client_s = self.smoothed[(info.cid, tier)]
         return estimate(
@@ -224,6 +237,25 @@ class TierScheduler:
             self.batches(info),
             times.down_mbps,
             times.up_mbps,
+        )
+
+    def profiled(self, info: ClientInfo) -> dict[int, float] | None:
+        """T̂_k(m) of a client without a history from its device profile: the client side's
+        time in tier m is exactly T^cp(m) Ñ_k / rate under the simulated clock."""
+        device = info.device
+        if self.no_history != "profile" or device is None:
+            return None
+        tier = max(self.costs)  # any tier: the estimate scales its time by the MAC ratio
+        batches = self.batches(info)
+        client_s = self.costs[tier].client_macs * batches / device.rate
+        return estimate(
+            self.costs,
+            self.server_rate,
+            tier,
+            client_s,
+            batches,
+            device.down_mbps,
+            device.up_mbps,
         )
 
     def tiers(self, infos: Sequence[ClientInfo]) -> list[int]:

@@ -510,8 +510,9 @@ class Strategy:
         return self.evaluation.local_eval.eval_task(self._layout, info, state, evaluated)
 
     def pooled_task(self, info: ClientInfo, state: Mapping[str, torch.Tensor]) -> EvalTask | None:
-        """The task that judges client `info` for the pooled `global_acc` (`pooled_eval`),
-        or None when the method has a global model of its own."""
+        """The task that judges client `info`'s joined model (`pooled_eval`): on its own
+        splits for `pooled_acc`, on the global test set for `global_acc` with
+        `eval.pooled_global`; None when the method has a global model of its own."""
         if self.evaluation.pooled_eval is None:
             return None
         return self.evaluation.pooled_eval.eval_task(self._layout, info, state, {})

@@ -12,6 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
+from hetfl.assembly import build_federation
+from hetfl.config import ConfigError, validate
 from hetfl.data import voc
 from hetfl.data.archives import ARCHIVE_MD5
 from hetfl.data.detection import DetectionSet, pad_targets
@@ -219,3 +221,25 @@ def test_detection_clients_see_their_group_side_and_classes():
         detection_clients(ds, [DetectionGroup(16, 2, 31)], seed=0)
     with pytest.raises(ValueError, match="clients >= 1"):
         DetectionGroup(16, 2, 0)
+
+
+def test_a_run_config_reads_voc2007_into_its_client_groups(tmp_path):
+    """`data.dataset: voc2007` with `data.path` and one group of 12 classes (VOC's labels
+    0..11, dog the 12th) at 8 px: the client holds the extracted set's one dog, resized."""
+    raw = {
+        "algorithm": "scalablefl",
+        "data": {
+            "dataset": "voc2007",
+            "path": str(_extracted(tmp_path)),
+            "groups": [{"size": 8, "classes": 12, "clients": 1}],
+        },
+        "model": {"name": "ssd-stage-cnn", "stages": 1},
+        "train": {"clients_per_round": 1},
+    }
+    (client,) = build_federation(validate(raw), torch.device("cpu")).clients
+    assert client.x_train.shape == (1, 3, 8, 8) and client.num_classes == 12
+    dog = voc.CLASSES.index("dog")
+    np.testing.assert_allclose(client.y_train[0], [[dog, 0, 0, 4 / 16, 4 / 16, 0]])
+    raw["data"]["groups"][0]["samples"] = 5
+    with pytest.raises(ConfigError, match=r"voc2007 deals its whole training set"):
+        validate(raw)

@@ -581,3 +581,20 @@ def test_fedgkt_is_refused_by_serve_and_the_flower_server_before_anything_starts
     with pytest.raises(SimulatorOnlyError, match=refusal):
         serve(grid, raw, tmp_path / "flower")
     assert grid.replies == {} and not (tmp_path / "flower").exists()
+
+
+def test_a_detection_run_equals_the_simulator(tmp_path):
+    """ScalableFL's detector through the adapter: each node builds its detection client,
+    trains with SSD's loss and answers its mAP on its local test scenes; the rows equal
+    the simulator's, `local_map` and every group's `map` included."""
+    from test_detection_runs import DETECTION
+
+    raw = {**DETECTION, "name": "det"}
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert rows[-1]["local_map"] is not None and set(rows[-1]["groups"]) == {
+        "group=16px-2cls",
+        "group=32px-3cls",
+    }

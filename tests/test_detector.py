@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from hetfl.algorithms import ALGORITHMS
-from hetfl.config.sections import ModelConfig
 from hetfl.core.client.detection_scoring import evaluate_detector
 from hetfl.core.client.loop import train_local
 from hetfl.core.client.multibox import MultiBoxLoss, encode, match
@@ -90,8 +89,6 @@ def test_bad_settings_are_refused():
         _spec(4, 3)
     with pytest.raises(ValueError, match="matching threshold"):
         MultiBoxLoss(default_boxes, threshold=1.0)
-    with pytest.raises(ValueError, match="'ssd-stage-cnn' is an object detector"):
-        ModelConfig(name="ssd-stage-cnn")
 
 
 # priors P0..P3 the image's quarters; one object, class 0, at [0, 0, .5, .4]: IoU 0.8 with P0

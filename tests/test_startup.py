@@ -20,6 +20,7 @@ from hetfl.attacks.registry import ATTACKS
 from hetfl.core.client.wrappers import WRAPPERS
 from hetfl.core.server.reducers import REDUCERS
 from hetfl.data import DATASETS, PARTITIONERS
+from hetfl.data.detection_sources import DETECTION_DATASETS
 from hetfl.models import ARCHITECTURES, COMPOSED, MODELS, SPLIT
 
 HEAVY = ("torch", "flwr", "matplotlib", "rich", "tensorboard")
@@ -73,6 +74,7 @@ def test_list_shows_every_registered_entry():
         ("partitioners", PARTITIONERS),
     ):
         assert f"{title}: {', '.join(registry.names())}" in lines
+    assert f"detection datasets: {', '.join(DETECTION_DATASETS.names())}" in lines
     for registry in (REDUCERS, WRAPPERS, ATTACKS):
         for name in registry:
             assert f"  {name:<12} {registry.get(name).summary}" in lines
@@ -85,6 +87,7 @@ def test_the_catalogue_equals_the_registries():
     assert {n: SPLIT.get(n).summary for n in SPLIT} == catalogue.SPLIT
     assert sorted(catalogue.MODELS) == MODELS.names()
     assert sorted(catalogue.DATASETS) == DATASETS.names()
+    assert sorted(catalogue.DETECTION_DATASETS) == DETECTION_DATASETS.names()
     assert sorted(catalogue.PARTITIONERS) == PARTITIONERS.names()
     assert {n: REDUCERS.get(n).summary for n in REDUCERS} == catalogue.REDUCERS
     assert {n: WRAPPERS.get(n).summary for n in WRAPPERS} == catalogue.WRAPPERS

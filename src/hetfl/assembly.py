@@ -25,6 +25,7 @@ from hetfl.attacks.malicious import OnlyMalicious, declared_attrs, draw_maliciou
 from hetfl.attacks.poisoning import NamesClasses, check_named_classes
 from hetfl.attacks.trigger import AttackSuccess, PlantsTrigger, Trigger
 from hetfl.config import ConfigError, RunConfig
+from hetfl.core.client.detection_scoring import scored_with
 from hetfl.core.client.program import Programs, Wrapper
 from hetfl.core.kinds import Chosen
 from hetfl.core.probe import Probe
@@ -32,6 +33,9 @@ from hetfl.core.rng import SERVER, numpy_generator
 from hetfl.core.server.assign import LargestClaims
 from hetfl.core.types import ClientData
 from hetfl.data import DATASETS, PARTITIONERS, Dataset, build_clients, global_test
+from hetfl.data.detection import DetectionSet
+from hetfl.data.detection_sources import DETECTION_DATASETS, DetectionNeeds
+from hetfl.data.detection_views import DetectionGroup, detection_clients
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.views import draw_views
 from hetfl.engine.device import make_deterministic, resolve_device
@@ -66,7 +70,7 @@ def load_dataset(cfg: RunConfig) -> Dataset:
 
 @dataclass
 class Federation:
-    dataset: Dataset
+    dataset: Dataset | DetectionSet
     clients: list[ClientData]
     test: tuple[torch.Tensor, torch.Tensor]
 
@@ -102,7 +106,34 @@ def partition(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     return parts if pool is None else [pool[p] for p in parts]
 
 
+def detection_federation(cfg: RunConfig, device: torch.device) -> Federation:
+    """A detection set's clients in their declared groups (`data.groups`: side, classes,
+    clients; `hetfl.data.detection_views`); the global test pair is the set's own test
+    images and targets (ScalableFL, the one method that trains a detector here, scores no
+    global model)."""
+    groups = tuple(
+        DetectionGroup(int(g.size or 0), int(g.classes or 0), g.clients)
+        for g in cfg.data.groups or []
+    )
+    needs = DetectionNeeds(
+        groups,
+        cfg.data.groups[0].samples if cfg.data.groups else None,
+        cfg.data.test_per_client,
+        cfg.data.path,
+        cfg.seed,
+    )
+    dataset = DETECTION_DATASETS.get(cfg.data.dataset)(needs)
+    clients = detection_clients(dataset, groups, cfg.seed, device)
+    test = (
+        torch.from_numpy(dataset.x_test).to(device),
+        torch.from_numpy(dataset.targets_test).to(device),
+    )
+    return Federation(dataset, clients, test)
+
+
 def build_federation(cfg: RunConfig, device: torch.device) -> Federation:
+    if cfg.data.detection:
+        return detection_federation(cfg, device)
     dataset = load_dataset(cfg)
     parts = partition(cfg, dataset)
     groups = cfg.data.view_groups()
@@ -235,6 +266,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
             classes = [fed.dataset.num_classes, *(c.num_classes for c in fed.clients)]
             check_named_classes(attack, classes, dataset=fed.dataset.name)
         wrappers.append(OnlyMalicious(attack, malicious))
+    recipe = scored_with(recipe, cfg.eval.map_interpolation)
     # The strategy's family: a method may wrap the configured one (LoRA's adapters).
     programs = Programs(strategy.family, recipe, seed=cfg.seed, device=device, wrappers=wrappers)
     settings = RoundSettings(

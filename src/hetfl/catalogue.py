@@ -134,6 +134,9 @@ DATASETS: tuple[str, ...] = (
     "wikitext2",
 )
 
+#: The detection sets (`hetfl.data.detection_sources.DETECTION_DATASETS`), for a detector.
+DETECTION_DATASETS: tuple[str, ...] = ("synthetic-detection", "voc2007")
+
 PARTITIONERS: tuple[str, ...] = ("classes", "dirichlet", "iid", "natural", "quantity")
 
 #: Reducer kinds (`options.<method>.reducer: {kind: ..., ...}`; `hetfl.core.server.reducers`).

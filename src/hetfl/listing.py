@@ -31,6 +31,8 @@ class Listing:
     wrappers: Mapping[str, str]
     attacks: Mapping[str, str]
     plugins: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    #: The detection sets a detector trains on (`data.dataset`; no plugin adds one).
+    detection_datasets: Sequence[str] = catalogue.DETECTION_DATASETS
 
 
 def built_in() -> Listing:
@@ -96,6 +98,7 @@ def lines(listing: Listing) -> list[str]:
     out.append("split models, in modules for split learning (model.blocks):")
     out += _summaries(listing.split)
     out.append(f"datasets: {', '.join(sorted(listing.datasets))}")
+    out.append(f"detection datasets: {', '.join(sorted(listing.detection_datasets))}")
     out.append(f"partitioners: {', '.join(sorted(listing.partitioners))}")
     out.append("reducers (options.<method>.reducer: {kind: ..., ...}):")
     out += _summaries(listing.reducers)

@@ -55,8 +55,17 @@ from hetfl.report import RunRecord, algorithm_of
 #: How far an interval's bound may pass the margin and still be on it: accuracies are
 #: ratios of counts, and 0.5 - 0.49 is 0.010000000000000009 in floating point.
 ROUNDING = 1e-12
-#: The accuracies a paired comparison reads from a metrics row (beside its `groups`).
-METRICS = ("global_acc", "pooled_acc", "local_acc", "local_acc_stats", "local_acc_trained")
+#: The accuracies (and a detector's mAPs, read the same way) a paired comparison reads
+#: from a metrics row (beside its `groups`).
+METRICS = (
+    "global_acc",
+    "pooled_acc",
+    "local_acc",
+    "local_acc_stats",
+    "local_acc_trained",
+    "global_map",
+    "local_map",
+)
 #: The perplexities it reads (language models), each as its negative natural log, so that
 #: A - B is ln(B's perplexity / A's) and positive when A is better, as for accuracies; x 100
 #: it is in "log points" (about a per-cent difference for small ones), and exp of a mean
@@ -235,15 +244,16 @@ def _size_name(group: str) -> str:
 
 
 def _scores(row: Mapping[str, Any]) -> dict[str, float]:
-    """The accuracies of one metrics row, by metric name (missing ones left out)."""
+    """The accuracies (mAPs) of one metrics row, by metric name (missing ones left out)."""
     out = {m: float(row[m]) for m in METRICS if isinstance(row.get(m), int | float)}
     for m in PERPLEXITIES:
         value = row.get(m)
         if isinstance(value, int | float) and math.isfinite(value) and value > 0:
             out[m] = -math.log(value)
     for group, entry in (row.get("groups") or {}).items():
-        if isinstance(entry, Mapping) and isinstance(entry.get("acc"), int | float):
-            out[_size_name(group)] = float(entry["acc"])
+        score = entry.get("acc", entry.get("map")) if isinstance(entry, Mapping) else None
+        if isinstance(score, int | float):  # a group's accuracy, or a detector group's mAP
+            out[_size_name(group)] = float(score)
     return out
 
 

@@ -113,7 +113,10 @@ def final_spreads(clients: Sequence[Mapping[str, Any]]) -> dict[str | None, Spre
 
 def _spread_columns(members: Sequence[RunRecord]) -> dict[str, str]:
     """`local_acc worst 10%` and `local_acc client sd` of each run's final evaluated round
-    (mean ± sd over seeds), for all clients, then per local-evaluation group."""
+    (mean ± sd over seeds), for all clients, then per local-evaluation group; named
+    `local_map` for detection runs, whose trace holds each client's mAP there."""
+    finals = [m.summary.get("final") or {} for m in members]
+    score = "local_map" if all(f.get("local_map") is not None for f in finals) else "local_acc"
     spreads = [final_spreads(m.clients) for m in members]
     groups = sorted({g for s in spreads for g in s if g is not None}, reverse=True)
     columns = {}
@@ -122,8 +125,8 @@ def _spread_columns(members: Sequence[RunRecord]) -> dict[str, str]:
         picked = [s.get(g) for s in spreads]
         worst = [None if p is None else p.worst_decile for p in picked]
         sds = [None if p is None else p.sd for p in picked]
-        columns[f"local_acc worst 10%{suffix}"] = _fmt(worst)
-        columns[f"local_acc client sd{suffix}"] = _fmt(sds)
+        columns[f"{score} worst 10%{suffix}"] = _fmt(worst)
+        columns[f"{score} client sd{suffix}"] = _fmt(sds)
     return columns
 
 
@@ -162,6 +165,8 @@ def comparison_rows(
             **_optional_column(final, "global_ppl"),
             **_optional_column(final, "local_ppl"),
             **_optional_column(final, "local_ppl_trained"),
+            **_optional_column(final, "global_map"),
+            **_optional_column(final, "local_map"),
             **_malicious_column(members),
             **_spread_columns(members),
             "rounds": _fmt([m.summary.get("rounds_completed") for m in members], digits=0),
@@ -219,11 +224,13 @@ def _malicious_column(members: Sequence[RunRecord]) -> dict[str, str]:
 
 def _group_columns(final: Sequence[dict[str, Any]]) -> dict[str, str]:
     """`final <group>` for every group of the final metrics rows (each sub-model's
-    accuracy: `width=0.5`, `capacity=mean`, ...), widest-named first as sorted text."""
+    accuracy: `width=0.5`, `capacity=mean`, ...; a detector group's mAP), widest-named
+    first as sorted text."""
     names = sorted({g for f in final for g in f.get("groups") or {}}, reverse=True)
+    entries = [[(f.get("groups") or {}).get(g) or {} for f in final] for g in names]
     return {
-        f"final {g}": _fmt([((f.get("groups") or {}).get(g) or {}).get("acc") for f in final])
-        for g in names
+        f"final {g}": _fmt([e.get("acc", e.get("map")) for e in of_group])
+        for g, of_group in zip(names, entries, strict=True)
     }
 
 
@@ -381,6 +388,8 @@ _CURVES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
     ("local_acc", "--", methodcaller("get", "local_acc")),
     ("local_acc_trained", ":", methodcaller("get", "local_acc_trained")),
     ("attack_success", "-.", methodcaller("get", "attack_success")),
+    ("global_map", "-", methodcaller("get", "global_map")),
+    ("local_map", "--", methodcaller("get", "local_map")),
     ("malicious kept", "x:", malicious_through),
 )
 #: The perplexity curves of a language-model task, drawn on their own (log) axis.

@@ -75,6 +75,28 @@ BASE: dict[str, Any] = {
     "train": {"rounds": 3, "clients_per_round": 4, "local_epochs": 1, "batch_size": 32, "lr": 0.3},
     "eval": {"local_eval": "sampled"},
 }
+#: ScalableFL's detection run (no digits: a detector needs a detection set), as short as
+#: one can be: the synthetic shapes, three clients in two groups (16 px of 2 classes, 32 px
+#: of 3), 2 rounds of 4 local steps.
+DETECTION: dict[str, Any] = {
+    "seed": 0,
+    "device": "cpu",
+    "threads": 1,
+    "checkpoint_every": 1,
+    "algorithm": "scalablefl",
+    "options": {"scalablefl": {"base_size": 4, "base_classes": 3}},
+    "data": {
+        "dataset": "synthetic-detection",
+        "groups": [
+            {"size": 16, "classes": 2, "clients": 2, "samples": 24},
+            {"size": 32, "classes": 3, "clients": 1, "samples": 24},
+        ],
+        "test_per_client": 12,
+    },
+    "model": {"name": "ssd-stage-cnn", "stages": 3},
+    "train": {"rounds": 2, "clients_per_round": 3, "local_steps": 4, "batch_size": 8, "lr": 0.02},
+    "eval": {"local_eval": "all"},
+}
 #: A scalable model small enough for 8x8 digits.
 STAGE_CNN = {"model.name": "stage-cnn", "model.stages": 2}
 #: The width methods as their report configs train: 4 classes per client, momentum, decay.
@@ -461,6 +483,12 @@ SCENARIOS: tuple[Scenario, ...] = (
             "scalablefl",
             {**GROUPS, "options.scalablefl": {"base_size": 2, "variant": "individual"}},
         ),
+    ),
+    Scenario(
+        "scalablefl-detection",
+        "ScalableFL's SSD detector on the synthetic shapes: two 16 px 2-class clients and a "
+        "32 px 3-class one, 2 rounds, local mAP per group",
+        DETECTION,
     ),
     Scenario(
         "heterofl-own-level",

@@ -93,7 +93,7 @@ class Delegating:
         data: ClientData,
         private: Mapping[str, torch.Tensor],
         models: ModelCache,
-    ) -> tuple[int, float, int]:
+    ) -> tuple[float, float, int]:
         return self.honest.evaluate(task, data, private, models)
 
 

@@ -27,6 +27,7 @@ from hetfl.config.sections import (
 )
 from hetfl.core.client.wrappers import WrapperChoice
 from hetfl.core.plugins import is_loaded, resolve
+from hetfl.data.detection_sources import DETECTION_DATASETS
 from hetfl.models import ARCHITECTURES, SPLIT, is_composed, is_scalable, is_split
 from hetfl.models.flanc import COMPOSED
 from hetfl.systems.profiles import SystemConfig
@@ -40,6 +41,14 @@ ASYNC_REFUSED = {
     "fedfa": "its scalable aggregation rescales each layer by norms taken across the "
     "round's clients, and how staleness should compose with that rescaling is not defined",
 }
+
+
+#: The methods that train a detector (`_task_fits`).
+DETECTION_METHODS = ("scalablefl",)
+
+
+def _detectors() -> list[str]:
+    return [n for n in ARCHITECTURES.names() if ARCHITECTURES.get(n).detector]
 
 
 class RunConfig(_Strict):
@@ -242,6 +251,7 @@ class RunConfig(_Strict):
                 f"{self.model.name!r} takes one input size: use a scalable model "
                 f"({', '.join(ARCHITECTURES.names())})"
             )
+        self._task_fits()
         if self.train.clients_per_round > self.data.num_clients:
             raise ValueError(
                 f"train.clients_per_round = {self.train.clients_per_round} is more than "
@@ -271,6 +281,35 @@ class RunConfig(_Strict):
                 f"data.num_clients = {self.data.num_clients}"
             )
         return self
+
+    def _task_fits(self) -> None:
+        """A detector trains on a detection set and only there, by a method that trains
+        and scores it (ScalableFL and its variants: plain local training with SSD's loss,
+        clients judged by mAP on their local splits)."""
+        detector, detection = self.model.detector, self.data.detection
+        if detector and not detection:
+            raise ValueError(
+                f"{self.model.name!r} is an object detector, but {self.data.dataset!r} is a "
+                f"classification set: use a detection set ({', '.join(DETECTION_DATASETS.names())})"
+            )
+        if detection and not detector:
+            raise ValueError(
+                f"{self.data.dataset!r} is a detection set, but {self.model.name!r} is not a "
+                f"detector: use one ({', '.join(_detectors())})"
+            )
+        if detector and self.algorithm not in DETECTION_METHODS:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} does not train a detector; "
+                f"{', '.join(DETECTION_METHODS)} does (options.scalablefl.variant: "
+                "heterofl-max, heterofl-max-1 or individual for its comparisons)"
+            )
+        if detector and (
+            self.attack is not None or self.eval.local_trained or self.eval.stats_pass
+        ):
+            raise ValueError(
+                "a detection run scores mAP on the clients' local test splits only: leave "
+                "attack, eval.local_trained and eval.stats_pass out"
+            )
 
     def _reducer_fits(self, algo: str, options: Any) -> None:
         """A reducer kind that bounds the clients it needs (Krum's n > 2f + 2) checked

@@ -19,6 +19,7 @@ from hetfl.core.plateau import PlateauSettings
 from hetfl.core.schedule import LrSchedule
 from hetfl.core.training import LocalTraining, default_of
 from hetfl.data import DATASET_SPLITS, DATASETS, OWNED_DATASETS, PARTITIONERS
+from hetfl.data.detection_sources import DETECTION_DATASETS, check_samples
 from hetfl.data.download import DOWNLOADERS
 from hetfl.data.partition import Deal
 from hetfl.data.views import ViewGroup
@@ -165,7 +166,8 @@ class AugmentConfig(_Strict):
 class DataConfig(_Strict):
     dataset: str = Field(
         "fashion-mnist",
-        description=f"the data source: {', '.join(catalogue.DATASETS)} (docs/data.md)",
+        description=f"the data source: {', '.join(catalogue.DATASETS)}, or for a detector "
+        f"{', '.join(catalogue.DETECTION_DATASETS)} (docs/data.md)",
     )
     path: str | None = Field(
         None,
@@ -214,9 +216,47 @@ class DataConfig(_Strict):
     @field_validator("dataset")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in DATASETS:
-            raise ValueError(DATASETS.unknown_message(v))
+        if v not in DATASETS and v not in DETECTION_DATASETS:
+            raise ValueError(
+                f"{DATASETS.unknown_message(v)}; detection sets: "
+                f"{', '.join(DETECTION_DATASETS.names())}"
+            )
         return v
+
+    @property
+    def detection(self) -> bool:
+        """Whether the dataset is a detection set (`hetfl.data.detection_sources`)."""
+        return self.dataset in DETECTION_DATASETS
+
+    @model_validator(mode="after")
+    def _detection_groups(self) -> DataConfig:
+        """A detection set is dealt IID to groups that each name their side and class
+        count (`hetfl.data.detection_views`): what it cannot do is refused here."""
+        if not self.detection:
+            return self
+        where = f"dataset {self.dataset!r} is a detection set"
+        if not self.groups or any(g.size is None or g.classes is None for g in self.groups):
+            raise ValueError(
+                f"{where}: declare its client groups with their image side and class count, "
+                "data.groups: [{clients: 2, size: 16, classes: 2}, ...]"
+            )
+        unsupported = {
+            "partition": self.partition != PartitionConfig(kind="iid"),
+            "validation": self.validation is not None,
+            "augment": self.augment is not None,
+            "split": self.split is not None,
+            "train_samples": self.train_samples is not None,
+        }
+        given = [k for k, v in unsupported.items() if v]
+        if given:
+            raise ValueError(
+                f"{where}: its clients get IID shares, without validation splits or "
+                f"augmentation; leave {', '.join(given)} out"
+            )
+        if len({g.samples for g in self.groups}) > 1:
+            raise ValueError(f"{where}: give every group the same samples (or none)")
+        check_samples(self.dataset, self.groups[0].samples)
+        return self
 
     @model_validator(mode="after")
     def _known_split(self) -> DataConfig:
@@ -339,13 +379,12 @@ class ModelConfig(_Strict):
     def _known(cls, v: str) -> str:
         if v not in model_names():
             raise ValueError(unknown_model_message(v))
-        if v in ARCHITECTURES and ARCHITECTURES.get(v).detector:
-            raise ValueError(
-                f"{v!r} is an object detector, and a run's task is classification: detection "
-                "runs are not wired yet (issue 53); use it through the library "
-                "(hetfl.models.ssd, hetfl.core.client.multibox)"
-            )
         return v
+
+    @property
+    def detector(self) -> bool:
+        """Whether the model is an object detector (a scalable family's SSD)."""
+        return self.name in ARCHITECTURES and ARCHITECTURES.get(self.name).detector
 
     @model_validator(mode="after")
     def _family_options(self) -> ModelConfig:
@@ -592,6 +631,12 @@ class EvalConfig(_Strict):
         "trained, each joined model after its client's statistics pass as "
         "global_stats_pass rules; on whenever require_global_test is",
     )
+    map_interpolation: Literal["all-point", "11-point"] = Field(
+        "all-point",
+        description="a detector's AP@0.5 (local_map, global_map): all-point, the area under "
+        "the precision envelope (PASCAL VOC 2010 onward), or 11-point, its mean at recall "
+        "0, 0.1, ..., 1 (VOC 2007)",
+    )
 
     @model_validator(mode="after")
     def _stats_pass_needs_local_evaluation(self) -> EvalConfig:
@@ -619,9 +664,12 @@ class TargetConfig(_Strict):
         "global_ppl",
         "local_ppl",
         "local_ppl_trained",
+        "global_map",
+        "local_map",
     ] = Field(description="the metrics.jsonl key watched")
     value: float = Field(
-        description="reached when accuracy is at least, or a loss or perplexity at most, this"
+        description="reached when an accuracy or mAP is at least, or a loss or perplexity at "
+        "most, this"
     )
 
 

@@ -32,6 +32,8 @@ ROW_KEYS = (
     "global_ppl",
     "local_ppl",
     "local_ppl_trained",
+    "global_map",
+    "local_map",
     "loss",
     "bytes_down",
     "bytes_up",
@@ -52,6 +54,8 @@ HIGHER_IS_BETTER = (
     "local_acc_stats",
     "local_acc_trained",
     "val_acc",
+    "global_map",
+    "local_map",
 )
 #: The metrics.jsonl keys a target may watch (config `targets`, `hetfl compare --target`).
 TARGET_METRICS = (
@@ -66,6 +70,8 @@ TARGET_METRICS = (
     "global_ppl",
     "local_ppl",
     "local_ppl_trained",
+    "global_map",
+    "local_map",
 )
 #: How a time to a target is counted (`hetfl.paired`, a study's primary): in rounds, or in
 #: simulated seconds (the run's `system:` clock), each with the label its rows carry.
@@ -84,6 +90,8 @@ _BEST = (
     "global_ppl",
     "local_ppl",
     "local_ppl_trained",
+    "global_map",
+    "local_map",
 )
 #: What `best_by_val` reports of the row it selects.
 _BY_VAL = ("round", "val_acc", "global_acc", "pooled_acc", "local_acc", "test_loss")

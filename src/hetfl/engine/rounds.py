@@ -126,6 +126,8 @@ class RoundLoop(ABC):
         self.x_test, self.y_test = test
         #: A language model's task (token inputs): its rows carry perplexities.
         self._tokens = self.x_test.dtype == torch.int64
+        #: A detector's task (its recipe scores mAP): its rows carry mAPs.
+        self._detects = programs.recipe.scoring is not None
         #: Each registered probe's samples (`hetfl.core.probe`: a backdoor's triggered test
         #: images for `attack_success`), by its metric.
         self.probe_samples = {p.metric: p.samples(*test) for p in settings.probes}
@@ -256,6 +258,7 @@ class RoundLoop(ABC):
             local_acc_trained=mean_local_scores(trained)[0],
             defence=defence_row(outcome.defence, self.settings.malicious),
             language=LanguageScores(done.local, trained) if self._tokens else None,
+            detection=self._detects,
         )
         return row, done.local
 

@@ -330,12 +330,19 @@ def metrics_row(
     local_acc_stats: float | None = None,
     defence: dict[str, Any] | None = None,
     language: LanguageScores | None = None,
+    detection: bool = False,
 ) -> dict[str, Any]:
     """One `metrics.jsonl` row; `loss` is the sample-weighted mean over valid results;
     `defence` the round's decisions (`hetfl.engine.decisions.defence_row`); `language`,
     for a language-model task (token inputs), the local scores the perplexities come
-    from (else they are null). `wall_time_s` is set by the engine once the round's time
+    from (else they are null); with `detection` (the recipe scores a detector), the scores
+    are mAPs (`detection_scores`). `wall_time_s` is set by the engine once the round's time
     is known."""
+    if detection:
+        scores, local_acc, maps = detection_scores(scores, local_acc)
+        local_acc_trained = local_acc_stats = None
+    else:
+        maps = {}
     ppl = {}
     if language is not None:
         ppl = {
@@ -368,4 +375,19 @@ def metrics_row(
         defence=defence,
         **scores.probes,
         **ppl,
+        **maps,
     )
+
+
+def detection_scores(
+    scores: GlobalScores, local_acc: float | None
+) -> tuple[GlobalScores, None, dict[str, float | None]]:
+    """A detection round's scores, which the scoring gave in accuracy's place
+    (`hetfl.core.client.detection_scoring`), under their names: the global model's as
+    `global_map`, the unweighted mean of the clients' mAPs on their local splits as
+    `local_map`, each group's as its `map`; the accuracies are null."""
+    groups = {
+        g: {"map" if k == "acc" else k: v for k, v in e.items()} for g, e in scores.groups.items()
+    }
+    maps = {"global_map": scores.global_acc, "local_map": local_acc}
+    return replace(scores, global_acc=None, pooled_acc=None, groups=groups), None, maps

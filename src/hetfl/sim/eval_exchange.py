@@ -72,7 +72,7 @@ def scoring_exchange(
     return scores, [[_local_score(item, next(answers)) for item in items] for items in asked]
 
 
-def _local_score(item: LocalScoreItem, answer: BatchScore | tuple[int, float, int]) -> LocalScore:
+def _local_score(item: LocalScoreItem, answer: BatchScore | tuple[float, float, int]) -> LocalScore:
     """A client's local evaluation (`score_client`'s answer) as its score."""
     assert not isinstance(answer, BatchScore), "a local evaluation answered a batch's score"
     correct, loss_sum, n = answer

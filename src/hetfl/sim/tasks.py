@@ -236,14 +236,14 @@ class LocalScoreItem(NamedTuple):
     private: State
 
 
-def score_client(ctx: WorkerContext, item: LocalScoreItem) -> tuple[int, float, int]:
+def score_client(ctx: WorkerContext, item: LocalScoreItem) -> tuple[float, float, int]:
     program = ctx.programs.program_for(item.data.cid)
     return program.evaluate(item.task, item.data, item.private, ctx.eval_models)
 
 
 def evaluation_unit(
     ctx: WorkerContext, item: ScoreItem | LocalScoreItem
-) -> BatchScore | tuple[int, float, int]:
+) -> BatchScore | tuple[float, float, int]:
     """A global evaluation's batch or a client's local evaluation, by the item."""
     if isinstance(item, ScoreItem):
         return score_batch(ctx, item)

@@ -86,7 +86,7 @@ class Program(Protocol):
         data: ClientData,
         private: Mapping[str, torch.Tensor],
         models: ModelCache,
-    ) -> tuple[int, float, int]: ...
+    ) -> tuple[float, float, int]: ...
 
 
 #: Takes a client's program and returns the one to run instead (an attack, a fault).
@@ -236,15 +236,18 @@ class ClientProgram:
         data: ClientData,
         private: Mapping[str, torch.Tensor],
         models: ModelCache,
-    ) -> tuple[int, float, int]:
+    ) -> tuple[float, float, int]:
         """(correct, summed loss, count) on the client's split named by `task.split` (its
         local test split, or its validation split), with the model loaded into the
-        evaluation cache `models` (the engine's)."""
+        evaluation cache `models` (the engine's); with the recipe's `scoring` (a
+        detector's), its score summed over the split in place of the correct count."""
         model = models.model_for(task.spec)
         model.load_state_dict(self._state(task.spec, model, task.payload, private), strict=True)
         if task.stats_pass:
             recompute_bn_statistics(model, data.x_train, pixels=data.pixels)
         x, y = data.split(task.split)
+        if self.recipe.scoring is not None:
+            return self.recipe.scoring(model, x, y, task.spec, data.num_classes, data.pixels)
         return evaluate_model(model, x, y, label_mask=task.label_mask, pixels=data.pixels)
 
 

@@ -45,7 +45,9 @@ from typing import Any, ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 
+from hetfl.core.pixels import PixelNorm
 from hetfl.core.server_program import Channel
+from hetfl.core.spec import Spec
 from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientData, ClientInfo, ClientTask, PassRecord, State
 
@@ -236,11 +238,29 @@ class Autograd:
         total.backward()
 
 
+class Scoring(Protocol):
+    """How a client's model is scored on one of its splits when the task is not
+    classification: (the score summed over the split, so that over `count` it is the
+    split's score; the summed loss; count)."""
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        spec: Spec,
+        num_classes: int,
+        pixels: PixelNorm | None,
+    ) -> tuple[float, float, int]: ...
+
+
 @dataclass(frozen=True)
 class LocalRecipe:
     """A method's local training, as parts run in the order listed (see the module
     docstring for where each runs in a step). The default recipe is plain local training:
-    cross-entropy, back-propagation and the settings' optimiser."""
+    cross-entropy, back-propagation and the settings' optimiser. `scoring`, when set, is
+    how the task the recipe trains for is scored (a detector's mAP,
+    `hetfl.core.client.detection_scoring`); without it a client is scored by accuracy."""
 
     forward: Forward = CrossEntropy()
     loss_terms: tuple[LossTerm, ...] = ()
@@ -249,6 +269,7 @@ class LocalRecipe:
     trackers: tuple[Tracker, ...] = ()
     backward: Backward = Autograd()
     upload: Upload | None = None
+    scoring: Scoring | None = None
 
     def parts(self) -> tuple[tuple[str, object], ...]:
         """Every part with its place in the recipe ("forward", "loss term", ...), in the

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+import yaml
 
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, Candidate
 from hetfl.algorithms.parts.width_assignment import WidthAssignment
@@ -278,6 +279,23 @@ def test_an_attacked_run_wraps_its_assignment_and_a_clean_run_does_not() -> None
     assert not isinstance(clean.strategy.assignment, LargestClaims)
 
 
+def test_an_attack_with_the_largest_model_claim_off_keeps_the_clean_assignment() -> None:
+    """`largest: false`: the malicious clients declare nothing and train what the clean
+    run's assignment gives them; the section says so in summary.json and round-trips."""
+    from golden.harness import configured
+
+    section = {"kind": "scaled-poison", "fraction": 0.34, "lambda": 3, "largest": False}
+    cfg = validate(configured("fedavg", {"train.rounds": 1, "attack": section}))
+    parts = build_parts(cfg, show_progress=False)
+    claimed = build_parts(_attacked(0.34, 1), show_progress=False)
+    assert not isinstance(parts.strategy.assignment, LargestClaims)
+    assert parts.attrs == {}
+    assert claimed.attrs and all(a == {LARGEST: True} for a in claimed.attrs.values())
+    assert parts.info["attack"]["largest"] is False
+    assert "largest" not in claimed.info["attack"]  # the claim's records read as before
+    assert validate(yaml.safe_load(cfg.to_yaml())).attack == cfg.attack
+
+
 # -- bad settings -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("attack", "match"),
@@ -288,6 +306,10 @@ def test_an_attacked_run_wraps_its_assignment_and_a_clean_run_does_not() -> None
         ),
         ({"kind": "fedfa-poison", "fraction": -0.1, "lambda": 1}, r"attack.fraction"),
         ({"kind": "fedfa-poison", "lambda": 1}, r"attack.fraction is required"),
+        (
+            {"kind": "fedfa-poison", "fraction": 0.2, "lambda": 1, "largest": "yes"},
+            r"attack.largest must be true .* or false",
+        ),
         (
             {"kind": "fedfa-poison", "fraction": 0.2, "lambda": -1},
             r"lambda = -1: Input should be greater",

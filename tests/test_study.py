@@ -312,3 +312,30 @@ def test_a_perplexity_claim_reads_the_log_ratio_lower_being_better(tmp_path):
         "(non-inferiority), local_ppl at final, 3 seeds, perplexity ratio B/A 1.132): "
         "**non-inferior**, A - B +12.43 log points, 95% interval [-0.05, +24.91]"
     )
+
+
+def test_an_attack_success_claim_reads_lower_as_better_in_points(tmp_path):
+    """Hand-made records: A's backdoor attack success 0.05, 0.10, 0.08 against B's 0.40,
+    0.30, 0.35: A - B = B's - A's = 35, 20, 27 points, mean 27.33, sd 7.5056, 95% interval
+    27.33 -+ 4.303 x 4.3333 = [+8.69, +45.98], above 0 -> holds; B against A (the higher
+    attack success as A) the mirror, below -5 -> fails."""
+    text = STUDY.replace("primary: {metric: global_acc, at: final}",
+                         "primary: {metric: attack_success, at: final}")  # fmt: skip
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    _final_records(study, {"fedprox": [0.05, 0.10, 0.08], "fedavg": [0.40, 0.30, 0.35]},
+                   metric="attack_success")  # fmt: skip
+    (line,) = verdict_lines(study)
+    assert line == (
+        "tiny, fedprox vs fedavg (A no worse than B by more than 5 points "
+        "(non-inferiority), attack_success at final, 3 seeds): "
+        "**holds**, A - B +27.33 points, 95% interval [+8.69, +45.98]"
+    )
+    mirrored = tmp_path / "mirror"
+    mirrored.mkdir()
+    swapped = text.replace("a: fedprox, b: fedavg", "a: fedavg, b: fedprox")
+    study = open_study(_study(mirrored, swapped), mirrored / "runs", mirrored / "results")
+    _final_records(study, {"fedprox": [0.05, 0.10, 0.08], "fedavg": [0.40, 0.30, 0.35]},
+                   metric="attack_success")  # fmt: skip
+    assert verdict_lines(study)[0].endswith(
+        "**fails**, A - B -27.33 points, 95% interval [-45.98, -8.69]"
+    )

@@ -257,8 +257,9 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
     if cfg.attack is not None:
         malicious = draw_malicious([c.cid for c in fed.clients], cfg.attack.fraction, cfg.seed)
         # The malicious clients declare the largest model (`declared_attrs`), which this
-        # one wrapper gives them, whatever the method's assignment.
-        strategy.assignment = LargestClaims(strategy.assignment, family)
+        # one wrapper gives them, whatever the method's assignment; unless the claim is off.
+        if cfg.attack.largest:
+            strategy.assignment = LargestClaims(strategy.assignment, family)
         attack = cfg.attack.chosen.build()
         if isinstance(attack, PlantsTrigger):
             probes = (AttackSuccess(checked_trigger(attack.trigger, fed)),)
@@ -306,5 +307,5 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         info,
         progress,
         cfg.store.settings(),
-        declared_attrs(malicious),
+        declared_attrs(malicious if cfg.attack is not None and cfg.attack.largest else ()),
     )

@@ -10,8 +10,11 @@ the final round, and at each run's round of best validation accuracy where it ha
 for a language model each perplexity (`global_ppl`, `local_ppl`, `local_ppl_trained`) as
 ln(B's / A's), in log points (x 100)
 (`pooled_acc` pairs only with `pooled_acc`: clients' own splits are not the global test
-set), the seed-by-seed differences d = A - B give a mean and its 95 % confidence interval (Student's
-t, n - 1 degrees of freedom). The verdict reads the interval against the claim (`Rule`):
+set); and a backdoor's `attack_success` (the share of triggered test images classified as
+its target, lower being better) negated, so that A - B is B's attack success minus A's, in
+points, positive when A's is lower; the seed-by-seed differences d = A - B give a mean and
+its 95 % confidence interval (Student's t, n - 1 degrees of freedom). The verdict reads the
+interval against the claim (`Rule`):
 
 - superiority, "A is better than B" by more than a margin m >= 0 (default 0): `holds` when
   the whole interval is above m, `fails` when it is below m;
@@ -49,7 +52,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
-from hetfl.engine.outputs import CLOCKS, Target, reached_targets
+from hetfl.engine.outputs import CLOCKS, PROBE_METRICS, Target, reached_targets
 from hetfl.report import RunRecord, algorithm_of
 
 #: How far an interval's bound may pass the margin and still be on it: accuracies are
@@ -71,7 +74,10 @@ METRICS = (
 #: it is in "log points" (about a per-cent difference for small ones), and exp of a mean
 #: difference is the geometric mean of the ratios a paper's perplexity table reports.
 PERPLEXITIES = ("global_ppl", "local_ppl", "local_ppl_trained")
-READ = METRICS + PERPLEXITIES
+#: The shares where lower is better (a backdoor's attack success, the probes' metrics),
+#: each read negated: A - B is B's minus A's, in points, positive when A's is lower.
+LOWER_IS_BETTER = PROBE_METRICS
+READ = METRICS + LOWER_IS_BETTER + PERPLEXITIES
 #: Fewer shared seeds than this give no verdict.
 MIN_SEEDS = 3
 #: The confidence level of the interval, and the power the detectable effect is stated at.
@@ -244,8 +250,10 @@ def _size_name(group: str) -> str:
 
 
 def _scores(row: Mapping[str, Any]) -> dict[str, float]:
-    """The accuracies (mAPs) of one metrics row, by metric name (missing ones left out)."""
+    """The accuracies (mAPs), negated attack successes and negated log perplexities of one
+    metrics row, by metric name (missing ones left out): every one higher is better."""
     out = {m: float(row[m]) for m in METRICS if isinstance(row.get(m), int | float)}
+    out |= {m: -float(row[m]) for m in LOWER_IS_BETTER if isinstance(row.get(m), int | float)}
     for m in PERPLEXITIES:
         value = row.get(m)
         if isinstance(value, int | float) and math.isfinite(value) and value > 0:
@@ -368,7 +376,8 @@ def relative_differences(
     """(A - A's reference) - (B - B's reference), seed by seed, for every setting, metric
     and round choice the four share (`a` and `b` are (method, reference) pairs): B's drop
     minus A's. With `chance_points`, a cell where A's and B's means both end within
-    `SATURATED_POINTS` of chance is marked saturated."""
+    `SATURATED_POINTS` of chance is marked saturated (an accuracy's cell: an attack success
+    or a perplexity has no chance level in accuracy points)."""
     seeds = set.intersection(
         *({int(r.seed) for r in runs if r.seed is not None and _setting(r, n)} for n in (*a, *b))
     )
@@ -385,7 +394,7 @@ def relative_differences(
             continue
         diffs = tuple(x - y for x, y in zip(d.diffs, other.diffs, strict=True))
         saturated = False
-        if chance_points is not None:
+        if chance_points is not None and d.metric not in (*LOWER_IS_BETTER, *PERPLEXITIES):
             a_mean = _mean_score(mine, a[0], d.metric, d.at)
             b_mean = a_mean - between.mean
             saturated = all(100 * m <= chance_points + SATURATED_POINTS for m in (a_mean, b_mean))

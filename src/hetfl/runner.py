@@ -119,9 +119,11 @@ def _chosen(info: dict[str, Any]) -> list[str]:
         attack = dict(info["attack"])
         who = attack.pop("malicious")
         fraction = attack.pop("fraction")
+        claim = attack.pop("largest", True)
+        model = "take the largest model" if claim else "train what the assignment gives them"
         lines.append(
             f"  attack: {_kind_text(attack)} by {len(who)} malicious client(s) "
-            f"({fraction:.0%}): {who}; they take the largest model"
+            f"({fraction:.0%}): {who}; they {model}"
         )
     return lines
 

@@ -11,7 +11,8 @@ clients attack under every compared method, and a resumed run draws the same set
 method's assignment (any one, a plugin's included), applies: it trains the largest spec
 (FedFA's, FlexiFed's and NeFL's largest candidate, HeteroFL's, FjORD's and FLANC's widest
 level, else the possible spec with the most parameters), every other client what it would
-get in the clean run.
+get in the clean run. With the section's `largest: false` (`hetfl.config.attack`) nothing is
+declared and nothing wrapped: the malicious clients train what the clean run gives them.
 
 `OnlyMalicious(attack, malicious)` is the `Wrapper` (`hetfl.core.client.program`) the run's programs
 pass through: a malicious client's honest program goes through `attack`, every other

@@ -4,9 +4,13 @@ around its honest program, validated once into a frozen `Attack`.
 
     attack: {kind: fedfa-poison, fraction: 0.2, lambda: 20}
 
-`fraction` belongs to the section; every other key is the kind's own option, validated by
-the kind (unknown keys are refused, naming the kind's options). No section, no attack: the
-run is exactly the clean run.
+`fraction` belongs to the section, and so does `largest` (default true): whether the
+malicious clients claim the largest model, the threat model of Park and Joe-Wong,
+"Federated Learning with Flexible Architectures" (ECML-PKDD 2024), §5, its worst case for
+the rules that read each element's coverage. With `largest: false` they train what the
+method's assignment gives them, as in the clean run (`hetfl.attacks.malicious`). Every
+other key is the kind's own option, validated by the kind (unknown keys are refused,
+naming the kind's options). No section, no attack: the run is exactly the clean run.
 
 What the section cannot mean is refused here, against the rest of the config
 (`check_attack`, `refuse_attacks_in_wrappers`):
@@ -40,11 +44,12 @@ from hetfl.core.kinds import Chosen, choose
 
 @dataclass(frozen=True)
 class Attack:
-    """A validated `attack:` section: the malicious `fraction` of the clients and the
-    wrapper `chosen` for them."""
+    """A validated `attack:` section: the malicious `fraction` of the clients, the
+    wrapper `chosen` for them and whether they claim the `largest` model."""
 
     fraction: float
     chosen: Chosen[Wrapper]
+    largest: bool = True
 
     @property
     def kind(self) -> str:
@@ -52,9 +57,11 @@ class Attack:
 
     def describe(self) -> dict[str, Any]:
         """`{kind, fraction, ...options}`: what summary.json records, and a value `parse`
-        accepts back (a resolved config round-trips)."""
+        accepts back (a resolved config round-trips). `largest` is written only when off,
+        so that the records of runs with the claim read as they always have."""
         described = self.chosen.describe()
-        return {"kind": described.pop("kind"), "fraction": self.fraction, **described}
+        claim = {} if self.largest else {"largest": False}
+        return {"kind": described.pop("kind"), "fraction": self.fraction, **claim, **described}
 
 
 def parse_attack(value: object) -> Attack:
@@ -77,8 +84,14 @@ def parse_attack(value: object) -> Attack:
     if isinstance(fraction, bool) or not isinstance(fraction, int | float):
         raise ValueError(f"attack.fraction must be a number in [0, 1], got {fraction!r}")
     check_fraction(float(fraction))
-    rest = {k: v for k, v in value.items() if k != "fraction"}
-    return Attack(float(fraction), choose(ATTACKS, rest))
+    largest = value.get("largest", True)
+    if not isinstance(largest, bool):
+        raise ValueError(
+            "attack.largest must be true (the malicious clients claim the largest model) or "
+            f"false (they train what the assignment gives them), got {largest!r}"
+        )
+    rest = {k: v for k, v in value.items() if k not in ("fraction", "largest")}
+    return Attack(float(fraction), choose(ATTACKS, rest), largest)
 
 
 #: The `attack:` field of `RunConfig`: validated by `parse_attack`, written back flat.

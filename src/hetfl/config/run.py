@@ -159,7 +159,8 @@ class RunConfig(_Strict):
         None,
         description="malicious clients: `{kind: <attack>, fraction: <share of clients>, "
         "...its options}` (`hetfl list`, docs/robustness.md); a seeded share of the clients, "
-        "fixed for the run, runs the attack and takes the largest model; simulator only",
+        "fixed for the run, runs the attack and takes the largest model (`largest: false` "
+        "turns that off); simulator only",
     )
     deploy: DeployConfig = Field(
         DeployConfig(), description="Flower settings (docs/deploy.md); the simulator ignores them"

@@ -112,3 +112,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
     terminalreporter.write_sep("-", "golden fixtures")
     terminalreporter.write_line(describe_modes(_GOLDEN[0].modes, SUITE_PINS))
+
+
+@pytest.fixture
+def plugins_unloaded():
+    """A config that names a plugin file loads it into this process: its registrations (the
+    sign-flip attack of examples/plugin) would then be in every later test's registries.
+    After the test, every registry gets back its entries and the plugin files' modules
+    leave `sys.modules` (a later config naming one imports and registers it again)."""
+    import gc
+    import sys
+    import warnings
+
+    from hetfl.core.plugins import FILE_MODULE_PREFIX
+    from hetfl.core.registry import Registry
+
+    with warnings.catch_warnings():  # isinstance on torch's deprecated module attributes
+        warnings.simplefilter("ignore")
+        registries = [o for o in gc.get_objects() if isinstance(o, Registry)]
+    saved = [(r, dict(r._entries)) for r in registries]
+    yield
+    for registry, entries in saved:
+        registry._entries.clear()
+        registry._entries.update(entries)
+    for name in [n for n in sys.modules if n.startswith(FILE_MODULE_PREFIX)]:
+        del sys.modules[name]

@@ -28,6 +28,9 @@ from hetfl.engine.rounds import setup_strategy
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [*sorted((ROOT / "configs").glob("*.yaml")), default_config_path()]
 
+#: Configs here may name plugin files; their registrations must not outlive the test.
+pytestmark = pytest.mark.usefixtures("plugins_unloaded")
+
 
 class Shape(NamedTuple):
     input_shape: tuple[int, ...]

@@ -45,6 +45,9 @@ seeds: [0, 1, 2]
 budget_process_hours: 1
 """
 
+#: Configs here may name plugin files; their registrations must not outlive the test.
+pytestmark = pytest.mark.usefixtures("plugins_unloaded")
+
 
 def _study(tmp_path: Path, text: str = STUDY) -> Path:
     (tmp_path / "base.yaml").write_text(BASE)

@@ -30,7 +30,7 @@ or its outputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, cast
 
 import torch
 from torch import nn
@@ -51,6 +51,29 @@ def slim_conv(cin: int, base_out: int, ratio: float, kernel: int, stride: int) -
         padding=kernel // 2,
         bias=False,
     )
+
+
+def stage_pipeline(stages: nn.ModuleList) -> list[str]:
+    """The pipeline of a mobile family (stem, every block of every stage, last conv, head)."""
+    blocks = [f"stages.{i}.{b}" for i, s in enumerate(stages) for b in range(len(s))]  # type: ignore[arg-type]
+    return ["stem", *blocks, "last", "head"]
+
+
+def run_stages(
+    stem: nn.Module,
+    stages: nn.ModuleList,
+    last: nn.Module,
+    head: nn.Module,
+    x: torch.Tensor,
+    width: float | None,
+) -> torch.Tensor:
+    """A mobile family's forward: stem, the stages' blocks, the last conv, pooled head."""
+    x = stem(x, width)
+    for blocks in stages:
+        for block in cast(nn.ModuleList, blocks):
+            x = block(x, width)
+    x = last(x, width)  # (B, C_last, H', W')
+    return head(x.mean(dim=(2, 3)), width)  # type: ignore[no-any-return]
 
 
 class ConvNormAct(nn.Module):

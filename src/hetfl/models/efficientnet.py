@@ -67,14 +67,13 @@ Choices of this family:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hetfl.core.spec import Spec
-from hetfl.models.blocks import ConvNormAct, StepSize, slim_conv
+from hetfl.models.blocks import ConvNormAct, StepSize, run_stages, slim_conv, stage_pipeline
 from hetfl.models.norms import NormFactory
 from hetfl.models.scalable import ARCHITECTURES, Architecture
 from hetfl.models.slim import SlimConv2d, SlimDepthwiseConv2d, SlimLinear, channels
@@ -267,23 +266,12 @@ class EfficientNetV2(nn.Module):
         self.head = SlimLinear(
             channels(widths[last], layout.last), spec["num_classes"], base_out=None
         )
-        self.pipeline = (
-            ["stem"]
-            + [
-                f"stages.{i}.{b}"
-                for i, s in enumerate(self.stages)
-                for b in range(len(cast(nn.ModuleList, s)))
-            ]
-            + ["last", "head"]
-        )
+        self.pipeline = stage_pipeline(self.stages)
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        x = self.stem(x, width)  # (B, 24 r_1, H / s_stem, W / s_stem)
-        for blocks in self.stages:
-            for block in cast(nn.ModuleList, blocks):
-                x = block(x, width)
-        x = self.last(x, width)  # (B, 1280 r_last, H', W')
-        return self.head(x.mean(dim=(2, 3)), width)  # (B, num_classes)
+        return run_stages(
+            self.stem, self.stages, self.last, self.head, x, width
+        )  # (B, num_classes)
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,12 @@ ECML-PKDD 2024, trains MobileNetV2 on CIFAR-100 and its Table 4 could not be rea
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hetfl.core.spec import Spec
-from hetfl.models.blocks import ConvNormAct, slim_conv
+from hetfl.models.blocks import ConvNormAct, run_stages, slim_conv, stage_pipeline
 from hetfl.models.norms import NormFactory
 from hetfl.models.scalable import ARCHITECTURES, Architecture, SpecError
 from hetfl.models.slim import SlimDepthwiseConv2d, SlimLinear, channels
@@ -131,19 +129,12 @@ class MobileNetV2(nn.Module):
         last = spec["stages"] - 1
         self.last = ConvNormAct(c, LAST, widths[last], norm, 1, 1, F.relu6)
         self.head = SlimLinear(channels(widths[last], LAST), spec["num_classes"], base_out=None)
-        self.pipeline = (
-            ["stem"]
-            + [f"stages.{i}.{b}" for i, s in enumerate(self.stages) for b in range(len(s))]  # type: ignore[arg-type]
-            + ["last", "head"]
-        )
+        self.pipeline = stage_pipeline(self.stages)
 
     def forward(self, x: torch.Tensor, width: float | None = None) -> torch.Tensor:
-        x = self.stem(x, width)  # (B, 32 r_1, H / s_stem, W / s_stem)
-        for blocks in self.stages:
-            for block in cast(nn.ModuleList, blocks):
-                x = block(x, width)
-        x = self.last(x, width)  # (B, 1280 r_last, H', W')
-        return self.head(x.mean(dim=(2, 3)), width)  # (B, num_classes)
+        return run_stages(
+            self.stem, self.stages, self.last, self.head, x, width
+        )  # (B, num_classes)
 
 
 def halvings(spec: Spec) -> int:

@@ -54,9 +54,9 @@ def test_the_trim_follows_each_elements_coverage_where_the_naive_one_trims_nothi
 def test_beyond_the_breakdown_point_the_median_is_taken_and_a_warning_given_once():
     """Fraction 0.4 of n = 5: A = 2. Element 0 (k = 5 > 4): drop 2 at each end, 3. Element
     1 (k = 3 <= 2A): attackers may be half or more of it: the median, 20, and a warning
-    naming 50.0 % of the reduced elements (1 of 2); the run's next reduction warns no more."""
+    naming 1 of the 2 reduced elements (50 %, in w); the run's next reduction warns no more."""
     factory = _factory("coverage-trimmed-mean", fraction=0.4)
-    with pytest.warns(UserWarning, match=r"50\.0% of the model's reduced elements .* 2 "):
+    with pytest.warns(UserWarning, match=r"1 of the model's 2 reduced elements \(50 %, in w\)"):
         assert torch.equal(_reduce(factory), torch.tensor([3.0, 20.0]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -70,7 +70,7 @@ def test_the_coverage_median_is_the_median_with_the_breakdown_warning():
         assert torch.equal(
             _reduce(_factory("coverage-median", fraction=0.2)), torch.tensor([3.0, 20.0])
         )
-    with pytest.warns(UserWarning, match=r"50\.0%"):
+    with pytest.warns(UserWarning, match=r"\(50 %, in w\)"):
         _reduce(_factory("coverage-median", fraction=0.4))
 
 
@@ -151,3 +151,62 @@ def test_coverage_krum_does_not_pick_by_width_where_the_naive_one_does():
         decided[kind] = reducer.decisions.per_client
     assert decided["multi-krum"] == ["kept", "kept", "kept", "dropped", "dropped"]
     assert decided["coverage-multi-krum"] == ["dropped", "kept", "dropped", "kept", "kept"]
+
+
+# -- the breakdown count -------------------------------------------------------------------------
+def _label_split(factory, body: int):
+    """Ten clients: all cover `body` (k = 10); `head` (10 rows of 4) is label-split: rows 0-4
+    by every client, row 5 + c % 5 by client c only (k = 2 each); `edge`'s element 0 by
+    clients 0-3 (k = 4), its element 1 by clients 0-4 (k = 5); `unused` by none."""
+    zeros = {"body": torch.zeros(body), "head": torch.zeros(10, 4), "edge": torch.zeros(2)}
+    reference = {**zeros, "unused": torch.zeros(3)}
+    reducer = factory(reference)
+    for c in range(10):
+        rows = torch.zeros(10, 4)
+        rows[:5] = 1
+        rows[5 + c % 5] = 1
+        edge = torch.tensor([float(c < 4), float(c < 5)])
+        imap = [
+            MapEntry("body", "body"),
+            MapEntry("head", "head", mask=rows),
+            MapEntry("edge", "edge", mask=edge),
+        ]
+        reducer.add(zeros, imap, 1.0)
+    return reducer, reference
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("coverage-trimmed-mean", {"fraction": 0.2}),
+        ("coverage-median", {"fraction": 0.2}),
+        ("coverage-krum", {"f": 2}),
+    ],
+)
+def test_the_breakdown_count_and_its_warning_are_a_hand_count(kind: str, options: dict):
+    """A = ceil(0.2 · 10) = 2 (or f = 2): an element is beyond where k <= 4. By hand: the 5
+    label-split rows x 4 columns = 20 elements and `edge`'s element 0 (k = 4, at the bound;
+    element 1, k = 5, is not), 21 of the 100,000 + 40 + 2 covered (`unused` is covered by no
+    one: not reduced), a share of 21 / 100,042 = 0.020991 %, printed with three significant
+    digits (the one-decimal "0.0%" said nothing), with its count and tensors."""
+    from hetfl.core.server.robust import Beyond
+
+    reducer, reference = _label_split(_factory(kind, **options), 100_000)
+    with pytest.warns(UserWarning) as caught:
+        reducer.result(reference)
+    (message,) = [str(w.message) for w in caught]
+    assert "21 of the model's 100,042 reduced elements (0.021 %, in edge, head)" in message
+    expected = Beyond(elements=21, covered=100_042, attackers=2, tensors=("edge", "head"))
+    assert reducer.beyond == expected
+    assert reducer.beyond.share == 21 / 100_042
+
+
+def test_without_elements_beyond_the_count_is_zero_and_nothing_warns():
+    """Fraction 0: A = 0, and every covered element has k >= 1 > 2A: none of the 10 + 40 + 2
+    covered elements is beyond, and nothing warns."""
+    reducer, reference = _label_split(_factory("coverage-median", fraction=0.0), 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reducer.result(reference)
+    assert reducer.beyond is not None
+    assert (reducer.beyond.elements, reducer.beyond.covered) == (0, 52)

@@ -55,7 +55,15 @@ from typing import Literal
 
 import torch
 
-from hetfl.core.server.robust import CoordinateReducer, HeldClients, median
+from hetfl.core.server.robust import (
+    Beyond,
+    Breakdown,
+    CoordinateReducer,
+    HeldClients,
+    beyond_breakdown,
+    median,
+    warn_beyond,
+)
 from hetfl.core.spec import IndexMap, first_entries
 from hetfl.core.state import (
     Fill,
@@ -180,6 +188,13 @@ class DecisionRecorder:
         self.built.append(guard)
         return guard
 
+    def beyond(self) -> Beyond | None:
+        """The round's elements beyond the breakdown point: of the reductions whose reducer
+        counts them (a coverage-aware rule's `beyond`), the one with the largest share (the
+        first of equal ones); None when no reducer counts them."""
+        counted = [b for g in self.built if (b := getattr(g.inner, "beyond", None)) is not None]
+        return max(counted, key=lambda b: b.share, default=None)
+
     def decided(self, first: Sequence[int], later: Sequence[int]) -> RoundDecisions | None:
         """The round's decisions by client id, None when no reducer decided any. `first`
         names the client of each contribution of the round's first reduction (the
@@ -273,7 +288,10 @@ KrumScores = Callable[[HeldClients, int], torch.Tensor]
 class KrumReducer:
     """Multi-Krum keeping `m` clients (Krum: m = 1; None: n − f), then the weighted mean;
     `kind` names it in its decisions, `scores` scores the clients (the naive
-    `shared_element_scores`, or `hetfl.core.server.cell_krum.cell_scores`)."""
+    `shared_element_scores`, or `hetfl.core.server.cell_krum.cell_scores`). With a
+    `breakdown` (the coverage-aware kinds), each result counts in `beyond` the elements
+    covered by k <= 2f clients, where f Byzantine clients can be half or more of the
+    coverage (`beyond_breakdown`), and the run's first such result warns."""
 
     def __init__(
         self,
@@ -282,11 +300,13 @@ class KrumReducer:
         m: int | None,
         kind: str = "multi-krum",
         scores: KrumScores = shared_element_scores,
+        breakdown: Breakdown | None = None,
     ) -> None:
         self.held, self.f, self.m, self.kind = HeldClients(reference), f, m, kind
-        self.scores = scores
+        self.scores, self.breakdown = scores, breakdown
         self.fallback = CoordinateReducer(reference, median)
         self.decisions = Decisions(kind)
+        self.beyond: Beyond | None = None
 
     def add(
         self,
@@ -301,6 +321,11 @@ class KrumReducer:
     def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
         check_fill(fill)
         n = len(self.held)
+        if self.breakdown is not None:
+            self.beyond = beyond_breakdown(self.held, self.f)
+            if self.beyond.elements and not self.breakdown.warned:
+                self.breakdown.warned = True
+                warn_beyond(self.beyond, n, f"{self.kind} with f = {self.f}")
         if not n > 2 * self.f + 2:
             self.decisions = Decisions(self.kind, ["kept"] * n, fallback=True)
             return self.fallback.result(previous, fill)

@@ -24,7 +24,8 @@ Built in:
   then the weighted mean of the kept clients; a round with n <= 2f + 2 valid results takes
   the median (`hetfl.core.server.defences`); `coverage-krum` and `coverage-multi-krum`, the
   same options, score each client within the cells of elements the same clients cover
-  (`hetfl.core.server.cell_krum`), where `krum` and `multi-krum` are the naive baselines.
+  (`hetfl.core.server.cell_krum`), where `krum` and `multi-krum` are the naive baselines,
+  and warn, once, where f Byzantine clients can be half or more of an element's coverage.
 
 `median` and `trimmed-mean` are Yin et al.'s estimators (ICML 2018, §3, Definitions 1
 and 2), unweighted (`hetfl.core.server.robust`). A config writes
@@ -201,11 +202,23 @@ def _multi_krum(options: MultiKrumOptions) -> ReducerFactory:
 
 @register_reducer("coverage-krum", KrumOptions)
 def _coverage_krum(options: KrumOptions) -> ReducerFactory:
-    return partial(KrumReducer, f=options.f, m=1, kind="coverage-krum", scores=cell_scores)
+    return partial(
+        KrumReducer,
+        f=options.f,
+        m=1,
+        kind="coverage-krum",
+        scores=cell_scores,
+        breakdown=Breakdown(),
+    )
 
 
 @register_reducer("coverage-multi-krum", MultiKrumOptions)
 def _coverage_multi_krum(options: MultiKrumOptions) -> ReducerFactory:
     return partial(
-        KrumReducer, f=options.f, m=options.m, kind="coverage-multi-krum", scores=cell_scores
+        KrumReducer,
+        f=options.f,
+        m=options.m,
+        kind="coverage-multi-krum",
+        scores=cell_scores,
+        breakdown=Breakdown(),
     )

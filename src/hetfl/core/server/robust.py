@@ -153,7 +153,7 @@ class CoordinateReducer:
     float64 copies of each touched tensor and their coverage."""
 
     def __init__(self, reference: Mapping[str, torch.Tensor], statistic: Statistic) -> None:
-        self._held = HeldClients(reference)
+        self.held = HeldClients(reference)
         self._statistic = statistic
 
     def add(
@@ -164,13 +164,13 @@ class CoordinateReducer:
         scale: Mapping[str, float] | None = None,
     ) -> None:
         """Add one client. Entries of weight zero do not cover; the weight is otherwise unused."""
-        self._held.add(local, index_map, weight, scale)
+        self.held.add(local, index_map, weight, scale)
 
     def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
         """The statistic where k >= 1 clients cover an element; `previous` or zero elsewhere."""
         check_fill(fill)
         out: State = {}
-        held = self._held
+        held = self.held
         for name, prev in previous.items():
             holding = [i for i in range(len(held)) if name in held.values[i]]
             if not holding:
@@ -238,6 +238,63 @@ class Breakdown:
     warned: bool = False
 
 
+@dataclass(frozen=True)
+class Beyond:
+    """One reduction's elements beyond the breakdown point: the `elements` (of the
+    `covered` ones, those at least one client covers) where the `attackers` that may attack
+    can be half or more of the clients covering them (k <= 2A), and the global `tensors`
+    holding them, sorted."""
+
+    elements: int
+    covered: int
+    attackers: int
+    tensors: tuple[str, ...] = ()
+
+    @property
+    def share(self) -> float:
+        """`elements` / `covered` (0 where nothing is covered)."""
+        return self.elements / self.covered if self.covered else 0.0
+
+
+def beyond_breakdown(held: HeldClients, attackers: int) -> Beyond:
+    """The elements of `held` covered by k >= 1 clients with k <= 2·`attackers`: under the
+    worst case that every attacker covers every element (Park and Joe-Wong, §3.1), there
+    the attackers can be half or more of an element's coverage and no rule holds."""
+    elements = covered = 0
+    tensors = []
+    names = sorted({name for values in held.values for name in values})
+    for name in names:
+        count = torch.stack([c[name] for c in held.covered if name in c]).sum(dim=0)  # k
+        hit = count > 0
+        beyond = int((hit & (count <= 2 * attackers)).sum())
+        elements += beyond
+        covered += int(hit.sum())
+        if beyond:
+            tensors.append(name)
+    return Beyond(elements, covered, attackers, tuple(tensors))
+
+
+def percent(share: float) -> str:
+    """A share in per cent with three significant digits ("0.0475 %", "93.7 %", "100 %"),
+    so that a share of a few elements of a large model does not print as 0.0 %."""
+    return f"{100 * share:.3g} %"
+
+
+def warn_beyond(beyond: Beyond, added: int, declared: str) -> None:
+    """The breakdown warning: how many elements, their share, the tensors holding them."""
+    shown = ", ".join(beyond.tensors[:3]) + (
+        f" and {len(beyond.tensors) - 3} more" if len(beyond.tensors) > 3 else ""
+    )
+    warnings.warn(
+        f"{beyond.elements:,} of the model's {beyond.covered:,} reduced elements "
+        f"({percent(beyond.share)}, in {shown}) are covered by at most twice the "
+        f"{beyond.attackers} client(s) that may attack of {added} ({declared}): there "
+        "attackers can be half or more of the clients covering an element, and no rule "
+        "holds (a coordinate-wise one takes the median there); warned once per run",
+        stacklevel=3,
+    )
+
+
 class CoverageReducer:
     """The coordinate-wise median or trimmed mean with a trim that follows each element's
     coverage and the declared malicious `fraction` β (a reducer, `hetfl.core.state.Reducer`).
@@ -249,8 +306,9 @@ class CoverageReducer:
     and the rest averaged (never a trim of 0 where β says attackers may be there, as
     floor(β·k) is for k < 1/β), without it, the median. Where k <= 2A, attackers can be half
     or more of the element's coverage, and no rule holds: the element takes the median of
-    its k values, and the first reduction of the run with such elements warns (`breakdown`,
-    once), naming their share of the reduced elements."""
+    its k values, `beyond` counts them (`beyond_breakdown`, for the run outputs), and the
+    first reduction of the run with such elements warns (`breakdown`, once), naming how
+    many, their share of the reduced elements and their tensors."""
 
     def __init__(
         self,
@@ -263,7 +321,8 @@ class CoverageReducer:
         self.fraction, self.trim, self.breakdown = fraction, trim, breakdown
         self._added = 0
         self._attackers = 0
-        self._beyond = self._covered = 0
+        #: The last result's elements beyond the breakdown point (None before a result).
+        self.beyond: Beyond | None = None
 
     def add(
         self,
@@ -277,26 +336,15 @@ class CoverageReducer:
 
     def result(self, previous: Mapping[str, torch.Tensor], fill: Fill = "keep") -> State:
         self._attackers = math.ceil(self.fraction * self._added)
-        self._beyond = self._covered = 0
         out = self._inner.result(previous, fill)
-        if self._beyond and not self.breakdown.warned:
+        self.beyond = beyond_breakdown(self._inner.held, self._attackers)
+        if self.beyond.elements and not self.breakdown.warned:
             self.breakdown.warned = True
-            share = self._beyond / self._covered
-            warnings.warn(
-                f"{share:.1%} of the model's reduced elements are covered by at most twice "
-                f"the {self._attackers} client(s) that may attack of {self._added} (declared "
-                f"malicious fraction {self.fraction}): there attackers can be half or more of "
-                "the clients covering an element, and no coordinate-wise rule holds (those "
-                "elements take the median); warned once per run",
-                stacklevel=2,
-            )
+            warn_beyond(self.beyond, self._added, f"declared malicious fraction {self.fraction}")
         return out
 
     def _statistic(self, ordered: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         attackers = self._attackers
-        covered = count > 0
-        self._beyond += int((covered & (count <= 2 * attackers)).sum())
-        self._covered += int(covered.sum())
         if not self.trim:
             return median(ordered, count)
         return _without_ends(ordered, count, count.clamp(max=attackers))  # min(A, k) each end

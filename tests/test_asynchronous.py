@@ -102,7 +102,7 @@ def test_fedasync_mixes_one_stale_update_on_the_elements_it_covers(tmp_path):
     before = {n: v.clone() for n, v in sim.state.items()}
     _, trained = _uploads(sim, [4])  # client 4: a sub-model, not the full width
     sim._staleness = {4: 3}
-    new, _ = sim.combine(5, trained)
+    new = sim.combine(5, trained).state
     a_t = 0.6 * (3 + 1) ** -0.5
     expected = _direct(before, trained, [trained.trained[0].result.tensors], a_t)
     moved = 0
@@ -122,7 +122,7 @@ def test_fedbuff_steps_along_the_mean_of_staleness_weighted_deltas(tmp_path):
     # the model moved since the clients downloaded: deltas are from what each was sent
     sim.state = {n: v + 0.25 if v.is_floating_point() else v.clone() for n, v in sim.state.items()}
     before = {n: v.clone() for n, v in sim.state.items()}
-    new, _ = sim.combine(4, trained)
+    new = sim.combine(4, trained).state
     weights = {0: 1.0, 2: 1 / math.sqrt(2), 5: 0.5}
     uploads = []
     for item in trained.trained:  # x_local + w (y - sent), written out

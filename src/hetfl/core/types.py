@@ -3,7 +3,7 @@
 These are the words of the round protocol (see `hetfl.core.server.strategy`):
 
     engine -> [ClientInfo] -> strategy.plan -> [ClientTask] -> client program -> ClientResult
-    engine -> strategy.aggregate(round, state, TrainedRound) -> (new global state, defence)
+    engine -> strategy.aggregate(round, state, TrainedRound) -> (new global state, defence, beyond)
     engine -> strategy.eval_models(state) -> [EvalModel]
 
 Everything here is a plain dataclass of tensors, numbers and strings, so that an engine

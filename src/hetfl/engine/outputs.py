@@ -208,14 +208,17 @@ def summarise(
     failures: Mapping[str, int],
     rounds_aggregated: int,
     defence: Mapping[str, Any] | None = None,
+    breakdown: Mapping[str, Any] | None = None,
     phases: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Final and best of each metric, the row selected by validation accuracy
     (`best_by_val`), when each target was first reached, the excluded clients counted by
     kind (`hetfl.core.types.FailureKind`), how many rounds aggregated any client's
     result, a defence's totals (`hetfl.engine.decisions.defence_summary`; None
-    without one) and each phase's wall and CPU seconds (`hetfl.engine.phases.PhaseLog`;
-    kept out of the metrics rows, which the golden fixtures pin)."""
+    without one), a coverage-aware rule's elements beyond its breakdown point
+    (`hetfl.engine.breakdown.breakdown_summary`; None without one) and each phase's wall
+    and CPU seconds (`hetfl.engine.phases.PhaseLog`; kept out of the metrics rows, which
+    the golden fixtures pin)."""
     final = dict(rows[-1]) if rows else {}
     best: dict[str, float | None] = {}
     for key in _BEST:
@@ -234,6 +237,7 @@ def summarise(
         "failures": dict(sorted(failures.items())),
         "rounds_aggregated": rounds_aggregated,
         "defence": None if defence is None else dict(defence),
+        "breakdown": None if breakdown is None else dict(breakdown),
         "phases": None if phases is None else dict(phases),
     }
 

@@ -66,6 +66,8 @@ from hetfl.core.types import (
     State,
     TrainedRound,
 )
+from hetfl.engine.breakdown import add_round as count_beyond
+from hetfl.engine.breakdown import breakdown_summary
 from hetfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from hetfl.engine.decisions import add_round, defence_row, defence_summary
 from hetfl.engine.evaluation_plan import EvaluationPlan, build_plan, run_plan
@@ -200,8 +202,10 @@ class RoundLoop(ABC):
                     with self.progress.phase("eval", rnd):
                         before = self.trained_scores(rnd, trained)
                 # Step 3: aggregate -- all valid results at once with their tasks, by client id.
-                self.state, outcome.defence = self.combine(rnd, trained)
+                aggregated = self.combine(rnd, trained)
+                self.state, outcome.defence = aggregated.state, aggregated.defence
                 add_round(self.counters.defence, outcome.defence, self.settings.malicious)
+                count_beyond(self.counters.breakdown, aggregated.beyond)
                 # Step 3b: the strategy's server phase, on every valid upload of the round.
                 with self.progress.phase("server_phase", rnd):
                     self._server_phase(rnd, trained, outcome)
@@ -234,6 +238,7 @@ class RoundLoop(ABC):
             failures=self.counters.failures,
             rounds_aggregated=self.counters.rounds_aggregated,
             defence=defence_summary(self.counters.defence, bool(self.settings.malicious)),
+            breakdown=breakdown_summary(self.counters.breakdown),
             phases=self.progress.phases.record(),
         )
         write_json(self.run_dir / "summary.json", summary)

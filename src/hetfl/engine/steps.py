@@ -47,7 +47,8 @@ Groups = dict[str, dict[str, float | int]]
 class Counters:
     """Cumulative quantities since round 1; checkpointed. `failures` counts excluded
     clients by `FailureKind`; `rounds_aggregated` the rounds that aggregated any result;
-    `defence` a defence's decisions (`hetfl.engine.decisions.add_round`)."""
+    `defence` a defence's decisions (`hetfl.engine.decisions.add_round`); `breakdown` a
+    coverage-aware rule's elements beyond its breakdown point (`hetfl.engine.breakdown`)."""
 
     bytes_down: int = 0
     bytes_up: int = 0
@@ -57,6 +58,7 @@ class Counters:
     failures: dict[str, int] = field(default_factory=dict)
     rounds_aggregated: int = 0
     defence: dict[str, Any] = field(default_factory=dict)
+    breakdown: dict[str, Any] = field(default_factory=dict)
 
     def count_round(self, outcome: RoundOutcome) -> None:
         """Add a trained round's charges, its failures and whether it aggregated anything."""

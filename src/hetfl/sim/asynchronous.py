@@ -239,10 +239,10 @@ class AsyncSimulation(Simulation):
         weights = [self.rule.weight(self._staleness[t.task.cid]) for t in trained.trained]
         if self.rule.mode == "fedasync":
             done = self.strategy.aggregate(rnd, self.state, trained)
-            return Aggregated(moved(self.state, done.state, weights[0]), done.defence)
+            return done._replace(state=moved(self.state, done.state, weights[0]))
         uploads = delta_uploads(trained, self.state, weights)
         done = self.strategy.aggregate(rnd, self.state, uploads)
-        return Aggregated(moved(self.state, done.state, self.rule.server_lr), done.defence)
+        return done._replace(state=moved(self.state, done.state, self.rule.server_lr))
 
     def after_training(self, outcome: RoundOutcome) -> None:
         """The clock moved with the events (`collect`); only the heap is given back."""

@@ -13,7 +13,7 @@ each client with per-sample logits. The strategy provides such a phase as a part
              download, if any (`ClientTask.download`, counted in `bytes_down` then)
     clients: train; each sends `ClientResult.uploads` (counted in `bytes_up`, checked
              against the declaration: a bad upload fails that client, not the run)
-    engine:  state, defence = strategy.aggregate(...)
+    engine:  state, defence, beyond = strategy.aggregate(...)
              phase = run(round, state, uploads of the valid clients in client-id order,
                          generator (seed, round, SERVER, "server-phase"))
              -> PhaseResult(new state, downloads by client, passes, input shape)

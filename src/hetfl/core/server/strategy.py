@@ -40,7 +40,8 @@ simulator, the Flower adapter) call these verbs:
    index map (names, shapes, finiteness); invalid results and clients that raised become
    `Failure`s.
 3. `aggregate(round, state, trained)` -> `Aggregated`: the new global state and what a
-   defence among the reducers decided (`Aggregated.defence`). `trained` (a
+   defence among the reducers decided (`Aggregated.defence`; a coverage-aware rule's
+   elements beyond the breakdown point, `Aggregated.beyond`). `trained` (a
    `TrainedRound`) holds every valid result at once with the task it answered, sorted by
    client id, so norms across clients and robust rules are possible, and each result is
    written through the index map its task carried; without results the state comes back
@@ -86,6 +87,7 @@ from hetfl.core.server.evaluation import (
 )
 from hetfl.core.server.maps import MapTransform
 from hetfl.core.server.phase import PhaseResult, ServerPhase, Upload
+from hetfl.core.server.robust import Beyond
 from hetfl.core.server.update import (
     Averaged,
     Contribution,
@@ -146,11 +148,14 @@ TraceFields = Callable[[ClientInfo, ClientTask | None], Mapping[str, Any]]
 
 
 class Aggregated(NamedTuple):
-    """A round's aggregation: the new global state, and what the method's defence decided
-    for each trained client (`hetfl.core.server.defences`; None without a defence or results)."""
+    """A round's aggregation: the new global state, what the method's defence decided for
+    each trained client (`hetfl.core.server.defences`; None without a defence or results),
+    and the elements a coverage-aware rule found beyond the breakdown point
+    (`DecisionRecorder.beyond`; None without such a rule or results)."""
 
     state: State
     defence: RoundDecisions | None
+    beyond: Beyond | None = None
 
 
 @dataclass(frozen=True)
@@ -470,7 +475,8 @@ class Strategy:
         average = reduce(recorder, state, contributions, fill="keep")
         done = RoundResults(results, maps, weights, self._parameter_names(), recorder)
         new = self.aggregation.server_update.step(state, average, done)
-        return Aggregated(new, recorder.decided(owners, [r.cid for r in results]))
+        decided = recorder.decided(owners, [r.cid for r in results])
+        return Aggregated(new, decided, recorder.beyond())
 
     def server_program(
         self, round: int, state: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]

@@ -342,3 +342,48 @@ def test_an_attack_success_claim_reads_lower_as_better_in_points(tmp_path):
     assert verdict_lines(study)[0].endswith(
         "**fails**, A - B -27.33 points, 95% interval [-45.98, -8.69]"
     )
+
+
+BREAKDOWN = STUDY.replace(
+    """  fedprox: {algorithm: fedprox, options.fedprox.mu: 0.01}
+  fedavg: {algorithm: fedavg}""",
+    """  attacked: {algorithm: fedavg}
+  clean: {algorithm: fedavg}""",
+).replace("a: fedprox, b: fedavg", "a: attacked, b: clean")
+
+
+def _records_with(study, finals: dict[str, list[float]], extra: dict[str, dict]) -> None:
+    """`_final_records` with `extra` summary keys (by method) in every seed's summary."""
+    _final_records(study, finals)
+    for name, values in finals.items():
+        for seed in range(len(values)):
+            path = study.records_dir / f"{name}-s{seed}" / "summary.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **extra.get(name, {})}))
+
+
+@pytest.mark.parametrize(
+    ("attacked", "clean", "mark"),
+    [
+        # the attacked runs have elements beyond (2,570 of 5,878,474: FedFA's label-split head)
+        ({"attack": {"malicious": [3]}, "breakdown": {"max_share": 2570 / 5878474}}, {},
+         ", beyond breakdown (0.0437 % of elements)"),
+        # counted, none beyond; the clean run's count (the same rule) is not an attacked run's
+        ({"attack": {"malicious": [3]}, "breakdown": {"max_share": 0.0}},
+         {"attack": {"malicious": []}, "breakdown": {"max_share": 0.5}}, ""),
+        ({"attack": {"malicious": [3]}}, {}, ""),  # an older record: no key, not marked
+    ],
+)  # fmt: skip
+def test_a_cell_whose_attacked_runs_are_beyond_the_breakdown_is_marked(
+    tmp_path, attacked, clean, mark
+):
+    """Hand-made records: the attacked run's final accuracy 0.70, 0.71, 0.72 against the
+    clean 0.80, 0.80, 0.80: A - B = -10, -9, -8 points, mean -9, sd 1, 95% interval -9 -+
+    4.303 x 0.57735 = [-11.48, -6.52], below -5 -> fails; marked beside the verdict (the
+    line and the table) only where an attacked run has a share above 0."""
+    study = open_study(_study(tmp_path, BREAKDOWN), tmp_path / "runs", tmp_path / "results")
+    finals = {"attacked": [0.70, 0.71, 0.72], "clean": [0.80, 0.80, 0.80]}
+    _records_with(study, finals, {"attacked": attacked, "clean": clean})
+    (line,) = verdict_lines(study)
+    assert line.endswith(f"**fails**{mark}, A - B -9.00 points, 95% interval [-11.48, -6.52]")
+    table_verdict = f"| fails{mark} "  # the table pads its cells
+    assert table_verdict in report_text(study)

@@ -42,13 +42,22 @@ averaged away.
 
 A method's sub-models of one size pair whatever the method calls them: `capacity=p`
 (FLANC) and `width=p` (HeteroFL, FjORD) are both reported as `p=p`.
+
+A comparison whose attacked runs (those with malicious clients, `summary.json`'s
+`attack.malicious`) have any element beyond a coverage-aware rule's breakdown point in any
+round (`summary.json`'s `breakdown.max_share` > 0, `hetfl.engine.breakdown`) is marked
+"beyond breakdown (X % of elements)" beside its verdict, X the largest such share among
+them: there attackers can be half or more of some element's coverage and no rule can hold,
+so a target stated "where attackers are below half of every element's coverage" does not
+apply to it, whatever the verdict. Any element counts: the condition is "every element".
+Records without the key (older ones, rules that do not count) are not marked.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
@@ -144,6 +153,17 @@ class PairedDifference:
     censored: tuple[int, int] = (0, 0)
     #: A relative comparison whose A and B both ended at chance (`relative_differences`).
     saturated: bool = False
+    #: The largest share of elements beyond the breakdown point among the cell's attacked
+    #: runs (`breakdown_share`), None where none has any.
+    beyond: float | None = None
+
+    @property
+    def mark(self) -> str:
+        """What the cell's verdict is read beside: "beyond breakdown (X % of elements)", or
+        "" for a cell with no attacked run beyond the breakdown point."""
+        if self.beyond is None:
+            return ""
+        return f"beyond breakdown ({100 * self.beyond:.3g} % of elements)"
 
     @property
     def n(self) -> int:
@@ -241,6 +261,20 @@ def paired_difference(
     return PairedDifference(setting, metric, at, diffs, rule)
 
 
+def breakdown_share(runs: Iterable[RunRecord]) -> float | None:
+    """The largest `breakdown.max_share` of `summary.json` among the attacked `runs` (with
+    malicious clients) where it is above 0; None where none is (a run without the key, an
+    older record or a rule that does not count, is not beyond)."""
+    shares = [
+        float(share)
+        for r in runs
+        if (r.summary.get("attack") or {}).get("malicious")
+        and isinstance(share := (r.summary.get("breakdown") or {}).get("max_share"), int | float)
+        and share > 0
+    ]
+    return max(shares, default=None)
+
+
 def _size_name(group: str) -> str:
     """A sub-model's group under one name whichever method reports it (`p=0.5`)."""
     for prefix in ("capacity=", "width="):
@@ -329,22 +363,22 @@ def paired_differences(
             continue
         a_rows = [dict(_rows_of(a_runs[s])) for s in seeds]
         b_rows = [dict(_rows_of(b_runs[s])) for s in seeds]
+        beyond = breakdown_share([*(a_runs[s] for s in seeds), *(b_runs[s] for s in seeds)])
         for at in ("final", "best val"):
             if not all(at in r for r in a_rows + b_rows):
                 continue
             shared = set.intersection(*(set(r[at]) for r in a_rows + b_rows))
             groups = sorted(shared - set(READ), reverse=True)  # widest first
             for metric in [m for m in READ if m in shared] + groups:
-                out.append(
-                    paired_difference(
-                        setting,
-                        metric,
-                        at,
-                        [r[at][metric] for r in a_rows],
-                        [r[at][metric] for r in b_rows],
-                        rule,
-                    )
+                d = paired_difference(
+                    setting,
+                    metric,
+                    at,
+                    [r[at][metric] for r in a_rows],
+                    [r[at][metric] for r in b_rows],
+                    rule,
                 )
+                out.append(replace(d, beyond=beyond))
         for target in targets:
             a_times = [_time_to(a_runs[s], target, clock) for s in seeds]
             b_times = [_time_to(b_runs[s], target, clock) for s in seeds]
@@ -356,6 +390,7 @@ def paired_differences(
                     tuple(tb - ta for (ta, _), (tb, _) in zip(a_times, b_times, strict=True)),
                     TIME_RULE,
                     (sum(c for _, c in a_times), sum(c for _, c in b_times)),
+                    beyond=beyond,
                 )
             )
     return out
@@ -398,7 +433,8 @@ def relative_differences(
             a_mean = _mean_score(mine, a[0], d.metric, d.at)
             b_mean = a_mean - between.mean
             saturated = all(100 * m <= chance_points + SATURATED_POINTS for m in (a_mean, b_mean))
-        out.append(replace(d, diffs=diffs, saturated=saturated))
+        beyond = max((x for x in (d.beyond, other.beyond) if x is not None), default=None)
+        out.append(replace(d, diffs=diffs, saturated=saturated, beyond=beyond))
     return out
 
 
@@ -436,7 +472,7 @@ def paired_rows(differences: Sequence[PairedDifference]) -> list[dict[str, str]]
                 "detectable (80%)": "-"
                 if d.n < 2
                 else f"{scale * d.detectable:.2f} ({d.detectable_from})",
-                "verdict": d.verdict,
+                "verdict": f"{d.verdict}, {d.mark}" if d.mark else d.verdict,
             }
         )
     return rows

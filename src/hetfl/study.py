@@ -271,9 +271,10 @@ def _verdict_lines(
         censored = f", censored A {d.censored[0]}, B {d.censored[1]}" if any(d.censored) else ""
         if not timed and unit == "log points":  # the geometric mean of B's / A's perplexity
             censored += f", perplexity ratio B/A {math.exp(d.mean):.3f}"
+        mark = f", {d.mark}" if d.mark else ""
         lines.append(
             f"{cfg.name}, {label} ({claim}, {cfg.primary.describe()}, {d.n} seeds{censored}): "
-            f"**{d.verdict}**, A - B {scale * d.mean:+.2f} {unit}, 95% interval "
+            f"**{d.verdict}**{mark}, A - B {scale * d.mean:+.2f} {unit}, 95% interval "
             f"[{low:+.2f}, {high:+.2f}]"
         )
     return lines

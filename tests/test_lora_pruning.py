@@ -23,11 +23,12 @@ from hetfl.algorithms.parts.lora_pruning import (
 from hetfl.algorithms.parts.width_assignment import WidthAssignment
 from hetfl.core.client.program import Programs
 from hetfl.core.training import LocalTraining
-from hetfl.core.types import ClientInfo, ClientResult, Trained, TrainedRound
+from hetfl.core.types import ClientInfo, ClientResult, PassRecord, Trained, TrainedRound
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models.base import PlainFamily
 from hetfl.models.lora import LoRAFamily
 from hetfl.sim import Simulation
+from hetfl.systems.costs import MacCounter
 
 TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 #: The MLP's adapted layers (in + out): 64 -> 200, 200 -> 200, 200 -> 10.
@@ -182,7 +183,8 @@ def _pruning_run(synthetic, run_dir, *, rounds: int, resume: bool = False):
 def test_pruned_ranks_persist_are_priced_and_survive_a_resume(synthetic_federation, tmp_path):
     """5 rounds of 4 of 8 clients (ranks 2 and 4, γ = 1/2, λ = 1): the trace's ranks never
     grow, some client prunes and keeps its lower rank, each round's bytes are its clients'
-    ranks' factors, and a run stopped after round 2 and resumed is the same run."""
+    ranks' factors and each client's MACs its rank's training pass, and a run stopped
+    after round 2 and resumed is the same run."""
     sim, rows, trace = _pruning_run(synthetic_federation, tmp_path / "whole", rounds=5)
     trained = [r for r in trace if r["fields"]]
     by_client: dict[int, list[int]] = {}
@@ -196,6 +198,12 @@ def test_pruned_ranks_persist_are_priced_and_survive_a_resume(synthetic_federati
         ranks = sum(r["fields"]["rank"] for r in trained if r["round"] == rnd)
         up = rows[rnd - 1]["bytes_up"] - (rows[rnd - 2]["bytes_up"] if rnd > 1 else 0)
         assert up == ranks * MLP_IN_OUT * 4, rnd  # float32 A (r x in) and B (out x r)
+    family, counter = sim.strategy.family, MacCounter(sim.strategy.family)
+    for r in trained:  # each client: its rank's factors both ways, one epoch at its rank
+        rank = r["fields"]["rank"]
+        assert r["bytes_down"] == r["bytes_up"] == rank * MLP_IN_OUT * 4
+        one_epoch = PassRecord(family.spec_at(rank), "train", r["samples"], 1)
+        assert r["macs"] == counter.pass_macs(one_epoch, (1, 8, 8)), r
     _pruning_run(synthetic_federation, tmp_path / "part", rounds=2)
     resumed, rows_r, trace_r = _pruning_run(
         synthetic_federation, tmp_path / "part", rounds=5, resume=True

@@ -299,6 +299,10 @@ def algorithm_sections() -> Iterator[Section]:
         nested: list[tuple[str, type[BaseModel]]] = []
         found = rows(algorithm.options, f"options.{name}.", nested)
         yield Section(3, section_title(f"options.{name}"), intro, found)
+        for path, model in nested:  # a method's option records (HetLoRA's self_pruning)
+            yield from record_sections(
+                model, f"{path}.", 4, section_title(path), first_paragraph(model)
+            )
 
 
 def kind_sections() -> Iterator[Section]:

@@ -529,6 +529,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "hetlora-pruning",
+        "HetLoRA as the hetlora scenario with §3's local rank self-pruning, gamma 0.5, "
+        "lambda 1: trailing-part regulariser, ranks pruned to floor(gamma r)",
+        configured(
+            "hetlora",
+            {
+                "options.hetlora": {
+                    "ranks": [2, 4, 8],
+                    "self_pruning": {"enabled": True, "gamma": 0.5, "lam": 1.0},
+                }
+            },
+        ),
+    ),
+    Scenario(
         "fedavg-uniform",
         "FedAvg, uniform weighting",
         configured("fedavg", {"options.fedavg.weighting": "uniform"}),

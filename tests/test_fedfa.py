@@ -5,6 +5,7 @@ depths and widths, ZiCo, the choice of architectures and the settings refused.""
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import replace
 
 import numpy as np
@@ -271,6 +272,31 @@ def test_zico_equals_the_stacked_computation_exactly_on_a_residual_network() -> 
     batches = [(torch.randn(6, 3, 8, 8, generator=g), torch.randint(4, (6,), generator=g))
                for _ in range(2)]  # fmt: skip
     assert zico(model, batches) == _zico_stacked(model, batches)
+
+
+def test_a_query_reusing_its_models_answers_as_fresh_builds_do_bit_for_bit() -> None:
+    """One query asked by three clients in turn (each candidate built once, re-initialised
+    in place) gives every client the scores a query built afresh for it gives, floats
+    compared with ==; a re-initialised model is a fresh one in every parameter and buffer,
+    running BatchNorm statistics included; a copy travels without the models."""
+    choice = _choice(choice="zico", limited_share=0.0)
+    reused = ZicoQuery(FAMILY, choice, batch_size=4)
+    for cid in (0, 1, 2):
+        answer = reused(_info(cid), _data(cid), torch.Generator().manual_seed(10 + cid))
+        fresh = ZicoQuery(FAMILY, choice, batch_size=4)
+        assert answer == fresh(_info(cid), _data(cid), torch.Generator().manual_seed(10 + cid))
+        assert len(answer["zico"]) == 4
+    assert len(reused._models) == 4
+    assert pickle.loads(pickle.dumps(reused))._models == {}
+    running = ZicoQuery(FAMILY, choice, batch_size=4)
+    running.architectures = {k: v.replace(bn="batch") for k, v in running.architectures.items()}
+    running(_info(0), _data(0), torch.Generator().manual_seed(1))  # moves the statistics
+    for label, spec in running.architectures.items():
+        again = running._model(label, 99, torch.device("cpu")).state_dict()
+        new = initialize(build_model(FAMILY, spec), torch.Generator().manual_seed(99))
+        assert any(k.endswith("running_mean") for k in again)
+        assert again.keys() == new.state_dict().keys()
+        assert all(torch.equal(again[k], v) for k, v in new.state_dict().items()), label
 
 
 def _choice(**kw: object) -> ArchitectureChoice:

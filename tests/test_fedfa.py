@@ -5,6 +5,7 @@ depths and widths, ZiCo, the choice of architectures and the settings refused.""
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import replace
 
 import numpy as np
@@ -18,8 +19,10 @@ from hetfl.algorithms.fedfa import FedFAOptions
 from hetfl.algorithms.parts.architecture_choice import ArchitectureChoice, ZicoQuery, candidate_grid
 from hetfl.algorithms.parts.fedfa_scaling import QuantileNormScaling, quantile_norm
 from hetfl.algorithms.parts.grafting import graft
-from hetfl.algorithms.parts.zico import zico
+from hetfl.algorithms.parts.zico import _Moments, zico
 from hetfl.core.client.program import Programs
+from hetfl.core.init import build_model, initialize
+from hetfl.core.roles import layer_weight_names
 from hetfl.core.spec import MapEntry, Spec, prefix_index
 from hetfl.core.state import extract
 from hetfl.core.training import LocalTraining
@@ -212,6 +215,88 @@ def test_zico_matches_a_hand_computation_on_a_two_layer_network() -> None:
     assert zico(model, batches) == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="at least 2 mini-batches"):
         zico(model, batches[:1])
+
+
+def _zico_stacked(model: nn.Module, batches) -> float:
+    """ZiCo as it was first written: every batch's gradients kept, stacked, and reduced by
+    PyTorch's `std` and `mean` over the batches (the oracle of the moments kept per batch)."""
+    params = {n: p for n, p in model.named_parameters() if n in layer_weight_names(model)}
+    grads: dict[str, list[torch.Tensor]] = {n: [] for n in params}
+    for x, y in batches:
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        for name, p in params.items():
+            grads[name].append(p.grad.detach().reshape(-1).to(torch.float64))
+    model.zero_grad(set_to_none=True)
+    score = 0.0
+    for stacked in (torch.stack(g) for g in grads.values()):
+        spread = stacked.std(dim=0, correction=0)
+        total = float((stacked.abs().mean(dim=0)[spread > 0] / spread[spread > 0]).sum())
+        score += math.log(total) if total > 0 else 0.0
+    return score
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal entry by entry, the sign of a zero included, NaN where the other is NaN."""
+    equal = (a == b) & (torch.signbit(a) == torch.signbit(b))
+    return bool((equal | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("batches", [2, 3])
+def test_zico_moments_are_torch_std_and_mean_over_the_stacked_gradients_bit_for_bit(batches):
+    """The moments kept a batch at a time equal `std(0, correction=0)` and `abs().mean(0)`
+    over the stacked gradients in every bit, on float32 gradients of every magnitude, float64
+    ones (where `torch.sqrt` would miss by one unit in the last place), zeros of both
+    signs, equal entries and infinities."""
+    g = torch.Generator().manual_seed(7)
+    rows = [torch.randn(20_000, generator=g) * torch.exp(4 * torch.randn(20_000, generator=g))
+            for _ in range(batches)]  # fmt: skip
+    rows[0][:50], rows[-1][50:100], rows[1][100:150] = 0.0, -0.0, rows[0][100:150]
+    rows[0][150:160] = float("inf")
+    wide = [r.double() * (1 + 1e-9 * torch.randn(r.shape, generator=g, dtype=torch.float64))
+            for r in rows]  # fmt: skip
+    for grads in (rows, wide):
+        moments = _Moments(grads[0])
+        for grad in grads:
+            moments.add(grad)
+        stacked = torch.stack([grad.double() for grad in grads])
+        spread, mean_abs = moments.spread_and_mean_abs()
+        assert _same_bits(spread, stacked.std(dim=0, correction=0))
+        assert _same_bits(mean_abs, stacked.abs().mean(dim=0))
+
+
+def test_zico_equals_the_stacked_computation_exactly_on_a_residual_network() -> None:
+    model = initialize(build_model(FAMILY, FAMILY.base.replace(bn="static")),
+                       torch.Generator().manual_seed(2)).train()  # fmt: skip
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(6, 3, 8, 8, generator=g), torch.randint(4, (6,), generator=g))
+               for _ in range(2)]  # fmt: skip
+    assert zico(model, batches) == _zico_stacked(model, batches)
+
+
+def test_a_query_reusing_its_models_answers_as_fresh_builds_do_bit_for_bit() -> None:
+    """One query asked by three clients in turn (each candidate built once, re-initialised
+    in place) gives every client the scores a query built afresh for it gives, floats
+    compared with ==; a re-initialised model is a fresh one in every parameter and buffer,
+    running BatchNorm statistics included; a copy travels without the models."""
+    choice = _choice(choice="zico", limited_share=0.0)
+    reused = ZicoQuery(FAMILY, choice, batch_size=4)
+    for cid in (0, 1, 2):
+        answer = reused(_info(cid), _data(cid), torch.Generator().manual_seed(10 + cid))
+        fresh = ZicoQuery(FAMILY, choice, batch_size=4)
+        assert answer == fresh(_info(cid), _data(cid), torch.Generator().manual_seed(10 + cid))
+        assert len(answer["zico"]) == 4
+    assert len(reused._models) == 4
+    assert pickle.loads(pickle.dumps(reused))._models == {}
+    running = ZicoQuery(FAMILY, choice, batch_size=4)
+    running.architectures = {k: v.replace(bn="batch") for k, v in running.architectures.items()}
+    running(_info(0), _data(0), torch.Generator().manual_seed(1))  # moves the statistics
+    for label, spec in running.architectures.items():
+        again = running._model(label, 99, torch.device("cpu")).state_dict()
+        new = initialize(build_model(FAMILY, spec), torch.Generator().manual_seed(99))
+        assert any(k.endswith("running_mean") for k in again)
+        assert again.keys() == new.state_dict().keys()
+        assert all(torch.equal(again[k], v) for k, v in new.state_dict().items()), label
 
 
 def _choice(**kw: object) -> ArchitectureChoice:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import subprocess
 import sys
 import time
 from dataclasses import replace
 
 import pytest
+import torch
 
 from hetfl.algorithms import ALGORITHMS
 from hetfl.algorithms.parts import architecture_choice
@@ -21,6 +23,8 @@ from hetfl.engine.progress import Progress
 from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.sim import ProcessExecutor, Simulation
+from hetfl.sim.setup_queries import SetupQueryItem, answer_setup_query
+from hetfl.sim.tasks import WorkerContext
 from hetfl.systems.costs import MacCounter
 
 FAMILY = ScalableFamily(
@@ -174,3 +178,41 @@ def test_the_cpu_time_of_a_live_child_process_is_counted():
         assert tree_cpu_s() - time.process_time() >= 0.25
     finally:
         child.communicate("\n")
+
+
+def test_a_process_answers_every_client_with_the_first_copy_of_a_query_it_received(
+    synthetic_federation, tmp_path, monkeypatch
+):
+    """Items arrive in a worker each with its own copy of the query (pickled): the process
+    answers with the first copy under the same key, so each candidate is built once for all
+    its clients, and the answers are those of a copy built afresh for each client."""
+    built = []
+    real = architecture_choice.build_model
+    monkeypatch.setattr(
+        architecture_choice, "build_model", lambda f, s: built.append(1) or real(f, s)
+    )
+    sim = _simulation(synthetic_federation, tmp_path)
+    query = sim.strategy.capabilities.setup_query
+    _, clients, _ = synthetic_federation
+    items = [
+        SetupQueryItem(
+            pickle.loads(pickle.dumps(query)),
+            c.info(),
+            c,
+            torch.Generator().manual_seed(c.cid),
+            None,
+        )
+        for c in clients[:3]
+    ]
+    ctx = WorkerContext(sim.programs)
+    answers = [answer_setup_query(ctx, item) for item in items]
+    assert len(built) == 4, "each of the 4 candidates built once for the 3 clients"
+    fresh = [
+        pickle.loads(pickle.dumps(query))(i.info, i.data, torch.Generator().manual_seed(i.info.cid))
+        for i in items
+    ]
+    assert answers == fresh
+    assert ctx.setup_query(items[2].query) is items[0].query
+    keyless = pickle.loads(pickle.dumps(query))
+    keyless.key = None
+    assert ctx.setup_query(keyless) is keyless

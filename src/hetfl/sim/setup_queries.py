@@ -94,14 +94,16 @@ def ask_clients(
 
 
 def answer_setup_query(ctx: WorkerContext, item: SetupQueryItem) -> Mapping[str, Any]:
-    """The client's answer: read from the cache when kept there, else computed (and kept)."""
-    key = item.query.key
+    """The client's answer: read from the cache when kept there, else computed (and kept)
+    by the process's copy of the query (`WorkerContext.setup_query`)."""
+    query = ctx.setup_query(item.query)
+    key = query.key
     if item.cache is None or key is None:
-        return item.query(item.info, item.data, item.generator)
+        return query(item.info, item.data, item.generator)
     path = item.cache / f"{answer_digest(key, item.data, item.generator)}.json"
     if path.is_file():
         return dict(json.loads(path.read_text())["answer"])
-    answer = item.query(item.info, item.data, item.generator)
+    answer = query(item.info, item.data, item.generator)
     _write_atomically(path, {"key": key, "cid": item.info.cid, "answer": dict(answer)})
     return answer
 

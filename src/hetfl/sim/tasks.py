@@ -37,6 +37,7 @@ from hetfl.core.client.scoring import score_batch_of
 from hetfl.core.init import build_model
 from hetfl.core.model_cache import ModelCache
 from hetfl.core.pixels import PixelNorm, model_inputs
+from hetfl.core.server.strategy import SetupQuery
 from hetfl.core.server_program import Channel, ChannelCounts, ServerProgram
 from hetfl.core.spec import Spec
 from hetfl.core.types import (
@@ -65,14 +66,16 @@ class RoundModel(NamedTuple):
 @dataclass
 class WorkerContext:
     """What a process that runs units holds for the whole run: the programs, its own
-    evaluation models (loaded per unit, never shared with the engine's) and the models of
-    its current exchange (`round_model`). `loads` counts the round models it has loaded."""
+    evaluation models (loaded per unit, never shared with the engine's), the models of
+    its current exchange (`round_model`) and the set-up queries it has answered with
+    (`setup_query`). `loads` counts the round models it has loaded."""
 
     programs: Programs
     eval_models: ModelCache = field(init=False)
     loads: int = field(init=False, default=0)
     _exchange: str = field(init=False, default="")
     _round_models: dict[str, nn.Module] = field(init=False, default_factory=dict)
+    _setup_queries: dict[str, SetupQuery] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.eval_models = ModelCache(self.programs.family, self.programs.device)
@@ -91,6 +94,16 @@ class WorkerContext:
             self._round_models[ref.name] = model
             self.loads += 1
         return model
+
+    def setup_query(self, query: SetupQuery) -> SetupQuery:
+        """The copy of `query` this process answers with: the first it received under the
+        same `key` (which names everything an answer depends on besides the client's data
+        and generator, so the copies answer alike), so that what a query builds for its
+        first client (ZiCo's models) serves every client the process answers; a query
+        without a key answers itself."""
+        if query.key is None:
+            return query
+        return self._setup_queries.setdefault(query.key, query)
 
 
 @dataclass(frozen=True)

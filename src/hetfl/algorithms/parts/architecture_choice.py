@@ -32,6 +32,7 @@ that every other client gets the architecture it gets in the clean run.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -41,6 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 from pydantic import Field, model_validator
+from torch import nn
 
 from hetfl.algorithms.parts.method_registry import AggregationOptions
 from hetfl.algorithms.parts.widths import full_width_base
@@ -418,7 +420,12 @@ class ZicoQuery:
     It keeps the architectures, not the choice, so that it travels to an executor's
     workers as a few specs; its `key` is what the scores depend on besides the client's
     data and generator (every architecture, the batches, torch's version), under which
-    an engine may keep them across runs."""
+    an engine may keep them across runs.
+
+    Each candidate's model is built once per copy of the query (`_model`; a copy pickles
+    without them) and re-initialised in place for every client: building it again costs
+    more than the two mini-batches it is scored on, and `initialize` resets every
+    parameter and statistic, so a reused model is exactly a fresh one."""
 
     def __init__(self, family: ModelFamily, choice: ArchitectureChoice, batch_size: int) -> None:
         self.family, self.batch_size = family, batch_size
@@ -437,6 +444,21 @@ class ZicoQuery:
             },
             sort_keys=True,
         )
+        self._models: dict[str, nn.Module] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy travels without the models: the process that receives it builds its own."""
+        return {**self.__dict__, "_models": {}}
+
+    def _model(self, label: str, seed: int, device: torch.device) -> nn.Module:
+        """Candidate `label`'s model at the initialisation `seed` draws, on `device`: built on
+        the first call and re-initialised in place after, on the CPU, where the generator
+        draws (a copy goes to another device)."""
+        model = self._models.get(label)
+        if model is None:
+            model = self._models[label] = build_model(self.family, self.architectures[label])
+        initialize(model, torch.Generator().manual_seed(seed))
+        return model if device.type == "cpu" else copy.deepcopy(model).to(device)
 
     def __call__(
         self, info: ClientInfo, data: ClientData, generator: torch.Generator
@@ -454,11 +476,11 @@ class ZicoQuery:
             for idx in (order[b * size : (b + 1) * size] for b in range(ZICO_BATCHES))
         ]
         seed = int(torch.randint(2**62, (1,), generator=generator))
-        scores = {}
-        for label, architecture in self.architectures.items():
-            model = build_model(self.family, architecture)
-            initialize(model, torch.Generator().manual_seed(seed))
-            scores[label] = zico(model.to(data.x_train.device).train(), batches)
+        device = data.x_train.device
+        scores = {
+            label: zico(self._model(label, seed, device).train(), batches)
+            for label in self.architectures
+        }
         return {ZICO_ATTR: scores}
 
 

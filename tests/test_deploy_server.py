@@ -598,3 +598,28 @@ def test_a_detection_run_equals_the_simulator(tmp_path):
         "group=16px-2cls",
         "group=32px-3cls",
     }
+
+
+def test_hetlora_self_pruning_runs_under_flower_as_in_the_simulator(tmp_path):
+    """HetLoRA's local rank self-pruning through the adapter: the server decides each
+    client's rank from the factors it sent, so a pruned client gets its smaller adapter
+    from the next round on; every row and the per-client trace (each client's rank among
+    it) equal the simulator's, and some rank falls."""
+    raw = config(
+        algorithm="hetlora",
+        options={
+            "hetlora": {
+                "ranks": [2, 4, 8],
+                "self_pruning": {"enabled": True, "gamma": 0.5, "lam": 1.0},
+            }
+        },
+        **{"train.rounds": 3, "train.clients_per_round": 3},
+    )
+    _, rows = serve(LoopbackGrid(nodes(tmp_path, 3)), raw, tmp_path / "flower")
+    run_one(validate(raw), tmp_path / "sim", show_progress=False)
+    expected = read_metrics(tmp_path / "sim" / "metrics.jsonl")
+    assert without_wall_time(rows) == without_wall_time(expected)
+    assert same_trace(tmp_path / "flower", tmp_path / "sim")
+    trace = [json.loads(line) for line in (tmp_path / "sim" / "clients.jsonl").open()]
+    ranks = {(t["round"], t["cid"]): t["fields"]["rank"] for t in trace if t["fields"]}
+    assert any(ranks[(3, c)] < ranks[(1, c)] for c in range(3))

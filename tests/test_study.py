@@ -387,3 +387,121 @@ def test_a_cell_whose_attacked_runs_are_beyond_the_breakdown_is_marked(
     assert line.endswith(f"**fails**{mark}, A - B -9.00 points, 95% interval [-11.48, -6.52]")
     table_verdict = f"| fails{mark} "  # the table pads its cells
     assert table_verdict in report_text(study)
+
+
+RATIO = BREAKDOWN.replace(
+    "protocol: {eval.every: 1, eval.stats_pass: false}",
+    "protocol: {eval.every: 1, eval.stats_pass: false, eval.test_samples: 200}",
+).replace(
+    "  - {a: attacked, b: clean, shape: non-inferiority, margin_points: 5}",
+    """  - {a: attacked, b: clean, shape: non-inferiority, margin_points: 5}
+  - {a: attacked, b: clean, metric: attack_success, reading: ratio,
+     shape: non-inferiority, margin_ratio: 2}""",
+)
+
+
+def _rows_records(study, rows: dict[str, list[dict[str, float]]]) -> None:
+    """One-round records of several metrics (by method, one row per seed)."""
+    for name, seeds in rows.items():
+        for seed, metrics in enumerate(seeds):
+            row = {"round": 1, **metrics, "bytes_down": 0, "bytes_up": 0, "macs": 0}
+            point = study.records_dir / f"{name}-s{seed}"
+            point.mkdir(parents=True)
+            (point / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+            (point / "summary.json").write_text(json.dumps({"seed": seed, "final": row}))
+
+
+def test_a_ratio_claim_reads_its_own_metric_as_the_mean_log_ratio(tmp_path):
+    """Hand-made records: the attacked run's attack success 0.12, 0.09, 0.10 against the
+    clean run's 0.10, 0.06, 0.08: ln(B/A) x 100 = -18.232, -40.547, -22.314 log points,
+    mean -27.031, sd 11.8814, 95% interval -27.031 -+ 4.3027 x 6.8597 = [-56.55, +2.48],
+    above -100 ln 2 = -69.31 -> non-inferior, A/B exp(0.27031) = 1.310. The first
+    comparison reads the primary (global_acc 0.80, 0.79, 0.81 against 0.90, 0.90, 0.90: -10,
+    -11, -9 points, below -5 -> fails); the second its own metric, not the primary."""
+    study = open_study(_study(tmp_path, RATIO), tmp_path / "runs", tmp_path / "results")
+    _rows_records(study, {
+        "attacked": [{"global_acc": g, "attack_success": s}
+                     for g, s in zip([0.80, 0.79, 0.81], [0.12, 0.09, 0.10], strict=True)],
+        "clean": [{"global_acc": 0.90, "attack_success": s} for s in [0.10, 0.06, 0.08]],
+    })  # fmt: skip
+    primary, ratio = verdict_lines(study)
+    assert primary.endswith("**fails**, A - B -10.00 points, 95% interval [-12.48, -7.52]")
+    assert ratio == (
+        "tiny, attacked vs clean on attack_success ratio (A no worse than B by more than "
+        "69.3147 log points (non-inferiority): A/B at most 2, attack_success ratio at final, "
+        "3 seeds, attack_success ratio A/B 1.310, each floored at 0.0025, half of one of 200 "
+        "test images): **non-inferior**, A - B -27.03 log points, 95% interval "
+        "[-56.55, +2.48]"
+    )
+    report = report_text(study)
+    assert "| attacked vs clean on attack_success ratio | (its only setting) | attack_success " in (
+        report
+    )
+    assert "| -27.03 (A/B 1.310) | [-56.55, +2.48] |" in report
+
+
+def test_a_ratio_floors_an_attack_success_of_zero_at_half_a_test_image(tmp_path):
+    """Hand-made records: the clean run's attack success 0 on every seed, the attacked run's
+    0, 0.001 and 0.01; floored at 0.5 / 200 = 0.0025: ln(0.0025 / 0.0025) = 0 twice and
+    ln(0.0025 / 0.01) = -138.63 log points: mean -46.21, A/B exp(0.4621) = 1.587; sd 80.04,
+    95% interval -46.21 -+ 4.3027 x 46.21 = [-245.03, +152.61] -> tie. Unfloored, the logs
+    are infinite."""
+    study = open_study(_study(tmp_path, RATIO), tmp_path / "runs", tmp_path / "results")
+    _rows_records(study, {
+        "attacked": [{"global_acc": 0.9, "attack_success": s} for s in [0.0, 0.001, 0.01]],
+        "clean": [{"global_acc": 0.9, "attack_success": 0.0}] * 3,
+    })  # fmt: skip
+    ratio = verdict_lines(study)[1]
+    assert ratio.endswith(
+        "attack_success ratio A/B 1.587, each floored at 0.0025, half of one of 200 test "
+        "images): **tie**, A - B -46.21 log points, 95% interval [-245.03, +152.61]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("metric: attack_success,", "metric: attack_sucess,"),
+         "metric 'attack_sucess': one of global_acc"),
+        (("metric: attack_success,", "metric: global_acc,"),
+         "reading: ratio reads a share where lower is better"),
+        (("metric: attack_success,", "metric: local_ppl,"),
+         "a perplexity is already read as a log ratio"),
+        (("metric: attack_success, ", ""), "reading: ratio reads a share where lower is better"),
+        (("margin_ratio: 2}", "margin_ratio: 2, margin_points: 5}"),
+         "a ratio reading's margin is margin_ratio"),
+        (("margin_ratio: 2}", "margin_ratio: 1}"), "Input should be greater than 1"),
+        ((", margin_ratio: 2}", "}"), "a non-inferiority claim needs margin_ratio > 1"),
+        (("reading: ratio,", "reading: difference,"),
+         "margin_ratio is the margin of `reading: ratio`"),
+        (("reading: ratio,", "reading: log,"), "'difference' or 'ratio'"),
+    ],
+)  # fmt: skip
+def test_a_ratio_comparison_is_declared_whole(tmp_path, change, message):
+    path = _study(tmp_path, RATIO.replace(*change))
+    with pytest.raises(ConfigError) as caught:
+        open_study(path, tmp_path / "runs", tmp_path / "results")
+    assert message in str(caught.value)
+
+
+def test_a_ratio_cell_beyond_the_breakdown_is_marked_and_an_unset_test_set_assumed(tmp_path):
+    """The ratio's line carries the beyond-breakdown mark as any other; without
+    `eval.test_samples` the floor is half of one image of an assumed 10,000-image test set.
+    Records as in the hand computation above: the attacked run's attack success 0.12, 0.09,
+    0.10 against 0.10, 0.06, 0.08 -> non-inferior, A - B -27.03 log points."""
+    text = RATIO.replace(", eval.test_samples: 200", "")
+    study = open_study(_study(tmp_path, text), tmp_path / "runs", tmp_path / "results")
+    _rows_records(study, {
+        "attacked": [{"global_acc": 0.8, "attack_success": s} for s in [0.12, 0.09, 0.10]],
+        "clean": [{"global_acc": 0.9, "attack_success": s} for s in [0.10, 0.06, 0.08]],
+    })  # fmt: skip
+    for seed in range(3):
+        path = study.records_dir / f"attacked-s{seed}" / "summary.json"
+        beyond = {"attack": {"malicious": [3]}, "breakdown": {"max_share": 0.25}}
+        path.write_text(json.dumps({**json.loads(path.read_text()), **beyond}))
+    ratio = verdict_lines(study)[1]
+    assert ratio.endswith(
+        "each floored at 5e-05, half of one of 10,000 test images (eval.test_samples unset: "
+        "assumed)): **non-inferior**, beyond breakdown (25 % of elements), A - B -27.03 log "
+        "points, 95% interval [-56.55, +2.48]"
+    )

@@ -51,6 +51,13 @@ them: there attackers can be half or more of some element's coverage and no rule
 so a target stated "where attackers are below half of every element's coverage" does not
 apply to it, whatever the verdict. Any element counts: the condition is "every element".
 Records without the key (older ones, rules that do not count) are not marked.
+
+A lower-is-better share may also be read as a ratio (`RatioReading`, a study's `reading:
+ratio`): each value floored, then negated in log as a perplexity is, so that A - B is ln(B's /
+A's) in log points under the metric's name with " ratio" after it (`ratio_name`), and "A's
+attack success is at most 2x B's" is a non-inferiority claim with margin ln 2 = 69.31 log
+points. The floor keeps an attack success of 0 (no triggered image called the target) from
+making the log infinite: half of one test image, so that 0 reads as less than one image.
 """
 
 from __future__ import annotations
@@ -94,6 +101,33 @@ LEVEL, POWER = 0.95, 0.80
 Shape = Literal["superiority", "non-inferiority"]
 SHAPES: tuple[Shape, ...] = ("superiority", "non-inferiority")
 Verdict = Literal["holds", "non-inferior", "tie", "fails", "inconclusive", "saturated"]
+
+
+@dataclass(frozen=True)
+class RatioReading:
+    """`metric` (a `LOWER_IS_BETTER` share) also read as a log ratio, each value floored at
+    `floor` (half of one test image) so that a 0 stays finite."""
+
+    metric: str
+    floor: float
+
+    def __post_init__(self) -> None:
+        if self.metric not in LOWER_IS_BETTER:
+            raise ValueError(
+                f"a ratio reads a lower-is-better share ({', '.join(LOWER_IS_BETTER)}), "
+                f"not {self.metric!r}"
+            )
+        if not 0 < self.floor < 1:
+            raise ValueError(f"a ratio's floor is a share in (0, 1), not {self.floor}")
+
+    @property
+    def name(self) -> str:
+        return ratio_name(self.metric)
+
+
+def ratio_name(metric: str) -> str:
+    """The name a share read as a log ratio goes by (`attack_success ratio`)."""
+    return f"{metric} ratio"
 
 
 @dataclass(frozen=True)
@@ -283,15 +317,27 @@ def _size_name(group: str) -> str:
     return group
 
 
-def _scores(row: Mapping[str, Any]) -> dict[str, float]:
+def _negated_log(value: Any, floor: float = 0.0) -> float | None:
+    """-ln(value) of a lower-is-better positive reading (a perplexity, or a floored share
+    read as a ratio), so that A - B is ln(B's / A's); None where there is none to take."""
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    value = max(float(value), floor)
+    return -math.log(value) if value > 0 else None
+
+
+def _scores(row: Mapping[str, Any], ratio: RatioReading | None = None) -> dict[str, float]:
     """The accuracies (mAPs), negated attack successes and negated log perplexities of one
-    metrics row, by metric name (missing ones left out): every one higher is better."""
+    metrics row, by metric name (missing ones left out), and `ratio`'s negated log: every
+    one higher is better."""
     out = {m: float(row[m]) for m in METRICS if isinstance(row.get(m), int | float)}
     out |= {m: -float(row[m]) for m in LOWER_IS_BETTER if isinstance(row.get(m), int | float)}
-    for m in PERPLEXITIES:
-        value = row.get(m)
-        if isinstance(value, int | float) and math.isfinite(value) and value > 0:
-            out[m] = -math.log(value)
+    logs = [(m, m, 0.0) for m in PERPLEXITIES]
+    if ratio is not None:
+        logs.append((ratio.name, ratio.metric, ratio.floor))
+    for name, m, floor in logs:
+        if (score := _negated_log(row.get(m), floor)) is not None:
+            out[name] = score
     for group, entry in (row.get("groups") or {}).items():
         score = entry.get("acc", entry.get("map")) if isinstance(entry, Mapping) else None
         if isinstance(score, int | float):  # a group's accuracy, or a detector group's mAP
@@ -299,13 +345,15 @@ def _scores(row: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _rows_of(run: RunRecord) -> Iterator[tuple[str, dict[str, float]]]:
+def _rows_of(
+    run: RunRecord, ratio: RatioReading | None = None
+) -> Iterator[tuple[str, dict[str, float]]]:
     """The run's final scores, then those of its round of best validation accuracy."""
-    yield "final", _scores(run.summary.get("final") or {})
+    yield "final", _scores(run.summary.get("final") or {}, ratio)
     best = run.summary.get("best_by_val")
     if isinstance(best, Mapping):
         row = next((r for r in run.rows if r.get("round") == best.get("round")), best)
-        yield "best val", _scores(row)
+        yield "best val", _scores(row, ratio)
 
 
 def _time_to(run: RunRecord, target: Target, clock: str = "round") -> tuple[float, bool]:
@@ -337,12 +385,13 @@ def paired_differences(
     rule: Rule = Rule(),
     targets: Sequence[Target] = (),
     clock: str = "round",
+    ratio: RatioReading | None = None,
 ) -> list[PairedDifference]:
     """Every setting, metric and round choice that `a` and `b` (each an algorithm, or a
     point name without its seed, or its leading part) share over at least one seed, in
-    the order the settings first appear, judged by `rule`; then, per target, the rounds
-    each took to reach it (`TIME_RULE`). A name no run has is an error naming those
-    there are."""
+    the order the settings first appear, judged by `rule` (with `ratio`, its metric's log
+    ratio too, after the other metrics); then, per target, the rounds each took to reach it
+    (`TIME_RULE`). A name no run has is an error naming those there are."""
     by: dict[str, dict[str, dict[int, RunRecord]]] = {a: {}, b: {}}
     for name in (a, b):
         for r in runs:
@@ -361,15 +410,16 @@ def paired_differences(
         seeds = sorted(set(a_runs) & set(b_runs))
         if not seeds:
             continue
-        a_rows = [dict(_rows_of(a_runs[s])) for s in seeds]
-        b_rows = [dict(_rows_of(b_runs[s])) for s in seeds]
+        a_rows = [dict(_rows_of(a_runs[s], ratio)) for s in seeds]
+        b_rows = [dict(_rows_of(b_runs[s], ratio)) for s in seeds]
         beyond = breakdown_share([*(a_runs[s] for s in seeds), *(b_runs[s] for s in seeds)])
         for at in ("final", "best val"):
             if not all(at in r for r in a_rows + b_rows):
                 continue
             shared = set.intersection(*(set(r[at]) for r in a_rows + b_rows))
-            groups = sorted(shared - set(READ), reverse=True)  # widest first
-            for metric in [m for m in READ if m in shared] + groups:
+            logs = [ratio.name] if ratio is not None and ratio.name in shared else []
+            groups = sorted(shared - set(READ) - set(logs), reverse=True)  # widest first
+            for metric in [m for m in READ if m in shared] + logs + groups:
                 d = paired_difference(
                     setting,
                     metric,
@@ -407,31 +457,41 @@ def relative_differences(
     b: tuple[str, str],
     rule: Rule = Rule(),
     chance_points: float | None = None,
+    ratio: RatioReading | None = None,
 ) -> list[PairedDifference]:
     """(A - A's reference) - (B - B's reference), seed by seed, for every setting, metric
     and round choice the four share (`a` and `b` are (method, reference) pairs): B's drop
-    minus A's. With `chance_points`, a cell where A's and B's means both end within
-    `SATURATED_POINTS` of chance is marked saturated (an accuracy's cell: an attack success
-    or a perplexity has no chance level in accuracy points)."""
+    minus A's (with `ratio`, its metric's log ratio too). With `chance_points`, a cell where
+    A's and B's means both end within `SATURATED_POINTS` of chance is marked saturated (an
+    accuracy's cell: an attack success or a log ratio has no chance level in accuracy
+    points)."""
     seeds = set.intersection(
         *({int(r.seed) for r in runs if r.seed is not None and _setting(r, n)} for n in (*a, *b))
     )
     mine = [r for r in runs if r.seed is not None and int(r.seed) in seeds]
     if not seeds:
         return []
-    raw = {(d.setting, d.metric, d.at): d for d in paired_differences(mine, a[0], b[0], rule)}
-    b_drops = {(d.setting, d.metric, d.at): d for d in paired_differences(mine, *b, rule)}
+
+    def between(x: str, y: str) -> list[PairedDifference]:
+        return paired_differences(mine, x, y, rule, ratio=ratio)
+
+    raw = {(d.setting, d.metric, d.at): d for d in between(a[0], b[0])}
+    b_drops = {(d.setting, d.metric, d.at): d for d in between(*b)}
     out = []
-    for d in paired_differences(mine, *a, rule):
+    for d in between(*a):
         key = (d.setting, d.metric, d.at)
-        other, between = b_drops.get(key), raw.get(key)
-        if other is None or other.n != d.n or between is None:
+        other, across = b_drops.get(key), raw.get(key)
+        if other is None or other.n != d.n or across is None:
             continue
         diffs = tuple(x - y for x, y in zip(d.diffs, other.diffs, strict=True))
         saturated = False
-        if chance_points is not None and d.metric not in (*LOWER_IS_BETTER, *PERPLEXITIES):
+        if (
+            chance_points is not None
+            and unit_of(d.metric) == "points"
+            and d.metric not in LOWER_IS_BETTER
+        ):
             a_mean = _mean_score(mine, a[0], d.metric, d.at)
-            b_mean = a_mean - between.mean
+            b_mean = a_mean - across.mean
             saturated = all(100 * m <= chance_points + SATURATED_POINTS for m in (a_mean, b_mean))
         beyond = max((x for x in (d.beyond, other.beyond) if x is not None), default=None)
         out.append(replace(d, diffs=diffs, saturated=saturated, beyond=beyond))
@@ -445,7 +505,19 @@ def _mean_score(runs: Sequence[RunRecord], name: str, metric: str, at: str) -> f
 
 def unit_of(metric: str) -> str:
     """The unit a difference of `metric` is printed in (x 100)."""
-    return "log points" if metric in PERPLEXITIES else "points"
+    ratios = {ratio_name(m) for m in LOWER_IS_BETTER}
+    return "log points" if metric in PERPLEXITIES or metric in ratios else "points"
+
+
+def ratio_of(d: PairedDifference) -> str:
+    """The geometric mean ratio a log-point difference stands for: B's over A's for a
+    perplexity (above 1: A better), A's over B's for a share read as a ratio (as the claim
+    "at most 2x B's" reads); "" for a difference in points."""
+    if d.metric in PERPLEXITIES:
+        return f"B/A {math.exp(d.mean):.3f}"
+    if unit_of(d.metric) == "log points":
+        return f"A/B {math.exp(-d.mean):.3f}"
+    return ""
 
 
 def paired_rows(differences: Sequence[PairedDifference]) -> list[dict[str, str]]:
@@ -459,13 +531,16 @@ def paired_rows(differences: Sequence[PairedDifference]) -> list[dict[str, str]]
         seeds = str(d.n)
         if any(d.censored):
             seeds += f" (censored: A {d.censored[0]}, B {d.censored[1]})"
+        difference = sign.format(scale * d.mean)
+        if d.metric not in PERPLEXITIES and (ratio := ratio_of(d)):  # a share's ratio
+            difference += f" ({ratio})"
         rows.append(
             {
                 "setting": d.setting,
                 "metric": d.metric,
                 "at": d.at,
                 "seeds": seeds,
-                "A - B": sign.format(scale * d.mean),
+                "A - B": difference,
                 "95% interval": "-"
                 if d.n < 2
                 else f"[{sign.format(scale * low)}, {sign.format(scale * high)}]",

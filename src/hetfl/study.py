@@ -15,7 +15,6 @@ method; a finished point is skipped and an interrupted one resumed from its chec
 from __future__ import annotations
 
 import json
-import math
 import resource
 import shutil
 import sys
@@ -31,9 +30,12 @@ from hetfl.engine.checkpoint import has_checkpoint
 from hetfl.engine.outputs import CLOCKS, Target
 from hetfl.paired import (
     PairedDifference,
+    RatioReading,
     Rule,
     paired_differences,
     paired_rows,
+    ratio_name,
+    ratio_of,
     relative_differences,
     unit_of,
 )
@@ -43,6 +45,10 @@ from hetfl.report import RunRecord, find_runs, format_table
 RECORDS = ("summary.json", "metrics.jsonl")
 LEDGER = "ledger.json"
 REPORT = "report.md"
+#: The test set a ratio's floor assumes where the points' configs leave `eval.test_samples`
+#: unset (the whole test set, whose size only the data knows): Fashion-MNIST's and
+#: CIFAR-10's 10,000 images, so a 0 is floored at 0.00005.
+ASSUMED_TEST_IMAGES = 10_000
 
 
 @dataclass(frozen=True)
@@ -223,57 +229,98 @@ def _records(study: Study) -> list[RunRecord]:
     return find_runs([folder])
 
 
+def ratio_floor(study: Study) -> tuple[float, str]:
+    """The floor of a share read as a ratio, half of one of the test images the points are
+    scored on (`eval.test_samples`, one for every point: the protocol's), and the words the
+    verdict line says it in; `ASSUMED_TEST_IMAGES` where the configs leave it unset."""
+    sizes = {config.eval.test_samples for config in study.configs.values()}
+    if None in sizes or not sizes:
+        n, assumed = ASSUMED_TEST_IMAGES, " (eval.test_samples unset: assumed)"
+    else:
+        n, assumed = max(s for s in sizes if s is not None), ""
+    return 0.5 / n, f"each floored at {0.5 / n:g}, half of one of {n:,} test images{assumed}"
+
+
 def compared(study: Study) -> list[tuple[Comparison, list[PairedDifference]]]:
     """Each declared comparison with every paired difference its records give (none
     until both methods have one), the records read once."""
-    runs = _records(study)
-    return [(c, _differences(runs, c, study.config)) for c in study.config.comparisons]
+    runs, (floor, _) = _records(study), ratio_floor(study)
+    return [(c, _differences(runs, c, study.config, floor)) for c in study.config.comparisons]
 
 
-def _primary(cfg: StudyConfig, found: list[PairedDifference]) -> PairedDifference | None:
-    """The difference on the study's primary metric and reading, None before a record."""
-    return next((d for d in found if (d.metric, d.at) == cfg.primary.reading()), None)
+def _reading(cfg: StudyConfig, c: Comparison) -> tuple[str, str]:
+    """The (metric, at) the comparison's verdict reads: its own metric (as a ratio, with
+    `reading: ratio`) at the primary's round, or the primary's reading."""
+    if c.metric is None:
+        return cfg.primary.reading()
+    return (ratio_name(c.metric) if c.reading == "ratio" else c.metric), cfg.primary.at
 
 
-def _differences(runs: list[RunRecord], c: Comparison, cfg: StudyConfig) -> list[PairedDifference]:
+def _verdict_of(
+    cfg: StudyConfig, c: Comparison, found: list[PairedDifference]
+) -> PairedDifference | None:
+    """The difference the comparison's verdict reads, None before a record."""
+    return next((d for d in found if (d.metric, d.at) == _reading(cfg, c)), None)
+
+
+def _differences(
+    runs: list[RunRecord], c: Comparison, cfg: StudyConfig, floor: float
+) -> list[PairedDifference]:
     """Every paired difference of the comparison's two methods in `runs` (none until both
-    have a record), judged by its declared claim."""
-    rule = Rule.in_points(c.shape, c.margin_points, cfg.pilot_sd_points)
+    have a record), judged by its declared claim; a ratio reading's values floored at
+    `floor`."""
+    rule = Rule.in_points(c.shape, c.margin, cfg.pilot_sd_points)
+    ratio = None if c.metric is None or c.reading != "ratio" else RatioReading(c.metric, floor)
     mine = [r for r in runs if r.group in c.methods()]
     if {r.group for r in mine} != set(c.methods()):
         return []
     if c.a_reference is not None and c.b_reference is not None:
         pairs = (c.a, c.a_reference), (c.b, c.b_reference)
-        return relative_differences(mine, *pairs, rule, c.chance_points)
+        return relative_differences(mine, *pairs, rule, c.chance_points, ratio)
     target = cfg.primary.target
     targets = [] if target is None else [Target(cfg.primary.metric, target)]
-    return paired_differences(mine, c.a, c.b, rule, targets, cfg.primary.clock)
+    return paired_differences(mine, c.a, c.b, rule, targets, cfg.primary.clock, ratio)
 
 
 def verdict_lines(study: Study) -> list[str]:
     """The sentence per comparison that README.md and docs/results.md quote verbatim."""
-    return _verdict_lines(study.config, compared(study))
+    return _verdict_lines(study.config, compared(study), ratio_floor(study)[1])
+
+
+def _claim(c: Comparison, d: PairedDifference, unit: str) -> str:
+    """The comparison's claim in words; a ratio's margin also as the ratio declared."""
+    claim = d.rule.describe(unit=unit)
+    if c.margin_ratio is None:
+        return claim
+    if c.shape == "non-inferiority":
+        return f"{claim}: A/B at most {c.margin_ratio:g}"
+    return f"{claim}: A/B below 1/{c.margin_ratio:g}"
 
 
 def _verdict_lines(
-    cfg: StudyConfig, found: list[tuple[Comparison, list[PairedDifference]]]
+    cfg: StudyConfig, found: list[tuple[Comparison, list[PairedDifference]]], floored: str
 ) -> list[str]:
+    """One line per comparison; `floored` says a ratio reading's floor."""
     lines = []
     for c, every in found:
-        label, d = c.label(), _primary(cfg, every)
+        label, d = c.label(), _verdict_of(cfg, c, every)
         if d is None:
             lines.append(f"{cfg.name}, {label}: no shared seed recorded yet")
             continue
-        timed = cfg.primary.target is not None
+        timed = d.at == "first reached"
         scale, unit = (1.0, CLOCKS[cfg.primary.clock]) if timed else (100.0, unit_of(d.metric))
-        claim = "A reaches it sooner than B" if timed else d.rule.describe(unit=unit)
+        claim = "A reaches it sooner than B" if timed else _claim(c, d, unit)
         low, high = (scale * x for x in d.interval)
         censored = f", censored A {d.censored[0]}, B {d.censored[1]}" if any(d.censored) else ""
-        if not timed and unit == "log points":  # the geometric mean of B's / A's perplexity
-            censored += f", perplexity ratio B/A {math.exp(d.mean):.3f}"
+        if not timed and (ratio := ratio_of(d)):  # the geometric mean ratio
+            ratio_read = c.reading == "ratio"
+            censored += (
+                f", {d.metric} {ratio}, {floored}" if ratio_read else f", perplexity ratio {ratio}"
+            )
         mark = f", {d.mark}" if d.mark else ""
+        reading = f"{d.metric} at {d.at}" if c.metric is not None else cfg.primary.describe()
         lines.append(
-            f"{cfg.name}, {label} ({claim}, {cfg.primary.describe()}, {d.n} seeds{censored}): "
+            f"{cfg.name}, {label} ({claim}, {reading}, {d.n} seeds{censored}): "
             f"**{d.verdict}**{mark}, A - B {scale * d.mean:+.2f} {unit}, 95% interval "
             f"[{low:+.2f}, {high:+.2f}]"
         )
@@ -286,7 +333,7 @@ def report_text(study: Study) -> str:
     primary reading, so not a verdict on the claim)."""
     cfg, found = study.config, compared(study)
     done, total = len(_recorded(study)), len(list(study.points()))
-    primary = [(c.label(), d) for c, e in found if (d := _primary(cfg, e)) is not None]
+    primary = [(c.label(), d) for c, e in found if (d := _verdict_of(cfg, c, e)) is not None]
     lines = [
         f"# Study `{cfg.name}`",
         "",
@@ -302,7 +349,7 @@ def report_text(study: Study) -> str:
         "",
         "## Verdicts",
         "",
-        *[f"- {line}" for line in _verdict_lines(cfg, found)],
+        *[f"- {line}" for line in _verdict_lines(cfg, found, ratio_floor(study)[1])],
     ]
     if primary:
         rows = paired_rows([d for _, d in primary])

@@ -10,6 +10,7 @@ were seen; `hetfl.study` runs, tracks and reports it.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from hetfl.config.loading import format_errors, load_raw, set_dotted
 from hetfl.config.sections import ConfigError, _Strict
 from hetfl.engine.outputs import CLOCKS, TARGET_METRICS
+from hetfl.paired import LOWER_IS_BETTER, READ, ratio_name
 
 #: A method's name is its run folders' name before `-s<seed>`, which must be found
 #: unambiguously: no `-s<digit>` inside it.
@@ -39,7 +41,13 @@ class Comparison(_Strict):
     A - B becomes (A - A's reference) - (B - B's reference), i.e. B's drop minus A's, a
     robustness claim ("A loses less than B"). `chance_points` (the accuracy of a guess, in
     points) then marks a cell where A and B both end within `SATURATED_POINTS` of it as
-    saturated: the attack left nothing to compare."""
+    saturated: the attack left nothing to compare.
+
+    `metric` names the comparison's own metric (read at the primary's `at`; default the
+    primary's reading). `reading: ratio` reads a lower-is-better share (a backdoor's
+    `attack_success`) as the log of A's over B's, negated like a perplexity, so that "A's
+    attack success is at most r times B's" is a non-inferiority claim with `margin_ratio`
+    r > 1 (ln r, in log points)."""
 
     a: str
     b: str
@@ -48,6 +56,9 @@ class Comparison(_Strict):
     a_reference: str | None = None
     b_reference: str | None = None
     chance_points: float | None = Field(default=None, ge=0, le=100)
+    metric: str | None = None
+    reading: Literal["difference", "ratio"] = "difference"
+    margin_ratio: float | None = Field(default=None, gt=1)
 
     @model_validator(mode="after")
     def _references_paired(self) -> Comparison:
@@ -57,15 +68,50 @@ class Comparison(_Strict):
             raise ValueError("chance_points marks saturated cells of a comparison with references")
         return self
 
+    @model_validator(mode="after")
+    def _reading(self) -> Comparison:
+        if self.metric is not None and self.metric not in READ and not self.metric.startswith("p="):
+            raise ValueError(
+                f"metric {self.metric!r}: one of {', '.join(READ)} or a sub-model's p=<size>"
+            )
+        if self.reading == "difference" and self.margin_ratio is not None:
+            raise ValueError("margin_ratio is the margin of `reading: ratio`; use margin_points")
+        if self.reading == "ratio":
+            if self.metric not in LOWER_IS_BETTER:
+                raise ValueError(
+                    "reading: ratio reads a share where lower is better, named as the "
+                    f"comparison's metric ({', '.join(LOWER_IS_BETTER)}), not {self.metric!r}: "
+                    "a perplexity is already read as a log ratio, an accuracy as a difference"
+                )
+            if self.margin_points != 0:
+                raise ValueError(
+                    "a ratio reading's margin is margin_ratio (A's over B's, > 1), "
+                    "not margin_points"
+                )
+        return self
+
+    @property
+    def margin(self) -> float:
+        """The claim's margin in the reading's points: ln(margin_ratio) x 100 log points for a
+        ratio (69.31 for 2x), else margin_points."""
+        if self.margin_ratio is not None:
+            return 100 * math.log(self.margin_ratio)
+        return self.margin_points
+
     def methods(self) -> tuple[str, ...]:
         """Every method the comparison reads."""
         refs = () if self.a_reference is None else (self.a_reference, self.b_reference)
         return (self.a, self.b, *(r for r in refs if r is not None))
 
     def label(self) -> str:
+        """The comparison in a report: its methods, and its own metric where it names one
+        (another comparison of the same methods may read the primary)."""
+        pair = f"{self.a} vs {self.b}"
+        if self.metric is not None:
+            pair += f" on {ratio_name(self.metric) if self.reading == 'ratio' else self.metric}"
         if self.a_reference is None:
-            return f"{self.a} vs {self.b}"
-        return f"{self.a} vs {self.b}, each relative to {self.a_reference} / {self.b_reference}"
+            return pair
+        return f"{pair}, each relative to {self.a_reference} / {self.b_reference}"
 
 
 class Primary(_Strict):
@@ -169,9 +215,10 @@ class StudyConfig(_Strict):
                 )
             if c.shape == "superiority" and c.margin_points < 0:
                 raise ValueError(f"comparisons[{i}].margin_points: >= 0 for a superiority claim")
-            if c.shape == "non-inferiority" and c.margin_points <= 0:
+            if c.shape == "non-inferiority" and c.margin <= 0:
+                declared = "margin_ratio > 1" if c.reading == "ratio" else "margin_points > 0"
                 raise ValueError(
-                    f"comparisons[{i}]: a non-inferiority claim needs margin_points > 0, "
+                    f"comparisons[{i}]: a non-inferiority claim needs {declared}, "
                     "declared before the runs"
                 )
         return self

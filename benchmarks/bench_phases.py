@@ -48,15 +48,17 @@ FEDFA = ROOT / "configs" / "fedfa_fmnist_both.yaml"
 CLI = [sys.executable, "-m", "hetfl.cli", "run"]
 NOISY = 0.25  # as bench.py: cores other processes kept busy above which times are flagged
 RUNS = ("F", "Fe", "H")
-#: `--smoke`: FedFA on 6 clients of 64 samples, 3 per round, three candidates of depth 2.
+#: `--smoke`: FedFA on 4 clients of 32 samples, 2 per round (so 2 asked the set-up query),
+#: one local step, three candidates of depth 2.
 SMOKE_FEDFA = [
-    "data.groups=[{clients: 6, samples: 64}]",
-    "data.test_per_client=10",
-    "train.clients_per_round=3",
+    "data.groups=[{clients: 4, samples: 32}]",
+    "data.test_per_client=5",
+    "train.clients_per_round=2",
+    "train.local_steps=1",
     "options.fedfa.depths=[2]",
     "options.fedfa.widths=[0.25,0.5,0.75]",
-    "eval.test_samples=100",
-    "eval.stats_samples=64",
+    "eval.test_samples=50",
+    "eval.stats_samples=32",
 ]
 
 
@@ -182,7 +184,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.clients < 1 or args.rounds < 1:
         p.error(f"--clients and --rounds must be >= 1, got {args.clients}, {args.rounds}")
     if args.smoke:
-        args.clients, args.rounds = 6, 1
+        args.clients, args.rounds = 4, 1
     return args
 
 

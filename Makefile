@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup data demo test golden bench bench-scale lint clean
+.PHONY: setup data demo test golden bench bench-scale bench-phases lint clean
 
 setup: $(VENV)/.installed data
 
@@ -58,6 +58,12 @@ bench: setup
 # of `bench`; see benchmarks/README.md).
 bench-scale: setup
 	$(PY) benchmarks/bench_scale.py
+
+# Set-up time against one round, and each phase's share of the cores, of FedFA's shipped
+# config (ZiCo cold, then warm) and workload H (issue 48 item 2; not part of `bench`; see
+# benchmarks/README.md).
+bench-phases: setup
+	$(PY) benchmarks/bench_phases.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks tools

@@ -39,3 +39,8 @@ def ratio_line(
     (`versus` "floor2": HetFL against the floor split over two one-thread processes;
     `side` "ray", `versus` "processes": HetFL's Ray executor against its process executor)."""
     return f"{workload} ratio {side}/{versus}: {ratio:.2f}  {verdict(ratio, target)}"
+
+
+def floor_verdict(value: float, target: float) -> str:
+    """`target >= T: met` or `... MISSED`, for a measured share that should reach `target`."""
+    return f"target >= {target:.2f}: {'met' if value >= target else 'MISSED'}"

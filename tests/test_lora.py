@@ -4,7 +4,6 @@ hand, FLoRA's bases consistent without being sent, and bad settings refused."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,22 +18,18 @@ from hetfl.algorithms.parts.lora_aggregation import (
     stack_factors,
 )
 from hetfl.algorithms.parts.lora_stacking import server_copy
-from hetfl.core.client.program import Programs
 from hetfl.core.client.trainable import trainable_names
 from hetfl.core.init import build_model, initialize
 from hetfl.core.server.update import RoundResults
 from hetfl.core.simulator_only import SimulatorOnlyError, refuse_simulator_only
 from hetfl.core.state import Accumulator
-from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, PassRecord, Trained, TrainedRound
-from hetfl.engine.round_settings import RoundSettings
 from hetfl.models import ScalableFamily
 from hetfl.models.base import PlainFamily
 from hetfl.models.lora import LoRAFamily, load_base_state
-from hetfl.sim import Simulation
 from hetfl.systems.costs import MacCounter
+from lora_runs import TRAIN, lora_run
 
-TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 ATOL = 1e-5
 
 
@@ -187,20 +182,7 @@ def test_flexlora_refuses_per_tensor_weights() -> None:
 
 # -- runs: bytes by hand, FLoRA's consistent bases --------------------------------------
 def _run(name, synthetic, tmp_path, *, rounds=2, cpr=4):
-    family, clients, test = synthetic
-    strategy, recipe = ALGORITHMS.get(name).build(
-        family, {"ranks": [2, 4]}, clients_per_round=cpr, train=TRAIN
-    )
-    sim = Simulation(
-        strategy,
-        Programs(strategy.family, recipe, seed=0),
-        clients,
-        test,
-        RoundSettings(rounds=rounds, seed=0),
-        tmp_path,
-    )
-    sim.run()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    sim, rows, _ = lora_run(name, {"ranks": [2, 4]}, synthetic, tmp_path, rounds=rounds, cpr=cpr)
     return sim, rows
 
 

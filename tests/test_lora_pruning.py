@@ -5,7 +5,6 @@ persist, price its bytes and survive a resume, and bad settings refused."""
 from __future__ import annotations
 
 import itertools
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,16 +20,12 @@ from hetfl.algorithms.parts.lora_pruning import (
     tail_norm,
 )
 from hetfl.algorithms.parts.width_assignment import WidthAssignment
-from hetfl.core.client.program import Programs
-from hetfl.core.training import LocalTraining
 from hetfl.core.types import ClientInfo, ClientResult, PassRecord, Trained, TrainedRound
-from hetfl.engine.round_settings import RoundSettings
 from hetfl.models.base import PlainFamily
 from hetfl.models.lora import LoRAFamily
-from hetfl.sim import Simulation
 from hetfl.systems.costs import MacCounter
+from lora_runs import TRAIN, lora_run
 
-TRAIN = LocalTraining(lr=0.1, epochs=1, batch_size=16)
 #: The MLP's adapted layers (in + out): 64 -> 200, 200 -> 200, 200 -> 10.
 MLP_IN_OUT = (64 + 200) + (200 + 200) + (200 + 10)
 
@@ -162,22 +157,9 @@ def test_a_pruning_client_is_aggregated_with_its_factors_cut_to_its_new_rank() -
 
 
 def _pruning_run(synthetic, run_dir, *, rounds: int, resume: bool = False):
-    family, clients, test = synthetic
     pruning = {"enabled": True, "gamma": 0.5, "lam": 1.0}
-    strategy, recipe = ALGORITHMS.get("hetlora").build(
-        family, {"ranks": [2, 4], "self_pruning": pruning}, clients_per_round=4, train=TRAIN
-    )
-    sim = Simulation(
-        strategy,
-        Programs(strategy.family, recipe, seed=0),
-        clients,
-        test,
-        RoundSettings(rounds=rounds, seed=0),
-        run_dir,
-    )
-    sim.run(resume=resume)
-    read = lambda name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]  # noqa: E731
-    return sim, read("metrics.jsonl"), read("clients.jsonl")
+    options = {"ranks": [2, 4], "self_pruning": pruning}
+    return lora_run("hetlora", options, synthetic, run_dir, rounds=rounds, resume=resume)
 
 
 def test_pruned_ranks_persist_are_priced_and_survive_a_resume(synthetic_federation, tmp_path):

@@ -505,3 +505,12 @@ def test_a_ratio_cell_beyond_the_breakdown_is_marked_and_an_unset_test_set_assum
         "assumed)): **non-inferior**, beyond breakdown (25 % of elements), A - B -27.03 log "
         "points, 95% interval [-56.55, +2.48]"
     )
+
+
+def test_a_single_seed_reads_its_difference_without_an_interval(tmp_path):
+    """One shared seed: the difference is read (A 0.80 against B 0.75, +5.00 points) and the
+    line says there is no interval, never a NaN one."""
+    study = open_study(_study(tmp_path), tmp_path / "runs", tmp_path / "results")
+    _final_records(study, {"fedprox": [0.80], "fedavg": [0.75]})
+    (line,) = verdict_lines(study)
+    assert line.endswith("A - B +5.00 points, no interval at 1 seed") and "nan" not in line

@@ -319,10 +319,10 @@ def _verdict_lines(
             )
         mark = f", {d.mark}" if d.mark else ""
         reading = f"{d.metric} at {d.at}" if c.metric is not None else cfg.primary.describe()
+        interval = "no interval at 1 seed" if d.n < 2 else f"95% interval [{low:+.2f}, {high:+.2f}]"
         lines.append(
             f"{cfg.name}, {label} ({claim}, {reading}, {d.n} seeds{censored}): "
-            f"**{d.verdict}**{mark}, A - B {scale * d.mean:+.2f} {unit}, 95% interval "
-            f"[{low:+.2f}, {high:+.2f}]"
+            f"**{d.verdict}**{mark}, A - B {scale * d.mean:+.2f} {unit}, {interval}"
         )
     return lines
 

@@ -623,3 +623,13 @@ def test_hetlora_self_pruning_runs_under_flower_as_in_the_simulator(tmp_path):
     trace = [json.loads(line) for line in (tmp_path / "sim" / "clients.jsonl").open()]
     ranks = {(t["round"], t["cid"]): t["fields"]["rank"] for t in trace if t["fields"]}
     assert any(ranks[(3, c)] < ranks[(1, c)] for c in range(3))
+
+
+def test_evaluation_on_the_simulated_clock_is_refused_under_flower(tmp_path):
+    """`eval.every_sim_s` needs the simulator's clock; under Flower rounds take real time,
+    so the server refuses it when built, before any node is asked."""
+    raw = config(**{"system": {"preset": "dtfl"}, "eval.every_sim_s": 10.0})
+    grid = LoopbackGrid(nodes(tmp_path, 3))
+    with pytest.raises(ValueError, match=r"every_sim_s evaluates on the simulator's clock"):
+        serve(grid, raw, tmp_path / "flower")
+    assert grid.replies == {}

@@ -287,6 +287,7 @@ def build_parts(cfg: RunConfig, *, show_progress: bool = True, label: str = "") 
         global_stats_pass=cfg.eval.global_stats_pass,
         require_global_test=cfg.eval.require_global_test,
         pooled_global=cfg.eval.pooled_global,
+        eval_every_sim_s=cfg.eval.every_sim_s,
         config=cfg.to_yaml(),
     )
     info = {

@@ -259,6 +259,13 @@ class RunConfig(_Strict):
                 f"data.num_clients = {self.data.num_clients}"
             )
         self._plateau_is_observed()
+        devices = (self.system.preset, self.system.profiles, self.system.trace)
+        if self.eval.every_sim_s is not None and all(d is None for d in devices):
+            raise ValueError(
+                f"eval.every_sim_s = {self.eval.every_sim_s} evaluates on the simulated "
+                "clock, and this run has none: give it devices (system.profiles, a preset or "
+                "system.trace; docs/system.md), or evaluate by rounds (eval.every)"
+            )
         self._asynchronous_fits()
         if self.workers is not None and self.executor == "sequential":
             raise ValueError(
@@ -353,10 +360,15 @@ class RunConfig(_Strict):
         plateau = self.train.lr_plateau
         if plateau is None:
             return
-        if self.eval.every != 1:
+        if self.eval.every != 1 or self.eval.every_sim_s is not None:
+            cadence = (
+                f"eval.every_sim_s = {self.eval.every_sim_s}"
+                if self.eval.every_sim_s is not None
+                else f"eval.every = {self.eval.every}"
+            )
             raise ValueError(
                 f"train.lr_plateau counts rounds without improvement, so it needs an "
-                f"evaluation every round: set eval.every to 1 (got {self.eval.every}), or "
+                f"evaluation every round: set eval.every to 1 (got {cadence}), or "
                 "leave train.lr_plateau out"
             )
         if plateau.monitor == "val_acc" and self.data.validation is None:

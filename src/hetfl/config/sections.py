@@ -580,6 +580,15 @@ class EvalConfig(_Strict):
     every: int = Field(
         1, ge=1, description="evaluate every this many rounds (and always after the last)"
     )
+    every_sim_s: float | None = Field(
+        None,
+        gt=0,
+        description="evaluate on the simulated clock instead: after each server step during "
+        "which the clock passed a multiple of this many simulated seconds (and after the "
+        "last), one grid for runs whose steps take different simulated times (synchronous "
+        "rounds, FedBuff's and FedAsync's steps); needs system:, with every at 1 and "
+        "local_trained off",
+    )
     local_eval: Literal["sampled", "all", "none"] = Field(
         "sampled",
         description="the clients whose local accuracy (local_acc) is measured: the round's "
@@ -637,6 +646,24 @@ class EvalConfig(_Strict):
         "the precision envelope (PASCAL VOC 2010 onward), or 11-point, its mean at recall "
         "0, 0.1, ..., 1 (VOC 2007)",
     )
+
+    @model_validator(mode="after")
+    def _one_cadence(self) -> EvalConfig:
+        if self.every_sim_s is None:
+            return self
+        if self.every != 1:
+            raise ValueError(
+                f"every_sim_s = {self.every_sim_s} sets when to evaluate on the simulated "
+                f"clock, and every = {self.every} sets it in rounds: keep one (leave every "
+                "at 1)"
+            )
+        if self.local_trained:
+            raise ValueError(
+                "every_sim_s decides after a step's clock has moved, when the trained models "
+                "that local_trained scores before aggregation are gone: set local_trained "
+                "to false, or evaluate by rounds (eval.every)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _stats_pass_needs_local_evaluation(self) -> EvalConfig:

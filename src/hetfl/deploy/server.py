@@ -170,6 +170,11 @@ class FlowerServer(RoundLoop):
                 "system.asynchronous runs on the simulator's clock only; under Flower, "
                 "remove it (rounds are synchronous)"
             )
+        if self.settings.eval_every_sim_s is not None:
+            raise ValueError(
+                "eval.every_sim_s evaluates on the simulator's clock; under Flower rounds take "
+                "real time and sim_time_s stays null: evaluate by rounds (eval.every)"
+            )
         if deployment.device_profiles:
             self.progress.message(
                 "warning: device profiles (system:) drive the simulator's clock; under Flower "

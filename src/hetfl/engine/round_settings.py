@@ -3,6 +3,7 @@ round loops (`hetfl.engine.rounds.RoundLoop`) read, validated once when built.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,7 +36,10 @@ class RoundSettings:
     test set. `pooled_global` scores a method without one global model whose clients share
     one (FedGKT: `Strategy.pooled_task`) on the global test set as `global_acc`, each
     client's joined model, unweighted over clients; `require_global_test` asks it too.
-    `config`
+    `eval_every_sim_s` evaluates on the simulated clock instead of every `eval_every`
+    rounds: after each step during which the clock passed a multiple of it, so that runs
+    whose steps last different simulated times (a synchronous round, FedBuff's or FedAsync's
+    step) are scored on one grid of the axis they are compared on. `config`
     is the resolved config's YAML, stored in every checkpoint so that `hetfl resume` can
     refuse a config edited since in what determines the results (`hetfl.config.resume`)."""
 
@@ -55,12 +59,20 @@ class RoundSettings:
     global_stats_pass: StatsPassRule = "auto"
     require_global_test: bool = False
     pooled_global: bool = False
+    eval_every_sim_s: float | None = None
     config: str = ""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every_sim_s is not None and not (
+            self.eval_every_sim_s > 0 and self.eval_every == 1 and not self.local_trained
+        ):
+            raise ValueError(
+                "eval_every_sim_s must be > 0, with eval_every 1 and local_trained off, got "
+                f"{self.eval_every_sim_s}, {self.eval_every}, {self.local_trained}"
+            )
         if not 0 < self.availability <= 1:
             raise ValueError(f"availability must be in (0, 1], got {self.availability}")
         if self.stats_samples is not None and self.stats_samples < 1:
@@ -73,7 +85,23 @@ class RoundSettings:
             )
 
     def is_eval_round(self, rnd: int) -> bool:
+        """Whether round `rnd` is scored, by rounds; on the simulated clock, the last round
+        only until its clock is known (`is_eval_step`)."""
+        if self.eval_every_sim_s is not None:
+            return rnd == self.rounds
         return rnd % self.eval_every == 0 or rnd == self.rounds
+
+    def is_eval_step(self, rnd: int, start_s: float | None, end_s: float | None) -> bool:
+        """Whether round `rnd`, whose clock ran from `start_s` to `end_s`, is scored: by
+        rounds, or on the simulated clock when the step passed a multiple of
+        `eval_every_sim_s` (a pure function of the two times, so a resumed run scores the
+        steps an uninterrupted one does)."""
+        grid = self.eval_every_sim_s
+        if grid is None or self.is_eval_round(rnd):
+            return self.is_eval_round(rnd)
+        if start_s is None or end_s is None:
+            raise ValueError("eval_every_sim_s needs a simulated clock, and this run has none")
+        return math.floor(end_s / grid) > math.floor(start_s / grid)
 
     def is_checkpoint_round(self, rnd: int) -> bool:
         return rnd % self.checkpoint_every == 0 or rnd == self.rounds

@@ -189,7 +189,7 @@ class RoundLoop(ABC):
         try:
             first = self._restore() + 1 if resume else self._fresh_start()
             for rnd in range(first, self.settings.rounds + 1):
-                started = time.perf_counter()
+                started, start_s = time.perf_counter(), self.sim_time_s()
                 # Steps 1-2: plan, then local work -- results validated, in client id order.
                 tasks, outcome = self.collect(rnd)
                 self.counters.count_round(outcome)
@@ -210,7 +210,8 @@ class RoundLoop(ABC):
                 with self.progress.phase("server_phase", rnd):
                     self._server_phase(rnd, trained, outcome)
                 self.after_training(outcome)
-                # Step 4: evaluate and record.
+                # Step 4: evaluate and record (on the simulated clock: now that it has moved).
+                evaluating = self.settings.is_eval_step(rnd, start_s, self.sim_time_s())
                 row: dict[str, Any] | None = None
                 local: list[LocalScore] = []
                 if evaluating:

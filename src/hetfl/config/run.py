@@ -259,8 +259,7 @@ class RunConfig(_Strict):
                 f"data.num_clients = {self.data.num_clients}"
             )
         self._plateau_is_observed()
-        devices = (self.system.preset, self.system.profiles, self.system.trace)
-        if self.eval.every_sim_s is not None and all(d is None for d in devices):
+        if self.eval.every_sim_s is not None and not self.system.has_devices:
             raise ValueError(
                 f"eval.every_sim_s = {self.eval.every_sim_s} evaluates on the simulated "
                 "clock, and this run has none: give it devices (system.profiles, a preset or "

@@ -97,8 +97,10 @@ class RoundSettings:
         `eval_every_sim_s` (a pure function of the two times, so a resumed run scores the
         steps an uninterrupted one does)."""
         grid = self.eval_every_sim_s
-        if grid is None or self.is_eval_round(rnd):
+        if grid is None:
             return self.is_eval_round(rnd)
+        if rnd == self.rounds:
+            return True
         if start_s is None or end_s is None:
             raise ValueError("eval_every_sim_s needs a simulated clock, and this run has none")
         return math.floor(end_s / grid) > math.floor(start_s / grid)

@@ -510,17 +510,24 @@ class SystemConfig(_Strict):
         self.settings()  # the cross-field rules of SystemSettings, checked before any run
         return self
 
+    @property
+    def has_devices(self) -> bool:
+        """Whether profiles are configured (a preset, listed profiles or a trace): the run has
+        a simulated clock."""
+        return any(d is not None for d in (self.preset, self.profiles, self.trace))
+
     def settings(self) -> SystemSettings | None:
         """The engine's settings, or None when no profiles are configured."""
+        if not self.has_devices:
+            return None
         behaviours = None
         if self.preset is not None:
             profiles = PRESETS[self.preset](self.fastest_rate)
         elif self.profiles is not None:
             profiles = tuple(p.profile(self.cpu_rate) for p in self.profiles)
-        elif self.trace is not None:
-            profiles, behaviours = self.trace.devices()
         else:
-            return None
+            assert self.trace is not None  # has_devices
+            profiles, behaviours = self.trace.devices()
         if self.link_scale != 1.0:
             profiles = tuple(
                 replace(

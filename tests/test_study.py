@@ -514,3 +514,63 @@ def test_a_single_seed_reads_its_difference_without_an_interval(tmp_path):
     _final_records(study, {"fedprox": [0.80], "fedavg": [0.75]})
     (line,) = verdict_lines(study)
     assert line.endswith("A - B +5.00 points, no interval at 1 seed") and "nan" not in line
+
+
+def test_a_seeds_points_run_on_their_own_and_the_rest_after_them(tmp_path, capsys):
+    """`--seed 1` runs seed 1's points only (one study split over processes or machines);
+    the full run then adds the other seeds' points, leaving seed 1's records as they were."""
+    _study(tmp_path)
+    assert main([*_args(tmp_path, "run"), "--seed", "1"]) == 0
+    records = tmp_path / "results" / "tiny"
+    ledger = json.loads((records / "ledger.json").read_text())
+    assert sorted(ledger) == ["fedavg-s1", "fedprox-s1"]
+    kept = (records / "fedavg-s1" / "metrics.jsonl").read_bytes()
+    assert main(_args(tmp_path, "run")) == 0
+    after = json.loads((records / "ledger.json").read_text())
+    assert len(after) == 6 and {k: after[k] for k in ledger} == ledger
+    assert (records / "fedavg-s1" / "metrics.jsonl").read_bytes() == kept
+
+
+def test_a_seed_the_study_does_not_declare_is_refused(tmp_path):
+    study = open_study(_study(tmp_path), tmp_path / "runs", tmp_path / "results")
+    with pytest.raises(ConfigError, match=r"seed\(s\) \[7\] not among its declared seeds"):
+        run_study(study, show_progress=False, seeds=[1, 7])
+    assert not (tmp_path / "runs" / "tiny").exists()
+
+
+def test_the_ledger_is_read_and_rewritten_under_the_folders_lock(tmp_path, monkeypatch):
+    """Processes running other seeds record into one ledger: the read that the rewrite
+    starts from happens while the records folder is locked, so no entry is dropped."""
+    import fcntl
+    import os
+
+    from hetfl import study as study_module
+
+    study = open_study(_study(tmp_path), tmp_path / "runs", tmp_path / "results")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in study_module.RECORDS:
+        (run_dir / f).write_text("{}\n")
+    study.records_dir.mkdir(parents=True)
+    (study.records_dir / "ledger.json").write_text('{"other-s0": {"wall_s": 1.0, "cpu_s": 1.0}}')
+    held = []
+    read = study_module.Study.ledger
+
+    def ledger_while_locked(self):
+        folder = os.open(self.records_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(folder)
+        return read(self)
+
+    monkeypatch.setattr(study_module.Study, "ledger", ledger_while_locked)
+    study_module._record(study, "fedavg-s0", run_dir, 2.0, 3.0)
+    assert held == [True]
+    assert sorted(json.loads((study.records_dir / "ledger.json").read_text())) == [
+        "fedavg-s0",
+        "other-s0",
+    ]

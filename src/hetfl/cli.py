@@ -163,6 +163,15 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("results"),
         help="where the records the repository keeps go (default: results/)",
     )
+    study.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        dest="seeds",
+        metavar="SEED",
+        help="`run` only this seed's points (repeatable): one study's seeds in several "
+        "processes or machines at once, into the same records folder",
+    )
     study.add_argument("--quiet", action="store_true", help="no progress display")
 
     plot = sub.add_parser("plot", help="accuracy curves of several runs in one PNG")
@@ -310,7 +319,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plot":
         return cmd_plot(args.runs, args.out, args.x)
     if args.command == "study":
-        return cmd_study(args.action, args.file, args.runs, args.results, args.quiet)
+        return cmd_study(args.action, args.file, args.runs, args.results, args.quiet, args.seeds)
     if args.command == "serve":
         from hetfl.launch import serve_config
 
@@ -473,7 +482,14 @@ def _finished(run_dir: Path, cfg: RunConfig) -> bool:
     )
 
 
-def cmd_study(action: str, file: Path, runs: Path, results: Path, quiet: bool) -> int:
+def cmd_study(
+    action: str,
+    file: Path,
+    runs: Path,
+    results: Path,
+    quiet: bool,
+    seeds: Sequence[int] | None = None,
+) -> int:
     """`run` (then the report), `status` or `report`; `run` exits 1 while points remain
     (the budget spent)."""
     from hetfl.study import open_study, run_study, status_lines, write_report
@@ -482,7 +498,7 @@ def cmd_study(action: str, file: Path, runs: Path, results: Path, quiet: bool) -
     if action == "status":
         print("\n".join(status_lines(study)))
         return 0
-    pending = run_study(study, show_progress=not quiet) if action == "run" else 0
+    pending = run_study(study, show_progress=not quiet, seeds=seeds) if action == "run" else 0
     path = write_report(study)
     print(path.read_text(), end="")
     print(f"(written to {path})")

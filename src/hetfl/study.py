@@ -10,11 +10,16 @@ what the repository holds, and a test regenerates it to check that it still does
 Points run seed by seed (every method at the first seed, then the second), so a study cut
 short by its budget or by the end of a working session holds the same seeds for every
 method; a finished point is skipped and an interrupted one resumed from its checkpoint.
+`run_study(..., seeds=...)` runs only some seeds' points, so that one study's seeds can run
+in several processes or on several machines at once, each writing its own points' records
+into the one folder (the ledger is updated under a file lock).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import resource
 import shutil
 import sys
@@ -102,14 +107,22 @@ def open_study(
     return Study(config, runs_root / config.name, records_root / config.name, configs)
 
 
-def run_study(study: Study, show_progress: bool = True) -> int:
-    """Run every point not yet recorded, resuming interrupted ones, until the points are
-    done or the budget is spent; returns the number of points still pending."""
+def run_study(study: Study, show_progress: bool = True, seeds: Sequence[int] | None = None) -> int:
+    """Run every point not yet recorded (of `seeds` only, where given), resuming
+    interrupted ones, until the points are done or the budget is spent; returns the number
+    of those points still pending. The budget is the whole study's: points another process
+    recorded meanwhile count against it before each point starts."""
     from hetfl.runner import run_one
 
     cfg = study.config
+    if seeds is not None and (unknown := sorted(set(seeds) - set(cfg.seeds))):
+        raise ConfigError(
+            f"study {cfg.name}: seed(s) {unknown} not among its declared seeds {list(cfg.seeds)}"
+        )
     recorded = _recorded(study)
-    pending = [p for p in study.points() if p[2] not in recorded]
+    pending = [
+        p for p in study.points() if p[2] not in recorded and (seeds is None or p[1] in seeds)
+    ]
     check_scorable(study, pending, show_progress)
     for i, (_, _, name) in enumerate(pending):
         used = study.process_hours()
@@ -190,15 +203,23 @@ def _recorded(study: Study) -> set[str]:
 
 def _record(study: Study, name: str, run_dir: Path, wall_s: float, cpu_s: float) -> None:
     """Copy the finished point's records into the repository's folder, then its time into
-    the ledger (written whole, so an interrupted write never leaves half a ledger)."""
+    the ledger: read and rewritten under an exclusive lock, so that processes running other
+    seeds of the study never drop each other's entries, and written whole (a temporary file
+    renamed), so an interrupted write never leaves half a ledger."""
     target = study.records_dir / name
     target.mkdir(parents=True, exist_ok=True)
     for f in RECORDS:
         shutil.copyfile(run_dir / f, target / f)
-    ledger = {**study.ledger(), name: {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1)}}
-    tmp = study.records_dir / f"{LEDGER}.tmp"
-    tmp.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
-    tmp.replace(study.records_dir / LEDGER)
+    folder = os.open(study.records_dir, os.O_RDONLY)  # the lock: no file left behind
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        entry = {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1)}
+        ledger = {**study.ledger(), name: entry}
+        tmp = study.records_dir / f"{LEDGER}.tmp"
+        tmp.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+        tmp.replace(study.records_dir / LEDGER)
+    finally:
+        os.close(folder)  # closing releases the lock
 
 
 def status_lines(study: Study) -> list[str]:

@@ -346,8 +346,9 @@ def test_the_scored_clients_are_those_whose_choice_reads_a_score() -> None:
                 for i in infos]  # fmt: skip
     choice.setup_seeded(answered, torch.Generator().manual_seed(4))  # raises on a missing one
     limited = {cid for cid in range(8) if cid not in choice.budget_of} - {0}
-    assert len(limited) >= 3 and scored == set(range(2, 8)) - limited
-    assert _choice(choice="random").scored_clients(infos, torch.Generator()) == set()
+    assert len(limited) >= 3 and set(scored) == set(range(2, 8)) - limited
+    assert scored == {cid: {"macs_budget": choice.budget_of[cid]} for cid in scored}
+    assert _choice(choice="random").scored_clients(infos, torch.Generator()) == {}
 
 
 def test_random_choice_and_drawn_budgets_are_seeded_and_within_budget() -> None:

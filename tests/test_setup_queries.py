@@ -82,9 +82,10 @@ def test_zico_answers_under_two_worker_processes_equal_the_sequential_ones_bit_f
 def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_miss(
     synthetic_federation, tmp_path, monkeypatch
 ):
-    """With a cache folder, the first run scores every client's candidates and keeps them
-    (a file per client); a second run scores nothing and reads the same floats back; a
-    client whose data changed, or candidates of another width, are scored again."""
+    """With a cache folder, the first run scores each client's candidates within its
+    budget and keeps them (a file per client); a second run scores nothing and reads the
+    same floats back; a client whose data changed, or candidates of another width, are
+    scored again."""
     scored = []
     real = architecture_choice.zico
 
@@ -96,10 +97,11 @@ def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_m
     cache = tmp_path / "cache"
     first = _simulation(synthetic_federation, tmp_path / "a", setup_cache=cache)
     first.setup()
-    assert len(scored) == 8 * 4 and len(list(cache.glob("*.json"))) == 8
+    answered = sum(map(len, _scores(first).values()))
+    assert len(scored) == answered and len(list(cache.glob("*.json"))) == 8
     again = _simulation(synthetic_federation, tmp_path / "b", setup_cache=cache)
     again.setup()
-    assert len(scored) == 8 * 4, "a second run scored candidates again"
+    assert len(scored) == answered, "a second run scored candidates again"
     assert _scores(again) == _scores(first)
     _, clients, _ = synthetic_federation
     changed = list(clients)
@@ -107,21 +109,24 @@ def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_m
     x[0, 0, 0, 0] += 1.0
     changed[0] = replace(changed[0], x_train=x)
     _simulation(synthetic_federation, tmp_path / "c", clients=changed, setup_cache=cache).setup()
-    assert len(scored) == 8 * 4 + 4, "only the changed client is scored again"
+    answered += len(_scores(first)[0])
+    assert len(scored) == answered, "only the changed client is scored again"
     wider = _simulation(
         synthetic_federation, tmp_path / "d", widths=(0.25, 0.75), setup_cache=cache
     )
     wider.setup()
-    assert len(scored) == 8 * 4 + 4 + 8 * 4
-    assert set(_scores(wider)[0]) == {"d2-w0.25", "d2-w0.75", "d3-w0.25", "d3-w0.75"}
+    assert len(scored) == answered + sum(map(len, _scores(wider).values()))
+    labels = set().union(*_scores(wider).values())
+    assert "d2-w0.75" in labels <= {"d2-w0.25", "d2-w0.75", "d3-w0.25", "d3-w0.75"}
 
 
 def test_only_the_clients_whose_scores_set_up_reads_are_asked(
     synthetic_federation, tmp_path, monkeypatch
 ):
     """With the default limited share, half the clients take the smallest candidate and are
-    not scored; every client's architecture is the one a run that asks every client
-    chooses."""
+    not scored, and each scored client scores only the candidates within its budget, by
+    hand: every client's architecture is the one a run that asks every client of every
+    candidate (told nothing) chooses."""
     scored = []
     real = architecture_choice.zico
     monkeypatch.setattr(architecture_choice, "zico", lambda m, b: scored.append(1) or real(m, b))
@@ -129,13 +134,21 @@ def test_only_the_clients_whose_scores_set_up_reads_are_asked(
     for name in ("every", "some"):
         sim = _simulation(synthetic_federation, tmp_path / name, limited_share=0.5)
         if name == "every":  # ask every client, as a run did before the selection
-            every = {"setup_query_clients": lambda clients, _: {c.cid for c in clients}}
+            every = {"setup_query_clients": lambda clients, _: {c.cid: {} for c in clients}}
             sim.strategy.capabilities = replace(sim.strategy.capabilities, **every)
         scored.clear()
         sim.setup()
-        runs[name] = (sim.strategy.describe(), len(scored), len(sim.strategy.assignment.budget_of))
+        runs[name] = (sim.strategy.describe(), len(scored), sim)
     assert runs["every"][1] == 8 * 4
-    assert runs["some"][1:] == (4 * 4, 4), "the limited half was scored"
+    some = runs["some"][2].strategy.assignment
+    macs = {c.label: some.macs(c) for c in some.candidates}
+    within = {cid: {k for k, m in macs.items() if m <= b} for cid, b in some.budget_of.items()}
+    assert len(within) == 4 and all(len(labels) > 1 for labels in within.values())
+    answers = {
+        i.cid: set(i.attrs["zico"]) for i in runs["some"][2].known_clients() if "zico" in i.attrs
+    }
+    assert answers == within
+    assert runs["some"][1] == sum(map(len, within.values())) < 4 * 4, "scored beyond budgets"
     assert runs["some"][0] == runs["every"][0]
 
 
@@ -216,3 +229,38 @@ def test_a_process_answers_every_client_with_the_first_copy_of_a_query_it_receiv
     keyless = pickle.loads(pickle.dumps(query))
     keyless.key = None
     assert ctx.setup_query(keyless) is keyless
+
+
+def test_a_client_told_its_budget_scores_only_the_candidates_within_it(
+    synthetic_federation, tmp_path
+):
+    """Told a budget that fits three of the four candidates, a client scores those three,
+    each to the float it has when every candidate is scored; a budget it declares itself
+    wins; answers kept under two budgets are two files, each read back as it was."""
+    sim = _simulation(synthetic_federation, tmp_path / "run")
+    query = sim.strategy.capabilities.setup_query
+    client = synthetic_federation[1][0]
+    ctx = WorkerContext(sim.programs)
+    costs = sorted(query.macs.values())
+    assert len(set(costs)) == 4
+
+    def answer(told, info=None, cache=None):
+        item = SetupQueryItem(
+            query, info or client.info(), client, torch.Generator().manual_seed(5), cache, told
+        )
+        return answer_setup_query(ctx, item)["zico"]
+
+    every = answer({})
+    assert len(every) == 4
+    told = answer({"macs_budget": costs[2]})
+    assert told == {k: v for k, v in every.items() if query.macs[k] <= costs[2]}
+    assert len(told) == 3
+    declared = replace(client.info(), attrs={"macs_budget": costs[1]})
+    assert answer({"macs_budget": costs[2]}, declared) == {
+        k: v for k, v in every.items() if query.macs[k] <= costs[1]
+    }
+    cache = tmp_path / "cache"
+    kept = [answer({"macs_budget": b}, cache=cache) for b in (costs[1], costs[3])]
+    assert len(list(cache.glob("*.json"))) == 2
+    assert [answer({"macs_budget": b}, cache=cache) for b in (costs[1], costs[3])] == kept
+    assert kept[1] == every and len(kept[0]) == 2

@@ -172,11 +172,11 @@ class Simulation(RoundLoop):
         (`Capabilities.setup_query_clients`)."""
         caps = self.strategy.capabilities
         if caps.setup_query is not None and not self._asked:
-            wanted = caps.setup_query_clients(
+            told = caps.setup_query_clients(
                 list(self.infos.values()), init_generator(self.settings)
             )
-            generators = {cid: self._rng(0, "setup-query", cid) for cid in sorted(wanted)}
-            asked = SetupAsk(caps.setup_query, generators, self.setup_cache)
+            generators = {cid: self._rng(0, "setup-query", cid) for cid in sorted(told)}
+            asked = SetupAsk(caps.setup_query, generators, self.setup_cache, told)
             self.infos = ask_clients(
                 self.executor, self.programs, asked, self.infos, self.clients, self.progress
             )

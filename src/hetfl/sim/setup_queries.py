@@ -7,10 +7,11 @@ spread a hundred clients' ZiCo scores over their workers as they spread a round'
 trainings.
 
 The cache: an answer depends on the query (its `key`: for ZiCo, every candidate's
-architecture, the batch size and the number of batches), the client's data (its training
-samples and labels, and how stored pixels are standardised) and the client's generator
-(from the run's seed), and on nothing else; its file is named by a SHA-256 over the three
-and holds the answer as JSON, whose floats read back bit for bit. A changed architecture,
+architecture, the batch size and the number of batches), what the client is told (FedFA's
+MACs budget, `Capabilities.setup_query_clients`), the client's data (its training samples
+and labels, and how stored pixels are standardised) and the client's generator (from the
+run's seed), and on nothing else; its file is named by a SHA-256 over the four and holds
+the answer as JSON, whose floats read back bit for bit. A changed architecture,
 client data or seed names another file. Files are written to a temporary name and renamed,
 so that units writing at once, or a run stopped mid-write, never leave half a file under a
 final name. A query whose `key` is None is never cached.
@@ -43,23 +44,27 @@ STEP_UNITS = 16
 
 
 class SetupQueryItem(NamedTuple):
-    """One client's set-up query: `generator` its (seed, 0, client, "setup-query")
-    generator, `cache` the folder its answer is kept in (None: not kept)."""
+    """One client's set-up query: `told` what it is told before it answers (under what it
+    declared itself in `info`, which wins), `generator` its (seed, 0, client,
+    "setup-query") generator, `cache` the folder its answer is kept in (None: not kept)."""
 
     query: SetupQuery
     info: ClientInfo
     data: ClientData
     generator: torch.Generator
     cache: Path | None
+    told: Mapping[str, Any] = {}
 
 
 class SetupAsk(NamedTuple):
     """What a run asks its clients at set-up: the query, the generator of each client it
-    asks (the others are not asked), and the folder answers are kept in (None: not kept)."""
+    asks (the others are not asked), the folder answers are kept in (None: not kept), and
+    what each asked client is told (`Capabilities.setup_query_clients`; none: nothing)."""
 
     query: SetupQuery
     generators: Mapping[int, torch.Generator]
     cache: Path | None
+    told: Mapping[int, Mapping[str, Any]] = {}
 
 
 def ask_clients(
@@ -75,7 +80,9 @@ def ask_clients(
     units of `executor` in `SETUP_STEPS` steps, each shown by `progress`, and timed as the
     set-up phase `setup_query`."""
     items = [
-        SetupQueryItem(asked.query, infos[cid], clients[cid], generator, asked.cache)
+        SetupQueryItem(
+            asked.query, infos[cid], clients[cid], generator, asked.cache, asked.told.get(cid, {})
+        )
         for cid, generator in asked.generators.items()
     ]
     answers: list[Mapping[str, Any]] = []
@@ -94,24 +101,30 @@ def ask_clients(
 
 
 def answer_setup_query(ctx: WorkerContext, item: SetupQueryItem) -> Mapping[str, Any]:
-    """The client's answer: read from the cache when kept there, else computed (and kept)
-    by the process's copy of the query (`WorkerContext.setup_query`)."""
+    """The client's answer, told `item.told`: read from the cache when kept there, else
+    computed (and kept) by the process's copy of the query (`WorkerContext.setup_query`)."""
     query = ctx.setup_query(item.query)
     key = query.key
+    info = replace(item.info, attrs={**item.told, **item.info.attrs}) if item.told else item.info
     if item.cache is None or key is None:
-        return query(item.info, item.data, item.generator)
-    path = item.cache / f"{answer_digest(key, item.data, item.generator)}.json"
+        return query(info, item.data, item.generator)
+    digest = answer_digest(key, item.data, item.generator, item.told)
+    path = item.cache / f"{digest}.json"
     if path.is_file():
         return dict(json.loads(path.read_text())["answer"])
-    answer = query(item.info, item.data, item.generator)
+    answer = query(info, item.data, item.generator)
     _write_atomically(path, {"key": key, "cid": item.info.cid, "answer": dict(answer)})
     return answer
 
 
-def answer_digest(key: str, data: ClientData, generator: torch.Generator) -> str:
-    """The SHA-256 (hex) of what an answer depends on: the query's `key`, the client's
-    training data and pixel standardisation, and its generator's state."""
+def answer_digest(
+    key: str, data: ClientData, generator: torch.Generator, told: Mapping[str, Any] = {}
+) -> str:
+    """The SHA-256 (hex) of what an answer depends on: the query's `key`, what the client
+    is told (JSON, its floats written exactly), the client's training data and pixel
+    standardisation, and its generator's state."""
     digest = hashlib.sha256(key.encode())
+    digest.update(json.dumps(dict(told), sort_keys=True).encode())
     for tensor in (data.x_train, data.y_train):
         plain = tensor.detach().cpu().contiguous()
         digest.update(f"{plain.dtype}{tuple(plain.shape)}".encode())

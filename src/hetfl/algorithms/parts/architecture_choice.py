@@ -248,15 +248,20 @@ class ArchitectureChoice:
                 self.budget_of[cid] = draw.budget
                 self.chosen[cid] = self._best_within(draw.info, draw.budget, draw.own)
 
-    def scored_clients(self, clients: Sequence[ClientInfo], generator: torch.Generator) -> set[int]:
-        """The clients whose ZiCo scores `setup_seeded(clients, generator)` reads: under
-        `choice: zico`, those that neither declare an architecture nor are resource-limited
-        and whose budget fits more than one candidate (the same draws, so the same
-        clients); the set-up query asks no other (half the clients, by default)."""
+    def scored_clients(
+        self, clients: Sequence[ClientInfo], generator: torch.Generator
+    ) -> dict[int, dict[str, float]]:
+        """The clients whose ZiCo scores `setup_seeded(clients, generator)` reads, each told
+        its MACs budget: under `choice: zico`, those that neither declare an architecture
+        nor are resource-limited and whose budget fits more than one candidate (the same
+        draws, so the same clients and budgets); the set-up query asks no other (half the
+        clients, by default). Told its budget, a client scores only the candidates within
+        it (`ZicoQuery`), the only scores its choice reads (Algorithm 1, line 2: each
+        client picks within its own resources), ~38 % of the 12-candidate grid's MACs."""
         if self.choice != "zico":
-            return set()
+            return {}
         return {
-            d.info.cid
+            d.info.cid: {"macs_budget": d.budget}
             for d in self._draws(clients, generator)
             if d.budget is not None
             and "architecture" not in d.info.attrs
@@ -414,8 +419,9 @@ class ArchitectureChoice:
 class ZicoQuery:
     """A client's answer at set-up: the ZiCo score (`hetfl.algorithms.parts.zico`) of every
     candidate's architecture (`ArchitectureChoice.architecture`: the same scores under every
-    method), each at a seeded initialisation, over `ZICO_BATCHES` mini-batches of
-    `batch_size` drawn from its own training data (`SetupQuery`).
+    method) within the MACs budget it declares or is told (`scored_clients`; every
+    candidate without one), each at a seeded initialisation, over `ZICO_BATCHES`
+    mini-batches of `batch_size` drawn from its own training data (`SetupQuery`).
 
     It keeps the architectures, not the choice, so that it travels to an executor's
     workers as a few specs; its `key` is what the scores depend on besides the client's
@@ -430,6 +436,7 @@ class ZicoQuery:
     def __init__(self, family: ModelFamily, choice: ArchitectureChoice, batch_size: int) -> None:
         self.family, self.batch_size = family, batch_size
         self.architectures = {c.label: choice.architecture(c) for c in choice.candidates}
+        self.macs = {c.label: choice.macs(c) for c in choice.candidates}
         self.instead = (
             f"use options.{choice.method}.choice: random, or give every node its architecture "
             "(--attr architecture=LABEL)"
@@ -479,9 +486,18 @@ class ZicoQuery:
         device = data.x_train.device
         scores = {
             label: zico(self._model(label, seed, device).train(), batches)
-            for label in self.architectures
+            for label in self._within(info.attrs.get("macs_budget"))
         }
         return {ZICO_ATTR: scores}
+
+    def _within(self, budget: Any) -> list[str]:
+        """The candidates a client with `budget` MACs per sample scores (every one without a
+        budget): the ones its choice compares (`ArchitectureChoice._best_within`, the same
+        test). Each is scored at the one seeded initialisation and over the same batches
+        whichever others are scored, so its score does not depend on the budget."""
+        if budget is None:
+            return list(self.architectures)
+        return [label for label in self.architectures if self.macs[label] <= float(budget)]
 
 
 def architecture_choice(

@@ -142,6 +142,15 @@ class SetupQuery(Protocol):
     ) -> Mapping[str, Any]: ...
 
 
+#: Which clients a strategy's set-up query asks, from the clients and the generator its
+#: assignment's set-up gets, each with the attributes it is told before it answers, as a
+#: server tells a device its share: FedFA's clients are told their MACs budget, so that each
+#: scores only the candidates within it (a client's own declared attribute wins).
+SetupQueryClients = Callable[
+    [Sequence[ClientInfo], torch.Generator], Mapping[int, Mapping[str, Any]]
+]
+
+
 #: `(info, task this round or None) -> {name: scalar}`: a method's fields for a client's
 #: row of the per-client trace (`Strategy.trace_fields`).
 TraceFields = Callable[[ClientInfo, ClientTask | None], Mapping[str, Any]]
@@ -192,8 +201,9 @@ class Extras:
     learning's `server_side`, a round-level `server_phase` (FedGKT), a `describe` for the
     run summary, an `observer` of metrics rows, per-client `trace_fields`, a
     `setup_query` clients answer before set-up and `setup_query_clients`, which of them
-    the assignment will read an answer of (from the clients and the generator its
-    `setup_seeded` gets; None: every client)."""
+    the assignment will read an answer of, each with what it is told before it answers
+    (from the clients and the generator its `setup_seeded` gets; None: every client, told
+    nothing)."""
 
     declared: Sequence[DeclaredTensor] = ()
     server_side: ServerSide | None = None
@@ -202,7 +212,7 @@ class Extras:
     observer: Callable[[int, Mapping[str, Any]], None] | None = None
     trace_fields: TraceFields | None = None
     setup_query: SetupQuery | None = None
-    setup_query_clients: Callable[[Sequence[ClientInfo], torch.Generator], set[int]] | None = None
+    setup_query_clients: SetupQueryClients | None = None
 
 
 @dataclass(frozen=True)
@@ -221,9 +231,10 @@ class Capabilities:
     scores_pooled: bool
     #: The question each client answers before set-up, which the engine asks (or None).
     setup_query: SetupQuery | None
-    #: `(clients, the generator setup gets) -> the ids of the clients to ask`: the others'
-    #: answers would never be read.
-    setup_query_clients: Callable[[Sequence[ClientInfo], torch.Generator], set[int]]
+    #: `(clients, the generator setup gets) -> {id: told}` for the clients to ask (the
+    #: others' answers would never be read), each with the attributes it is told before it
+    #: answers (`SetupQueryClients`).
+    setup_query_clients: SetupQueryClients
 
 
 @runtime_checkable
@@ -284,10 +295,10 @@ class Strategy:
     # -- set-up -----------------------------------------------------------------------
     def _setup_query_clients(
         self, clients: Sequence[ClientInfo], generator: torch.Generator
-    ) -> set[int]:
+    ) -> Mapping[int, Mapping[str, Any]]:
         select = self.extras.setup_query_clients
         if select is None:
-            return {c.cid for c in clients}
+            return {c.cid: {} for c in clients}
         return select(clients, sibling_generator(generator, "assignment"))
 
     def setup(

@@ -280,7 +280,7 @@ def test_a_client_killed_mid_round_is_recorded_and_the_run_goes_on(tmp_path):
     answered within round_timeout_s and records the failure, and round 2 proceeds with the
     two that are left. The server names the silent client and counts it in summary.json."""
     port = free_port()
-    changes = {"data.num_clients": 3, "train.clients_per_round": 3, "deploy.round_timeout_s": 30}
+    changes = {"data.num_clients": 3, "train.clients_per_round": 3, "deploy.round_timeout_s": 15}
     config = write_config(tmp_path / "faults.yaml", port, **changes)
     slow = write_config(tmp_path / "slow.yaml", port, **changes, **{"deploy.node_poll_s": 15})
     procs, victim = Processes(), Processes()

@@ -38,8 +38,10 @@ data:
 demo: setup
 	$(VENV)/bin/hetfl run --overwrite
 
+# Two worker processes (pytest-xdist), each test file on one of them so module fixtures
+# are built once: most tests run one single-threaded process, so two share two cores.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Rewrite the golden fixtures (tests/golden/*.json), each run twice under different
 # PYTHONHASHSEED with the suite's pinned numerics and written only if both agree; then

@@ -103,15 +103,32 @@ def golden_runs(tmp_path_factory: pytest.TempPathFactory) -> GoldenRuns:
     return _GOLDEN[0]
 
 
+#: How each golden fixture was compared in the worker processes of a parallel run
+#: (`make test`: pytest-xdist), gathered in the controlling process for its summary.
+_WORKER_MODES: dict[str, str] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: hand the golden comparisons to the controlling process."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and _GOLDEN:
+        workeroutput["golden_modes"] = dict(_GOLDEN[0].modes)
+
+
+def pytest_testnodedown(node, error) -> None:  # a pytest-xdist hook, called in the controller
+    _WORKER_MODES.update(getattr(node, "workeroutput", {}).get("golden_modes", {}))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say how the golden fixtures were compared: bit for bit with the suite's pins, or to
     their measured tolerance, and why."""
-    if not _GOLDEN or not _GOLDEN[0].modes:
+    modes = {**_WORKER_MODES, **(_GOLDEN[0].modes if _GOLDEN else {})}
+    if not modes:
         return
     from golden.harness import describe_modes
 
     terminalreporter.write_sep("-", "golden fixtures")
-    terminalreporter.write_line(describe_modes(_GOLDEN[0].modes, SUITE_PINS))
+    terminalreporter.write_line(describe_modes(modes, SUITE_PINS))
 
 
 @pytest.fixture

@@ -574,3 +574,32 @@ def test_the_ledger_is_read_and_rewritten_under_the_folders_lock(tmp_path, monke
         "fedavg-s0",
         "other-s0",
     ]
+
+
+def test_a_point_another_process_recorded_meanwhile_is_not_run_again(tmp_path, monkeypatch):
+    """While the first point runs, another process (`--seed`) records the second: the run
+    skips it, keeps that process's entry, and runs the rest."""
+    import shutil
+
+    from hetfl import runner
+    from hetfl import study as study_module
+
+    study = open_study(_study(tmp_path), tmp_path / "runs", tmp_path / "results")
+    real, ran = runner.run_one, []
+
+    def run_one(config, run_dir, **kwargs):
+        real(config, run_dir, **kwargs)
+        ran.append(run_dir.name)
+        if len(ran) == 1:  # the other process records fedavg-s0 (a copy of these records)
+            for f in study_module.RECORDS:
+                (study.records_dir / "fedavg-s0").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(run_dir / f, study.records_dir / "fedavg-s0" / f)
+            study.records_dir.mkdir(parents=True, exist_ok=True)
+            (study.records_dir / "ledger.json").write_text('{"fedavg-s0": {"wall_s": 7.0}}')
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    assert run_study(study, show_progress=False) == 0
+    assert ran == ["fedprox-s0", "fedprox-s1", "fedavg-s1", "fedprox-s2", "fedavg-s2"]
+    assert json.loads((study.records_dir / "ledger.json").read_text())["fedavg-s0"] == {
+        "wall_s": 7.0
+    }

@@ -133,6 +133,8 @@ def run_study(study: Study, show_progress: bool = True, seeds: Sequence[int] | N
                 file=sys.stderr,
             )
             return len(pending) - i
+        if name in _recorded(study):  # recorded meanwhile by another process (`seeds`)
+            continue
         run_dir = study.runs_dir / name
         resume = has_checkpoint(run_dir / "checkpoints")
         label = f"[{cfg.name} {i + 1}/{len(pending)} {name}] "

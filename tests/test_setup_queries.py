@@ -64,6 +64,13 @@ def _scores(sim: Simulation) -> dict[int, dict[str, float]]:
     return {info.cid: info.attrs["zico"] for info in sim.known_clients()}
 
 
+def _within_budgets(sim: Simulation) -> dict[int, set[str]]:
+    """By hand, after set-up: each budgeted client's candidates within its budget."""
+    choice = sim.strategy.assignment
+    macs = {c.label: choice.macs(c) for c in choice.candidates}
+    return {cid: {k for k, m in macs.items() if m <= b} for cid, b in choice.budget_of.items()}
+
+
 def test_zico_answers_under_two_worker_processes_equal_the_sequential_ones_bit_for_bit(
     synthetic_federation, tmp_path
 ):
@@ -97,6 +104,7 @@ def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_m
     cache = tmp_path / "cache"
     first = _simulation(synthetic_federation, tmp_path / "a", setup_cache=cache)
     first.setup()
+    assert {cid: set(labels) for cid, labels in _scores(first).items()} == _within_budgets(first)
     answered = sum(map(len, _scores(first).values()))
     assert len(scored) == answered and len(list(cache.glob("*.json"))) == 8
     again = _simulation(synthetic_federation, tmp_path / "b", setup_cache=cache)
@@ -116,8 +124,8 @@ def test_a_second_run_reads_the_kept_answers_and_changed_data_or_architectures_m
     )
     wider.setup()
     assert len(scored) == answered + sum(map(len, _scores(wider).values()))
-    labels = set().union(*_scores(wider).values())
-    assert "d2-w0.75" in labels <= {"d2-w0.25", "d2-w0.75", "d3-w0.25", "d3-w0.75"}
+    assert {cid: set(labels) for cid, labels in _scores(wider).items()} == _within_budgets(wider)
+    assert "d2-w0.75" in set().union(*_scores(wider).values())
 
 
 def test_only_the_clients_whose_scores_set_up_reads_are_asked(
@@ -140,9 +148,7 @@ def test_only_the_clients_whose_scores_set_up_reads_are_asked(
         sim.setup()
         runs[name] = (sim.strategy.describe(), len(scored), sim)
     assert runs["every"][1] == 8 * 4
-    some = runs["some"][2].strategy.assignment
-    macs = {c.label: some.macs(c) for c in some.candidates}
-    within = {cid: {k for k, m in macs.items() if m <= b} for cid, b in some.budget_of.items()}
+    within = _within_budgets(runs["some"][2])
     assert len(within) == 4 and all(len(labels) > 1 for labels in within.values())
     answers = {
         i.cid: set(i.attrs["zico"]) for i in runs["some"][2].known_clients() if "zico" in i.attrs
@@ -214,6 +220,7 @@ def test_a_process_answers_every_client_with_the_first_copy_of_a_query_it_receiv
             c,
             torch.Generator().manual_seed(c.cid),
             None,
+            {},
         )
         for c in clients[:3]
     ]

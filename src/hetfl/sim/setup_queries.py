@@ -53,18 +53,18 @@ class SetupQueryItem(NamedTuple):
     data: ClientData
     generator: torch.Generator
     cache: Path | None
-    told: Mapping[str, Any] = {}
+    told: Mapping[str, Any]
 
 
 class SetupAsk(NamedTuple):
     """What a run asks its clients at set-up: the query, the generator of each client it
     asks (the others are not asked), the folder answers are kept in (None: not kept), and
-    what each asked client is told (`Capabilities.setup_query_clients`; none: nothing)."""
+    what each asked client is told (`Capabilities.setup_query_clients`)."""
 
     query: SetupQuery
     generators: Mapping[int, torch.Generator]
     cache: Path | None
-    told: Mapping[int, Mapping[str, Any]] = {}
+    told: Mapping[int, Mapping[str, Any]]
 
 
 def ask_clients(
@@ -81,7 +81,7 @@ def ask_clients(
     set-up phase `setup_query`."""
     items = [
         SetupQueryItem(
-            asked.query, infos[cid], clients[cid], generator, asked.cache, asked.told.get(cid, {})
+            asked.query, infos[cid], clients[cid], generator, asked.cache, asked.told[cid]
         )
         for cid, generator in asked.generators.items()
     ]
@@ -118,7 +118,7 @@ def answer_setup_query(ctx: WorkerContext, item: SetupQueryItem) -> Mapping[str,
 
 
 def answer_digest(
-    key: str, data: ClientData, generator: torch.Generator, told: Mapping[str, Any] = {}
+    key: str, data: ClientData, generator: torch.Generator, told: Mapping[str, Any]
 ) -> str:
     """The SHA-256 (hex) of what an answer depends on: the query's `key`, what the client
     is told (JSON, its floats written exactly), the client's training data and pixel

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -435,6 +437,11 @@ def test_fashion_mnist_from_idx_files_keeps_pixels_and_is_cached(tmp_path, monke
     got = ds.pixels(torch.from_numpy(ds.x_train.copy())).numpy()[:, 0]
     assert ds.pixels is not None and np.array_equal(got, expected)
     assert load_fashion_mnist(str(directory)).x_train is ds.x_train  # decoded once
+    decoded = weakref.ref(ds.x_train)
+    del ds, got
+    gc.collect()
+    assert decoded() is None  # held weakly: freed once no data set holds it
+    assert load_fashion_mnist(str(directory)).x_train.shape == (6, 1, 28, 28)  # decoded again
     monkeypatch.setenv("HETFL_DATA", str(tmp_path))  # found in $HETFL_DATA/fashion-mnist
     (tmp_path / "fashion-mnist").symlink_to(directory)
     assert load_fashion_mnist().y_test.tolist() == [0, 1, 2, 3]

@@ -5,6 +5,9 @@ uninterrupted one without, and no spill file outlives the run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +241,57 @@ def test_trim_heap_gives_the_freed_space_between_live_blocks_back():
     before = _rss_bytes()
     trim_heap()
     assert _rss_bytes() < before - (100 << 20)
+
+
+_WORKER_HEAP = """
+import ctypes, ctypes.util, os
+from hetfl.engine.heap import tune_worker_heap, trim_heap
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+def touched(size):
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    return block
+print(tune_worker_heap(os.environ))
+start = rss()
+blocks = [touched(1 << 20) for _ in range(200)]  # 200 MiB of 1 MiB blocks: from the heap
+for block in reversed(blocks):
+    libc.free(block)
+kept = rss() - start  # free() trimmed nothing
+trim_heap()
+trimmed = rss() - start
+big = touched(64 << 20)
+libc.free(big)  # mapped apart: unmapped by free()
+print(kept >> 20, trimmed >> 20, (rss() - start) >> 20)
+"""
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="the C library has no malloc_trim")
+def test_a_workers_heap_keeps_blocks_until_trimmed_and_maps_large_ones_apart():
+    """`tune_worker_heap`, in a process of its own: the 1 MiB blocks of a training unit stay
+    in the heap when freed (with glibc's defaults they are mapped, then unmapped, faulting
+    afresh each time) until `trim_heap`; a 64 MiB block (an evaluation batch's
+    activations) goes back when freed; what the user set in GLIBC_TUNABLES wins."""
+    from hetfl.engine.heap import HEAP_TUNABLES
+
+    def run(tunables: str | None = None) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        env.update({} if tunables is None else {"GLIBC_TUNABLES": tunables})
+        done = subprocess.run(
+            [sys.executable, "-c", _WORKER_HEAP],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.split()
+
+    for inherited in (None, HEAP_TUNABLES):  # the command line's keeps large blocks in the heap
+        tuned, kept, trimmed, after_big = run(inherited)
+        assert tuned == "True" and int(kept) >= 190 and int(trimmed) < 20 and int(after_big) < 20
+    assert run("glibc.malloc.arena_max=1")[0] == "False"

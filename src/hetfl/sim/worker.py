@@ -22,17 +22,19 @@ Memory: a worker is forked from the fork server, which holds torch and HetFL imp
 the header of every object it examines, so a worker's first full collection would copy
 every inherited page that holds a tracked object; `gc.freeze()` first thing moves the
 inherited objects out of the collector's reach (the Python documentation of `gc.freeze`
-names this use). Each exchange starts by handing the heap's free pages back
-(`hetfl.engine.heap.trim_heap`): a training exchange leaves its freed activations in the
-heap among blocks that outlive it, and without the trim they stay resident beside the next
-exchange's (an evaluation's large batches), in every worker at once. Measured on workload
-H of `benchmarks/` (HeteroFL, four widths, two workers): peak PSS of the run's processes
-2.73 GiB without, 2.37 with; round 1 unchanged within noise.
+names this use). The heap is set up as a worker's (`hetfl.engine.heap.tune_worker_heap`:
+a fixed threshold for mapping large blocks apart, no trimming by free()), and each exchange
+starts by handing its free pages back (`trim_heap`): a training exchange leaves its freed
+activations in the heap among blocks that outlive it, and without the trim they stay
+resident beside the next exchange's (an evaluation's large batches), in every worker at
+once. Measured on workload H of `benchmarks/` (HeteroFL, four widths, two workers): peak
+PSS of the run's processes 2.73 GiB without the trim, 2.37 with.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import traceback
 from collections.abc import Sequence
@@ -42,7 +44,7 @@ import torch
 
 from hetfl.core.plugins import load_plugins
 from hetfl.engine.device import make_deterministic
-from hetfl.engine.heap import trim_heap
+from hetfl.engine.heap import trim_heap, tune_worker_heap
 from hetfl.sim.tasks import WorkerContext
 from hetfl.sim.wire import Receiver, Sender, SharedBuffer
 
@@ -56,6 +58,7 @@ def serve(
 ) -> None:
     """The worker's loop (the target of its process)."""
     gc.freeze()  # before any collection can touch the fork server's objects
+    tune_worker_heap(os.environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     make_deterministic(torch.device(device), deterministic)

@@ -26,6 +26,7 @@ import torch
 from golden.harness import BY_NAME, assert_same_as_sequential, run_scenario
 from hetfl.config import validate
 from hetfl.core.types import Problem
+from hetfl.engine.heap import _malloc_trim
 from hetfl.engine.numerics import NUMERIC_ENV
 from hetfl.engine.ports import free_port
 from hetfl.engine.watchdog import writers
@@ -33,7 +34,13 @@ from hetfl.runner import build_simulation
 from hetfl.sim.factory import make_executor
 from hetfl.sim.ray_executor import MISSING, WORKER_NICENESS, RayExecutor, RaySettings
 from hetfl.sim.ray_session import join
-from test_executor_processes import KillsItsWorker, _config, _Raises
+from test_executor_processes import (
+    KillsItsWorker,
+    _config,
+    _fragment_heap,
+    _Raises,
+    _resident_bytes,
+)
 from test_setup_queries import _scores, _simulation
 
 TESTS = Path(__file__).parent
@@ -192,6 +199,26 @@ def _metrics(run_dir: Path) -> list[dict]:
         {k: v for k, v in json.loads(line).items() if k != "wall_time_s"}
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()
     ]
+
+
+def _fragmented_in(ctx, item: int) -> tuple[int, int]:
+    return os.getpid(), _fragment_heap(ctx, item)
+
+
+def _resident_in(ctx, item: int) -> tuple[int, int]:
+    return os.getpid(), _resident_bytes()
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(_malloc_trim() is None, reason="the C library has no malloc_trim")
+def test_an_actor_hands_its_freed_heap_back_when_the_next_exchange_arrives(on_ray):
+    """As the process executor's workers do (`test_executor_processes`): each actor that
+    left 160 MiB of freed heap in one exchange holds it no more at the next."""
+    programs = build_simulation(validate(_config()), Path("unused"), show_progress=False).programs
+    fragmented = dict(on_ray.map(programs, _fragmented_in, [0, 1]))
+    after = dict(on_ray.map(programs, _resident_in, [0, 1]))
+    both = fragmented.keys() & after.keys()
+    assert both and all(after[pid] < fragmented[pid] - (100 << 20) for pid in both)
 
 
 @pytest.mark.ray

@@ -27,7 +27,8 @@ the simulation, as with the process executor.
   thread count and determinism and imports the run's plugins before its first unit, and
   starts with the numeric pins of the driver's environment (`hetfl.engine.numerics`,
   `runtime_env` env vars), so that on one machine a unit computes the sequential
-  executor's bits.
+  executor's bits. Their heaps too: each actor sets its heap as a worker's and trims it
+  when a new exchange arrives (`hetfl.engine.heap.tune_worker_heap`, `hetfl.sim.worker`).
 
 Faults: actors run with `max_restarts=0` and `max_task_retries=0`. An actor that dies
 fails the unit it was running, answered as the process executor answers a dead worker's
@@ -59,6 +60,7 @@ from hetfl.core.plugins import load_plugins
 from hetfl.core.server_program import ServerProgram
 from hetfl.core.types import ClientData
 from hetfl.engine.device import make_deterministic
+from hetfl.engine.heap import trim_heap, tune_worker_heap
 from hetfl.engine.numerics import NUMERIC_ENV
 from hetfl.engine.watchdog import Watchdog
 from hetfl.sim.ray_session import CONNECT_TIMEOUT_S, join, start_local
@@ -139,6 +141,7 @@ class UnitActor:
     fetched from the object store once."""
 
     def __init__(self, threads: int, device: str, deterministic: bool, plugins: Sequence[str]):
+        tune_worker_heap(os.environ)  # a worker's heap, as the process executor's workers'
         torch.set_num_threads(threads)
         make_deterministic(torch.device(device), deterministic)
         load_plugins(plugins)
@@ -172,6 +175,7 @@ class UnitActor:
         if self._fresh("programs", programs):
             self._ctx = WorkerContext(self._held["programs"][1])
         if self._fresh("exchange", exchange) or self._units is None:
+            trim_heap()  # the last exchange's freed blocks back, before this one's
             receiver = Receiver(cast(Connection, _Frames(self._held["exchange"][1])), self._shared)
             self._units = receiver.recv()
         return self._units

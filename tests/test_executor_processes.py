@@ -32,6 +32,7 @@ from hetfl.engine.round_settings import RoundSettings
 from hetfl.runner import build_simulation
 from hetfl.sim import ProcessExecutor, SequentialExecutor, Simulation, make_executor
 from strategies import fedavg
+from test_store_spill import _rss_bytes, fragment_heap
 
 #: Golden scenarios that must also hold under two worker processes: every kind of local
 #: training, a stats pass, kept state, private layers, failures, the simulated clock,
@@ -203,20 +204,15 @@ def _times_ten(ctx, item: int) -> int:
 _KEPT: list[bytearray] = []
 
 
-def _resident_bytes(ctx=None, item=None) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+def _resident_bytes(ctx, item: int) -> int:
+    return _rss_bytes()
 
 
 def _fragment_heap(ctx, item: int) -> int:
     """160 MiB freed among blocks that stay (a round's activations around what outlives
     them); the worker's resident bytes after."""
-    freed = [bytearray(8192) for _ in range(20_000)]
-    _KEPT.extend(bytearray(512) for _ in freed[::16])
-    del freed
-    return _resident_bytes()
+    fragment_heap(_KEPT)
+    return _rss_bytes()
 
 
 @pytest.mark.skipif(_malloc_trim() is None, reason="the C library has no malloc_trim")

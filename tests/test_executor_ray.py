@@ -206,7 +206,7 @@ def _fragmented_in(ctx, item: int) -> tuple[int, int]:
 
 
 def _resident_in(ctx, item: int) -> tuple[int, int]:
-    return os.getpid(), _resident_bytes()
+    return os.getpid(), _resident_bytes(ctx, item)
 
 
 @pytest.mark.ray

@@ -231,13 +231,19 @@ def _rss_bytes() -> int:
     raise AssertionError("no VmRSS")
 
 
+def fragment_heap(kept: list[bytearray]) -> None:
+    """160 MiB allocated and freed, with small blocks among them appended to `kept`."""
+    freed = [bytearray(8192) for _ in range(20_000)]
+    kept += [bytearray(512) for _ in freed[::16]]
+    del freed
+
+
 @pytest.mark.skipif(_malloc_trim() is None, reason="the C library has no malloc_trim")
 def test_trim_heap_gives_the_freed_space_between_live_blocks_back():
     """Long-lived small blocks among many freed ones (a store entry among a round's
     activations): the freed space stays resident until the heap is trimmed."""
-    kept, freed = [], [bytearray(8192) for _ in range(20_000)]  # 160 MiB
-    kept += [bytearray(512) for _ in freed[::16]]
-    del freed
+    kept: list[bytearray] = []
+    fragment_heap(kept)
     before = _rss_bytes()
     trim_heap()
     assert _rss_bytes() < before - (100 << 20)
